@@ -1,0 +1,76 @@
+"""Building blocks: RMSNorm, linear layers through the dispatch point, RoPE."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flash_dllm_jax import ops
+
+Initializer = Callable[..., jax.Array]
+
+
+class RMSNorm(nn.Module):
+  """w * (x * rsqrt(mean(x^2) + eps)), normalised in float32 then cast back."""
+
+  eps: float
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_NxE: jax.Array) -> jax.Array:
+    scale_E = self.param("scale", nn.initializers.ones, (x_NxE.shape[-1],),
+                         self.param_dtype)
+    x32 = x_NxE.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True)
+                              + self.eps)
+    return x32.astype(x_NxE.dtype) * scale_E.astype(x_NxE.dtype)
+
+
+class Linear(nn.Module):
+  """y = x @ kernel (+ bias); kernel is stored [in, out]."""
+
+  features: int
+  use_bias: bool = False
+  param_dtype: jnp.dtype = jnp.float32
+  kernel_init: Initializer = nn.initializers.variance_scaling(
+      1.0, "fan_in", "normal")
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param("kernel", self.kernel_init,
+                        (x.shape[-1], self.features), self.param_dtype)
+    bias = None
+    if self.use_bias:
+      bias = self.param("bias", nn.initializers.normal(0.1), (self.features,),
+                        self.param_dtype)
+    return ops.linear(x, kernel, bias)
+
+
+def rope_angles(positions_BxQ: jax.Array, head_dim: int,
+                theta: float) -> tuple[jax.Array, jax.Array]:
+  """cos and sin [B, Q, D] in float32 for split-halves (rotate_half) RoPE."""
+  exponent = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
+  inv_freq = 1.0 / (theta ** exponent)
+  freqs_BxQxD2 = positions_BxQ.astype(jnp.float32)[..., None] * inv_freq
+  angles_BxQxD = jnp.concatenate([freqs_BxQxD2, freqs_BxQxD2], axis=-1)
+  return jnp.cos(angles_BxQxD), jnp.sin(angles_BxQxD)
+
+
+def apply_rope(x_BxQxHxD: jax.Array, cos_BxQxD: jax.Array,
+               sin_BxQxD: jax.Array, in_float32: bool) -> jax.Array:
+  """x * cos + rotate_half(x) * sin.
+
+  in_float32 (LLaDA): x is upcast and rotated in float32, then cast back.
+  Otherwise (Dream): cos/sin are cast to x's dtype and the rotation runs there.
+  """
+  dtype = x_BxQxHxD.dtype
+  compute = jnp.float32 if in_float32 else dtype
+  x = x_BxQxHxD.astype(compute)
+  cos = cos_BxQxD[:, :, None, :].astype(compute)
+  sin = sin_BxQxD[:, :, None, :].astype(compute)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return (x * cos + rotated * sin).astype(dtype)

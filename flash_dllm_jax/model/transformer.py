@@ -1,0 +1,129 @@
+"""The LLaDA / Dream transformer: bidirectional, pre-norm, SwiGLU, RoPE, GQA.
+
+One forward runs any subset of positions (`Q` query tokens per row). Without a
+cache the queries attend to each other; with a `KVCache`, their fresh keys and
+values are first written into their slots and the queries then attend over the
+whole cache, so callers choose which positions to recompute each step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from flash_dllm_jax import ops
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model.cache import KVCache
+from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope, rope_angles
+
+
+class Block(nn.Module):
+  """x += attn_out(attn(attn_norm(x))); x += down(silu(gate(n)) * up(n))."""
+
+  config: ModelConfig
+  param_dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x_BxQxE, cos_BxQxD, sin_BxQxD, key_valid_BxS,
+               cache_kv=None, slots_BxQ=None):
+    cfg = self.config
+    b, q, _ = x_BxQxE.shape
+    h, k, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    dense = lambda n, f, bias=False: Linear(f, use_bias=bias, name=n,
+                                            param_dtype=self.param_dtype)
+
+    n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="attn_norm")(
+        x_BxQxE)
+    q_BxQxHxD = dense("q_proj", h * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, h, d)
+    k_BxQxKxD = dense("k_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, k, d)
+    v_BxQxKxD = dense("v_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, k, d)
+    q_BxQxHxD = apply_rope(q_BxQxHxD, cos_BxQxD, sin_BxQxD, cfg.rope_in_float32)
+    k_BxQxKxD = apply_rope(k_BxQxKxD, cos_BxQxD, sin_BxQxD, cfg.rope_in_float32)
+
+    if cache_kv is None:
+      keys_BxSxKxD, values_BxSxKxD = k_BxQxKxD, v_BxQxKxD
+    else:
+      keys_BxSxKxD = ops.write_cache(cache_kv[0], k_BxQxKxD, slots_BxQ)
+      values_BxSxKxD = ops.write_cache(cache_kv[1], v_BxQxKxD, slots_BxQ)
+    o_BxQxHxD = ops.attention(q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD,
+                              key_valid_BxS, scale=1.0 / math.sqrt(d))
+    x_BxQxE = x_BxQxE + dense("attn_out", cfg.d_model)(
+        o_BxQxHxD.reshape(b, q, h * d))
+
+    n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="mlp_norm")(
+        x_BxQxE)
+    gate_BxQxF = dense("gate_proj", cfg.mlp_hidden)(n_BxQxE)
+    up_BxQxF = dense("up_proj", cfg.mlp_hidden)(n_BxQxE)
+    x_BxQxE = x_BxQxE + dense("down_proj", cfg.d_model)(
+        nn.silu(gate_BxQxF) * up_BxQxF)
+    new_kv = None if cache_kv is None else (keys_BxSxKxD, values_BxSxKxD)
+    return x_BxQxE, new_kv
+
+
+class Transformer(nn.Module):
+  """Token ids -> vocabulary logits for the requested rows.
+
+  Call arguments:
+    tokens_BxQ: ids of the query tokens.
+    positions_BxQ: their RoPE positions.
+    key_valid_BxS: which keys may be attended to (S = Q without a cache,
+      S = cache length with one).
+    cache: optional KVCache; the queries' K/V are written at `slots_BxQ`
+      (-1 skips a row) before attending over the whole cache.
+    logit_rows_BxR: indices into Q of the rows whose logits are wanted; the
+      vocabulary head runs only on these (all rows if None).
+  Returns (logits_BxRxV in float32, updated cache or None).
+  """
+
+  config: ModelConfig
+  param_dtype: jnp.dtype = jnp.bfloat16
+  head_init_scale: float = 1.0
+
+  @nn.compact
+  def __call__(self, tokens_BxQ, positions_BxQ, key_valid_BxS, cache=None,
+               slots_BxQ=None, logit_rows_BxR=None):
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    embedding_VxE = self.param("embed", nn.initializers.normal(1.0),
+                               (cfg.vocab_size, cfg.d_model), self.param_dtype)
+    x_BxQxE = jnp.take(embedding_VxE, tokens_BxQ, axis=0).astype(dtype)
+    cos_BxQxD, sin_BxQxD = rope_angles(positions_BxQ, cfg.head_dim,
+                                       cfg.rope_theta)
+    if cache is not None and slots_BxQ is None:
+      raise ValueError("a cached forward needs slots_BxQ")
+    new_k, new_v = [], []
+    for layer in range(cfg.n_layers):
+      kv = None if cache is None else (cache.k[layer], cache.v[layer])
+      x_BxQxE, kv = Block(cfg, self.param_dtype, name=f"layers_{layer}")(
+          x_BxQxE, cos_BxQxD, sin_BxQxD, key_valid_BxS, kv, slots_BxQ)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    if logit_rows_BxR is not None:
+      x_BxQxE = jnp.take_along_axis(x_BxQxE, logit_rows_BxR[..., None], axis=1)
+    x_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="final_norm")(
+        x_BxQxE)
+    head_init = nn.initializers.normal(self.head_init_scale / math.sqrt(
+        cfg.d_model))
+    head_ExV = self.param("lm_head", head_init, (cfg.d_model, cfg.vocab_size),
+                          self.param_dtype)
+    logits = jnp.einsum("bre,ev->brv", x_BxQxE, head_ExV.astype(dtype),
+                        preferred_element_type=jnp.float32)
+    new_cache = None if cache is None else KVCache(tuple(new_k), tuple(new_v))
+    return logits, new_cache
+
+
+def init_params(config: ModelConfig, rng: jax.Array,
+                param_dtype=None, head_init_scale: float = 1.0):
+  """Random parameters (N(0, 1/fan_in) kernels, unit embeddings) for tests and
+  benchmarks; a pure function of `rng`, jitted so large models init on device.
+  """
+  param_dtype = jnp.dtype(param_dtype or config.dtype)
+  model = Transformer(config, param_dtype, head_init_scale)
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  init = jax.jit(lambda r: model.init(r, tokens, tokens,
+                                      jnp.ones((1, 1), bool))["params"])
+  return init(rng)
