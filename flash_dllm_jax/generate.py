@@ -1,0 +1,175 @@
+"""`generate`: prompts in, answers out, the whole decode in one compiled loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import Transformer
+from flash_dllm_jax.sampling import (DecodeState, DreamSampler, LLaDASampler,
+                                     Sampler, make_step, run_compiled,
+                                     run_python)
+from flash_dllm_jax.sampling.state import fill_after_stop
+
+PROMPT_BUCKET = 32  # prompts are left-padded to a multiple of this (fewer compiles)
+
+
+class GenerateOutput(NamedTuple):
+  """texts[b]: the answer up to its first stop token, special tokens removed.
+  tokens_BxG: generated ids (masks left after a stop token become pad).
+  forwards_B: model forward passes spent on each row.
+  steps: decoding steps the loop ran (shared by the batch).
+  """
+
+  texts: list[str] | None
+  tokens_BxG: np.ndarray
+  forwards_B: np.ndarray
+  steps: int
+
+
+def default_sampler(config: ModelConfig, **options: Any) -> Sampler:
+  """The architecture's reference sampler built from keyword options."""
+  cls = LLaDASampler if config.arch == "llada" else DreamSampler
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(options) - names)
+  if unknown:
+    raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; "
+                     f"expected some of {sorted(names)}")
+  return cls(**options)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
+             bucket: int = PROMPT_BUCKET) -> tuple[np.ndarray, np.ndarray]:
+  """(ids_BxP int32, valid_BxP bool), P rounded up to a multiple of bucket.
+
+  Extra left padding never changes a row's result: pads are masked keys and
+  RoPE positions count from each row's first real token.
+  """
+  if not rows or any(len(r) == 0 for r in rows):
+    raise ValueError("every prompt needs at least one token")
+  longest = max(len(r) for r in rows)
+  p = -(-longest // bucket) * bucket
+  ids = np.full((len(rows), p), pad_id, np.int32)
+  valid = np.zeros((len(rows), p), bool)
+  for b, row in enumerate(rows):
+    ids[b, p - len(row):] = row
+    valid[b, p - len(row):] = True
+  return ids, valid
+
+
+def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
+                  rng: jax.Array, *, config: ModelConfig, sampler: Sampler,
+                  stop_at_eos: bool = True, compiled: bool = True):
+  """The decode as a pure function of device arrays (jit it with config,
+  sampler, stop_at_eos and compiled static). Returns (gen_BxG, forwards_B,
+  steps)."""
+  b, p = prompt_BxP.shape
+  valid_BxN = jnp.concatenate(
+      [valid_BxP, jnp.ones((b, sampler.gen_length), bool)], axis=1)
+  positions_BxN = jnp.maximum(jnp.cumsum(valid_BxN, axis=1) - 1, 0)
+  model = Transformer(config)
+
+  def forward(tokens_BxN, rows_BxR):
+    logits, _ = model.apply({"params": params}, tokens_BxN, positions_BxN,
+                            valid_BxN, logit_rows_BxR=rows_BxR)
+    return logits
+
+  stop_ids = config.stop_token_ids if stop_at_eos else ()
+  step_fn = make_step(sampler, forward, config, p, stop_ids)
+  state = DecodeState.start(prompt_BxP, sampler.gen_length,
+                            config.mask_token_id, rng)
+  run = run_compiled if compiled else run_python
+  state = run(step_fn, state, sampler.num_steps)
+  gen_BxG = fill_after_stop(state.tokens_BxN[:, p:], config.mask_token_id,
+                            config.pad_token_id)
+  return gen_BxG, state.forwards_B, state.step
+
+
+_decode_jit = jax.jit(decode_tokens, static_argnames=(
+    "config", "sampler", "stop_at_eos", "compiled"))
+
+
+def _as_token_rows(prompt, tokenizer, chat: bool) -> list[list[int]]:
+  if isinstance(prompt, str):
+    prompt = [prompt]
+  if isinstance(prompt, np.ndarray) or isinstance(prompt, jax.Array):
+    prompt = np.asarray(prompt).tolist()
+  if not isinstance(prompt, (list, tuple)) or not prompt:
+    raise TypeError("prompt must be a string, a list of strings, a list of "
+                    "token ids or a list of such lists")
+  if all(isinstance(x, (int, np.integer)) for x in prompt):
+    return [list(map(int, prompt))]
+  if all(isinstance(x, str) for x in prompt):
+    if tokenizer is None:
+      raise ValueError("text prompts need a tokenizer")
+    if chat:
+      prompt = [tokenizer.apply_chat_template(
+          [{"role": "user", "content": x}], add_generation_prompt=True)
+                for x in prompt]
+    return [tokenizer.encode(x) for x in prompt]
+  if all(isinstance(x, (list, tuple, np.ndarray)) for x in prompt):
+    return [list(map(int, x)) for x in prompt]
+  raise TypeError("prompt must be a string, a list of strings, a list of "
+                  "token ids or a list of such lists")
+
+
+def generate(model, prompt, *, config: ModelConfig | None = None,
+             tokenizer=None, sampler: Sampler | None = None,
+             chat: bool = False, seed: int = 0, stop_at_eos: bool = True,
+             **options: Any) -> GenerateOutput:
+  """Generates answers for one prompt or a left-padded batch.
+
+  model: what `load` returns (params, config, tokenizer), or a params tree
+    with `config=` (and `tokenizer=` for text).
+  prompt: a string, a list of strings, token ids, or a list of id lists.
+  chat: apply the checkpoint's chat template to text prompts.
+  sampler: a sampler object; by default the architecture's reference sampler
+    built from `options` (LLaDA: gen_length, steps, block_length, temperature,
+    cfg_scale, remasking, logits_eos_inf, confidence_eos_eot_inf; Dream:
+    gen_length, steps, eps, alg, temperature, top_p, top_k, alg_temp).
+  stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
+  """
+  if isinstance(model, tuple) and len(model) == 3:
+    params, config, tokenizer = model
+  else:
+    params = model
+  if config is None:
+    raise ValueError("pass config= (or the (params, config, tokenizer) that "
+                     "load returns)")
+  if sampler is None:
+    sampler = default_sampler(config, **options)
+  elif options:
+    raise ValueError(f"options {sorted(options)} given together with sampler=")
+  rows = _as_token_rows(prompt, tokenizer, chat)
+  for row in rows:
+    if config.mask_token_id in row:
+      raise ValueError("a prompt contains the mask token id "
+                       f"{config.mask_token_id}")
+    if any(not 0 <= t < config.vocab_size for t in row):
+      raise ValueError(f"a prompt has token ids outside [0, {config.vocab_size})")
+  ids, valid = left_pad(rows, config.pad_token_id)
+  sampler.check_prompt(ids.shape[1], config.max_seq_len)
+  gen, forwards, steps = _decode_jit(
+      params, jnp.asarray(ids), jnp.asarray(valid), jax.random.key(seed),
+      config=config, sampler=sampler, stop_at_eos=stop_at_eos)
+  gen = np.asarray(gen)
+  texts = None
+  if tokenizer is not None:
+    texts = [tokenizer.decode(answer_ids(row, config)) for row in gen]
+  return GenerateOutput(texts, gen, np.asarray(forwards), int(steps))
+
+
+def answer_ids(gen_G: np.ndarray, config: ModelConfig) -> list[int]:
+  """The generated ids up to (not including) the first stop token."""
+  out = []
+  for t in gen_G.tolist():
+    if t in config.stop_token_ids:
+      break
+    out.append(t)
+  return out

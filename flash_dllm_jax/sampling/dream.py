@@ -1,0 +1,158 @@
+"""Dream's reference sampler (Dream-v0 `generation_utils._sample` semantics).
+
+The logits row for position i is the model's raw row i-1 (Dream predicts the
+next token AR-style), so the rows read are [P-1, N-2].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.sampling import select
+from flash_dllm_jax.sampling.loop import Forward
+
+ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+
+
+def torch_linspace_f32(start: float, end: float, n: int) -> np.ndarray:
+  """torch.linspace in float32: the first half counts up from `start`, the
+  second half down from `end` (torch's CPU kernel), so the schedule's int()
+  rounding matches the reference."""
+  start32, end32 = np.float32(start), np.float32(end)
+  if n == 1:
+    return np.array([start32], np.float32)
+  step = (end32 - start32) / np.float32(n - 1)
+  idx = np.arange(n)
+  up = start32 + step * idx.astype(np.float32)
+  down = end32 - step * (n - 1 - idx).astype(np.float32)
+  return np.where(idx < n // 2, up, down).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class DreamSampler:
+  """Arguments and defaults of Dream's `diffusion_generate`."""
+
+  gen_length: int = 512
+  steps: int = 512
+  eps: float = 1e-3
+  alg: str = "origin"
+  temperature: float = 0.0
+  top_p: float | None = None
+  top_k: int | None = None
+  alg_temp: float | None = None
+
+  def __post_init__(self):
+    errors = []
+    for name in ("gen_length", "steps"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        errors.append(f"{name} must be a positive int, got {value!r}")
+    if not 0 < self.eps < 1:
+      errors.append(f"eps must be in (0, 1), got {self.eps}")
+    if self.alg not in ALGS:
+      errors.append(f"alg must be one of {ALGS}, got {self.alg!r}")
+    if self.temperature < 0:
+      errors.append(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_p is not None and not 0 < self.top_p <= 1:
+      errors.append(f"top_p must be in (0, 1], got {self.top_p}")
+    if self.top_k is not None and (not isinstance(self.top_k, int)
+                                   or self.top_k <= 0):
+      errors.append(f"top_k must be a positive int, got {self.top_k!r}")
+    if self.alg_temp is not None and self.alg_temp < 0:
+      errors.append(f"alg_temp must be >= 0, got {self.alg_temp}")
+    if errors:
+      raise ValueError("invalid Dream sampler arguments: " + "; ".join(errors))
+
+  @property
+  def num_steps(self) -> int:
+    return self.steps
+
+  @property
+  def forwards_per_step(self) -> int:
+    return 1
+
+  def timesteps(self) -> np.ndarray:
+    return torch_linspace_f32(1.0, self.eps, self.steps + 1)
+
+  def transfer_counts(self) -> np.ndarray:
+    """[steps] positions committed per step by the confidence algorithms:
+    int(masked * (1 - s/t)) in float32, everything left on the last step."""
+    ts = self.timesteps()
+    masked = self.gen_length
+    counts = []
+    for i in range(self.steps):
+      if i < self.steps - 1:
+        k = int(np.float32(masked) * (np.float32(1) - ts[i + 1] / ts[i]))
+      else:
+        k = masked
+      counts.append(k)
+      masked -= k
+    return np.asarray(counts, np.int32)
+
+  def reveal_probs(self) -> np.ndarray:
+    """[steps] per-position reveal probability of `origin`: 1 - s/t, then 1."""
+    ts = self.timesteps()
+    probs = np.float32(1) - ts[1:] / ts[:-1]
+    probs[-1] = 1
+    return probs.astype(np.float32)
+
+  def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
+    if prompt_len < 1:
+      raise ValueError("Dream needs a prompt of at least one token: the "
+                       "prediction for position i is read from position i-1")
+    if prompt_len + self.gen_length > max_seq_len:
+      raise ValueError(f"prompt ({prompt_len}) + gen_length "
+                       f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
+
+  def _sample(self, logits_BxGxV: jax.Array, rng: jax.Array):
+    """Dream's `sample_tokens`: (confidence_BxG, x0_BxG)."""
+    if self.temperature > 0:
+      logits_BxGxV = logits_BxGxV / self.temperature
+    if self.top_p is not None and self.top_p < 1:
+      logits_BxGxV = select.top_p_filter(logits_BxGxV, self.top_p)
+    if self.top_k is not None:
+      logits_BxGxV = select.top_k_filter(logits_BxGxV, self.top_k)
+    probs_BxGxV = jax.nn.softmax(logits_BxGxV, axis=-1)
+    if self.temperature > 0:
+      x0_BxG = jax.random.categorical(rng, logits_BxGxV, axis=-1)
+      conf_BxG = jnp.take_along_axis(probs_BxGxV, x0_BxG[..., None], -1)[..., 0]
+    else:
+      x0_BxG = jnp.argmax(probs_BxGxV, axis=-1)
+      conf_BxG = jnp.max(probs_BxGxV, axis=-1)
+    if self.alg == "topk_margin":
+      top2 = jax.lax.top_k(probs_BxGxV, 2)[0]
+      conf_BxG = top2[..., 0] - top2[..., 1]
+    elif self.alg == "entropy":
+      conf_BxG = jnp.sum(probs_BxGxV * jnp.log(probs_BxGxV + 1e-10), axis=-1)
+    return conf_BxG, x0_BxG
+
+  def propose(self, forward: Forward, tokens_BxN: jax.Array, step: jax.Array,
+              rng: jax.Array, config: ModelConfig,
+              prompt_len: int) -> jax.Array:
+    b, g = tokens_BxN.shape[0], self.gen_length
+    rows_BxG = jnp.broadcast_to(prompt_len - 1 + jnp.arange(g), (b, g))
+    logits_BxGxV = forward(tokens_BxN, rows_BxG)
+    sample_rng, choice_rng = jax.random.split(rng)
+    conf_BxG, x0_BxG = self._sample(logits_BxGxV, sample_rng)
+
+    gen_BxG = tokens_BxN[:, prompt_len:]
+    masked_BxG = gen_BxG == config.mask_token_id
+    if self.alg == "origin":
+      p = jnp.asarray(self.reveal_probs())[step]
+      chosen_BxG = masked_BxG & (jax.random.uniform(choice_rng, (b, g)) < p)
+    else:
+      conf_BxG = jnp.where(masked_BxG, conf_BxG, select.NEG_INF)
+      if self.alg_temp:
+        # multinomial without replacement over softmax(conf / alg_temp) is
+        # the top-k of conf / alg_temp + Gumbel noise.
+        conf_BxG = conf_BxG / self.alg_temp + jax.random.gumbel(
+            choice_rng, (b, g))
+      k_B = jnp.broadcast_to(jnp.asarray(self.transfer_counts())[step], (b,))
+      chosen_BxG = select.choose_top(conf_BxG, k_B)
+    gen_BxG = jnp.where(chosen_BxG, x0_BxG.astype(gen_BxG.dtype), gen_BxG)
+    return tokens_BxN.at[:, prompt_len:].set(gen_BxG)

@@ -1,0 +1,131 @@
+"""LLaDA's reference sampler (ML-GSAI/LLaDA generate.py semantics).
+
+Semi-autoregressive blocks; within a block, a fixed number of the most
+confident masked positions is committed each step (low_confidence) or a random
+choice of them (random). Nothing is ever remasked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.sampling import select
+from flash_dllm_jax.sampling.loop import Forward
+
+REMASKING = ("low_confidence", "random")
+
+
+@dataclasses.dataclass(frozen=True)
+class LLaDASampler:
+  """Arguments and defaults of LLaDA's `generate` (block_length defaults to
+  the whole generation, as there)."""
+
+  gen_length: int = 128
+  steps: int = 128
+  block_length: int | None = None
+  temperature: float = 0.0
+  cfg_scale: float = 0.0
+  remasking: str = "low_confidence"
+  logits_eos_inf: bool = False
+  confidence_eos_eot_inf: bool = False
+
+  def __post_init__(self):
+    if self.block_length is None:
+      object.__setattr__(self, "block_length", self.gen_length)
+    errors = []
+    for name in ("gen_length", "steps", "block_length"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value <= 0:
+        errors.append(f"{name} must be a positive int, got {value!r}")
+    if not errors:
+      if self.gen_length % self.block_length:
+        errors.append(f"gen_length ({self.gen_length}) must be a multiple of "
+                      f"block_length ({self.block_length})")
+      elif self.steps % self.num_blocks:
+        errors.append(f"steps ({self.steps}) must be a multiple of the number "
+                      f"of blocks ({self.num_blocks})")
+    if self.temperature < 0:
+      errors.append(f"temperature must be >= 0, got {self.temperature}")
+    if self.cfg_scale < 0:
+      errors.append(f"cfg_scale must be >= 0, got {self.cfg_scale}")
+    if self.remasking not in REMASKING:
+      errors.append(f"remasking must be one of {REMASKING}, "
+                    f"got {self.remasking!r}")
+    if errors:
+      raise ValueError("invalid LLaDA sampler arguments: " + "; ".join(errors))
+
+  @property
+  def num_blocks(self) -> int:
+    return self.gen_length // self.block_length
+
+  @property
+  def steps_per_block(self) -> int:
+    return self.steps // self.num_blocks
+
+  @property
+  def num_steps(self) -> int:
+    return self.steps
+
+  @property
+  def forwards_per_step(self) -> int:
+    return 2 if self.cfg_scale > 0 else 1
+
+  def transfer_counts(self) -> np.ndarray:
+    """[steps] tokens committed per step: a block's masks spread evenly over
+    its steps, the remainder going to the first steps."""
+    base, extra = divmod(self.block_length, self.steps_per_block)
+    per_block = base + (np.arange(self.steps_per_block) < extra)
+    return np.tile(per_block, self.num_blocks).astype(np.int32)
+
+  def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
+    if prompt_len + self.gen_length > max_seq_len:
+      raise ValueError(f"prompt ({prompt_len}) + gen_length "
+                       f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
+
+  def propose(self, forward: Forward, tokens_BxN: jax.Array, step: jax.Array,
+              rng: jax.Array, config: ModelConfig,
+              prompt_len: int) -> jax.Array:
+    b = tokens_BxN.shape[0]
+    block_len = self.block_length
+    start = prompt_len + (step // self.steps_per_block) * block_len
+    rows_BxL = jnp.broadcast_to(start + jnp.arange(block_len), (b, block_len))
+
+    logits_BxLxV = forward(tokens_BxN, rows_BxL)
+    if self.cfg_scale > 0:
+      unprompted_BxN = tokens_BxN.at[:, :prompt_len].set(config.mask_token_id)
+      uncond_BxLxV = forward(unprompted_BxN, rows_BxL)
+      logits_BxLxV = uncond_BxLxV + (self.cfg_scale + 1) * (
+          logits_BxLxV - uncond_BxLxV)
+    if self.logits_eos_inf:
+      logits_BxLxV = select.set_logit(logits_BxLxV, config.eos_token_id,
+                                      select.NEG_INF)
+    noise_rng, order_rng = jax.random.split(rng)
+    x0_BxL = select.gumbel_argmax(logits_BxLxV, self.temperature, noise_rng)
+
+    if self.remasking == "low_confidence":
+      conf_logits = logits_BxLxV
+      if self.confidence_eos_eot_inf:
+        # generate.py's `logits_with_noise[.., EOS] = logits[.., EOT] = -inf`
+        # runs after x0: EOT always leaves the softmax, EOS only at T = 0,
+        # where logits_with_noise is the same tensor as logits.
+        conf_logits = select.set_logit(conf_logits, config.eot_token_id,
+                                       select.NEG_INF)
+        if self.temperature == 0:
+          conf_logits = select.set_logit(conf_logits, config.eos_token_id,
+                                         select.NEG_INF)
+      p_BxL = select.prob_of(conf_logits, x0_BxL)
+    else:
+      p_BxL = jax.random.uniform(order_rng, (b, block_len))
+
+    block_BxL = jax.lax.dynamic_slice_in_dim(tokens_BxN, start, block_len, 1)
+    masked_BxL = block_BxL == config.mask_token_id
+    conf_BxL = jnp.where(masked_BxL, p_BxL, select.NEG_INF)
+    k_B = jnp.broadcast_to(jnp.asarray(self.transfer_counts())[step], (b,))
+    chosen_BxL = select.choose_top(conf_BxL, k_B)
+    block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype), block_BxL)
+    return jax.lax.dynamic_update_slice_in_dim(tokens_BxN, block_BxL, start, 1)

@@ -1,0 +1,74 @@
+"""Decode state carried through the compiled loop, and its pure updates."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class DecodeState:
+  """Everything that changes from one decoding step to the next.
+
+  tokens_BxN: prompt (left-padded) followed by the generation region, which
+    starts as mask tokens.
+  step: scalar step counter (shared by all rows).
+  done_B: rows whose answer is complete; they are frozen.
+  forwards_B: model forward passes spent on each row.
+  rng: PRNG key for stochastic samplers.
+  """
+
+  tokens_BxN: jax.Array
+  step: jax.Array
+  done_B: jax.Array
+  forwards_B: jax.Array
+  rng: jax.Array
+
+  @classmethod
+  def start(cls, prompt_BxP: jax.Array, gen_length: int, mask_id: int,
+            rng: jax.Array) -> "DecodeState":
+    b = prompt_BxP.shape[0]
+    masks_BxG = jnp.full((b, gen_length), mask_id, prompt_BxP.dtype)
+    return cls(tokens_BxN=jnp.concatenate([prompt_BxP, masks_BxG], axis=1),
+               step=jnp.zeros((), jnp.int32), done_B=jnp.zeros((b,), bool),
+               forwards_B=jnp.zeros((b,), jnp.int32), rng=rng)
+
+
+def answer_complete(gen_BxG: jax.Array, mask_id: int,
+                    stop_ids: tuple[int, ...]) -> jax.Array:
+  """[B] bool: no mask remains before the first stop token (or at all).
+
+  Tokens after the first stop token are not part of the answer, so a row is
+  finished once everything before it is decoded. With no stop ids, a row is
+  finished when it has no mask left.
+  """
+  g = gen_BxG.shape[1]
+  masked_BxG = gen_BxG == mask_id
+  if not stop_ids:
+    return ~jnp.any(masked_BxG, axis=1)
+  is_stop_BxG = jnp.isin(gen_BxG, jnp.asarray(stop_ids, gen_BxG.dtype))
+  first_stop_B = jnp.where(jnp.any(is_stop_BxG, axis=1),
+                           jnp.argmax(is_stop_BxG, axis=1), g)
+  before_BxG = jnp.arange(g)[None, :] < first_stop_B[:, None]
+  return ~jnp.any(masked_BxG & before_BxG, axis=1)
+
+
+def advance(state: DecodeState, proposed_BxN: jax.Array, forwards: int,
+            prompt_len: int, mask_id: int, stop_ids: tuple[int, ...],
+            rng: jax.Array) -> DecodeState:
+  """Commits a step's tokens for the rows still running; frozen rows keep
+  theirs, so finishing early never changes a row's tokens."""
+  active_B = ~state.done_B
+  tokens_BxN = jnp.where(active_B[:, None], proposed_BxN, state.tokens_BxN)
+  done_B = state.done_B | answer_complete(tokens_BxN[:, prompt_len:], mask_id,
+                                          stop_ids)
+  return DecodeState(tokens_BxN=tokens_BxN, step=state.step + 1,
+                     done_B=done_B,
+                     forwards_B=state.forwards_B + forwards * active_B,
+                     rng=rng)
+
+
+def fill_after_stop(gen_BxG: jax.Array, mask_id: int, fill_id: int) -> jax.Array:
+  """Masks left in a finished row (all after its stop token) become fill_id."""
+  return jnp.where(gen_BxG == mask_id, fill_id, gen_BxG)
