@@ -64,7 +64,7 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
 
 
 def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
-                  rng: jax.Array, *, config: ModelConfig, sampler: Sampler,
+                  rng_B: jax.Array, *, config: ModelConfig, sampler: Sampler,
                   stop_at_eos: bool = True, compiled: bool = True):
   """The decode as a pure function of device arrays (jit it with config,
   sampler, stop_at_eos and compiled static). Returns (gen_BxG, forwards_B,
@@ -83,7 +83,7 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   stop_ids = config.stop_token_ids if stop_at_eos else ()
   step_fn = make_step(sampler, forward, config, p, stop_ids)
   state = DecodeState.start(prompt_BxP, sampler.gen_length,
-                            config.mask_token_id, rng)
+                            config.mask_token_id, rng_B)
   run = run_compiled if compiled else run_python
   state = run(step_fn, state, sampler.num_steps)
   gen_BxG = fill_after_stop(state.tokens_BxN[:, p:], config.mask_token_id,
@@ -121,7 +121,8 @@ def _as_token_rows(prompt, tokenizer, chat: bool) -> list[list[int]]:
 
 def generate(model, prompt, *, config: ModelConfig | None = None,
              tokenizer=None, sampler: Sampler | None = None,
-             chat: bool = False, seed: int = 0, stop_at_eos: bool = True,
+             chat: bool = False, seed: int | Sequence[int] = 0,
+             stop_at_eos: bool = True,
              **options: Any) -> GenerateOutput:
   """Generates answers for one prompt or a left-padded batch.
 
@@ -133,6 +134,9 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
     built from `options` (LLaDA: gen_length, steps, block_length, temperature,
     cfg_scale, remasking, logits_eos_inf, confidence_eos_eot_inf; Dream:
     gen_length, steps, eps, alg, temperature, top_p, top_k, alg_temp).
+  seed: one seed for every row, or one per row. A row's random draws come
+    from its own seed only, so its answer never depends on the rest of the
+    batch.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
   """
   if isinstance(model, tuple) and len(model) == 3:
@@ -155,8 +159,12 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
       raise ValueError(f"a prompt has token ids outside [0, {config.vocab_size})")
   ids, valid = left_pad(rows, config.pad_token_id)
   sampler.check_prompt(ids.shape[1], config.max_seq_len)
+  seeds = [seed] * len(rows) if isinstance(seed, (int, np.integer)) else seed
+  if len(seeds) != len(rows):
+    raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
+  rng_B = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
   gen, forwards, steps = _decode_jit(
-      params, jnp.asarray(ids), jnp.asarray(valid), jax.random.key(seed),
+      params, jnp.asarray(ids), jnp.asarray(valid), rng_B,
       config=config, sampler=sampler, stop_at_eos=stop_at_eos)
   gen = np.asarray(gen)
   texts = None

@@ -21,15 +21,17 @@ ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
 def torch_linspace_f32(start: float, end: float, n: int) -> np.ndarray:
   """torch.linspace in float32: the first half counts up from `start`, the
-  second half down from `end` (torch's CPU kernel), so the schedule's int()
-  rounding matches the reference."""
+  second half down from `end`, each a fused multiply-add rounded once to
+  float32 (torch's vectorised CPU kernel), so the schedule's int() rounding
+  matches the reference. float64 holds step * idx + start exactly."""
   start32, end32 = np.float32(start), np.float32(end)
   if n == 1:
     return np.array([start32], np.float32)
   step = (end32 - start32) / np.float32(n - 1)
   idx = np.arange(n)
-  up = start32 + step * idx.astype(np.float32)
-  down = end32 - step * (n - 1 - idx).astype(np.float32)
+  step64 = np.float64(step)
+  up = (np.float64(start32) + step64 * idx).astype(np.float32)
+  down = (np.float64(end32) - step64 * (n - 1 - idx)).astype(np.float32)
   return np.where(idx < n // 2, up, down).astype(np.float32)
 
 
@@ -109,7 +111,7 @@ class DreamSampler:
       raise ValueError(f"prompt ({prompt_len}) + gen_length "
                        f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
 
-  def _sample(self, logits_BxGxV: jax.Array, rng: jax.Array):
+  def _sample(self, logits_BxGxV: jax.Array, rng_B: jax.Array):
     """Dream's `sample_tokens`: (confidence_BxG, x0_BxG)."""
     if self.temperature > 0:
       logits_BxGxV = logits_BxGxV / self.temperature
@@ -119,7 +121,7 @@ class DreamSampler:
       logits_BxGxV = select.top_k_filter(logits_BxGxV, self.top_k)
     probs_BxGxV = jax.nn.softmax(logits_BxGxV, axis=-1)
     if self.temperature > 0:
-      x0_BxG = jax.random.categorical(rng, logits_BxGxV, axis=-1)
+      x0_BxG = select.row_categorical(rng_B, logits_BxGxV)
       conf_BxG = jnp.take_along_axis(probs_BxGxV, x0_BxG[..., None], -1)[..., 0]
     else:
       x0_BxG = jnp.argmax(probs_BxGxV, axis=-1)
@@ -132,26 +134,26 @@ class DreamSampler:
     return conf_BxG, x0_BxG
 
   def propose(self, forward: Forward, tokens_BxN: jax.Array, step: jax.Array,
-              rng: jax.Array, config: ModelConfig,
+              rng_B: jax.Array, config: ModelConfig,
               prompt_len: int) -> jax.Array:
     b, g = tokens_BxN.shape[0], self.gen_length
     rows_BxG = jnp.broadcast_to(prompt_len - 1 + jnp.arange(g), (b, g))
     logits_BxGxV = forward(tokens_BxN, rows_BxG)
-    sample_rng, choice_rng = jax.random.split(rng)
+    sample_rng, choice_rng = select.split_rows(rng_B, 2)
     conf_BxG, x0_BxG = self._sample(logits_BxGxV, sample_rng)
 
     gen_BxG = tokens_BxN[:, prompt_len:]
     masked_BxG = gen_BxG == config.mask_token_id
     if self.alg == "origin":
       p = jnp.asarray(self.reveal_probs())[step]
-      chosen_BxG = masked_BxG & (jax.random.uniform(choice_rng, (b, g)) < p)
+      chosen_BxG = masked_BxG & (select.row_uniform(choice_rng, (g,)) < p)
     else:
       conf_BxG = jnp.where(masked_BxG, conf_BxG, select.NEG_INF)
       if self.alg_temp:
         # multinomial without replacement over softmax(conf / alg_temp) is
         # the top-k of conf / alg_temp + Gumbel noise.
-        conf_BxG = conf_BxG / self.alg_temp + jax.random.gumbel(
-            choice_rng, (b, g))
+        conf_BxG = conf_BxG / self.alg_temp + select.row_gumbel(
+            choice_rng, (g,))
       k_B = jnp.broadcast_to(jnp.asarray(self.transfer_counts())[step], (b,))
       chosen_BxG = select.choose_top(conf_BxG, k_B)
     gen_BxG = jnp.where(chosen_BxG, x0_BxG.astype(gen_BxG.dtype), gen_BxG)

@@ -88,7 +88,7 @@ class LLaDASampler:
                        f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
 
   def propose(self, forward: Forward, tokens_BxN: jax.Array, step: jax.Array,
-              rng: jax.Array, config: ModelConfig,
+              rng_B: jax.Array, config: ModelConfig,
               prompt_len: int) -> jax.Array:
     b = tokens_BxN.shape[0]
     block_len = self.block_length
@@ -104,7 +104,7 @@ class LLaDASampler:
     if self.logits_eos_inf:
       logits_BxLxV = select.set_logit(logits_BxLxV, config.eos_token_id,
                                       select.NEG_INF)
-    noise_rng, order_rng = jax.random.split(rng)
+    noise_rng, order_rng = select.split_rows(rng_B, 2)
     x0_BxL = select.gumbel_argmax(logits_BxLxV, self.temperature, noise_rng)
 
     if self.remasking == "low_confidence":
@@ -120,7 +120,7 @@ class LLaDASampler:
                                          select.NEG_INF)
       p_BxL = select.prob_of(conf_logits, x0_BxL)
     else:
-      p_BxL = jax.random.uniform(order_rng, (b, block_len))
+      p_BxL = select.row_uniform(order_rng, (block_len,))
 
     block_BxL = jax.lax.dynamic_slice_in_dim(tokens_BxN, start, block_len, 1)
     masked_BxL = block_BxL == config.mask_token_id

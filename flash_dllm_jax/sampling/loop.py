@@ -59,7 +59,7 @@ class Sampler(Protocol):
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None: ...
 
   def propose(self, forward: Forward, tokens_BxN: jax.Array, step: jax.Array,
-              rng: jax.Array, config: ModelConfig,
+              rng_B: jax.Array, config: ModelConfig,
               prompt_len: int) -> jax.Array: ...
 
 
@@ -68,10 +68,10 @@ def make_step(sampler: Sampler, forward: Forward, config: ModelConfig,
   """One decoding step: the sampler proposes tokens, `advance` commits them."""
 
   def step_fn(state: DecodeState) -> DecodeState:
-    rng, step_rng = jax.random.split(state.rng)
+    keys_Bx2 = jax.vmap(jax.random.split)(state.rng_B)
     proposed_BxN = sampler.propose(forward, state.tokens_BxN, state.step,
-                                   step_rng, config, prompt_len)
+                                   keys_Bx2[:, 1], config, prompt_len)
     return advance(state, proposed_BxN, sampler.forwards_per_step, prompt_len,
-                   config.mask_token_id, stop_ids, rng)
+                   config.mask_token_id, stop_ids, keys_Bx2[:, 0])
 
   return step_fn

@@ -12,6 +12,27 @@ import jax.numpy as jnp
 NEG_INF = -jnp.inf
 
 
+def split_rows(rng_B: jax.Array, n: int) -> list[jax.Array]:
+  """n independent [B] key arrays from one key per row."""
+  keys_Bxn = jax.vmap(lambda k: jax.random.split(k, n))(rng_B)
+  return [keys_Bxn[:, i] for i in range(n)]
+
+
+def row_uniform(rng_B: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """[B, *shape] uniform draws, row b from its own key only."""
+  return jax.vmap(lambda k: jax.random.uniform(k, shape))(rng_B)
+
+
+def row_gumbel(rng_B: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  return jax.vmap(lambda k: jax.random.gumbel(k, shape, jnp.float32))(rng_B)
+
+
+def row_categorical(rng_B: jax.Array, logits_BxRxV: jax.Array) -> jax.Array:
+  """[B, R] samples from softmax(logits), row b from its own key only."""
+  return jax.vmap(lambda k, l: jax.random.categorical(k, l, axis=-1))(
+      rng_B, logits_BxRxV)
+
+
 def set_logit(logits_BxRxV: jax.Array, token_id: int | None,
               value: float) -> jax.Array:
   if token_id is None:
@@ -20,7 +41,7 @@ def set_logit(logits_BxRxV: jax.Array, token_id: int | None,
 
 
 def gumbel_argmax(logits_BxRxV: jax.Array, temperature: float,
-                  rng: jax.Array) -> jax.Array:
+                  rng_B: jax.Array) -> jax.Array:
   """argmax(logits + T * Gumbel): a sample from softmax(logits / T).
 
   LLaDA's `add_gumbel_noise` computes exp(l) / (-log U)^T, whose argmax is the
@@ -28,7 +49,7 @@ def gumbel_argmax(logits_BxRxV: jax.Array, temperature: float,
   """
   if temperature == 0:
     return jnp.argmax(logits_BxRxV, axis=-1)
-  g = jax.random.gumbel(rng, logits_BxRxV.shape, jnp.float32)
+  g = row_gumbel(rng_B, logits_BxRxV.shape[1:])
   return jnp.argmax(logits_BxRxV + temperature * g, axis=-1)
 
 

@@ -16,23 +16,24 @@ class DecodeState:
   step: scalar step counter (shared by all rows).
   done_B: rows whose answer is complete; they are frozen.
   forwards_B: model forward passes spent on each row.
-  rng: PRNG key for stochastic samplers.
+  rng_B: one PRNG key per row, so a row's random draws never depend on the
+    rest of the batch.
   """
 
   tokens_BxN: jax.Array
   step: jax.Array
   done_B: jax.Array
   forwards_B: jax.Array
-  rng: jax.Array
+  rng_B: jax.Array
 
   @classmethod
   def start(cls, prompt_BxP: jax.Array, gen_length: int, mask_id: int,
-            rng: jax.Array) -> "DecodeState":
+            rng_B: jax.Array) -> "DecodeState":
     b = prompt_BxP.shape[0]
     masks_BxG = jnp.full((b, gen_length), mask_id, prompt_BxP.dtype)
     return cls(tokens_BxN=jnp.concatenate([prompt_BxP, masks_BxG], axis=1),
                step=jnp.zeros((), jnp.int32), done_B=jnp.zeros((b,), bool),
-               forwards_B=jnp.zeros((b,), jnp.int32), rng=rng)
+               forwards_B=jnp.zeros((b,), jnp.int32), rng_B=rng_B)
 
 
 def answer_complete(gen_BxG: jax.Array, mask_id: int,
@@ -56,7 +57,7 @@ def answer_complete(gen_BxG: jax.Array, mask_id: int,
 
 def advance(state: DecodeState, proposed_BxN: jax.Array, forwards: int,
             prompt_len: int, mask_id: int, stop_ids: tuple[int, ...],
-            rng: jax.Array) -> DecodeState:
+            rng_B: jax.Array) -> DecodeState:
   """Commits a step's tokens for the rows still running; frozen rows keep
   theirs, so finishing early never changes a row's tokens."""
   active_B = ~state.done_B
@@ -66,7 +67,7 @@ def advance(state: DecodeState, proposed_BxN: jax.Array, forwards: int,
   return DecodeState(tokens_BxN=tokens_BxN, step=state.step + 1,
                      done_B=done_B,
                      forwards_B=state.forwards_B + forwards * active_B,
-                     rng=rng)
+                     rng_B=rng_B)
 
 
 def fill_after_stop(gen_BxG: jax.Array, mask_id: int, fill_id: int) -> jax.Array:

@@ -1,0 +1,160 @@
+"""The reference samplers: semantics, compiled loop, batch invariance."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.generate import decode_tokens, generate, left_pad
+from flash_dllm_jax.model import Transformer, init_params
+from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.sampling.dream import torch_linspace_f32
+from tests import reference_samplers
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(arch, eos_boost=0.0):
+  """A tiny random model with sharp logits (clear confidence margins).
+
+  eos_boost > 0 makes EOS frequent: its head column becomes (1 + eos_boost/100)
+  times the column of the token the model predicts most often.
+  """
+  config = ModelConfig.tiny(arch)
+  params = init_params(config, jax.random.key(7), head_init_scale=8.0)
+  if eos_boost:
+    x = np.asarray(random_prompts(0, [24] * 4), np.int32)
+    x[:, 8:] = config.mask_token_id
+    x = jnp.asarray(x)
+    pos = jnp.broadcast_to(jnp.arange(24), x.shape)
+    logits, _ = Transformer(config).apply({"params": params}, x, pos,
+                                          jnp.ones(x.shape, bool))
+    common = np.bincount(np.asarray(logits.argmax(-1)).ravel()).argmax()
+    head = params["lm_head"]
+    params["lm_head"] = head.at[:, config.eos_token_id].set(
+        head[:, common] * (1 + eos_boost / 100))
+  return config, params
+
+
+def full_logits_fn(config, params):
+  model = Transformer(config)
+
+  def fn(x):
+    x = jnp.asarray(x, jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape)
+    logits, _ = model.apply({"params": params}, x, pos, jnp.ones(x.shape, bool))
+    return np.asarray(logits)
+
+  return fn
+
+
+def random_prompts(seed, lengths, vocab=300):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, vocab, n).tolist() for n in lengths]
+
+
+LLADA_CASES = [
+    dict(gen_length=16, steps=16, block_length=16),
+    dict(gen_length=24, steps=12, block_length=8),
+    dict(gen_length=16, steps=6, block_length=8),  # uneven per-step counts
+    dict(gen_length=16, steps=8, block_length=8, cfg_scale=1.5),
+    dict(gen_length=16, steps=8, block_length=16, logits_eos_inf=True,
+         confidence_eos_eot_inf=True),
+]
+
+
+@pytest.mark.parametrize("opts", LLADA_CASES)
+def test_llada_matches_numpy_restatement(opts):
+  config, params = tiny("llada", eos_boost=1.5)
+  prompts = random_prompts(1, [7, 7])
+  out = generate(params, prompts, config=config, stop_at_eos=False, **opts)
+  ref = reference_samplers.llada_generate(
+      full_logits_fn(config, params), np.array(prompts),
+      mask_id=config.mask_token_id, eos_id=config.eos_token_id,
+      eot_id=config.eot_token_id, **opts)
+  np.testing.assert_array_equal(out.tokens_BxG, ref[:, 7:])
+  assert out.steps == opts["steps"]
+  np.testing.assert_array_equal(out.forwards_B,
+                                opts["steps"] * (2 if opts.get("cfg_scale") else 1))
+
+
+@pytest.mark.parametrize("alg,steps", [("maskgit_plus", 8), ("topk_margin", 12),
+                                       ("entropy", 16), ("entropy", 5)])
+def test_dream_matches_numpy_restatement(alg, steps):
+  config, params = tiny("dream")
+  prompts = random_prompts(2, [6, 6])
+  sampler = DreamSampler(gen_length=16, steps=steps, alg=alg)
+  out = generate(params, prompts, config=config, sampler=sampler,
+                 stop_at_eos=False)
+  ref = reference_samplers.dream_generate(
+      full_logits_fn(config, params), np.array(prompts), steps=steps,
+      gen_length=16, eps=sampler.eps, alg=alg, mask_id=config.mask_token_id,
+      timesteps=sampler.timesteps())
+  np.testing.assert_array_equal(out.tokens_BxG, ref[:, 6:])
+
+
+@pytest.mark.parametrize("eps", [1e-3, 1e-2, 0.05])
+def test_dream_timesteps_match_torch_linspace_bitwise(eps):
+  for steps in range(1, 1025):
+    want = torch.linspace(1, eps, steps + 1, dtype=torch.float32).numpy()
+    got = torch_linspace_f32(1, eps, steps + 1)
+    np.testing.assert_array_equal(got, want, err_msg=f"steps={steps}")
+
+
+def test_dream_schedule_examples():
+  # reference-semantics.md: 32 tokens over 16 steps -> [1, 2 x 14, 3];
+  # over 32 steps -> [0, 1 x 30, 2].
+  counts = DreamSampler(gen_length=32, steps=16).transfer_counts()
+  assert counts.tolist() == [1] + [2] * 14 + [3]
+  counts = DreamSampler(gen_length=32, steps=32).transfer_counts()
+  assert counts.tolist() == [0] + [1] * 30 + [2]
+
+
+def test_llada_schedule_remainder_goes_first():
+  counts = LLaDASampler(gen_length=16, steps=6, block_length=8).transfer_counts()
+  assert counts.tolist() == [3, 3, 2, 3, 3, 2]
+
+
+SAMPLERS = [
+    ("llada", LLaDASampler(gen_length=16, steps=8, block_length=8)),
+    ("llada", LLaDASampler(gen_length=16, steps=16, temperature=0.7,
+                           remasking="random", cfg_scale=0.5)),
+    ("dream", DreamSampler(gen_length=16, steps=8, alg="entropy")),
+    ("dream", DreamSampler(gen_length=16, steps=16, alg="origin",
+                           temperature=0.8, top_p=0.9, top_k=50)),
+    ("dream", DreamSampler(gen_length=16, steps=8, alg="maskgit_plus",
+                           temperature=0.5, alg_temp=0.3)),
+]
+
+
+@pytest.mark.parametrize("arch,sampler", SAMPLERS)
+def test_compiled_loop_equals_python_loop(arch, sampler):
+  config, params = tiny(arch, eos_boost=1.5)
+  ids, valid = left_pad(random_prompts(3, [5, 11, 8]), config.pad_token_id)
+  rng_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
+  args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
+  kw = dict(config=config, sampler=sampler)
+  compiled = jax.jit(decode_tokens, static_argnames=(
+      "config", "sampler", "stop_at_eos", "compiled"))(*args, **kw)
+  python = decode_tokens(*args, compiled=False, **kw)
+  for a, b in zip(compiled, python):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("arch,sampler", SAMPLERS)
+def test_rows_do_not_depend_on_the_batch(arch, sampler):
+  config, params = tiny(arch, eos_boost=1.5)
+  prompts = random_prompts(5, [4, 13, 9, 30])
+  batch = generate(params, prompts, config=config, sampler=sampler, seed=3)
+  # Alone, and inside a batch with other neighbours and more left padding.
+  others = random_prompts(6, [40, 2])
+  for i, p in enumerate(prompts):
+    alone = generate(params, [p], config=config, sampler=sampler, seed=3)
+    np.testing.assert_array_equal(alone.tokens_BxG[0], batch.tokens_BxG[i])
+    assert alone.forwards_B[0] == batch.forwards_B[i]
+    mixed = generate(params, [others[0], p, others[1]], config=config,
+                     sampler=sampler, seed=[9, 3, 11])
+    np.testing.assert_array_equal(mixed.tokens_BxG[1], batch.tokens_BxG[i])
