@@ -30,3 +30,60 @@ def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
                            p_BxKxGxQxS.astype(v_BxSxKxD.dtype), v_BxSxKxD,
                            preferred_element_type=jnp.float32)
   return o_BxQxKxGxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
+
+
+def exclude_mask_from_positions(exclude_BxX: jax.Array, s: int) -> jax.Array:
+  """Boolean [B, S] mask from a padded list of positions (-1 = padding)."""
+  b = exclude_BxX.shape[0]
+  cols_BxX = jnp.where((exclude_BxX >= 0) & (exclude_BxX < s), exclude_BxX, s)
+  return jnp.zeros((b, s), bool).at[jnp.arange(b)[:, None], cols_BxX].set(
+      True, mode="drop")
+
+
+def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
+                        q_len_B, *, scale: float, k_new_BxTxKxD=None,
+                        v_new_BxTxKxD=None, inq_mask_BxQxT=None,
+                        exclude_BxS=None, score_rows_BxQ=None):
+  """Ragged bidirectional GQA attention over a cache plus in-query keys.
+
+  Query i < q_len_B[b] of sequence b attends to cache slots s < k_len_B[b]
+  that `exclude_BxS` does not mark, and to in-query key t where
+  inq_mask_BxQxT[b, i, t]. Rows i >= q_len and rows with no key give zeros.
+  Returns (o_BxQxHxD, mass_BxS or None); mass_BxS[b, s] sums softmax
+  probabilities of cache key s over heads and over rows with score_rows_BxQ.
+  Plain JAX: builds the full mask and materialises float32 scores.
+  """
+  b, q, h, d = q_BxQxHxD.shape
+  s, kh = k_cache_BxSxKxD.shape[1:3]
+  f32, hi = jnp.float32, jax.lax.Precision.HIGHEST
+  row_ok_BxQ = jnp.arange(q)[None, :] < q_len_B[:, None]
+  key_ok_BxS = jnp.arange(s)[None, :] < k_len_B[:, None]
+  if exclude_BxS is not None:
+    key_ok_BxS &= ~exclude_BxS
+  keys_BxNxKxD = jnp.where(key_ok_BxS[..., None, None], k_cache_BxSxKxD, 0)
+  vals_BxNxKxD = jnp.where(key_ok_BxS[..., None, None], v_cache_BxSxKxD, 0)
+  mask_BxQxN = row_ok_BxQ[:, :, None] & key_ok_BxS[:, None, :]
+  if k_new_BxTxKxD is not None:
+    keys_BxNxKxD = jnp.concatenate([keys_BxNxKxD, k_new_BxTxKxD], axis=1)
+    vals_BxNxKxD = jnp.concatenate([vals_BxNxKxD, v_new_BxTxKxD], axis=1)
+    inq_BxQxT = inq_mask_BxQxT & row_ok_BxQ[:, :, None]
+    mask_BxQxN = jnp.concatenate([mask_BxQxN, inq_BxQxT], axis=2)
+  q_BxQxKxGxD = q_BxQxHxD.reshape(b, q, kh, h // kh, d)
+  s_BxKxGxQxN = jnp.einsum("bqkgd,bnkd->bkgqn", q_BxQxKxGxD, keys_BxNxKxD,
+                           preferred_element_type=f32, precision=hi) * scale
+  mask = mask_BxQxN[:, None, None]
+  s_BxKxGxQxN = jnp.where(mask, s_BxKxGxQxN, -jnp.inf)
+  m = jnp.max(s_BxKxGxQxN, axis=-1, keepdims=True)
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
+  p_BxKxGxQxN = jnp.where(mask, jnp.exp(s_BxKxGxQxN - m), 0.0)
+  l = jnp.sum(p_BxKxGxQxN, axis=-1, keepdims=True)
+  p_BxKxGxQxN = p_BxKxGxQxN / jnp.where(l > 0, l, 1.0)
+  o_BxQxKxGxD = jnp.einsum("bkgqn,bnkd->bqkgd", p_BxKxGxQxN,
+                           vals_BxNxKxD.astype(f32), precision=hi)
+  o_BxQxHxD = o_BxQxKxGxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
+  if score_rows_BxQ is None:
+    return o_BxQxHxD, None
+  w_BxQ = (score_rows_BxQ & row_ok_BxQ).astype(f32)
+  mass_BxS = jnp.einsum("bkgqs,bq->bs", p_BxKxGxQxN[..., :s], w_BxQ,
+                        precision=hi)
+  return o_BxQxHxD, mass_BxS

@@ -1,0 +1,1 @@
+"""KV-cache writes: scatter (reference) and fused RoPE + in-place write."""

@@ -1,0 +1,41 @@
+"""Public entry: scheduled attention, Pallas kernel or plain-JAX reference."""
+
+import jax
+
+from pallas_kernels.attention import kernel, reference
+from pallas_kernels.common import resolve_implementation
+
+exclude_mask_from_positions = reference.exclude_mask_from_positions
+
+
+def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
+                        v_cache_BxSxKxD: jax.Array, k_len_B: jax.Array,
+                        q_len_B: jax.Array, *, scale: float,
+                        k_new_BxTxKxD=None, v_new_BxTxKxD=None,
+                        inq_mask_BxQxT=None, exclude_BxS=None,
+                        exclude_BxX=None, score_rows_BxQ=None,
+                        implementation: str | None = None, **tiling):
+  """Ragged GQA attention over cache[:k_len] minus exclusions plus new keys.
+
+  Returns (o_BxQxHxD, mass_BxS or None); see reference.scheduled_attention.
+  Exclusions: boolean exclude_BxS (what the kernel reads), or a padded
+  position list exclude_BxX (-1 = none), turned into the mask here.
+  implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
+  on GPU, reference elsewhere); unsupported shapes fall back to the
+  reference. tiling: block_r, block_k, num_splits, num_warps, num_stages.
+  """
+  impl = resolve_implementation(implementation)
+  if exclude_BxX is not None:
+    ex = exclude_mask_from_positions(exclude_BxX, k_cache_BxSxKxD.shape[1])
+    exclude_BxS = ex if exclude_BxS is None else exclude_BxS | ex
+  args = (q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B, q_len_B)
+  kw = dict(scale=scale, k_new_BxTxKxD=k_new_BxTxKxD,
+            v_new_BxTxKxD=v_new_BxTxKxD, inq_mask_BxQxT=inq_mask_BxQxT,
+            exclude_BxS=exclude_BxS, score_rows_BxQ=score_rows_BxQ)
+  if impl != "reference":
+    try:
+      return kernel.scheduled_attention(
+          *args, **kw, interpret=impl == "pallas_interpret", **tiling)
+    except NotImplementedError:
+      pass
+  return reference.scheduled_attention(*args, **kw)

@@ -1,0 +1,255 @@
+"""Pallas (Triton) scheduled attention: ragged cache + in-query keys, one pass.
+
+Layout: the G query heads of kv head k are folded into the row axis, so a
+program owns R rows of the flattened (query, group) axis of one (sequence, kv
+head) and every K/V tile it streams serves all G heads. Grid (row tile, key
+split, sequence * kv head); row tiles vary fastest so neighbouring programs
+share K/V tiles in L2. Each program runs one online softmax over
+  1. the in-query keys (k_new, T <= 64, per-row boolean mask), split 0 only,
+  2. cache tiles [t0, t1) of its split, t1 <= cdiv(k_len, block_k): tiles past
+     the sequence's length are never loaded,
+in float32. Excluded cache slots come as an int8 [B, S] mask, loaded once per
+key tile (one contiguous vector shared by all rows): cheaper in the kernel
+than comparing every key against a position list.
+
+Mass per key (optional): normalisation is only known once all keys are seen,
+so after the online softmax the program re-streams the K tiles (not V) and
+sums exp(s - lse) over its score rows; per (row tile, kv head) partials are
+reduced by XLA. With key splits the lse is global only after the split
+combine, so the same body runs again as a mass-only call.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+NEG = -1e30  # finite "minus infinity": exp(NEG - NEG) never makes a NaN
+VALID, SCORE = 1, 2  # bits of the per-row info byte
+
+
+def _dot_t(a, b):
+  """a [M, D] . b [N, D]^T -> [M, N] float32."""
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+
+
+def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
+            do_attn, do_mass):
+  refs = list(refs)
+  klen_ref, q_ref, k_ref, v_ref, info_ref = refs[:5]
+  del refs[:5]
+  excl_ref = refs.pop(0) if has_excl else None
+  knew_ref, vnew_ref, inq_ref = (refs[:3] if has_new else (None,) * 3)
+  del refs[:3 if has_new else 0]
+  lse_in_ref = None if do_attn else refs.pop(0)
+  o_ref, lse_ref = (refs[:2] if do_attn else (None, None))
+  mass_ref = refs[-1] if do_mass else None
+
+  r, d = q_ref.shape
+  split = pl.program_id(1)
+  info = info_ref[...].astype(jnp.int32)
+  row_ok = (info & VALID) != 0
+  q = q_ref[...]
+
+  n_tiles = pl.cdiv(jnp.minimum(klen_ref[()], s), block_k)
+  n_tiles = jnp.where(jnp.any(row_ok), n_tiles, 0)
+  per_split = pl.cdiv(n_tiles, splits)
+  t0 = jnp.minimum(split * per_split, n_tiles)
+  t1 = jnp.minimum(t0 + per_split, n_tiles)
+
+  def key_tile(t):
+    """Slots of tile t, their validity, and the row x key mask."""
+    cols = t * block_k + jnp.arange(block_k)
+    key_ok = cols < jnp.minimum(klen_ref[()], s)
+    if has_excl:
+      ex = plgpu.load(excl_ref.at[pl.ds(t * block_k, block_k)],
+                      mask=key_ok, other=1)
+      key_ok &= ex == 0
+    rows = pl.ds(t * block_k, block_k)
+    k = plgpu.load(k_ref.at[rows, :], mask=key_ok[:, None], other=0)
+    return rows, key_ok, k, row_ok[:, None] & key_ok[None, :]
+
+  def softmax_step(carry, s_RxN, mask, v):
+    acc, m, l = carry
+    s_RxN = jnp.where(mask, s_RxN, NEG)
+    m_new = jnp.maximum(m, jnp.max(s_RxN, axis=1))
+    alpha = jnp.exp(m - m_new)
+    p = jnp.where(mask, jnp.exp(s_RxN - m_new[:, None]), 0.0)
+    l = alpha * l + jnp.sum(p, axis=1)
+    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+    return acc * alpha[:, None] + pv, m_new, l
+
+  if do_attn:
+    carry = (jnp.zeros((r, d), jnp.float32), jnp.full((r,), NEG, jnp.float32),
+             jnp.zeros((r,), jnp.float32))
+    if has_new:
+      t_p = max(16, 1 << (t_new - 1).bit_length())
+      t_ok = jnp.arange(t_p) < t_new
+      kn = plgpu.load(knew_ref.at[pl.ds(0, t_p), :], mask=t_ok[:, None],
+                      other=0)
+      vn = plgpu.load(vnew_ref.at[pl.ds(0, t_p), :], mask=t_ok[:, None],
+                      other=0)
+      inq = plgpu.load(inq_ref.at[:, pl.ds(0, t_p)], mask=t_ok[None, :],
+                       other=0)
+      mask = (inq != 0) & row_ok[:, None] & (split == 0)
+      carry = softmax_step(carry, _dot_t(q, kn) * scale, mask, vn)
+
+    def attn_body(t, carry):
+      rows, key_ok, k, mask = key_tile(t)
+      v = plgpu.load(v_ref.at[rows, :], mask=key_ok[:, None], other=0)
+      return softmax_step(carry, _dot_t(q, k) * scale, mask, v)
+
+    acc, m, l = lax.fori_loop(t0, t1, attn_body, carry)
+    o = acc / jnp.where(l > 0, l, 1.0)[:, None]
+    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG)
+    o_ref[...] = o.astype(o_ref.dtype)
+    lse_ref[...] = lse
+  else:
+    lse = lse_in_ref[...]
+
+  if do_mass:
+    score = row_ok & ((info & SCORE) != 0)
+    m_t0 = jnp.where(jnp.any(score), t0, t1)
+
+    def mass_body(t, _):
+      rows, _, k, mask = key_tile(t)
+      mask &= score[:, None]
+      p = jnp.where(mask, jnp.exp(_dot_t(q, k) * scale - lse[:, None]), 0.0)
+      plgpu.store(mass_ref.at[rows], jnp.sum(p, axis=0),
+                  mask=t * block_k + jnp.arange(block_k) < s)
+      return 0
+
+    lax.fori_loop(m_t0, t1, mass_body, 0)
+
+
+def _rows(x_BxQx, g, rrp):
+  """Repeats per-query values over the G folded heads, pads rows to rrp."""
+  x = jnp.repeat(x_BxQx, g, axis=1)
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (0, rrp - x.shape[1])
+  return jnp.pad(x, pad)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "scale", "block_r", "block_k", "num_splits", "num_warps", "num_stages",
+    "interpret"))
+def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
+                        q_len_B, *, scale: float, k_new_BxTxKxD=None,
+                        v_new_BxTxKxD=None, inq_mask_BxQxT=None,
+                        exclude_BxS=None, score_rows_BxQ=None,
+                        block_r: int | None = None, block_k: int = 64,
+                        num_splits: int = 1, num_warps: int | None = None,
+                        num_stages: int = 2, interpret: bool = False):
+  """Same contract as reference.scheduled_attention.
+
+  block_r: rows (query x folded head) per program; block_k: keys per tile;
+  num_splits: key-range splits per row tile (flash-decoding style, for small
+  batches), combined by log-sum-exp in XLA. Raises NotImplementedError for
+  shapes the Triton lowering can't tile.
+  """
+  b, q, h, d = q_BxQxHxD.shape
+  s, kh = k_cache_BxSxKxD.shape[1:3]
+  has_new, has_excl = k_new_BxTxKxD is not None, exclude_BxS is not None
+  t_new = k_new_BxTxKxD.shape[1] if has_new else 0
+  if d < 16 or d & (d - 1) or h % kh or block_k < 16 or block_k & (block_k - 1):
+    raise NotImplementedError(f"unsupported head_dim {d} / heads {h}, {kh}")
+  if t_new > 64:
+    raise NotImplementedError(f"{t_new} in-query keys (at most 64)")
+  g, f32 = h // kh, jnp.float32
+  rr = q * g
+  if block_r is None:
+    block_r = min(64, max(16, 1 << (rr - 1).bit_length()))
+  n_rt = pl.cdiv(rr, block_r)
+  rrp, splits = n_rt * block_r, num_splits
+  do_mass = score_rows_BxQ is not None
+
+  q_BxKxRxD = q_BxQxHxD.reshape(b, q, kh, g, d).transpose(0, 2, 1, 3, 4)
+  q_BxKxRxD = jnp.pad(q_BxKxRxD.reshape(b, kh, rr, d),
+                      ((0, 0), (0, 0), (0, rrp - rr), (0, 0)))
+  valid_BxQ = jnp.arange(q)[None, :] < q_len_B[:, None]
+  info_BxQ = valid_BxQ.astype(jnp.int8) * VALID
+  if do_mass:
+    info_BxQ += (valid_BxQ & score_rows_BxQ).astype(jnp.int8) * SCORE
+  info_BxR = _rows(info_BxQ, g, rrp)
+
+  bk = lambda z: (z // kh, z % kh)
+  row_blk = lambda n: pl.BlockSpec(
+      (None, None, block_r, n), lambda i, j, z: (*bk(z), i, 0))
+  cache_blk = pl.BlockSpec((None, s, None, d),
+                           lambda i, j, z: (z // kh, 0, z % kh, 0))
+  in_specs = [pl.BlockSpec((None,), lambda i, j, z: (z // kh,)), row_blk(d),
+              cache_blk, cache_blk,
+              pl.BlockSpec((None, block_r), lambda i, j, z: (z // kh, i))]
+  args = [k_len_B.astype(jnp.int32), q_BxKxRxD, k_cache_BxSxKxD,
+          v_cache_BxSxKxD, info_BxR]
+  if has_excl:
+    in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (z // kh, 0)))
+    args.append(exclude_BxS.astype(jnp.int8))
+  if has_new:
+    new_blk = pl.BlockSpec((None, t_new, None, d),
+                           lambda i, j, z: (z // kh, 0, z % kh, 0))
+    in_specs += [new_blk, new_blk, pl.BlockSpec(
+        (None, block_r, t_new), lambda i, j, z: (z // kh, i, 0))]
+    args += [k_new_BxTxKxD, v_new_BxTxKxD,
+             _rows(inq_mask_BxQxT.astype(jnp.int8), g, rrp)]
+
+  mass_spec = pl.BlockSpec((None, None, None, s),
+                           lambda i, j, z: (*bk(z), i, 0))
+  mass_shape = jax.ShapeDtypeStruct((b, kh, n_rt, s), f32)
+  call = functools.partial(
+      pl.pallas_call, grid=(n_rt, splits, b * kh), interpret=interpret,
+      compiler_params=plgpu.CompilerParams(
+          num_warps=num_warps or (4 if block_r <= 64 else 8),
+          num_stages=num_stages))
+  body = functools.partial(
+      _kernel, scale=scale, s=s, block_k=block_k, splits=splits,
+      has_excl=has_excl, has_new=has_new, t_new=t_new)
+
+  o_dtype = q_BxQxHxD.dtype if splits == 1 else f32
+  fused_mass = do_mass and splits == 1
+  out_specs = [
+      pl.BlockSpec((None, None, None, block_r, d),
+                   lambda i, j, z: (j, *bk(z), i, 0)),
+      pl.BlockSpec((None, None, None, block_r), lambda i, j, z: (j, *bk(z), i))]
+  out_shape = [jax.ShapeDtypeStruct((splits, b, kh, rrp, d), o_dtype),
+               jax.ShapeDtypeStruct((splits, b, kh, rrp), f32)]
+  if fused_mass:
+    out_specs.append(mass_spec)
+    out_shape.append(mass_shape)
+  outs = call(functools.partial(body, do_attn=True, do_mass=fused_mass),
+              in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+              name="scheduled_attention")(*args)
+  o_P, lse_P = outs[0], outs[1]
+  if splits == 1:
+    o_BxKxRxD, lse_BxKxR = o_P[0], lse_P[0]
+  else:  # log-sum-exp combine of the key splits
+    m = jnp.max(lse_P, axis=0)
+    w_P = jnp.exp(lse_P - m)
+    w_sum = jnp.sum(w_P, axis=0)
+    o_BxKxRxD = (jnp.sum(w_P[..., None] * o_P, axis=0)
+                 / w_sum[..., None]).astype(q_BxQxHxD.dtype)
+    lse_BxKxR = m + jnp.log(w_sum)
+  o_BxQxHxD = o_BxKxRxD[:, :, :rr].reshape(b, kh, q, g, d).transpose(
+      0, 2, 1, 3, 4).reshape(b, q, h, d)
+  if not do_mass:
+    return o_BxQxHxD, None
+
+  if fused_mass:
+    mass_part = outs[2]
+  else:
+    mass_part = call(
+        functools.partial(body, do_attn=False, do_mass=True),
+        in_specs=in_specs + [pl.BlockSpec(
+            (None, None, block_r), lambda i, j, z: (*bk(z), i))],
+        out_specs=mass_spec, out_shape=mass_shape,
+        name="scheduled_attention_mass")(*args, lse_BxKxR)
+  # Partials exist only for row tiles holding a score row and slots < k_len.
+  has_score = jnp.any((info_BxR.reshape(b, n_rt, block_r) & SCORE) != 0, -1)
+  written = (has_score[:, None, :, None]
+             & (jnp.arange(s) < k_len_B[:, None])[:, None, None, :])
+  return o_BxQxHxD, jnp.sum(jnp.where(written, mass_part, 0.0), axis=(1, 2))

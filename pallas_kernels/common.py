@@ -1,0 +1,24 @@
+"""Helpers shared by the kernel folders: backend choice and tile sizes."""
+
+import jax
+
+IMPLEMENTATIONS = ("pallas", "pallas_interpret", "reference")
+
+
+def resolve_implementation(implementation: str | None) -> str:
+  """None picks 'pallas' on a GPU backend and 'reference' elsewhere."""
+  if implementation is None:
+    return "pallas" if jax.default_backend() == "gpu" else "reference"
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or "
+                     f"None, got {implementation!r}")
+  return implementation
+
+
+def next_pow2(n: int) -> int:
+  """Smallest power of two >= n (Triton tiles must be powers of two)."""
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def is_pow2(n: int) -> bool:
+  return n > 0 and (n & (n - 1)) == 0

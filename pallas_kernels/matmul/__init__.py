@@ -1,0 +1,1 @@
+"""Weight-streaming matmul for few rows, with SwiGLU and residual epilogues."""

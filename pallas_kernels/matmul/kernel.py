@@ -1,0 +1,125 @@
+"""Pallas (Triton) weight-streaming matmul for small M (decode-time projections).
+
+With M <= 256 tokens a projection is bound by reading W once, so the kernel is
+organised around W: grid (row tile, column tile, E split) with row tiles
+fastest, so programs sharing a W tile run together (one HBM read, L2 hits).
+When the column tiles alone can't fill the GPU (k/v projections, batch 1), the
+contraction is split across programs (split-E); partial sums are float32 and
+XLA adds them and applies the epilogue. Otherwise the epilogue (SwiGLU
+silu(g) * u with both weights streamed in one loop, residual add) is fused.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.common import is_pow2, next_pow2
+
+
+def _silu(g):
+  return g / (1.0 + jnp.exp(-g))
+
+
+def _kernel(*refs, m, n, e, bm, bn, be, splits, swiglu, residual, final):
+  x_ref, w_ref = refs[:2]
+  wu_ref = refs[2] if swiglu else None
+  res_ref = refs[2 + swiglu] if residual else None
+  out_refs = refs[2 + swiglu + residual:]
+  i, j, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+  rows, cols = pl.ds(i * bm, bm), pl.ds(j * bn, bn)
+  row_ok = i * bm + jnp.arange(bm) < m
+  col_ok = j * bn + jnp.arange(bn) < n
+  n_e = pl.cdiv(e, be)
+  per = pl.cdiv(n_e, splits)
+  e0 = jnp.minimum(sp * per, n_e)
+  e1 = jnp.minimum(e0 + per, n_e)
+
+  def body(t, accs):
+    ek = pl.ds(t * be, be)
+    e_ok = t * be + jnp.arange(be) < e
+    x = plgpu.load(x_ref.at[rows, ek], mask=row_ok[:, None] & e_ok[None, :],
+                   other=0)
+    w_mask = e_ok[:, None] & col_ok[None, :]
+    out = []
+    for acc, ref in zip(accs, (w_ref, wu_ref)):
+      w = plgpu.load(ref.at[ek, cols], mask=w_mask, other=0).astype(x.dtype)
+      out.append(acc + lax.dot_general(x, w, (((1,), (0,)), ((), ())),
+                                       preferred_element_type=jnp.float32))
+    return tuple(out)
+
+  zeros = jnp.zeros((bm, bn), jnp.float32)
+  accs = lax.fori_loop(e0, e1, body, (zeros, zeros) if swiglu else (zeros,))
+  mask = row_ok[:, None] & col_ok[None, :]
+  if not final:
+    for acc, ref in zip(accs, out_refs):
+      plgpu.store(ref.at[rows, cols], acc, mask=mask)
+    return
+  y = _silu(accs[0]) * accs[1] if swiglu else accs[0]
+  if residual:
+    y += plgpu.load(res_ref.at[rows, cols], mask=mask,
+                    other=0).astype(jnp.float32)
+  plgpu.store(out_refs[0].at[rows, cols], y.astype(out_refs[0].dtype),
+              mask=mask)
+
+
+def default_split(m, n, e, block_m, block_n, block_e, target=264):
+  """Splits of E so that about `target` programs run (2 per H200 SM)."""
+  programs = pl.cdiv(m, block_m) * pl.cdiv(n, block_n)
+  return max(1, min(pl.cdiv(target, programs), pl.cdiv(e, block_e) // 4))
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "block_m", "block_n", "block_e", "split_e", "num_warps", "num_stages",
+    "interpret"))
+def matmul(x_MxE, w_ExN, *, w_up_ExN=None, residual_MxN=None,
+           block_m: int | None = None, block_n: int = 64, block_e: int = 128,
+           split_e: int | None = None, num_warps: int = 4,
+           num_stages: int = 4, interpret: bool = False):
+  """Same contract as reference.matmul. split_e None picks default_split.
+
+  Raises NotImplementedError for M > 256 or non power-of-two tiles.
+  """
+  m, e = x_MxE.shape
+  n = w_ExN.shape[1]
+  if m > 256 or w_ExN.shape[0] != e:
+    raise NotImplementedError(f"x {x_MxE.shape} @ w {w_ExN.shape}: M <= 256")
+  bm = block_m or min(64, max(16, next_pow2(m)))
+  if not all(is_pow2(t) and t >= 16 for t in (bm, block_n, block_e)):
+    raise NotImplementedError("tiles must be powers of two >= 16")
+  splits = split_e or default_split(m, n, e, bm, block_n, block_e)
+  swiglu, residual = w_up_ExN is not None, residual_MxN is not None
+  final = splits == 1
+  full = lambda a: pl.BlockSpec(a.shape, lambda i, j, k: (0,) * a.ndim)
+  args = [x_MxE, w_ExN] + ([w_up_ExN] if swiglu else [])
+  if residual and final:
+    args.append(residual_MxN)
+  if final:
+    out_shape = [jax.ShapeDtypeStruct((m, n), x_MxE.dtype)]
+    out_specs = [pl.BlockSpec((m, n), lambda i, j, k: (0, 0))]
+  else:
+    part = jax.ShapeDtypeStruct((splits, m, n), jnp.float32)
+    out_shape = [part] * (1 + swiglu)
+    out_specs = [pl.BlockSpec((None, m, n), lambda i, j, k: (k, 0, 0))] * (
+        1 + swiglu)
+  kernel = functools.partial(
+      _kernel, m=m, n=n, e=e, bm=bm, bn=block_n, be=block_e, splits=splits,
+      swiglu=swiglu, residual=residual and final, final=final)
+  outs = pl.pallas_call(
+      kernel, grid=(pl.cdiv(m, bm), pl.cdiv(n, block_n), splits),
+      in_specs=[full(a) for a in args], out_specs=out_specs,
+      out_shape=out_shape, interpret=interpret, name="stream_matmul",
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps,
+                                           num_stages=num_stages),
+  )(*args)
+  if final:
+    return outs[0]
+  y = jnp.sum(outs[0], axis=0)
+  if swiglu:
+    y = jax.nn.silu(y) * jnp.sum(outs[1], axis=0)
+  if residual:
+    y = y + residual_MxN.astype(jnp.float32)
+  return y.astype(x_MxE.dtype)

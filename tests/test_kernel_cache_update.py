@@ -1,0 +1,161 @@
+"""Fused RoPE + in-place cache write (pallas_kernels/cache_update) vs reference.
+
+CPU runs the kernel in Pallas interpret mode; GPU-marked tests run Triton.
+"""
+
+import functools
+import re
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.cache_update import api, kernel, reference
+
+ON_GPU = jax.default_backend() == "gpu"
+TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5),
+       jnp.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
+THETA = 10000.0
+
+
+def _key(request):
+  return jax.random.key(zlib.crc32(request.node.name.encode()))
+
+
+def _inputs(key, b, q, h, kh, d, s, dtype, n_skip=1):
+  """Random q/k/v, positions, distinct slots (some -1), poisoned caches."""
+  ks = jax.random.split(key, 7)
+  q_BxQxHxD = jax.random.normal(ks[0], (b, q, h, d), jnp.float32).astype(dtype)
+  k_BxQxKxD = jax.random.normal(ks[1], (b, q, kh, d), jnp.float32).astype(dtype)
+  v_BxQxKxD = jax.random.normal(ks[2], (b, q, kh, d), jnp.float32).astype(dtype)
+  positions_BxQ = jax.random.randint(ks[3], (b, q), 0, 4096, jnp.int32)
+  slots_BxQ = jax.vmap(lambda k: jax.random.permutation(k, s)[:q])(
+      jax.random.split(ks[4], b)).astype(jnp.int32)
+  slots_BxQ = slots_BxQ.at[:, q - n_skip:].set(-1)  # padding queries
+  cache = lambda k: jax.random.normal(k, (b, s, kh, d), jnp.float32)
+  k_cache, v_cache = cache(ks[5]).astype(dtype), cache(ks[6]).astype(dtype)
+  # Sentinel rows: a NaN the kernel must neither read into outputs nor erase.
+  k_cache = k_cache.at[:, 1].set(jnp.nan)
+  v_cache = v_cache.at[:, 1].set(jnp.nan)
+  return (q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
+          k_cache, v_cache)
+
+
+def _bits(x):
+  x = np.asarray(x)
+  return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
+
+
+def _check(args, outs, dtype, scale):
+  ref = reference.rope_write(*args, theta=THETA, scale=scale)
+  slots = np.asarray(args[4])
+  written = np.zeros(np.asarray(args[5]).shape[:2], bool)
+  for bi, row in enumerate(slots):
+    written[bi, row[row >= 0]] = True
+  q_out = np.asarray(outs[0], np.float32)
+  assert np.isfinite(q_out).all()
+  np.testing.assert_allclose(q_out, np.asarray(ref[0], np.float32),
+                             **TOL[dtype])
+  for got, want, old in zip(outs[1:], ref[1:], args[5:]):
+    got_bits, old_bits = _bits(got), _bits(old)
+    # Rows no slot names are bit-identical to the input (sentinels included).
+    np.testing.assert_array_equal(got_bits[~written], old_bits[~written])
+    got_w = np.asarray(got, np.float32)[written]
+    assert np.isfinite(got_w).all()
+    np.testing.assert_allclose(got_w, np.asarray(want, np.float32)[written],
+                               **TOL[dtype])
+
+
+CASES = [  # (B, Q, H, K, D, S)
+    (2, 5, 2, 2, 64, 40),     # G = 1
+    (3, 16, 8, 2, 128, 70),   # G = 4
+    (2, 7, 7, 1, 64, 300),    # G = 7, H not a power of two
+    (1, 32, 28, 4, 128, 96),  # Dream-7B head layout
+    (1, 3, 4, 4, 128, 41),    # LLaDA-like G = 1
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
+                         ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", CASES, ids=lambda c: "x".join(map(str, c)))
+def test_matches_reference(request, shape, dtype):
+  b, q, h, kh, d, s = shape
+  args = _inputs(_key(request), b, q, h, kh, d, s, dtype, n_skip=min(2, q - 1))
+  outs = api.rope_write(*args, theta=THETA, scale=d ** -0.5,
+                        implementation="pallas_interpret")
+  _check(args, outs, dtype, d ** -0.5)
+
+
+def test_all_slots_skipped_leaves_cache_bit_identical(request):
+  args = _inputs(_key(request), 2, 4, 4, 2, 64, 50, jnp.bfloat16, n_skip=4)
+  outs = api.rope_write(*args, theta=THETA, implementation="pallas_interpret")
+  np.testing.assert_array_equal(_bits(outs[1]), _bits(args[5]))
+  np.testing.assert_array_equal(_bits(outs[2]), _bits(args[6]))
+  _check(args, outs, jnp.bfloat16, 1.0)
+
+
+def test_donated_write_is_in_place(request):
+  """Compiled HLO aliases both caches to outputs and never copies them."""
+  b, q, h, kh, d, s = 2, 4, 8, 2, 64, 37
+  args = _inputs(_key(request), b, q, h, kh, d, s, jnp.float32)
+  fn = jax.jit(functools.partial(api.rope_write, theta=THETA, scale=0.125,
+                                 implementation="pallas_interpret"),
+               donate_argnums=(5, 6))
+  hlo = fn.lower(*args).compile().as_text()
+  header = hlo.splitlines()[0]
+  assert "input_output_alias" in header
+  assert re.search(r"\{1\}: \(5, \{\}", header), header
+  assert re.search(r"\{2\}: \(6, \{\}", header), header
+  cache_ty = re.escape(f"f32[{b},{s},{kh},{d}]")
+  assert not re.search(cache_ty + r"\S* copy\(", hlo)
+  expected = reference.rope_write(*args, theta=THETA, scale=0.125)
+  outs = fn(*[jnp.array(a) for a in args])
+  for got, want in zip(outs, expected):
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_reference_rotation_matches_model_formula(request):
+  """rotate() is x*cos + rotate_half(x)*sin with duplicated-half angles."""
+  x = jax.random.normal(_key(request), (1, 3, 2, 8))
+  pos = jnp.array([[0, 5, 900]])
+  inv = 1.0 / (THETA ** (np.arange(0, 8, 2) / 8))
+  ang = np.asarray(pos)[..., None] * inv
+  ang = np.concatenate([ang, ang], -1)[:, :, None, :]
+  xn = np.asarray(x, np.float64)
+  rot = np.concatenate([-xn[..., 4:], xn[..., :4]], -1)
+  want = xn * np.cos(ang) + rot * np.sin(ang)
+  np.testing.assert_allclose(np.asarray(reference.rotate(x, pos, THETA)),
+                             want, rtol=1e-5, atol=1e-5)
+
+
+def test_unsupported_head_dim_falls_back(request):
+  args = _inputs(_key(request), 1, 3, 2, 1, 48, 20, jnp.float32)
+  with pytest.raises(NotImplementedError):
+    kernel.rope_write(*args, theta=THETA, interpret=True)
+  outs = api.rope_write(*args, theta=THETA, implementation="pallas_interpret")
+  _check(args, outs, jnp.float32, 1.0)
+
+
+def test_auto_implementation_off_gpu_is_reference(request):
+  args = _inputs(_key(request), 1, 3, 2, 1, 64, 20, jnp.float32)
+  outs = api.rope_write(*args, theta=THETA)
+  _check(args, outs, jnp.float32, 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
+                         ids=["f32", "bf16"])
+@pytest.mark.parametrize("shape", CASES + [(8, 128, 32, 32, 128, 1024)],
+                         ids=lambda c: "x".join(map(str, c)))
+def test_triton_matches_reference(request, shape, dtype):
+  b, q, h, kh, d, s = shape
+  args = _inputs(_key(request), b, q, h, kh, d, s, dtype, n_skip=min(2, q - 1))
+  fn = jax.jit(functools.partial(api.rope_write, theta=THETA, scale=d ** -0.5,
+                                 implementation="pallas"),
+               donate_argnums=(5, 6))
+  outs = fn(*[jnp.array(a) for a in args])
+  _check(args, outs, dtype, d ** -0.5)
