@@ -1,0 +1,160 @@
+"""Checkpoint directories: parameters in orbax groups, config and tokenizer.
+
+Layout (written by `save` and by `flash_dllm_jax.convert`):
+  DIR/config.json       ModelConfig.to_dict() plus "model_type" (the HF
+                        source's model_type, or the arch for saved models)
+  DIR/manifest.json     {"format": 1, "groups": {group: [param paths]},
+                         "tokenizer": bool}
+  DIR/params/<group>/   one orbax PyTree item with those parameters
+  DIR/tokenizer.json, tokenizer_config.json, special_tokens_map.json
+Param paths join the Flax tree keys with '/', e.g. 'layers_3/q_proj/kernel'.
+Groups are written and restored one at a time, so host memory stays near one
+group (a source shard when converting, one layer when saving).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers numpy bfloat16)
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import traverse_util
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.tokenizer import Tokenizer
+
+FORMAT = 1
+Params = dict[str, Any]
+
+
+@contextlib.contextmanager
+def staging_dir(dst_dir: str | Path, force: bool = False) -> Iterator[Path]:
+  """Yields an empty temporary directory next to `dst_dir` that becomes
+  `dst_dir` when the block succeeds (an old `dst_dir` is replaced only then,
+  and only with `force`); on any error it is deleted and `dst_dir` untouched.
+  """
+  dst = Path(dst_dir).absolute()
+  if dst.exists() and not force:
+    raise FileExistsError(f"{dst} already exists (use force to replace it)")
+  dst.parent.mkdir(parents=True, exist_ok=True)
+  tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+  os.chmod(tmp, 0o755)
+  try:
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  old = None
+  if dst.exists():
+    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+    os.replace(dst, old / dst.name)
+  try:
+    os.replace(tmp, dst)
+  except BaseException:
+    if old is not None:
+      os.replace(old / dst.name, dst)
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def write_group(ckpt_dir: str | Path, group: str,
+                arrays: dict[str, np.ndarray]) -> None:
+  """Saves {param path: array} as the orbax item DIR/params/<group>."""
+  tree = traverse_util.unflatten_dict(arrays, sep="/")
+  path = (Path(ckpt_dir) / "params" / group).absolute()
+  ocp.PyTreeCheckpointer().save(path, args=ocp.args.PyTreeSave(tree))
+
+
+def write_metadata(ckpt_dir: str | Path, config: ModelConfig,
+                   groups: dict[str, list[str]], tokenizer: Tokenizer | None,
+                   model_type: str | None = None) -> None:
+  """Writes config.json, manifest.json and the tokenizer files."""
+  ckpt_dir = Path(ckpt_dir)
+  config_json = {**config.to_dict(), "model_type": model_type or config.arch}
+  manifest = {"format": FORMAT, "groups": groups,
+              "tokenizer": tokenizer is not None}
+  (ckpt_dir / "config.json").write_text(json.dumps(config_json, indent=2))
+  (ckpt_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+  if tokenizer is not None:
+    tokenizer.save(ckpt_dir)
+
+
+def save(dst_dir: str | Path, params: Params, config: ModelConfig,
+         tokenizer: Tokenizer | None = None, force: bool = False) -> None:
+  """Saves a parameter tree (as `init_params` returns it), one group per
+  top-level key, into a new checkpoint directory `dst_dir`."""
+  flat = traverse_util.flatten_dict(dict(params), sep="/")
+  groups: dict[str, list[str]] = {}
+  for path in flat:
+    groups.setdefault(path.split("/")[0], []).append(path)
+  with staging_dir(dst_dir, force) as tmp:
+    for group, paths in groups.items():
+      write_group(tmp, group, {p: np.asarray(jax.device_get(flat[p]))
+                               for p in paths})
+    write_metadata(tmp, config, groups, tokenizer)
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+  if not path.is_file():
+    raise FileNotFoundError(f"checkpoint {path.parent} lacks {path.name} "
+                            f"({what})")
+  return json.loads(path.read_text())
+
+
+def load_config(ckpt_dir: str | Path) -> ModelConfig:
+  """The ModelConfig of a checkpoint directory, without loading weights."""
+  ckpt_dir = Path(ckpt_dir)
+  if not ckpt_dir.is_dir():
+    raise FileNotFoundError(f"checkpoint directory {ckpt_dir} does not exist")
+  config = _read_json(ckpt_dir / "config.json", "the model config")
+  config.pop("model_type", None)
+  return ModelConfig.from_dict(config)
+
+
+def load(ckpt_dir: str | Path, dtype: str | None = None,
+         ) -> tuple[Params, ModelConfig, Tokenizer | None]:
+  """Restores (params, config, tokenizer) from a checkpoint directory.
+
+  Params come back as jax arrays in their stored dtype, or cast to `dtype`
+  (then config.dtype is set to it as well). Groups are restored one by one.
+  """
+  ckpt_dir = Path(ckpt_dir).absolute()
+  config = load_config(ckpt_dir)
+  manifest = _read_json(ckpt_dir / "manifest.json", "the parameter manifest")
+  if manifest.get("format") != FORMAT:
+    raise ValueError(f"{ckpt_dir}: unsupported checkpoint format "
+                     f"{manifest.get('format')!r} (expected {FORMAT})")
+  np_dtype = None if dtype is None else jnp.dtype(dtype)
+  checkpointer = ocp.PyTreeCheckpointer()
+  flat: dict[str, jax.Array] = {}
+  for group, paths in manifest["groups"].items():
+    group_dir = ckpt_dir / "params" / group
+    if not group_dir.is_dir():
+      raise FileNotFoundError(f"checkpoint {ckpt_dir} lacks parameter group "
+                              f"params/{group}")
+    restore_args = traverse_util.unflatten_dict(
+        {p: ocp.RestoreArgs(restore_type=np.ndarray, dtype=np_dtype)
+         for p in paths}, sep="/")
+    tree = checkpointer.restore(
+        group_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+    for path, array in traverse_util.flatten_dict(tree, sep="/").items():
+      flat[path] = jnp.asarray(array)
+  tokenizer = None
+  if manifest.get("tokenizer"):
+    if not (ckpt_dir / "tokenizer.json").is_file():
+      raise FileNotFoundError(f"checkpoint {ckpt_dir} lacks tokenizer.json")
+    tokenizer = Tokenizer.from_dir(ckpt_dir)
+  if dtype is not None:
+    config = config.replace(dtype=dtype)
+  return traverse_util.unflatten_dict(flat, sep="/"), config, tokenizer

@@ -1,0 +1,224 @@
+"""Hugging Face LLaDA / Dream safetensors -> a flash_dllm_jax checkpoint.
+
+Everything that can be wrong with the source (files, headers, names, shapes)
+is checked from the safetensors headers before a single tensor is read. The
+tensors are then streamed, one at a time, into one orbax group per shard (or
+per bounded part of a shard) inside a temporary directory that is renamed to
+DST only at the end: host memory stays near one group, and no half-written
+DST is ever left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import shutil
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes  # noqa: F401  (lets safetensors hand out bfloat16 numpy)
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+from flash_dllm_jax import checkpoint
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.convert.tables import (TABLES, Mapped, expected_names,
+                                           resolve)
+from flash_dllm_jax.tokenizer import Tokenizer
+
+_COPIED_FILES = ("generation_config.json", "added_tokens.json")
+_FLOAT_DTYPES = ("F32", "F16", "BF16")
+Headers = dict[str, dict[str, tuple[tuple[int, ...], str]]]
+
+
+class ConversionError(ValueError):
+  """The source cannot be converted; the message names every problem found."""
+
+
+def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
+                       dtype: str = "bfloat16", force: bool = False,
+                       progress: bool = True,
+                       max_group_bytes: int = 1 << 30) -> ModelConfig:
+  """Converts the HF checkpoint in `src_dir` into a new directory `dst_dir`
+  (replaced only with `force`, and only once the conversion has succeeded).
+
+  Params are cast to `dtype` and written one orbax group per source shard
+  (split into parts of at most `max_group_bytes`, which bounds host memory).
+  Returns the ModelConfig that was written. Raises ConversionError before
+  touching `dst_dir` if anything is wrong with the source.
+  """
+  src, dst = Path(src_dir), Path(dst_dir)
+  if dst.exists() and not force:
+    raise ConversionError(f"destination {dst} already exists; pass "
+                          "force=True (--force) to replace it")
+  model_type, config, tokenizer = _read_model(src, dtype)
+  headers = _read_headers(src)
+  plan = _plan(headers, TABLES[model_type.lower()], config, model_type)
+  np_dtype = np.dtype(dtype)
+  groups = _split_groups(plan, np_dtype.itemsize, max_group_bytes)
+
+  with tqdm(total=sum(map(len, plan.values())), unit="tensor",
+            desc="converting", disable=not progress) as bar, \
+       checkpoint.staging_dir(dst, force) as tmp:
+    for group, (shard, mapped) in groups.items():
+      arrays = {}
+      for m in mapped:
+        arrays[m.param_path] = _read_tensor(src / shard, m, np_dtype)
+        bar.update()
+      checkpoint.write_group(tmp, group, arrays)
+    checkpoint.write_metadata(
+        tmp, config, {g: sorted(m.param_path for m in mapped)
+                      for g, (_, mapped) in groups.items()},
+        tokenizer, model_type)
+    for name in _COPIED_FILES:
+      if (src / name).is_file():
+        shutil.copyfile(src / name, tmp / name)
+  if progress:
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"wrote {dst} ({config.num_params():,} params as {dtype}); "
+          f"peak host memory {peak_mib:,.0f} MiB")
+  return config
+
+
+def _split_groups(plan: dict[str, list[Mapped]], itemsize: int,
+                  max_bytes: int) -> dict[str, tuple[str, list[Mapped]]]:
+  """{group name: (shard, tensors)}: a group per shard, named after it, or
+  parts '<shard>.partK' of at most max_bytes (one tensor at least) each."""
+  groups = {}
+  for shard, mapped in plan.items():
+    parts, size = [[]], 0
+    for m in mapped:
+      nbytes = math.prod(m.expected_shape) * itemsize
+      if parts[-1] and size + nbytes > max_bytes:
+        parts, size = parts + [[]], 0
+      parts[-1].append(m)
+      size += nbytes
+    stem = shard.removesuffix(".safetensors")
+    for k, part in enumerate(parts):
+      groups[stem if len(parts) == 1 else f"{stem}.part{k}"] = (shard, part)
+  return groups
+
+
+def _read_tensor(shard: Path, mapped: Mapped, dtype: np.dtype) -> np.ndarray:
+  """One tensor in our layout and dtype. The shard is mapped per tensor so
+  that only this tensor's pages, not the whole shard's, stay resident."""
+  try:
+    with safe_open(str(shard), framework="numpy") as f:
+      hf_array = f.get_tensor(mapped.hf_name)
+  except SafetensorError as e:
+    raise ConversionError(f"cannot read {mapped.hf_name} from {shard}: "
+                          f"{e}") from None
+  return np.asarray(mapped.rule.apply(hf_array), dtype, order="C")
+
+
+def _read_json(path: Path, required: bool) -> dict[str, Any] | None:
+  if not path.is_file():
+    if required:
+      raise ConversionError(f"{path.parent} has no {path.name}")
+    return None
+  try:
+    return json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ConversionError(f"{path} is not valid JSON: {e}") from None
+
+
+def _read_model(src: Path, dtype: str
+                ) -> tuple[str, ModelConfig, Tokenizer]:
+  """model_type, ModelConfig and tokenizer of the source directory."""
+  if not src.is_dir():
+    raise ConversionError(f"source directory {src} does not exist")
+  hf = _read_json(src / "config.json", required=True)
+  model_type = str(hf.get("model_type"))
+  if model_type.lower() not in TABLES:
+    raise ConversionError(
+        f"unknown model_type {hf.get('model_type')!r} in {src}/config.json: "
+        "expected 'llada' (LLaDA) or 'Dream' (Dream)")
+  try:
+    tokenizer = Tokenizer.from_dir(src)
+  except Exception as e:  # missing files, bad JSON, inconsistent added ids
+    raise ConversionError(f"cannot read the tokenizer in {src}: {e}") from None
+  try:
+    config = ModelConfig.from_hf_config(
+        hf, eot_token_id=tokenizer.eot_id, dtype=dtype,
+        generation_config=_read_json(src / "generation_config.json", False))
+  except ValueError as e:
+    raise ConversionError(f"{src}/config.json: {e}") from None
+  if tokenizer.vocab_size > config.vocab_size:
+    raise ConversionError(f"the tokenizer has {tokenizer.vocab_size} ids but "
+                          f"the model only {config.vocab_size} embedding rows")
+  return model_type, config, tokenizer
+
+
+def _read_headers(src: Path) -> Headers:
+  """{shard file: {tensor name: (shape, dtype)}} read from the headers only."""
+  index = _read_json(src / "model.safetensors.index.json", required=False)
+  if index is not None:
+    weight_map = index.get("weight_map", {})
+    shards = sorted(set(weight_map.values()))
+  elif (src / "model.safetensors").is_file():
+    weight_map, shards = {}, ["model.safetensors"]
+  else:
+    raise ConversionError(f"{src} has neither model.safetensors.index.json "
+                          "nor model.safetensors")
+  missing = [s for s in shards if not (src / s).is_file()]
+  if missing:
+    raise ConversionError(f"missing shard file(s) listed in {src}/"
+                          f"model.safetensors.index.json: {', '.join(missing)}")
+  headers, corrupt = {}, []
+  for shard in shards:
+    try:
+      with safe_open(str(src / shard), framework="numpy") as f:
+        headers[shard] = {
+            name: (tuple(f.get_slice(name).get_shape()),
+                   f.get_slice(name).get_dtype()) for name in f.keys()}
+    except (SafetensorError, OSError) as e:
+      corrupt.append(f"{src / shard}: {e}")
+  if corrupt:
+    raise ConversionError("truncated or corrupt safetensors shard(s):\n  "
+                          + "\n  ".join(corrupt))
+  misplaced = [f"{name} (index says {shard})"
+               for name, shard in sorted(weight_map.items())
+               if name not in headers[shard]]
+  if misplaced:
+    raise ConversionError("tensors listed in model.safetensors.index.json are "
+                          "not in their shard: " + ", ".join(misplaced))
+  return headers
+
+
+def _plan(headers: Headers, table, config: ModelConfig,
+          model_type: str) -> dict[str, list[Mapped]]:
+  """Maps every tensor, checking names, duplicates, shapes and dtypes."""
+  plan: dict[str, list[Mapped]] = {}
+  unmapped, found, problems = [], {}, []
+  for shard, tensors in headers.items():
+    for name, (shape, dtype) in sorted(tensors.items()):
+      mapped = resolve(name, table, config)
+      if mapped is None:
+        unmapped.append(name)
+        continue
+      if mapped.param_path in found:
+        problems.append(f"{name} and {found[mapped.param_path]} both map to "
+                        f"{mapped.param_path}")
+      found[mapped.param_path] = name
+      if shape != mapped.expected_shape:
+        problems.append(f"shape mismatch: {name} has shape {shape}, expected "
+                        f"{mapped.expected_shape}")
+      if dtype not in _FLOAT_DTYPES:
+        problems.append(f"{name} has dtype {dtype}, expected one of "
+                        f"{_FLOAT_DTYPES}")
+      plan.setdefault(shard, []).append(mapped)
+  missing = sorted(set(expected_names(table, config)) - set(found.values()))
+  if unmapped or missing:
+    what = f"a {model_type} model with {config.n_layers} layers"
+    lines = [f"tensor names do not match {what}:"]
+    if unmapped:
+      lines.append(f"  unmapped tensors ({len(unmapped)}): "
+                   + ", ".join(sorted(unmapped)))
+    if missing:
+      lines.append(f"  missing tensors ({len(missing)}): " + ", ".join(missing))
+    raise ConversionError("\n".join(lines))
+  if problems:
+    raise ConversionError("\n".join(problems))
+  return plan

@@ -1,0 +1,30 @@
+#!/usr/bin/env python
+"""Converts a Hugging Face LLaDA / Dream checkpoint directory (config.json,
+safetensors shards, tokenizer files) into a flash_dllm_jax checkpoint."""
+
+import argparse
+import sys
+
+from flash_dllm_jax.convert import ConversionError, convert_checkpoint
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("src_dir", help="the Hugging Face checkpoint directory")
+  parser.add_argument("dst_dir", help="the new checkpoint directory")
+  parser.add_argument("--dtype", choices=("bfloat16", "float32"),
+                      default="bfloat16", help="stored parameter dtype")
+  parser.add_argument("--force", action="store_true",
+                      help="replace dst_dir if it exists (after success)")
+  args = parser.parse_args(argv)
+  try:
+    convert_checkpoint(args.src_dir, args.dst_dir, dtype=args.dtype,
+                       force=args.force)
+  except ConversionError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
