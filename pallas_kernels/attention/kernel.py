@@ -56,7 +56,7 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
   q = q_ref[...]
 
   n_tiles = pl.cdiv(jnp.minimum(klen_ref[()], s), block_k)
-  n_tiles = jnp.where(jnp.any(row_ok), n_tiles, 0)
+  n_tiles = jnp.where(jnp.max(info & VALID) > 0, n_tiles, 0)
   per_split = pl.cdiv(n_tiles, splits)
   t0 = jnp.minimum(split * per_split, n_tiles)
   t1 = jnp.minimum(t0 + per_split, n_tiles)
@@ -114,7 +114,7 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
 
   if do_mass:
     score = row_ok & ((info & SCORE) != 0)
-    m_t0 = jnp.where(jnp.any(score), t0, t1)
+    m_t0 = jnp.where(jnp.max(score.astype(jnp.int32)) > 0, t0, t1)
 
     def mass_body(t, _):
       rows, _, k, mask = key_tile(t)
@@ -125,6 +125,12 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
       return 0
 
     lax.fori_loop(m_t0, t1, mass_body, 0)
+
+
+def default_splits(b, kh, n_rt, s, block_k, target=264):
+  """Key splits so about `target` programs run (2 per H200 SM), each split
+  keeping at least 4 key tiles."""
+  return max(1, min(pl.cdiv(target, b * kh * n_rt), s // (4 * block_k)))
 
 
 def _rows(x_BxQx, g, rrp):
@@ -143,13 +149,13 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         v_new_BxTxKxD=None, inq_mask_BxQxT=None,
                         exclude_BxS=None, score_rows_BxQ=None,
                         block_r: int | None = None, block_k: int = 64,
-                        num_splits: int = 1, num_warps: int | None = None,
+                        num_splits: int | None = None, num_warps: int | None = None,
                         num_stages: int = 2, interpret: bool = False):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
   num_splits: key-range splits per row tile (flash-decoding style, for small
-  batches), combined by log-sum-exp in XLA. Raises NotImplementedError for
+  batches), combined by log-sum-exp in XLA; None picks default_splits. Raises NotImplementedError for
   shapes the Triton lowering can't tile.
   """
   b, q, h, d = q_BxQxHxD.shape
@@ -165,7 +171,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   if block_r is None:
     block_r = min(64, max(16, 1 << (rr - 1).bit_length()))
   n_rt = pl.cdiv(rr, block_r)
-  rrp, splits = n_rt * block_r, num_splits
+  rrp = n_rt * block_r
+  splits = num_splits or default_splits(b, kh, n_rt, s, block_k)
   do_mass = score_rows_BxQ is not None
 
   q_BxKxRxD = q_BxQxHxD.reshape(b, q, kh, g, d).transpose(0, 2, 1, 3, 4)
