@@ -1,0 +1,1 @@
+"""Timing helpers shared by scripts/bench_*.py (GPU measurements)."""
