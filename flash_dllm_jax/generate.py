@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.model import Transformer
 from flash_dllm_jax.sampling import (DecodeState, DreamSampler, LLaDASampler,
                                      Sampler, make_step, run_compiled,
                                      run_python)
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import fill_after_stop
 
 PROMPT_BUCKET = 32  # prompts are left-padded to a multiple of this (fewer compiles)
@@ -72,18 +72,12 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   b, p = prompt_BxP.shape
   valid_BxN = jnp.concatenate(
       [valid_BxP, jnp.ones((b, sampler.gen_length), bool)], axis=1)
-  positions_BxN = jnp.maximum(jnp.cumsum(valid_BxN, axis=1) - 1, 0)
-  model = Transformer(config)
-
-  def forward(tokens_BxN, rows_BxR):
-    logits, _ = model.apply({"params": params}, tokens_BxN, positions_BxN,
-                            valid_BxN, logit_rows_BxR=rows_BxR)
-    return logits
-
+  model = SequenceModel.for_batch(config, params, valid_BxN)
   stop_ids = config.stop_token_ids if stop_at_eos else ()
-  step_fn = make_step(sampler, forward, config, p, stop_ids)
+  step_fn = make_step(sampler, model, p, stop_ids)
   state = DecodeState.start(prompt_BxP, sampler.gen_length,
                             config.mask_token_id, rng_B)
+  state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
   run = run_compiled if compiled else run_python
   state = run(step_fn, state, sampler.num_steps)
   gen_BxG = fill_after_stop(state.tokens_BxN[:, p:], config.mask_token_id,

@@ -110,3 +110,21 @@ def test_bfloat16_compute_tracks_float32(arch):
   assert bf16.dtype == jnp.float32  # logits are always float32
   err = np.linalg.norm(np.asarray(bf16 - f32)) / np.linalg.norm(np.asarray(f32))
   assert err < 3e-2
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_sequence_model_cached_matches_uncached_under_left_padding(arch):
+  from flash_dllm_jax.sampling.sequence_model import SequenceModel
+  config, params, tokens, _ = setup(arch, b=3, n=20)
+  valid = jnp.arange(20)[None, :] >= jnp.array([[0], [5], [11]])
+  model = SequenceModel.for_batch(config, params, valid)
+  rows = jnp.broadcast_to(jnp.arange(12, 20), (3, 8))
+  want = model.logits(tokens, rows)
+  slots = jnp.broadcast_to(jnp.arange(20), (3, 20))
+  _, cache = model.cached(tokens, slots, model.empty_cache(jnp.float32))
+  # Re-run only rows 12..19 (and one padding query) against the filled cache.
+  sub = jnp.concatenate([rows, jnp.full((3, 1), -1)], axis=1)
+  got, _ = model.cached(jnp.take_along_axis(tokens, jnp.maximum(sub, 0), 1),
+                        sub, cache, rows_BxR=jnp.broadcast_to(jnp.arange(8),
+                                                              (3, 8)))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.sampling import select
-from flash_dllm_jax.sampling.loop import Forward
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.state import DecodeState
 
 ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 
@@ -73,6 +73,9 @@ class DreamSampler:
   @property
   def num_steps(self) -> int:
     return self.steps
+
+  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
+    return None
 
   @property
   def forwards_per_step(self) -> int:
@@ -133,12 +136,12 @@ class DreamSampler:
       conf_BxG = jnp.sum(probs_BxGxV * jnp.log(probs_BxGxV + 1e-10), axis=-1)
     return conf_BxG, x0_BxG
 
-  def propose(self, forward: Forward, tokens_BxN: jax.Array, step: jax.Array,
-              rng_B: jax.Array, config: ModelConfig,
-              prompt_len: int) -> jax.Array:
+  def propose(self, model: SequenceModel, state: DecodeState,
+              rng_B: jax.Array, prompt_len: int):
+    config, tokens_BxN, step = model.config, state.tokens_BxN, state.step
     b, g = tokens_BxN.shape[0], self.gen_length
     rows_BxG = jnp.broadcast_to(prompt_len - 1 + jnp.arange(g), (b, g))
-    logits_BxGxV = forward(tokens_BxN, rows_BxG)
+    logits_BxGxV = model.logits(tokens_BxN, rows_BxG)
     sample_rng, choice_rng = select.split_rows(rng_B, 2)
     conf_BxG, x0_BxG = self._sample(logits_BxGxV, sample_rng)
 
@@ -157,4 +160,5 @@ class DreamSampler:
       k_B = jnp.broadcast_to(jnp.asarray(self.transfer_counts())[step], (b,))
       chosen_BxG = select.choose_top(conf_BxG, k_B)
     gen_BxG = jnp.where(chosen_BxG, x0_BxG.astype(gen_BxG.dtype), gen_BxG)
-    return tokens_BxN.at[:, prompt_len:].set(gen_BxG)
+    return (tokens_BxN.at[:, prompt_len:].set(gen_BxG), None,
+            self.forwards_per_step)

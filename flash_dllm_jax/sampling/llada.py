@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.sampling import select
-from flash_dllm_jax.sampling.loop import Forward
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.state import DecodeState
 
 REMASKING = ("low_confidence", "random")
 
@@ -71,6 +71,9 @@ class LLaDASampler:
   def num_steps(self) -> int:
     return self.steps
 
+  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
+    return None
+
   @property
   def forwards_per_step(self) -> int:
     return 2 if self.cfg_scale > 0 else 1
@@ -87,18 +90,18 @@ class LLaDASampler:
       raise ValueError(f"prompt ({prompt_len}) + gen_length "
                        f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
 
-  def propose(self, forward: Forward, tokens_BxN: jax.Array, step: jax.Array,
-              rng_B: jax.Array, config: ModelConfig,
-              prompt_len: int) -> jax.Array:
+  def propose(self, model: SequenceModel, state: DecodeState,
+              rng_B: jax.Array, prompt_len: int):
+    config, tokens_BxN, step = model.config, state.tokens_BxN, state.step
     b = tokens_BxN.shape[0]
     block_len = self.block_length
     start = prompt_len + (step // self.steps_per_block) * block_len
     rows_BxL = jnp.broadcast_to(start + jnp.arange(block_len), (b, block_len))
 
-    logits_BxLxV = forward(tokens_BxN, rows_BxL)
+    logits_BxLxV = model.logits(tokens_BxN, rows_BxL)
     if self.cfg_scale > 0:
       unprompted_BxN = tokens_BxN.at[:, :prompt_len].set(config.mask_token_id)
-      uncond_BxLxV = forward(unprompted_BxN, rows_BxL)
+      uncond_BxLxV = model.logits(unprompted_BxN, rows_BxL)
       logits_BxLxV = uncond_BxLxV + (self.cfg_scale + 1) * (
           logits_BxLxV - uncond_BxLxV)
     if self.logits_eos_inf:
@@ -128,4 +131,6 @@ class LLaDASampler:
     k_B = jnp.broadcast_to(jnp.asarray(self.transfer_counts())[step], (b,))
     chosen_BxL = select.choose_top(conf_BxL, k_B)
     block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype), block_BxL)
-    return jax.lax.dynamic_update_slice_in_dim(tokens_BxN, block_BxL, start, 1)
+    tokens_BxN = jax.lax.dynamic_update_slice_in_dim(tokens_BxN, block_BxL,
+                                                     start, 1)
+    return tokens_BxN, None, self.forwards_per_step

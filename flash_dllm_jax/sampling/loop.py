@@ -10,7 +10,7 @@ from typing import Callable, Protocol
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState, advance
 
 StepFn = Callable[[DecodeState], DecodeState]
@@ -34,15 +34,8 @@ def run_python(step_fn: StepFn, state: DecodeState,
   return state
 
 
-class Forward(Protocol):
-  """Logits [B, R, V] of the given rows for a full sequence of tokens."""
-
-  def __call__(self, tokens_BxN: jax.Array,
-               rows_BxR: jax.Array) -> jax.Array: ...
-
-
 class Sampler(Protocol):
-  """A decoding policy: which tokens to commit at each step.
+  """A decoding policy: which positions to run and which tokens to commit.
 
   Samplers are frozen dataclasses (hashable, so they are static under jit)
   that validate their arguments in __post_init__.
@@ -51,27 +44,29 @@ class Sampler(Protocol):
   gen_length: int
 
   @property
-  def num_steps(self) -> int: ...
-
-  @property
-  def forwards_per_step(self) -> int: ...
+  def num_steps(self) -> int:
+    """The most steps the loop may run."""
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None: ...
 
-  def propose(self, forward: Forward, tokens_BxN: jax.Array, step: jax.Array,
-              rng_B: jax.Array, config: ModelConfig,
-              prompt_len: int) -> jax.Array: ...
+  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
+    """The strategy's initial `DecodeState.aux` (None if it keeps nothing)."""
+
+  def propose(self, model: SequenceModel, state: DecodeState,
+              rng_B: jax.Array, prompt_len: int):
+    """(tokens_BxN, aux, forwards): the step's tokens for every row, the new
+    aux, and the forward passes spent (an int or [B])."""
 
 
-def make_step(sampler: Sampler, forward: Forward, config: ModelConfig,
-              prompt_len: int, stop_ids: tuple[int, ...]) -> StepFn:
+def make_step(sampler: Sampler, model: SequenceModel, prompt_len: int,
+              stop_ids: tuple[int, ...]) -> StepFn:
   """One decoding step: the sampler proposes tokens, `advance` commits them."""
 
   def step_fn(state: DecodeState) -> DecodeState:
     keys_Bx2 = jax.vmap(jax.random.split)(state.rng_B)
-    proposed_BxN = sampler.propose(forward, state.tokens_BxN, state.step,
-                                   keys_Bx2[:, 1], config, prompt_len)
-    return advance(state, proposed_BxN, sampler.forwards_per_step, prompt_len,
-                   config.mask_token_id, stop_ids, keys_Bx2[:, 0])
+    tokens_BxN, aux, forwards = sampler.propose(model, state, keys_Bx2[:, 1],
+                                                prompt_len)
+    return advance(state, tokens_BxN, aux, forwards, prompt_len,
+                   model.config.mask_token_id, stop_ids, keys_Bx2[:, 0])
 
   return step_fn

@@ -18,6 +18,8 @@ class DecodeState:
   forwards_B: model forward passes spent on each row.
   rng_B: one PRNG key per row, so a row's random draws never depend on the
     rest of the batch.
+  aux: the strategy's own pytree (a KV cache, tracked positions, ...), None
+    for the uncached reference samplers.
   """
 
   tokens_BxN: jax.Array
@@ -25,6 +27,7 @@ class DecodeState:
   done_B: jax.Array
   forwards_B: jax.Array
   rng_B: jax.Array
+  aux: object = None
 
   @classmethod
   def start(cls, prompt_BxP: jax.Array, gen_length: int, mask_id: int,
@@ -55,9 +58,9 @@ def answer_complete(gen_BxG: jax.Array, mask_id: int,
   return ~jnp.any(masked_BxG & before_BxG, axis=1)
 
 
-def advance(state: DecodeState, proposed_BxN: jax.Array, forwards: int,
-            prompt_len: int, mask_id: int, stop_ids: tuple[int, ...],
-            rng_B: jax.Array) -> DecodeState:
+def advance(state: DecodeState, proposed_BxN: jax.Array, aux,
+            forwards: int | jax.Array, prompt_len: int, mask_id: int,
+            stop_ids: tuple[int, ...], rng_B: jax.Array) -> DecodeState:
   """Commits a step's tokens for the rows still running; frozen rows keep
   theirs, so finishing early never changes a row's tokens."""
   active_B = ~state.done_B
@@ -67,7 +70,7 @@ def advance(state: DecodeState, proposed_BxN: jax.Array, forwards: int,
   return DecodeState(tokens_BxN=tokens_BxN, step=state.step + 1,
                      done_B=done_B,
                      forwards_B=state.forwards_B + forwards * active_B,
-                     rng_B=rng_B)
+                     rng_B=rng_B, aux=aux)
 
 
 def fill_after_stop(gen_BxG: jax.Array, mask_id: int, fill_id: int) -> jax.Array:
