@@ -5,10 +5,15 @@ import jax
 IMPLEMENTATIONS = ("pallas", "pallas_interpret", "reference")
 
 
+def on_gpu() -> bool:
+  """True on a CUDA/ROCm default backend (named 'gpu' or 'cuda' by version)."""
+  return jax.default_backend() in ("gpu", "cuda", "rocm")
+
+
 def resolve_implementation(implementation: str | None) -> str:
   """None picks 'pallas' on a GPU backend and 'reference' elsewhere."""
   if implementation is None:
-    return "pallas" if jax.default_backend() == "gpu" else "reference"
+    return "pallas" if on_gpu() else "reference"
   if implementation not in IMPLEMENTATIONS:
     raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or "
                      f"None, got {implementation!r}")

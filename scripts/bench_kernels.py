@@ -4,6 +4,9 @@
   python scripts/bench_kernels.py results.json --quick    # reduced sweep
   python scripts/bench_kernels.py /tmp/r.json --smoke     # tiny, CPU interpret
 
+(Not under pytest, so tests/conftest.py's JAX_PLATFORMS=cpu default doesn't
+apply.) One --quick run on an H200 (jax 0.11.2) took ~2 min.
+
 For each op and shape: median time (block_until_ready over many reps), bytes
 the op must move at least, achieved GB/s, that as a fraction of an elementwise
 device copy measured in the same run, the XLA baseline's time, the ratio
@@ -21,7 +24,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+from jax import lax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pallas_kernels.attention import api as attn_api  # noqa: E402
@@ -36,20 +39,34 @@ MODELS = {  # H query heads, K kv heads, D head dim, E width, F mlp width
 THETA = 10000.0
 
 
-def timeit(fn, state, *args, reps, inner):
-  """Median seconds of one `state = fn(state, *args)[0]` step."""
-  out = fn(state, *args)  # compile + warm up
-  jax.block_until_ready(out)
-  state = out[0]
+def timeit(step, state, *args, reps, inner):
+  """Median seconds of one `state, out = step(state, *args)`.
+
+  `inner` steps run inside one jitted fori_loop (host dispatch amortised);
+  an optimization_barrier ties each step's inputs to the previous output so
+  XLA can't hoist the loop-invariant call. Returns (seconds, last output).
+  """
+  out_shape = jax.eval_shape(step, state, *args)[1]
+
+  def many(state, args):
+    out = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), out_shape)
+
+    def body(_, carry):
+      state, args, out = lax.optimization_barrier(carry)
+      state, out = step(state, *args)
+      return state, args, out
+
+    state, _, out = lax.fori_loop(0, inner, body, (state, args, out))
+    return state, out
+
+  many = jax.jit(many, donate_argnums=0)
+  state, out = jax.block_until_ready(many(state, args))  # compile + warm up
   times = []
   for _ in range(reps):
     t0 = time.perf_counter()
-    for _ in range(inner):
-      out = fn(state, *args)
-      state = out[0]
-    jax.block_until_ready(out)
+    state, out = jax.block_until_ready(many(state, args))
     times.append((time.perf_counter() - t0) / inner)
-  return statistics.median(times), out[1]
+  return statistics.median(times), out
 
 
 def stateless(f):
@@ -59,8 +76,7 @@ def stateless(f):
 def copy_bandwidth(nbytes, reps, inner):
   """Bytes/s of x + 1 over a bf16 buffer (reads and writes nbytes each)."""
   x = jnp.zeros((nbytes // 2,), jnp.bfloat16)
-  step = jax.jit(lambda x: (x + 1, None), donate_argnums=0)
-  t, _ = timeit(step, x, reps=reps, inner=inner)
+  t, _ = timeit(lambda x: (x + 1, None), x, reps=reps, inner=inner)
   return 2 * nbytes / t
 
 
@@ -89,7 +105,8 @@ def attention_rows(cfg, impl, bw, reps, inner, sweep):
     q_ = rnd(ks[0], (batch, q, h, d))
     # Cache of S + T slots: the XLA baseline scatters the in-query keys into
     # the T spare slots; the kernel reads them from k_new instead.
-    kc, vc = rnd(ks[1], (batch, s + t, kh, d)), rnd(ks[2], (batch, s + t, kh, d))
+    kc = rnd(ks[1], (batch, s + t, kh, d))
+    vc = rnd(ks[2], (batch, s + t, kh, d))
     kn, vn = rnd(ks[3], (batch, t, kh, d)), rnd(ks[4], (batch, t, kh, d))
     inq = jax.random.bernoulli(ks[5], 0.5, (batch, q, t)).at[:, :, 0].set(True)
     excl = jax.random.bernoulli(ks[6], 0.05, (batch, s + t))
@@ -255,7 +272,7 @@ def main():
     mm = [("tiny", n, m) for n in ("q_proj", "gate_up_swiglu", "down+res")
           for m in (1, 20)] + [("tiny_g7", "kv_proj", 300)]
   else:
-    impl, reps, inner, copy_mb = "pallas", 20, 10, 2048
+    impl, reps, inner, copy_mb = "pallas", 10, 50, 2048
     bs, ss, qs = (([1, 32], [2048], [32]) if args.quick
                   else ([1, 8, 32], [1024, 2048, 4096], [16, 32, 128]))
     attn = [(mo, b, s, q) for mo in MODELS for b in bs for s in ss

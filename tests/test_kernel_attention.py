@@ -1,6 +1,8 @@
 """Scheduled attention (pallas_kernels/attention) vs its plain-JAX reference.
 
-CPU runs the kernel in Pallas interpret mode; GPU-marked tests run Triton.
+CPU runs the kernel in Pallas interpret mode; GPU-marked tests run Triton
+(tests/conftest.py defaults JAX_PLATFORMS to cpu: run them with
+JAX_PLATFORMS=cuda).
 Cache slots past k_len, excluded slots and padded query rows are NaN-poisoned,
 so any read of them, or any output element left unwritten, fails.
 """
@@ -14,7 +16,7 @@ import pytest
 
 from pallas_kernels.attention import api, kernel, reference
 
-ON_GPU = jax.default_backend() == "gpu"
+ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5),
        jnp.bfloat16: dict(rtol=1e-2, atol=1e-2)}
 

@@ -1,6 +1,8 @@
 """Fused RoPE + in-place cache write (pallas_kernels/cache_update) vs reference.
 
-CPU runs the kernel in Pallas interpret mode; GPU-marked tests run Triton.
+CPU runs the kernel in Pallas interpret mode; GPU-marked tests run Triton
+(tests/conftest.py defaults JAX_PLATFORMS to cpu: run them with
+JAX_PLATFORMS=cuda).
 """
 
 import functools
@@ -14,7 +16,7 @@ import pytest
 
 from pallas_kernels.cache_update import api, kernel, reference
 
-ON_GPU = jax.default_backend() == "gpu"
+ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5),
        jnp.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
 THETA = 10000.0

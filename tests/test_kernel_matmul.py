@@ -1,7 +1,9 @@
 """Weight-streaming small-M matmul (pallas_kernels/matmul) vs its reference.
 
 CPU runs the kernel in Pallas interpret mode (whose outputs start as NaN, so
-an unwritten element fails); GPU-marked tests run Triton.
+an unwritten element fails); GPU-marked tests run Triton
+(tests/conftest.py defaults JAX_PLATFORMS to cpu: run them with
+JAX_PLATFORMS=cuda).
 """
 
 import zlib
@@ -13,7 +15,7 @@ import pytest
 
 from pallas_kernels.matmul import api, kernel, reference
 
-ON_GPU = jax.default_backend() == "gpu"
+ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5),
        jnp.bfloat16: dict(rtol=1e-2, atol=1e-2)}
 
@@ -29,12 +31,12 @@ def _inputs(request, m, e, n, dtype, swiglu, residual):
   return x, rnd(ks[1], (e, n), e ** -0.5), kw
 
 
-def _check(x, w, kw, got, dtype):
+def _check(x, w, kw, got, dtype, tol=None):
   want = np.asarray(reference.matmul(x, w, **kw), np.float32)
   got = np.asarray(got, np.float32)
   assert got.shape == want.shape and got.dtype == np.float32
   assert np.isfinite(got).all()
-  np.testing.assert_allclose(got, want, **TOL[dtype])
+  np.testing.assert_allclose(got, want, **(tol or TOL[dtype]))
 
 
 # (M, E, N, block_e, split_e)
@@ -87,4 +89,7 @@ def test_triton_matches_reference(request, shape, epilogue, dtype):
   m, e, n = shape
   x, w, kw = _inputs(request, m, e, n, dtype, epilogue == "both",
                      epilogue == "both")
-  _check(x, w, kw, api.matmul(x, w, **kw, implementation="pallas"), dtype)
+  # float32 sums over E ~ 4000 in another order differ by ~2e-5 absolute.
+  tol = dict(rtol=1e-5, atol=1e-4) if dtype == jnp.float32 else None
+  _check(x, w, kw, api.matmul(x, w, **kw, implementation="pallas"), dtype,
+         tol)

@@ -116,15 +116,15 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     score = row_ok & ((info & SCORE) != 0)
     m_t0 = jnp.where(jnp.max(score.astype(jnp.int32)) > 0, t0, t1)
 
-    def mass_body(t, _):
+    def mass_body(t, carry):
       rows, _, k, mask = key_tile(t)
       mask &= score[:, None]
       p = jnp.where(mask, jnp.exp(_dot_t(q, k) * scale - lse[:, None]), 0.0)
       plgpu.store(mass_ref.at[rows], jnp.sum(p, axis=0),
                   mask=t * block_k + jnp.arange(block_k) < s)
-      return 0
+      return carry  # yield the carried value: Triton can't yield a literal
 
-    lax.fori_loop(m_t0, t1, mass_body, 0)
+    lax.fori_loop(m_t0, t1, mass_body, t0)
 
 
 def default_splits(b, kh, n_rt, s, block_k, target=264):
@@ -149,14 +149,15 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         v_new_BxTxKxD=None, inq_mask_BxQxT=None,
                         exclude_BxS=None, score_rows_BxQ=None,
                         block_r: int | None = None, block_k: int = 64,
-                        num_splits: int | None = None, num_warps: int | None = None,
-                        num_stages: int = 2, interpret: bool = False):
+                        num_splits: int | None = None,
+                        num_warps: int | None = None, num_stages: int = 3,
+                        interpret: bool = False):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
   num_splits: key-range splits per row tile (flash-decoding style, for small
-  batches), combined by log-sum-exp in XLA; None picks default_splits. Raises NotImplementedError for
-  shapes the Triton lowering can't tile.
+  batches), combined by log-sum-exp in XLA; None picks default_splits.
+  Raises NotImplementedError for shapes the Triton lowering can't tile.
   """
   b, q, h, d = q_BxQxHxD.shape
   s, kh = k_cache_BxSxKxD.shape[1:3]

@@ -76,7 +76,8 @@ def rope_write(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
     raise NotImplementedError("k and v caches must have the same shape")
   inv_freq_D2 = reference.rope_inv_freq(d, theta)
   tok = lambda bi, qi: (bi, qi)
-  row = lambda n: pl.BlockSpec((None, None, n, d), lambda bi, qi: (bi, qi, 0, 0))
+  row = lambda n: pl.BlockSpec((None, None, n, d),
+                               lambda bi, qi: (bi, qi, 0, 0))
   cache = pl.BlockSpec((None, s, kh, d), lambda bi, qi: (bi, 0, 0, 0))
   kernel = functools.partial(_kernel, scale=scale, h=h, kh=kh, s=s)
   return pl.pallas_call(

@@ -1,4 +1,4 @@
-"""Pallas (Triton) weight-streaming matmul for small M (decode-time projections).
+"""Pallas (Triton) weight-streaming matmul for small M (decode projections).
 
 With M <= 256 tokens a projection is bound by reading W once, so the kernel is
 organised around W: grid (row tile, column tile, E split) with row tiles
@@ -78,8 +78,10 @@ def default_split(m, n, e, block_m, block_n, block_e, target=264):
 def matmul(x_MxE, w_ExN, *, w_up_ExN=None, residual_MxN=None,
            block_m: int | None = None, block_n: int = 64, block_e: int = 128,
            split_e: int | None = None, num_warps: int = 4,
-           num_stages: int = 4, interpret: bool = False):
-  """Same contract as reference.matmul. split_e None picks default_split.
+           num_stages: int | None = None, interpret: bool = False):
+  """Same contract as reference.matmul. split_e None picks default_split;
+  num_stages None picks the deepest pipeline (<= 4) whose tiles fit in
+  ~180 KiB of shared memory.
 
   Raises NotImplementedError for M > 256 or non power-of-two tiles.
   """
@@ -91,6 +93,10 @@ def matmul(x_MxE, w_ExN, *, w_up_ExN=None, residual_MxN=None,
   if not all(is_pow2(t) and t >= 16 for t in (bm, block_n, block_e)):
     raise NotImplementedError("tiles must be powers of two >= 16")
   splits = split_e or default_split(m, n, e, bm, block_n, block_e)
+  if num_stages is None:
+    per_stage = (bm * block_e + block_e * block_n * (
+        1 + (w_up_ExN is not None))) * x_MxE.dtype.itemsize
+    num_stages = max(1, min(4, (180 << 10) // per_stage))
   swiglu, residual = w_up_ExN is not None, residual_MxN is not None
   final = splits == 1
   full = lambda a: pl.BlockSpec(a.shape, lambda i, j, k: (0,) * a.ndim)
