@@ -1,20 +1,33 @@
 """The one dispatch point between model code and `pallas_kernels`.
 
 Model code calls these functions and never imports a kernel. Each picks a
-Pallas kernel where one exists for the backend and shape, and the plain-JAX
-reference otherwise.
+Pallas kernel where one exists for the backend and the shape measured faster
+(BENCHMARKS.md, "Kernels"), and the plain-JAX reference otherwise.
+
+`implementation`: None chooses by backend (Pallas on a GPU, reference
+elsewhere); 'reference', 'pallas' or 'pallas_interpret' (the kernel run by
+the Pallas interpreter, how CPU tests exercise the kernel path) force one.
 """
+
+from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.attention import api as attention_api
 from pallas_kernels.attention import reference as attention_reference
+from pallas_kernels.cache_update import api as cache_api
 from pallas_kernels.cache_update import reference as cache_reference
+from pallas_kernels.common import resolve_implementation
 
 
 def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
            bias_F: jax.Array | None = None) -> jax.Array:
-  """x @ W (+ b) in x's dtype, accumulating in float32."""
+  """x @ W (+ b) in x's dtype, accumulating in float32.
+
+  XLA's dot: the Pallas small-M matmul wins only at M = 1 on the H200 and
+  loses from M = 32 on, while decode steps run B x Q >= 16 rows.
+  """
   y = jnp.einsum("...e,ef->...f", x_NxE, kernel_ExF.astype(x_NxE.dtype),
                  preferred_element_type=jnp.float32)
   if bias_F is not None:
@@ -25,12 +38,70 @@ def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
 def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
               v_BxSxKxD: jax.Array, key_valid_BxS: jax.Array,
               *, scale: float) -> jax.Array:
-  """Bidirectional GQA attention of queries over keys with a validity mask."""
+  """Bidirectional GQA attention of all queries over all keys (uncached
+  forwards, Q = S). XLA: the scheduled kernel targets small Q over a cache."""
   return attention_reference.masked_attention(
       q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, scale=scale)
 
 
 def write_cache(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
-                positions_BxQ: jax.Array) -> jax.Array:
-  """Writes fresh K or V rows at their absolute positions (-1 = skip)."""
-  return cache_reference.write_rows(cache_BxSxKxD, new_BxQxKxD, positions_BxQ)
+                slots_BxQ: jax.Array) -> jax.Array:
+  """Writes fresh K or V rows at their cache slots (-1 = skip)."""
+  return cache_reference.write_rows(cache_BxSxKxD, new_BxQxKxD, slots_BxQ)
+
+
+def _kernels(implementation: str | None) -> str:
+  return resolve_implementation(implementation)
+
+
+def rope_and_write(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
+                   k_cache_BxSxKxD, v_cache_BxSxKxD, *, theta: float,
+                   scale: float, rope_fn, implementation: str | None = None):
+  """RoPE q and k, scale q, write k and v into the caches at `slots_BxQ`.
+
+  Returns (q_BxQxHxD rotated and scaled, k_cache, v_cache). The kernel fuses
+  all of it and writes in place (donate the caches); it rotates in float32.
+  The reference path applies the model's own `rope_fn(x, positions)`, which
+  keeps Dream's bf16 rotation bit-faithful.
+  """
+  impl = _kernels(implementation)
+  if impl != "reference":
+    return cache_api.rope_write(
+        q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
+        k_cache_BxSxKxD, v_cache_BxSxKxD, theta=theta, scale=scale,
+        implementation=impl)
+  q = rope_fn(q_BxQxHxD, positions_BxQ)
+  q = (q.astype(jnp.float32) * scale).astype(q_BxQxHxD.dtype)
+  k = rope_fn(k_BxQxKxD, positions_BxQ)
+  return (q, cache_reference.write_rows(k_cache_BxSxKxD, k, slots_BxQ),
+          cache_reference.write_rows(v_cache_BxSxKxD, v_BxQxKxD, slots_BxQ))
+
+
+def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
+                     v_cache_BxSxKxD: jax.Array, key_valid_BxS: jax.Array, *,
+                     exclude_BxS: jax.Array | None = None,
+                     k_new_BxQxKxD: jax.Array | None = None,
+                     v_new_BxQxKxD: jax.Array | None = None,
+                     inq_mask_BxQxQ: jax.Array | None = None,
+                     mass_rows_BxQ: jax.Array | None = None,
+                     implementation: str | None = None):
+  """Pre-scaled queries over the valid, non-excluded cache slots, plus their
+  own fresh keys where inq_mask_BxQxQ allows, in one softmax.
+
+  Returns (o_BxQxHxD, mass_BxS or None): mass sums, over heads and the rows
+  in mass_rows_BxQ, the probability each cache slot receives. The kernel reads
+  the cache in place and accumulates the mass without materialising scores;
+  the reference materialises them.
+  """
+  impl = _kernels(implementation)
+  b, q = q_BxQxHxD.shape[:2]
+  s = k_cache_BxSxKxD.shape[1]
+  exclude = ~key_valid_BxS
+  if exclude_BxS is not None:
+    exclude = exclude | exclude_BxS
+  return attention_api.scheduled_attention(
+      q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
+      jnp.full((b,), s, jnp.int32), jnp.full((b,), q, jnp.int32), scale=1.0,
+      k_new_BxTxKxD=k_new_BxQxKxD, v_new_BxTxKxD=v_new_BxQxKxD,
+      inq_mask_BxQxT=inq_mask_BxQxQ, exclude_BxS=exclude,
+      score_rows_BxQ=mass_rows_BxQ, implementation=impl)

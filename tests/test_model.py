@@ -128,3 +128,36 @@ def test_sequence_model_cached_matches_uncached_under_left_padding(arch):
                         sub, cache, rows_BxR=jnp.broadcast_to(jnp.arange(8),
                                                               (3, 8)))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_cached_forward_through_the_kernels_matches_the_reference(
+    arch, monkeypatch):
+  """The model's cached path with the Pallas kernels (interpreted on CPU)
+  equals the plain-JAX path; the kernels must really run (no fallback)."""
+  from flash_dllm_jax.sampling.sequence_model import SequenceModel
+  from pallas_kernels.attention import reference as attention_ref
+  from pallas_kernels.cache_update import reference as cache_ref
+  config = ModelConfig.tiny(arch, head_dim=64)
+  params = init_params(config, jax.random.key(3), param_dtype=jnp.float32)
+  b, n = 2, 40
+  tokens = jax.random.randint(jax.random.key(4), (b, n), 0, 370)
+  valid = jnp.arange(n)[None, :] >= jnp.array([[0], [9]])
+  slots = jnp.broadcast_to(jnp.arange(n), (b, n))
+  sub = jnp.array([[33, 2, 17, -1], [39, 12, 9, 30]])
+  sub_tokens = jnp.take_along_axis(tokens, jnp.maximum(sub, 0), 1)
+
+  def run(impl):
+    model = SequenceModel.for_batch(config, params, valid, implementation=impl)
+    _, cache = model.cached(tokens, slots, model.empty_cache(jnp.float32))
+    return model.cached(sub_tokens, sub, cache)
+
+  want_logits, want_cache = run("reference")
+  def no_fallback(*args, **kwargs):
+    raise AssertionError("the kernel path fell back to the reference")
+  monkeypatch.setattr(attention_ref, "scheduled_attention", no_fallback)
+  monkeypatch.setattr(cache_ref, "rope_write", no_fallback)
+  got_logits, got_cache = run("pallas_interpret")
+  np.testing.assert_allclose(got_logits, want_logits, rtol=1e-4, atol=1e-4)
+  for got, want in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

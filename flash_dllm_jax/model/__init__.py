@@ -1,6 +1,6 @@
 """LLaDA and Dream as one Flax transformer, plus its KV cache."""
 
 from flash_dllm_jax.model.cache import KVCache
-from flash_dllm_jax.model.transformer import Transformer, init_params
+from flash_dllm_jax.model.transformer import CachedExtras, Transformer, init_params
 
-__all__ = ["KVCache", "Transformer", "init_params"]
+__all__ = ["CachedExtras", "KVCache", "Transformer", "init_params"]

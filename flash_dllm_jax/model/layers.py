@@ -7,6 +7,7 @@ from typing import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from flash_dllm_jax import ops
 
@@ -52,8 +53,11 @@ class Linear(nn.Module):
 def rope_angles(positions_BxQ: jax.Array, head_dim: int,
                 theta: float) -> tuple[jax.Array, jax.Array]:
   """cos and sin [B, Q, D] in float32 for split-halves (rotate_half) RoPE."""
-  exponent = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim
-  inv_freq = 1.0 / (theta ** exponent)
+  # A host constant (as torch computes it), never an XLA-fused pow that can
+  # differ by an ulp between compilations.
+  exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+  inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(
+      np.float32)
   freqs_BxQxD2 = positions_BxQ.astype(jnp.float32)[..., None] * inv_freq
   angles_BxQxD = jnp.concatenate([freqs_BxQxD2, freqs_BxQxD2], axis=-1)
   return jnp.cos(angles_BxQxD), jnp.sin(angles_BxQxD)

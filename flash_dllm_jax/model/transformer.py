@@ -13,6 +13,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from flash_dllm_jax import ops
 from flash_dllm_jax.config import ModelConfig
@@ -20,15 +21,35 @@ from flash_dllm_jax.model.cache import KVCache
 from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope, rope_angles
 
 
+@struct.dataclass
+class CachedExtras:
+  """Options of a cached forward beyond "write my K/V, attend to the cache".
+
+  write_cache: False runs the queries without writing their K/V (a verify
+    pass); they then see each other only where inq_mask_BxQxQ allows.
+  exclude_BxS: cache slots hidden from every query (e.g. the slots the
+    queries themselves re-encode).
+  mass_rows_BxQ: query rows whose attention probabilities, summed over heads,
+    are accumulated per key into the "attention_mass" intermediate.
+  """
+
+  write_cache: bool = struct.field(pytree_node=False, default=True)
+  exclude_BxS: jax.Array | None = None
+  inq_mask_BxQxQ: jax.Array | None = None
+  mass_rows_BxQ: jax.Array | None = None
+
+
 class Block(nn.Module):
   """x += attn_out(attn(attn_norm(x))); x += down(silu(gate(n)) * up(n))."""
 
   config: ModelConfig
   param_dtype: jnp.dtype
+  implementation: str | None = None
+  sow_mass: bool = False
 
   @nn.compact
-  def __call__(self, x_BxQxE, cos_BxQxD, sin_BxQxD, key_valid_BxS,
-               cache_kv=None, slots_BxQ=None):
+  def __call__(self, x_BxQxE, positions_BxQ, cos_BxQxD, sin_BxQxD,
+               key_valid_BxS, cache_kv=None, slots_BxQ=None, extras=None):
     cfg = self.config
     b, q, _ = x_BxQxE.shape
     h, k, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -40,16 +61,35 @@ class Block(nn.Module):
     q_BxQxHxD = dense("q_proj", h * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, h, d)
     k_BxQxKxD = dense("k_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, k, d)
     v_BxQxKxD = dense("v_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, k, d)
-    q_BxQxHxD = apply_rope(q_BxQxHxD, cos_BxQxD, sin_BxQxD, cfg.rope_in_float32)
-    k_BxQxKxD = apply_rope(k_BxQxKxD, cos_BxQxD, sin_BxQxD, cfg.rope_in_float32)
-
+    rope = lambda x, _: apply_rope(x, cos_BxQxD, sin_BxQxD, cfg.rope_in_float32)
+    scale = 1.0 / math.sqrt(d)
+    new_kv = None
     if cache_kv is None:
-      keys_BxSxKxD, values_BxSxKxD = k_BxQxKxD, v_BxQxKxD
+      o_BxQxHxD = ops.attention(rope(q_BxQxHxD, None), rope(k_BxQxKxD, None),
+                                v_BxQxKxD, key_valid_BxS, scale=scale)
     else:
-      keys_BxSxKxD = ops.write_cache(cache_kv[0], k_BxQxKxD, slots_BxQ)
-      values_BxSxKxD = ops.write_cache(cache_kv[1], v_BxQxKxD, slots_BxQ)
-    o_BxQxHxD = ops.attention(q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD,
-                              key_valid_BxS, scale=1.0 / math.sqrt(d))
+      extras = extras or CachedExtras()
+      if extras.write_cache:
+        q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD = ops.rope_and_write(
+            q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
+            cache_kv[0], cache_kv[1], theta=cfg.rope_theta, scale=scale,
+            rope_fn=rope, implementation=self.implementation)
+        new_kv = (keys_BxSxKxD, values_BxSxKxD)
+        k_new_BxQxKxD = v_new_BxQxKxD = None
+      else:  # the queries see each other only through extras.inq_mask
+        q_BxQxHxD = (rope(q_BxQxHxD, None).astype(jnp.float32) * scale
+                     ).astype(q_BxQxHxD.dtype)
+        keys_BxSxKxD, values_BxSxKxD = cache_kv
+        k_new_BxQxKxD, v_new_BxQxKxD = rope(k_BxQxKxD, None), v_BxQxKxD
+        new_kv = cache_kv
+      o_BxQxHxD, mass_BxS = ops.cached_attention(
+          q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD, key_valid_BxS,
+          exclude_BxS=extras.exclude_BxS, k_new_BxQxKxD=k_new_BxQxKxD,
+          v_new_BxQxKxD=v_new_BxQxKxD, inq_mask_BxQxQ=extras.inq_mask_BxQxQ,
+          mass_rows_BxQ=extras.mass_rows_BxQ if self.sow_mass else None,
+          implementation=self.implementation)
+      if mass_BxS is not None:
+        self.sow("intermediates", "attention_mass", mass_BxS)
     x_BxQxE = x_BxQxE + dense("attn_out", cfg.d_model)(
         o_BxQxHxD.reshape(b, q, h * d))
 
@@ -59,7 +99,6 @@ class Block(nn.Module):
     up_BxQxF = dense("up_proj", cfg.mlp_hidden)(n_BxQxE)
     x_BxQxE = x_BxQxE + dense("down_proj", cfg.d_model)(
         nn.silu(gate_BxQxF) * up_BxQxF)
-    new_kv = None if cache_kv is None else (keys_BxSxKxD, values_BxSxKxD)
     return x_BxQxE, new_kv
 
 
@@ -75,16 +114,21 @@ class Transformer(nn.Module):
       (-1 skips a row) before attending over the whole cache.
     logit_rows_BxR: indices into Q of the rows whose logits are wanted; the
       vocabulary head runs only on these (all rows if None).
+    extras: CachedExtras for verify passes and attention mass; layers from
+      `mass_from_layer` on sow their mass (apply with
+      mutable=["intermediates"] to read it).
   Returns (logits_BxRxV in float32, updated cache or None).
   """
 
   config: ModelConfig
   param_dtype: jnp.dtype = jnp.bfloat16
   head_init_scale: float = 1.0
+  implementation: str | None = None  # kernels: see flash_dllm_jax/ops.py
 
   @nn.compact
   def __call__(self, tokens_BxQ, positions_BxQ, key_valid_BxS, cache=None,
-               slots_BxQ=None, logit_rows_BxR=None):
+               slots_BxQ=None, logit_rows_BxR=None, extras=None,
+               mass_from_layer=0):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     embedding_VxE = self.param("embed", nn.initializers.normal(1.0),
@@ -97,8 +141,11 @@ class Transformer(nn.Module):
     new_k, new_v = [], []
     for layer in range(cfg.n_layers):
       kv = None if cache is None else (cache.k[layer], cache.v[layer])
-      x_BxQxE, kv = Block(cfg, self.param_dtype, name=f"layers_{layer}")(
-          x_BxQxE, cos_BxQxD, sin_BxQxD, key_valid_BxS, kv, slots_BxQ)
+      x_BxQxE, kv = Block(cfg, self.param_dtype, self.implementation,
+                          sow_mass=layer >= mass_from_layer,
+                          name=f"layers_{layer}")(
+          x_BxQxE, positions_BxQ, cos_BxQxD, sin_BxQxD, key_valid_BxS, kv,
+          slots_BxQ, extras)
       if kv is not None:
         new_k.append(kv[0])
         new_v.append(kv[1])
