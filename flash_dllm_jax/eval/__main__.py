@@ -1,0 +1,5 @@
+import sys
+
+from flash_dllm_jax.eval.cli import main
+
+sys.exit(main())

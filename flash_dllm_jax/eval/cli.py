@@ -1,0 +1,157 @@
+"""Command line for evaluation: `gsm8k`, `humaneval` and `report`.
+
+  python scripts/eval_gsm8k.py --checkpoint DIR --strategy llada \\
+      --batch-size 8 --gen-length 256 --steps 256 --block-length 32
+  python scripts/eval_humaneval.py --checkpoint DIR --limit 20 --chat
+  python scripts/eval_report.py runs/eval/gsm8k
+
+Each run lives in OUT_DIR/RUN_NAME (default: runs/eval/<task>/<strategy>-
+<hash of the settings>), so rerunning an interrupted command resumes it.
+After a run, OUT_DIR/results.md and the plot cover every run in OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
+from flash_dllm_jax.eval.strategies import (STRATEGIES, all_options,
+                                            strategies_taking)
+
+
+def _add_common(ap: argparse.ArgumentParser) -> None:
+  ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT,
+                  help="converted checkpoint directory (default: %(default)s)")
+  ap.add_argument("--data", type=Path, default=None,
+                  help="dataset location (default: the shipped copy)")
+  ap.add_argument("--strategy", default=None,
+                  help=f"decoding strategy: {', '.join(STRATEGIES)} "
+                  "(default: the checkpoint's reference sampler)")
+  ap.add_argument("--batch-size", type=int, default=1)
+  ap.add_argument("--limit", type=int, default=None,
+                  help="evaluate only the first N problems")
+  ap.add_argument("--chat", action=argparse.BooleanOptionalAction,
+                  default=False, help="use the checkpoint's chat template")
+  ap.add_argument("--seed", type=int, default=0,
+                  help="base seed; problem i uses seed + i")
+  ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                  help="compute dtype (default: the checkpoint's)")
+  ap.add_argument("--no-stop-at-eos", dest="stop_at_eos", action="store_false",
+                  help="decode every position even after EOS")
+  ap.add_argument("--out-dir", type=Path, default=None,
+                  help="where runs go (default: runs/eval/<task>)")
+  ap.add_argument("--run-name", default=None,
+                  help="run directory name (default: strategy + settings hash)")
+  ap.add_argument("--no-progress", dest="progress", action="store_false")
+  group = ap.add_argument_group(
+      "strategy options", "sampler arguments (defaults: the sampler's own)")
+  for name, typ in all_options().items():
+    used = ", ".join(strategies_taking(name)) or "none"
+    flag = "--" + name.replace("_", "-")
+    if typ is bool:
+      group.add_argument(flag, dest=name, default=None,
+                         action=argparse.BooleanOptionalAction,
+                         help=f"strategies: {used}")
+    else:
+      group.add_argument(flag, dest=name, type=typ, default=None,
+                         help=f"strategies: {used}")
+
+
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(prog="python -m flash_dllm_jax.eval")
+  sub = ap.add_subparsers(dest="task", required=True)
+  gsm = sub.add_parser("gsm8k", help="GSM8K accuracy (lm-eval format)")
+  _add_common(gsm)
+  gsm.add_argument("--num-fewshot", type=int, default=5,
+                   help="exemplars from the train split (default: 5)")
+  he = sub.add_parser("humaneval", help="HumanEval pass@1")
+  _add_common(he)
+  he.add_argument("--timeout", type=float, default=10.0,
+                  help="seconds per test run (wall; CPU capped too)")
+  he.add_argument("--memory-mb", type=int, default=1024,
+                  help="address-space limit of a test run")
+  he.add_argument("--workers", type=int, default=None,
+                  help="test runs at a time (default: CPU count)")
+  rep = sub.add_parser("report", help="table and plot over runs in a folder")
+  rep.add_argument("out_dir", type=Path)
+  return ap
+
+
+def _positive(name: str, value, minimum: int = 1) -> None:
+  if value is not None and value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _make_task(args):
+  if args.task == "gsm8k":
+    from flash_dllm_jax.eval.tasks.gsm8k import DEFAULT_DATA, GSM8K
+    return GSM8K(args.data or DEFAULT_DATA, args.num_fewshot, chat=args.chat)
+  from flash_dllm_jax.eval.executor import Limits
+  from flash_dllm_jax.eval.tasks.humaneval import HumanEval
+  _positive("--workers", args.workers)
+  return HumanEval(args.data, Limits(args.timeout, args.memory_mb),
+                   args.workers, chat=args.chat)
+
+
+def _evaluate(args) -> int:
+  from flash_dllm_jax.checkpoint import load, load_config
+  from flash_dllm_jax.eval import report, runner
+  from flash_dllm_jax.eval.strategies import build_sampler
+
+  _positive("--batch-size", args.batch_size)
+  _positive("--limit", args.limit)
+  if args.run_name is not None and (not args.run_name or "/" in args.run_name):
+    raise ValueError(f"--run-name must be a plain name, got {args.run_name!r}")
+  options = {k: getattr(args, k) for k in all_options()
+             if getattr(args, k) is not None}
+  config = load_config(args.checkpoint)
+  strategy = args.strategy or config.arch
+  sampler = build_sampler(strategy, config.arch, options)
+  task = _make_task(args)
+  settings = {"task": task.name, "checkpoint": str(args.checkpoint.absolute()),
+              "arch": config.arch, "dtype": args.dtype or config.dtype,
+              "strategy": strategy, "sampler": dataclasses.asdict(sampler),
+              "batch_size": args.batch_size, "seed": args.seed,
+              "stop_at_eos": args.stop_at_eos, **task.settings()}
+  out_dir = args.out_dir or Path("runs") / "eval" / task.name
+  run_dir = out_dir / (args.run_name or runner.run_name(strategy, settings))
+  model = load(args.checkpoint, dtype=args.dtype)
+  print(f"run: {run_dir}", file=sys.stderr)
+  try:
+    summary = runner.run_eval(task, model, sampler, run_dir, settings,
+                              batch_size=args.batch_size, limit=args.limit,
+                              seed=args.seed, stop_at_eos=args.stop_at_eos,
+                              progress=args.progress)
+  except KeyboardInterrupt:
+    print(f"\ninterrupted: finished problems are saved in {run_dir}; rerun "
+          "the same command to resume", file=sys.stderr)
+    return 130
+  table_path, plot_path, table = report.write_report(out_dir)
+  print(table)
+  print(f"{task.metric} {summary['correct']}/{summary['problems']}; "
+        f"records {run_dir / 'records.jsonl'}; summary "
+        f"{run_dir / 'summary.json'}; table {table_path}; plot {plot_path}",
+        file=sys.stderr)
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  args = parser().parse_args(argv)
+  try:
+    if args.task == "report":
+      from flash_dllm_jax.eval import report
+      table_path, plot_path, table = report.write_report(args.out_dir)
+      print(table)
+      print(f"table {table_path}; plot {plot_path}", file=sys.stderr)
+      return 0
+    return _evaluate(args)
+  except (ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,165 @@
+"""Batched, resumable evaluation: prompts -> compiled `generate` -> scores.
+
+Problems still missing from the run's JSONL are sorted by prompt length
+(longest first: less padding per batch, and a too-long batch fails first)
+and decoded B at a time. Results never depend on batch composition (per-row
+seeds, pad-relative positions), so sorting, padding the last batch with
+copies of a row, and resuming all leave every answer unchanged.
+
+Timing per batch: wall seconds of the whole `generate` call (tokenizing,
+padding, the device decode, transfers, detokenizing), and the part of them
+that JAX spent tracing and compiling (a new prompt-length bucket compiles
+once); throughput excludes the compile part. Scoring (and HumanEval's test
+runs) happens outside the timed region.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from flash_dllm_jax.bench.timing import peak_memory_bytes
+from flash_dllm_jax.eval import report
+from flash_dllm_jax.eval.records import open_run
+from flash_dllm_jax.eval.tasks import Problem, make_render
+from flash_dllm_jax.generate import PROMPT_BUCKET, generate
+
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+
+@contextlib.contextmanager
+def compile_clock() -> Iterator[list[float]]:
+  """Yields [seconds]: time JAX spends tracing/compiling inside the block."""
+  total = [0.0]
+
+  def listener(event: str, duration: float, **_):
+    if event in _COMPILE_EVENTS:
+      total[0] += duration
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield total
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def prompt_sha256(prompt: str) -> str:
+  return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+
+
+def answer_length(gen_G: np.ndarray, stop_ids: Sequence[int]) -> int:
+  """Generated tokens up to and including the first stop token (EOS/EOT)."""
+  hits = np.flatnonzero(np.isin(gen_G, list(stop_ids)))
+  return int(hits[0]) + 1 if hits.size else int(gen_G.shape[0])
+
+
+def check_lengths(problems: Sequence[Problem], lengths: Sequence[int],
+                  sampler, max_seq_len: int) -> None:
+  """One error for prompts that cannot fit with the generation."""
+  bad = []
+  for problem, n in zip(problems, lengths):
+    padded = -(-n // PROMPT_BUCKET) * PROMPT_BUCKET
+    try:
+      sampler.check_prompt(padded, max_seq_len)
+    except ValueError as e:
+      bad.append((problem.id, n, str(e)))
+  if bad:
+    pid, n, why = bad[0]
+    raise ValueError(
+        f"{len(bad)} prompt(s) do not fit the model's context, e.g. {pid} "
+        f"({n} tokens, padded to a multiple of {PROMPT_BUCKET}): {why}; use "
+        "shorter prompts (fewer few-shot examples, no chat template), a "
+        "shorter --gen-length or a model with a longer max_seq_len")
+
+
+def run_eval(task, model, sampler, run_dir: str | Path,
+             settings: dict[str, Any], *, batch_size: int,
+             limit: int | None = None, seed: int = 0, stop_at_eos: bool = True,
+             progress: bool = True,
+             on_batch: Callable[[int], None] | None = None) -> dict[str, Any]:
+  """Evaluates task's first `limit` problems (all if None), resuming from
+  run_dir/records.jsonl; writes run_dir/summary.json and returns it.
+
+  model: (params, config, tokenizer) as `load` returns it. settings: what
+  the run records in run.json (must match on resume). on_batch(i) is called
+  after batch i is saved (tests use it to simulate an interruption).
+  """
+  if not isinstance(batch_size, int) or batch_size < 1:
+    raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
+  if limit is not None and (not isinstance(limit, int) or limit < 1):
+    raise ValueError(f"limit must be a positive int, got {limit!r}")
+  _, config, tokenizer = model
+  if tokenizer is None:
+    raise ValueError("the checkpoint has no tokenizer; evaluation needs one")
+  problems = task.problems(make_render(tokenizer, task.chat))
+  problems = problems[:limit] if limit else problems
+  lengths = {p.id: len(tokenizer.encode(p.prompt)) for p in problems}
+  check_lengths(problems, list(lengths.values()), sampler, config.max_seq_len)
+  store = open_run(run_dir, settings)
+  for p in problems:
+    done = store.records.get(p.id)
+    if done and done["prompt_sha256"] != prompt_sha256(p.prompt):
+      raise ValueError(f"{store.path}: {p.id} was generated from a different "
+                       "prompt (data or template changed); use a new run")
+  todo = sorted((p for p in problems if p.id not in store.records),
+                key=lambda p: -lengths[p.id])
+
+  bar = tqdm(total=len(problems), initial=len(problems) - len(todo),
+             desc=f"{task.name} {settings.get('strategy', '')}".strip(),
+             unit="problem", disable=not progress, dynamic_ncols=True)
+  tokens_done, seconds_done = 0, 0.0
+  with bar, compile_clock() as compiled:
+    for i in range(0, len(todo), batch_size):
+      batch = todo[i:i + batch_size]
+      rows = batch + [batch[-1]] * (batch_size - len(batch))  # fixed shape
+      before, t0 = compiled[0], time.perf_counter()
+      out = generate(model, [p.prompt for p in rows], sampler=sampler,
+                     seed=[seed + p.index for p in rows],
+                     stop_at_eos=stop_at_eos)
+      wall = time.perf_counter() - t0
+      compile_s = min(compiled[0] - before, wall)
+      scores = task.score(batch, out.texts[:len(batch)])
+      batch_id, peak = uuid.uuid4().hex[:12], peak_memory_bytes()
+      records = []
+      for b, (p, score) in enumerate(zip(batch, scores)):
+        n = answer_length(out.tokens_BxG[b], config.stop_token_ids)
+        records.append({
+            "id": p.id, "prompt_sha256": prompt_sha256(p.prompt),
+            **score, "raw_output": out.texts[b], "tokens": n,
+            "token_ids": out.tokens_BxG[b, :n].tolist(),
+            "forwards": int(out.forwards_B[b]), "steps": out.steps,
+            "wall_s": round(wall, 6), "compile_s": round(compile_s, 6),
+            "batch": batch_id, "batch_rows": len(batch),
+            "batch_size": batch_size, "peak_device_bytes": peak})
+      store.append(records)
+      tokens_done += sum(r["tokens"] for r in records)
+      seconds_done += wall - compile_s
+      bar.update(len(batch))
+      bar.set_postfix(tok_s=f"{tokens_done / max(seconds_done, 1e-9):.1f}")
+      if on_batch is not None:
+        on_batch(i // batch_size)
+  summary = report.summarize(
+      [store.records[p.id] for p in problems if p.id in store.records],
+      task=task.name, metric=task.metric, settings=settings,
+      limit=limit, run_name=Path(run_dir).name)
+  summary["device"] = jax.devices()[0].device_kind
+  report.write_summary(Path(run_dir) / "summary.json", summary)
+  return summary
+
+
+def run_name(strategy: str, settings: dict[str, Any]) -> str:
+  """Default run directory name: the strategy and a hash of the settings, so
+  rerunning the same command resumes and another configuration does not."""
+  digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+  return f"{strategy}-{digest.hexdigest()[:8]}"

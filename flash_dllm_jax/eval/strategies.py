@@ -1,0 +1,93 @@
+"""Strategy registry: a CLI name -> a sampler class and the options it fixes.
+
+Data-driven: adding a strategy is one line in STRATEGIES, e.g.
+
+  Strategy("fast-dllm-dual", FastDLLMSampler, fixed={"cache": "dual"}),
+
+and every dataclass field of its sampler becomes a CLI flag (`--gen-length`,
+`--threshold`, ...) with the type its annotation gives. The sampler's own
+__post_init__ checks ranges, so a bad value gets the sampler's error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Mapping
+
+from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+  """name: the CLI name; sampler: a frozen sampler dataclass; archs: the
+  checkpoint architectures it decodes; fixed: options the strategy pins."""
+
+  name: str
+  sampler: type
+  archs: tuple[str, ...] = ("llada", "dream")
+  fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  help: str = ""
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("llada", LLaDASampler, archs=("llada",),
+             help="LLaDA's reference sampler (semi-AR blocks, no cache)"),
+    Strategy("dream", DreamSampler, archs=("dream",),
+             help="Dream's reference sampler (no cache)"),
+)}
+
+
+def _base_type(hint) -> type:
+  """int for `int`, `int | None` or Optional[int]."""
+  if (isinstance(hint, types.UnionType)
+      or typing.get_origin(hint) is typing.Union):
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if len(args) != 1:
+      raise TypeError(f"unsupported sampler option type {hint}")
+    return args[0]
+  return hint
+
+
+def sampler_options(cls: type) -> dict[str, tuple[type, Any]]:
+  """{field name: (base type, default)} of a sampler dataclass."""
+  hints = typing.get_type_hints(cls)
+  return {f.name: (_base_type(hints[f.name]), f.default)
+          for f in dataclasses.fields(cls)}
+
+
+def all_options() -> dict[str, type]:
+  """{option: type} over every registered strategy's sampler (the flags)."""
+  out: dict[str, type] = {}
+  for strategy in STRATEGIES.values():
+    for name, (typ, _) in sampler_options(strategy.sampler).items():
+      if out.setdefault(name, typ) is not typ:
+        raise TypeError(f"sampler option {name!r} has two types: "
+                        f"{out[name].__name__} and {typ.__name__}")
+  return out
+
+
+def strategies_taking(option: str) -> list[str]:
+  return [s.name for s in STRATEGIES.values()
+          if option in sampler_options(s.sampler) and option not in s.fixed]
+
+
+def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
+  """The sampler of strategy `name` for a checkpoint of `arch`, built from
+  the options given on the command line (the rest keep their defaults)."""
+  if name not in STRATEGIES:
+    raise ValueError(f"unknown strategy {name!r}; known: "
+                     f"{', '.join(sorted(STRATEGIES))}")
+  strategy = STRATEGIES[name]
+  if arch not in strategy.archs:
+    raise ValueError(f"strategy {name!r} decodes {'/'.join(strategy.archs)} "
+                     f"checkpoints, not {arch!r}")
+  fields = sampler_options(strategy.sampler)
+  foreign = sorted(k for k in options if k not in fields or k in strategy.fixed)
+  if foreign:
+    flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
+    takes = sorted(k for k in fields if k not in strategy.fixed)
+    raise ValueError(f"option(s) {flags} do not apply to strategy {name!r} "
+                     f"(it takes: {', '.join(takes)})")
+  return strategy.sampler(**{**strategy.fixed, **options})

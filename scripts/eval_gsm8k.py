@@ -1,0 +1,13 @@
+#!/usr/bin/env python
+"""Evaluates a checkpoint on GSM8K (accuracy); see --help and
+flash_dllm_jax/eval/cli.py."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flash_dllm_jax.eval.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+  sys.exit(main(["gsm8k", *sys.argv[1:]]))

@@ -1,0 +1,150 @@
+"""The evaluation command line: one clear error per bad input, the strategy
+registry (a new strategy is one entry, its options become flags), and the
+report over several runs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flash_dllm_jax.eval import cli, report, strategies
+from flash_dllm_jax.eval.strategies import Strategy, build_sampler
+from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--gen-length", "16", "--steps", "8", "--block-length", "8",
+        "--no-progress"]
+
+
+def _error(capsys, argv) -> str:
+  assert cli.main(argv) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: ") and len(err) <= 2, err
+  return err[-1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["gsm8k", "--checkpoint", "/nonexistent/ckpt"],
+     "checkpoint directory /nonexistent/ckpt does not exist"),
+    (["gsm8k", "--data", "/nonexistent/gsm8k"],
+     "GSM8K data directory /nonexistent/gsm8k not found"),
+    (["humaneval", "--data", "/nonexistent/he.jsonl"],
+     "HumanEval data file /nonexistent/he.jsonl not found"),
+    (["gsm8k", "--strategy", "magic"],
+     "unknown strategy 'magic'; known: dream, llada"),
+    (["gsm8k", "--strategy", "dream"],
+     "strategy 'dream' decodes dream checkpoints, not 'llada'"),
+    (["gsm8k", "--alg", "entropy"],
+     "option(s) --alg do not apply to strategy 'llada'"),
+    (["gsm8k", "--gen-length", "10", "--block-length", "4"],
+     "gen_length (10) must be a multiple of block_length (4)"),
+    (["gsm8k", "--steps", "0"], "steps must be a positive int, got 0"),
+    (["gsm8k", "--temperature", "-1"], "temperature must be >= 0"),
+    (["gsm8k", "--remasking", "sometimes"], "remasking must be one of"),
+    (["gsm8k", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["gsm8k", "--limit", "-2"], "--limit must be >= 1, got -2"),
+    (["gsm8k", "--num-fewshot", "-1"], "num_fewshot must be an int >= 0"),
+    (["gsm8k", "--num-fewshot", "9000"], "num_fewshot 9000 exceeds"),
+    (["gsm8k", "--run-name", "a/b"], "--run-name must be a plain name"),
+    (["humaneval", "--timeout", "0"], "timeout must be > 0 seconds"),
+    (["humaneval", "--memory-mb", "10"], "memory limit must be an int >= 64"),
+    (["humaneval", "--workers", "0"], "--workers must be >= 1, got 0"),
+    (["report", "/nonexistent/out"], "no run summaries"),
+])
+def test_bad_input_gets_one_clear_error(capsys, argv, message):
+  assert message in _error(capsys, argv)
+
+
+def test_malformed_data_and_too_long_prompts(capsys, tmp_path):
+  (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": 3}\n')
+  err = _error(capsys, ["gsm8k", "--data", str(tmp_path), "--num-fewshot",
+                        "0"])
+  assert "test.jsonl:1: malformed GSM8K test data" in err
+  # 5-shot prompts are longer than the tiny model's 512-token context.
+  err = _error(capsys, ["gsm8k", "--limit", "2", "--out-dir",
+                        str(tmp_path / "o"), *TINY])
+  assert "do not fit the model's context" in err
+  assert not (tmp_path / "o").exists()  # nothing written for a failed check
+
+
+def test_a_new_strategy_is_one_registry_entry(monkeypatch, capsys, tmp_path):
+  entry = Strategy("llada-random", LLaDASampler, archs=("llada",),
+                   fixed={"remasking": "random"})
+  monkeypatch.setitem(strategies.STRATEGIES, entry.name, entry)
+  sampler = build_sampler("llada-random", "llada", {"gen_length": 16,
+                                                    "steps": 8})
+  assert sampler == LLaDASampler(gen_length=16, steps=8, remasking="random")
+  with pytest.raises(ValueError, match="--remasking do not apply"):
+    build_sampler("llada-random", "llada", {"remasking": "low_confidence"})
+  assert "llada-random" in strategies.strategies_taking("cfg_scale")
+  out = tmp_path / "o"
+  assert cli.main(["gsm8k", "--strategy", "llada-random", "--limit", "2",
+                   "--batch-size", "2", "--num-fewshot", "0", "--out-dir",
+                   str(out), *TINY]) == 0
+  (run,) = [p for p in out.iterdir() if p.is_dir()]
+  assert run.name.startswith("llada-random-")
+  settings = json.loads((run / "run.json").read_text())
+  assert settings["sampler"]["remasking"] == "random"
+
+
+def test_interrupted_command_resumes(monkeypatch, capsys, tmp_path):
+  from flash_dllm_jax.eval import runner
+  real, calls = runner.generate, []
+
+  def generate(*args, **kw):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return real(*args, **kw)
+
+  monkeypatch.setattr(runner, "generate", generate)
+  argv = ["gsm8k", "--limit", "4", "--batch-size", "2", "--num-fewshot", "0",
+          "--out-dir", str(tmp_path), "--run-name", "r", *TINY[:-1]]
+  assert cli.main(argv) == 130
+  err = capsys.readouterr().err
+  assert "rerun the same command to resume" in err
+  assert "tok_s=" in err  # the progress bar's live throughput
+  jsonl = tmp_path / "r/records.jsonl"
+  assert len(jsonl.read_text().splitlines()) == 2
+  assert cli.main(argv) == 0 and len(calls) == 3
+  assert len(jsonl.read_text().splitlines()) == 4
+
+
+def test_flags_come_from_the_sampler_fields():
+  options = strategies.all_options()
+  assert options["gen_length"] is int and options["top_p"] is float
+  assert options["logits_eos_inf"] is bool and options["alg"] is str
+  args = cli.parser().parse_args(["gsm8k", "--top-p", "0.9",
+                                  "--no-logits-eos-inf"])
+  assert args.top_p == 0.9 and args.logits_eos_inf is False
+  assert build_sampler("dream", "dream", {"top_p": 0.9}) == DreamSampler(
+      top_p=0.9)
+
+
+def _summary(name, strategy, score, tok_s, metric="accuracy", peak=None):
+  return {"task": "gsm8k", "metric": metric, "run_name": name,
+          "strategy": strategy, "problems": 10, "score": score,
+          "tokens_per_s": tok_s, "forwards_per_token": 1.0,
+          "tokens_per_step": 2.0, "peak_device_bytes": peak,
+          "settings": {"chat": True, "num_fewshot": 5, "batch_size": 8,
+                       "sampler": {"gen_length": 256, "steps": 256}}}
+
+
+def test_report_over_several_runs(tmp_path):
+  for s in [_summary("a", "llada", 0.5, 100.0, peak=3 * 2**30),
+            _summary("b", "fast", 0.45, 400.0)]:
+    (tmp_path / s["run_name"]).mkdir()
+    report.write_summary(tmp_path / s["run_name"] / "summary.json", s)
+  result = subprocess.run([sys.executable, str(ROOT / "scripts" /
+                                               "eval_report.py"),
+                           str(tmp_path)], capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr
+  table = (tmp_path / report.TABLE).read_text()
+  assert result.stdout.strip() == table.strip()
+  assert "| gsm8k | a | llada | 10 | 50.0% | 100.0 | 1.000 | 2.00 | 3.00 GiB" \
+      in table
+  assert "| gsm8k | b | fast | 10 | 45.0% | 400.0 |" in table
+  assert "n/a*" in table and "no device memory statistics" in table
+  assert (tmp_path / report.PLOT).read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,137 @@
+"""The resumable runner: JSONL durability, resume after an interruption,
+settings/prompt checks, and the metrics it reports."""
+
+import json
+
+import numpy as np
+import pytest
+
+import flash_dllm_jax
+from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
+from flash_dllm_jax.eval import report, runner
+from flash_dllm_jax.eval.records import RecordStore, open_run
+from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
+from flash_dllm_jax.sampling import LLaDASampler
+
+SAMPLER = LLaDASampler(gen_length=16, steps=8, block_length=8)
+SETTINGS = {"task": "gsm8k", "strategy": "llada", "batch_size": 2}
+
+
+@pytest.fixture(scope="module")
+def model():
+  return flash_dllm_jax.load(DEFAULT_CHECKPOINT)
+
+
+def _run(model, run_dir, **kw):
+  return runner.run_eval(GSM8K(num_fewshot=0), model, SAMPLER, run_dir,
+                         SETTINGS, batch_size=2, limit=4, progress=False, **kw)
+
+
+def _lines(path):
+  return [json.loads(l) for l in path.read_text().splitlines()]
+
+
+def test_resume_after_interruption_loses_and_repeats_nothing(
+    model, tmp_path, monkeypatch):
+  reference = _run(model, tmp_path / "full")
+  ref_records = {r["id"]: r for r in _lines(tmp_path / "full/records.jsonl")}
+
+  def interrupt(batch):
+    raise KeyboardInterrupt
+
+  with pytest.raises(KeyboardInterrupt):
+    _run(model, tmp_path / "run", on_batch=interrupt)
+  jsonl = tmp_path / "run/records.jsonl"
+  saved = _lines(jsonl)
+  assert len(saved) == 2 and not (tmp_path / "run/summary.json").exists()
+  # A kill in the middle of the next write leaves half a line behind.
+  with open(jsonl, "a") as f:
+    f.write(json.dumps(ref_records["gsm8k/3"])[:40])
+
+  calls = []
+  real_generate = runner.generate
+  monkeypatch.setattr(runner, "generate", lambda m, prompts, **kw: (
+      calls.append(len(prompts)), real_generate(m, prompts, **kw))[1])
+  summary = _run(model, tmp_path / "run")
+  assert calls == [2]  # only the unfinished batch is generated again
+  records = _lines(jsonl)
+  assert sorted(r["id"] for r in records) == sorted(ref_records)
+  assert records[:2] == saved  # finished problems kept as they were
+  for r in records:  # and every answer equals the uninterrupted run's
+    assert r["token_ids"] == ref_records[r["id"]]["token_ids"]
+    assert r["prompt_sha256"] == ref_records[r["id"]]["prompt_sha256"]
+  assert summary["problems"] == reference["problems"] == 4
+  assert summary["generated_tokens"] == reference["generated_tokens"]
+  # Rerunning a finished run generates nothing.
+  calls.clear()
+  _run(model, tmp_path / "run")
+  assert calls == []
+
+
+def test_resume_refuses_other_settings_or_prompts(model, tmp_path):
+  _run(model, tmp_path / "run")
+  with pytest.raises(ValueError, match="other settings.*batch_size"):
+    runner.run_eval(GSM8K(num_fewshot=0), model, SAMPLER, tmp_path / "run",
+                    {**SETTINGS, "batch_size": 4}, batch_size=4, limit=4,
+                    progress=False)
+  jsonl = tmp_path / "run/records.jsonl"
+  records = _lines(jsonl)
+  records[0]["prompt_sha256"] = "0" * 64
+  jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+  with pytest.raises(ValueError, match="different prompt"):
+    _run(model, tmp_path / "run")
+
+
+def test_record_store_tolerates_only_a_cut_last_line(tmp_path):
+  path = tmp_path / "r.jsonl"
+  path.write_text('{"id": "a"}\n{"id": "b"}\n{"id": "c", "out')
+  store = RecordStore(path)
+  assert list(store.records) == ["a", "b"]
+  assert path.read_text() == '{"id": "a"}\n{"id": "b"}\n'
+  store.append([{"id": "c"}])
+  assert [r["id"] for r in _lines(path)] == ["a", "b", "c"]
+  # A complete last record lacking its newline is kept, the newline added.
+  path.write_text('{"id": "a"}\n{"id": "b"}')
+  assert list(RecordStore(path).records) == ["a", "b"]
+  assert path.read_text().endswith("}\n")
+  path.write_text('{"id": "a"}\nnot json\n{"id": "c"}\n')
+  with pytest.raises(ValueError, match=r"r.jsonl:2: corrupt record"):
+    RecordStore(path)
+
+
+def test_open_run_records_settings(tmp_path):
+  open_run(tmp_path / "x", {"a": (1, 2), "b": "c"})
+  assert json.loads((tmp_path / "x/run.json").read_text()) == {
+      "a": [1, 2], "b": "c"}
+  open_run(tmp_path / "x", {"a": (1, 2), "b": "c"})  # same settings: fine
+
+
+def test_too_long_prompts_are_reported_before_decoding(model, tmp_path):
+  with pytest.raises(ValueError, match=r"do not fit.*gsm8k/0.*max_seq_len"):
+    runner.run_eval(GSM8K(num_fewshot=5), model, SAMPLER, tmp_path / "r",
+                    SETTINGS, batch_size=2, limit=2, progress=False)
+
+
+def test_answer_length_counts_through_eos():
+  assert runner.answer_length(np.array([5, 6, 9, 9, 9]), (9,)) == 3
+  assert runner.answer_length(np.array([9, 1]), (7, 9)) == 1
+  assert runner.answer_length(np.array([5, 6, 7]), (9,)) == 3
+
+
+def test_summary_metrics():
+  base = {"correct": True, "peak_device_bytes": None}
+  records = [  # batch x: 2 rows sharing 3 s (1 s compiling); batch y: 1 row
+      {**base, "id": "1", "batch": "x", "wall_s": 3.0, "compile_s": 1.0,
+       "tokens": 10, "forwards": 20, "steps": 5},
+      {**base, "id": "2", "batch": "x", "wall_s": 3.0, "compile_s": 1.0,
+       "tokens": 6, "forwards": 20, "steps": 5, "correct": False},
+      {**base, "id": "3", "batch": "y", "wall_s": 2.0, "compile_s": 0.0,
+       "tokens": 4, "forwards": 10, "steps": 10, "peak_device_bytes": 7}]
+  s = report.summarize(records, task="t", metric="accuracy",
+                       settings={"strategy": "llada"}, limit=None, run_name="r")
+  assert s["score"] == pytest.approx(2 / 3)
+  assert s["wall_s"] == 5.0 and s["compile_s"] == 1.0
+  assert s["tokens_per_s"] == pytest.approx(20 / 4.0)
+  assert s["forwards_per_token"] == pytest.approx(50 / 20)
+  assert s["tokens_per_step"] == pytest.approx(20 / 20)
+  assert s["peak_device_bytes"] == 7
