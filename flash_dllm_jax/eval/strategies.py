@@ -17,6 +17,7 @@ import typing
 from typing import Any, Mapping
 
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              help="LLaDA's reference sampler (semi-AR blocks, no cache)"),
     Strategy("dream", DreamSampler, archs=("dream",),
              help="Dream's reference sampler (no cache)"),
+    Strategy("flash-cache", FlashDLLMSampler, archs=("llada",),
+             fixed={"recompute_all": False},
+             help="Flash-dLLM's Flash-Cache, threshold decoding, no verify"),
 )}
 
 
