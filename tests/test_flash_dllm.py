@@ -32,32 +32,37 @@ def test_unlimited_budget_equals_full_recomputation(eos_boost):
 
 SMALL = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2, mask_num=2,
                          threshold=0.6)
+SMALL_VERIFY = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
+                                mask_num=2, threshold=0.9, verify=True,
+                                gamma=0.4)
 
 
-def test_compiled_loop_equals_python_loop():
+@pytest.mark.parametrize("sampler", [SMALL, SMALL_VERIFY])
+def test_compiled_loop_equals_python_loop(sampler):
   config, params = tiny("llada", eos_boost=1.2)
   ids, valid = left_pad(random_prompts(22, [5, 12, 8]), config.pad_token_id)
   rng_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
   args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
   compiled = jax.jit(decode_tokens, static_argnames=(
       "config", "sampler", "stop_at_eos", "compiled"))(
-          *args, config=config, sampler=SMALL)
-  python = decode_tokens(*args, config=config, sampler=SMALL, compiled=False)
+          *args, config=config, sampler=sampler)
+  python = decode_tokens(*args, config=config, sampler=sampler, compiled=False)
   for a, b in zip(compiled, python):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_rows_do_not_depend_on_the_batch():
+@pytest.mark.parametrize("sampler", [SMALL, SMALL_VERIFY])
+def test_rows_do_not_depend_on_the_batch(sampler):
   config, params = tiny("llada", eos_boost=1.2)
   prompts = random_prompts(23, [4, 13, 30])
-  batch = generate(params, prompts, config=config, sampler=SMALL)
+  batch = generate(params, prompts, config=config, sampler=sampler)
   others = random_prompts(24, [40, 2])
   for i, p in enumerate(prompts):
-    alone = generate(params, [p], config=config, sampler=SMALL)
+    alone = generate(params, [p], config=config, sampler=sampler)
     np.testing.assert_array_equal(alone.tokens_BxG[0], batch.tokens_BxG[i])
     assert alone.forwards_B[0] == batch.forwards_B[i]
     mixed = generate(params, [others[0], p, others[1]], config=config,
-                     sampler=SMALL)
+                     sampler=sampler)
     np.testing.assert_array_equal(mixed.tokens_BxG[1], batch.tokens_BxG[i])
 
 
@@ -69,6 +74,20 @@ def test_terminates_with_no_mask_and_one_forward_per_step(eos_boost):
   assert not (out.tokens_BxG == config.mask_token_id).any()
   assert out.forwards_B.max() == out.steps <= SMALL.num_steps
   assert (out.forwards_B >= 1).all()
+
+
+@pytest.mark.parametrize("eos_boost", [0.0, 1.2])
+def test_verify_terminates_and_counts_both_passes(eos_boost):
+  config, params = tiny("llada", eos_boost=eos_boost)
+  out = generate(params, random_prompts(26, [6, 17]), config=config,
+                 sampler=SMALL_VERIFY)
+  assert not (out.tokens_BxG == config.mask_token_id).any()
+  assert out.steps <= SMALL_VERIFY.num_steps
+  # one draft pass per active step, plus a verify pass on steps with
+  # candidates; the row that ran longest was active in every step.
+  assert out.forwards_B.max() >= out.steps
+  assert (out.forwards_B >= 1).all()
+  assert (out.forwards_B <= 2 * out.steps).all()
 
 
 def test_query_selection_follows_the_budget():
@@ -83,7 +102,8 @@ def test_query_selection_follows_the_budget():
   rank = jnp.full((1, n), -1.0).at[0, 5].set(0.7).at[0, 8].set(0.2)
   mass = jnp.zeros((1, n)).at[0, 1].set(5.0).at[0, 3].set(1.0)
   new = jnp.zeros((1, n), bool).at[0, 6].set(True)
-  aux = FlashCacheAux(cache=None, rank_BxN=rank, mass_BxN=mass, new_BxN=new)
+  aux = FlashCacheAux(cache=None, rank_BxN=rank, mass_BxN=mass, new_BxN=new,
+                      committed_at_BxN=jnp.full((1, n), -1))
   slots = np.asarray(sampler._select(aux, open_BxN, others_BxN))[0]
   assert slots[:2].tolist() == [5, 8]        # window: best last confidence
   assert slots[2:4].tolist() == [2, 4]       # extra: never scored, in order
@@ -99,7 +119,127 @@ def test_dream_is_refused_clearly():
 @pytest.mark.parametrize("kwargs,message", [
     (dict(block_m=0), "block_m"), (dict(threshold=0.0), "threshold"),
     (dict(track_num=-1), "track_num"), (dict(mass_from_layer=-2),
-                                        "mass_from_layer")])
+                                        "mass_from_layer"),
+    (dict(gamma=0.0), "gamma"), (dict(verify=True, block_m=1), "block_m >= 2"),
+    (dict(verify=True, recompute_all=True), "cannot be combined")])
 def test_bad_arguments(kwargs, message):
   with pytest.raises(ValueError, match=message):
     FlashDLLMSampler(**kwargs)
+
+
+# Flash-Verify ------------------------------------------------------------------
+from flash_dllm_jax.sampling import flash_verify  # noqa: E402
+from flash_dllm_jax.sampling.sequence_model import SequenceModel  # noqa: E402
+from flash_dllm_jax.sampling.state import DecodeState, advance  # noqa: E402
+from tests import independent_forward  # noqa: E402
+
+
+def test_independent_forward_matches_the_model():
+  config, params = tiny("llada")
+  tokens = jnp.asarray(random_prompts(30, [12, 12]))
+  pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
+  valid = jnp.ones((2, 12), bool)
+  rows = jnp.broadcast_to(jnp.arange(12), (2, 12))
+  model = SequenceModel.for_batch(config, params, valid)
+  want = model.logits(tokens, rows)
+  got = independent_forward.forward(params, config, tokens, pos,
+                                    jnp.ones((2, 12, 12), bool), rows)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_verify_plan_follows_the_attention_pattern():
+  # block_m 4: 8 rows; 1 candidate -> 6 recent, 1 draft, 1 mask.
+  tokens = jnp.array([[5, 6, 7, 9, 99, 11, 99, 12]])  # 99 = mask
+  committed = jnp.array([[-1, -1, -1, 0, -1, 1, -1, 1]], jnp.float32)
+  key = jnp.where(tokens != 99, committed * 8 + jnp.arange(8), -jnp.inf)
+  plan = flash_verify.plan(tokens, key, jnp.array([[4, -1]]),
+                           jnp.array([[42, 0]]), jnp.array([1]), 4, 99)
+  assert plan.S_B.tolist() == [1]
+  assert plan.slots_BxQ[0].tolist() == [7, 5, 3, 2, 1, 0, 4, 4]
+  assert plan.tokens_BxQ[0].tolist() == [12, 11, 9, 7, 6, 5, 42, 99]
+  assert plan.kind_BxQ[0].tolist() == [0] * 6 + [1, 2]
+  inq = np.asarray(plan.inq_BxQxQ[0])
+  assert inq[:6, :6].all() and inq[:6, 7].all() and not inq[:6, 6].any()
+  assert inq[6].tolist() == [True] * 6 + [True, False]   # draft 0: self only
+  assert inq[7].tolist() == [True] * 6 + [False, True]   # mask 0: self only
+  assert np.asarray(plan.exclude_BxS[0]).tolist() == [True] * 6 + [False, True]
+  assert plan.mask_rows_BxC[0].tolist() == [7, 0]
+
+
+def test_verify_pattern_between_candidates():
+  # block_m 4, 2 candidates: rows 0-3 recent, 4-5 draft, 6-7 mask.
+  tokens = jnp.arange(10)[None] % 7
+  key = jnp.where(jnp.arange(10)[None] < 6, jnp.arange(10)[None] * 1.0,
+                  -jnp.inf)
+  plan = flash_verify.plan(tokens, key, jnp.array([[8, 6]]),
+                           jnp.array([[1, 2]]), jnp.array([2]), 4, 99)
+  inq = np.asarray(plan.inq_BxQxQ[0])
+  d0, d1, m0, m1 = 4, 5, 6, 7
+  assert inq[d1, d0] and inq[d1, d1] and not inq[d0, d1]   # drafts j <= i
+  assert inq[d0, m1] and not inq[d0, m0] and not inq[d1, m1]  # masks j > i
+  assert inq[m1, d0] and not inq[m1, d1] and not inq[m0, d0]  # drafts j < i
+  assert inq[m0, m0] and inq[m0, m1] and inq[m1, m1] and not inq[m1, m0]
+  assert plan.mask_rows_BxC[0].tolist() == [6, 7]
+
+
+def test_accept_takes_the_longest_prefix_above_gamma():
+  p = jnp.array([[0.9, 0.9, 0.5, 0.99], [0.7, 0.99, 0.99, 0.99],
+                 [0.95, 0.95, 0.95, 0.95]])
+  keep = flash_verify.accept(p, jnp.array([4, 4, 2]), 0.8)
+  assert keep.tolist() == [[True, True, False, False],
+                           [False, False, False, False],
+                           [True, True, False, False]]
+
+
+def test_every_accepted_draft_passes_an_independent_verify_pass():
+  """Unlimited budget: the cache equals a full forward of the pre-step
+  tokens, so the verify pass is re-computed uncached on an extended sequence
+  [context | verify rows] with the plan's pattern, and its probabilities
+  must match and decide acceptance."""
+  config, params = tiny("llada")
+  sampler = FlashDLLMSampler(gen_length=24, block_m=8, track_num=40,
+                             mask_num=4, threshold=0.95, verify=True,
+                             gamma=0.3)
+  ids, valid = left_pad(random_prompts(31, [6, 13]), config.pad_token_id)
+  p_len = ids.shape[1]
+  valid_BxN = jnp.concatenate([jnp.asarray(valid), jnp.ones((2, 24), bool)], 1)
+  model = SequenceModel.for_batch(config, params, valid_BxN)
+  state = DecodeState.start(jnp.asarray(ids), 24, config.mask_token_id,
+                            jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32)))
+  state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
+  step = jax.jit(lambda st: sampler.step_trace(model, st, p_len))
+  n, accepted = state.tokens_BxN.shape[1], 0
+  while not bool(state.done_B.all()) and int(state.step) < 24:
+    trace = step(state)
+    plan = trace.plan
+    if int(plan.S_B.max()) > 0:
+      q = plan.slots_BxQ.shape[1]
+      real_q = plan.slots_BxQ >= 0
+      tokens_BxE = jnp.concatenate([state.tokens_BxN, plan.tokens_BxQ], 1)
+      pos_BxE = jnp.concatenate([model.positions_BxN, jnp.take_along_axis(
+          model.positions_BxN, jnp.maximum(plan.slots_BxQ, 0), 1)], 1)
+      ctx_ok = valid_BxN & ~plan.exclude_BxS
+      attend = jnp.zeros((2, n + q, n + q), bool)
+      attend = attend.at[:, :n, :n].set(valid_BxN[:, None, :])
+      attend = attend.at[:, n:, :n].set(real_q[:, :, None] & ctx_ok[:, None, :])
+      attend = attend.at[:, n:, n:].set(plan.inq_BxQxQ)
+      attend = attend.at[:, n:, 0].set(attend[:, n:, 0] | ~real_q)  # no empty rows
+      logits = independent_forward.forward(params, config, tokens_BxE, pos_BxE,
+                                           attend, n + plan.mask_rows_BxC)
+      drafts = jnp.take_along_axis(
+          plan.tokens_BxQ, jnp.maximum(plan.mask_rows_BxC - plan.S_B[:, None], 0), 1)
+      p = jnp.exp(jnp.take_along_axis(jax.nn.log_softmax(logits, -1),
+                                      drafts[..., None], -1)[..., 0])
+      real_c = jnp.arange(p.shape[1])[None] < plan.S_B[:, None]
+      np.testing.assert_allclose(np.where(real_c, trace.p_BxC, 0),
+                                 np.where(real_c, p, 0), rtol=1e-4, atol=1e-5)
+      cum = np.cumprod(np.where(real_c, np.asarray(p), 1.0), axis=1)
+      decided = np.abs(cum - sampler.gamma) > 1e-4
+      want = np.asarray(real_c) & (cum >= sampler.gamma)
+      got = np.asarray(trace.keep_BxC)
+      assert (got == want)[decided].all()
+      accepted += int(got.sum())
+    state = advance(state, trace.tokens_BxN, trace.aux, trace.forwards_B,
+                    p_len, config.mask_token_id, config.stop_token_ids,
+                    state.rng_B)
+  assert accepted > 0, "no draft was ever verified and accepted"

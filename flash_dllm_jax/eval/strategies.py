@@ -38,8 +38,11 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("dream", DreamSampler, archs=("dream",),
              help="Dream's reference sampler (no cache)"),
     Strategy("flash-cache", FlashDLLMSampler, archs=("llada",),
-             fixed={"recompute_all": False},
+             fixed={"recompute_all": False, "verify": False},
              help="Flash-dLLM's Flash-Cache, threshold decoding, no verify"),
+    Strategy("flash-dllm", FlashDLLMSampler, archs=("llada",),
+             fixed={"recompute_all": False, "verify": True},
+             help="Flash-dLLM: Flash-Cache + Flash-Verify (gamma, threshold)"),
 )}
 
 

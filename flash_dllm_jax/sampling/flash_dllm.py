@@ -1,4 +1,4 @@
-"""Flash-dLLM's Flash-Cache (VILA-Lab/Flash-dLLM, `verify=False` path).
+"""Flash-dLLM: Flash-Cache, optionally with Flash-Verify (VILA-Lab/Flash-dLLM).
 
 Every step pushes a fixed budget of query positions per row through the whole
 model against a KV cache that covers the full sequence:
@@ -14,18 +14,21 @@ Their fresh K/V overwrite their slots; everything else is read from the
 cache. The first step runs every position (a prefill) so the cache starts
 complete. The window is decoded with the confidence threshold (at least one
 commit per step); masked positions after a committed stop token are dropped.
+With `verify`, a second pass checks up to block_m // 2 of the remaining
+window drafts (flash_verify.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax.model import CachedExtras, KVCache
-from flash_dllm_jax.sampling import parallel_rules, select
+from flash_dllm_jax.sampling import flash_verify, parallel_rules, select
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -39,12 +42,15 @@ class FlashCacheAux:
   cache: KV of every slot. rank_BxN: last confidence of each masked position
   (NOT_SCORED if never scored). mass_BxN: attention mass each slot drew from
   the window in the last step. new_BxN: positions committed in the last step.
+  committed_at_BxN: the step each generated position was committed (-1 for
+  the prompt and for masks), which orders the verify pass's recent tokens.
   """
 
   cache: KVCache
   rank_BxN: jax.Array
   mass_BxN: jax.Array
   new_BxN: jax.Array
+  committed_at_BxN: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +60,8 @@ class FlashDLLMSampler:
   recompute_all: run every position uncached each step instead (the
   exactness reference: with a budget covering the whole sequence the cached
   run must equal it).
+  verify / gamma: Flash-Verify and its acceptance level (0.8 for GSM8K and
+  MBPP in the reference scripts, 0.85 for MATH and HumanEval).
   """
 
   gen_length: int = 256
@@ -62,6 +70,8 @@ class FlashDLLMSampler:
   mask_num: int = 4
   threshold: float = 0.9
   mass_from_layer: int = 2
+  verify: bool = False
+  gamma: float = 0.8
   recompute_all: bool = False
 
   def __post_init__(self):
@@ -72,6 +82,14 @@ class FlashDLLMSampler:
         errors.append(f"{name} must be a positive int, got {value!r}")
     if not 0 < self.threshold <= 1:
       errors.append(f"threshold must be in (0, 1], got {self.threshold}")
+    if not 0 < self.gamma <= 1:
+      errors.append(f"gamma must be in (0, 1], got {self.gamma}")
+    if self.verify and self.recompute_all:
+      errors.append("recompute_all (the uncached exactness reference) cannot "
+                    "be combined with verify, which reads the cache")
+    if self.verify and self.block_m < 2:
+      errors.append("verify needs block_m >= 2 (it checks block_m // 2 "
+                    "candidates)")
     if not isinstance(self.mass_from_layer, int) or self.mass_from_layer < 0:
       errors.append(f"mass_from_layer must be an int >= 0, got "
                     f"{self.mass_from_layer!r}")
@@ -103,7 +121,8 @@ class FlashDLLMSampler:
     return FlashCacheAux(cache=model.empty_cache(),
                          rank_BxN=jnp.full((b, n), NOT_SCORED, jnp.float32),
                          mass_BxN=jnp.zeros((b, n), jnp.float32),
-                         new_BxN=jnp.zeros((b, n), bool))
+                         new_BxN=jnp.zeros((b, n), bool),
+                         committed_at_BxN=jnp.full((b, n), -1, jnp.int32))
 
   # Query selection -----------------------------------------------------------
   def _candidates(self, model, tokens_BxN, prompt_len):
@@ -141,6 +160,13 @@ class FlashDLLMSampler:
   # One step ------------------------------------------------------------------
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
+    trace = self.step_trace(model, state, prompt_len)
+    return trace.tokens_BxN, trace.aux, trace.forwards_B
+
+  def step_trace(self, model: SequenceModel, state: DecodeState,
+                 prompt_len: int) -> "StepTrace":
+    """One step, with the verify pass's plan and probabilities exposed so
+    tests can check them against an independent forward."""
     cfg, tokens_BxN, aux = model.config, state.tokens_BxN, state.aux
     b, n = tokens_BxN.shape
     w, x = self.block_m, self.extra_masks
@@ -171,16 +197,68 @@ class FlashDLLMSampler:
     commit_BxW = parallel_rules.threshold_commit(conf_w_BxW, real_BxR[:, :w],
                                                  self.threshold)
     rows_Bx1 = jnp.arange(b)[:, None]
+    drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
     commit_slots_BxW = jnp.where(commit_BxW, scored_BxR[:, :w], n)
     tokens_BxN = tokens_BxN.at[rows_Bx1, commit_slots_BxW].set(
-        x0_BxR[:, :w].astype(tokens_BxN.dtype), mode="drop")
+        drafts_BxW, mode="drop")
+    forwards_B = jnp.ones((b,), jnp.int32)
+    plan = p_BxC = keep_BxC = None
+    committed_at_BxN = aux.committed_at_BxN.at[rows_Bx1, commit_slots_BxW].set(
+        state.step, mode="drop")
+    if self.verify:
+      plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC = self._verify(
+          model, tokens_BxN, committed_at_BxN, scored_BxR[:, :w], drafts_BxW,
+          conf_w_BxW, commit_BxW, cache)
+      verified_BxC = jnp.where(keep_BxC, cand_slots_BxC, n)
+      tokens_BxN = tokens_BxN.at[rows_Bx1, verified_BxC].set(
+          cand_drafts_BxC, mode="drop")
+      committed_at_BxN = committed_at_BxN.at[rows_Bx1, verified_BxC].set(
+          state.step, mode="drop")
+      commit_slots_BxW = jnp.concatenate([commit_slots_BxW, verified_BxC], 1)
+      forwards_B = forwards_B + (plan.S_B > 0)
     new_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, commit_slots_BxW].set(
         True, mode="drop")
     rank_BxN = aux.rank_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
                                ].set(conf_BxR, mode="drop")
     aux = FlashCacheAux(cache=cache, rank_BxN=rank_BxN, mass_BxN=mass_BxN,
-                        new_BxN=new_BxN)
-    return tokens_BxN, aux, 1
+                        new_BxN=new_BxN, committed_at_BxN=committed_at_BxN)
+    return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC)
+
+  def _verify(self, model, tokens_BxN, committed_at_BxN, window_BxW,
+              drafts_BxW, conf_BxW, committed_BxW, cache):
+    """The verify pass: (plan, p_BxC, keep_BxC, candidate slots_BxC,
+    drafts_BxC), candidates in draft-confidence order."""
+    cfg = model.config
+    b, n = tokens_BxN.shape
+    c = self.block_m // 2
+    remaining_BxW = (window_BxW >= 0) & ~committed_BxW
+    order_BxW = jnp.argsort(jnp.where(remaining_BxW, -conf_BxW, jnp.inf),
+                            axis=1, stable=True)[:, :c]
+    n_cand_B = jnp.minimum(remaining_BxW.sum(1), c)
+    real_BxC = jnp.arange(c)[None, :] < n_cand_B[:, None]
+    cand_slots_BxC = jnp.where(
+        real_BxC, jnp.take_along_axis(window_BxW, order_BxW, 1), -1)
+    cand_drafts_BxC = jnp.take_along_axis(drafts_BxW, order_BxW, 1)
+    decoded_BxN = model.valid_BxN & (tokens_BxN != cfg.mask_token_id)
+    recent_key_BxN = jnp.where(
+        decoded_BxN,
+        committed_at_BxN.astype(jnp.float32) * n + jnp.arange(n)[None, :],
+        -jnp.inf)
+    plan = flash_verify.plan(tokens_BxN, recent_key_BxN, cand_slots_BxC,
+                             cand_drafts_BxC, n_cand_B, self.block_m,
+                             cfg.mask_token_id)
+
+    def run_verify():
+      out = model.run(plan.tokens_BxQ, plan.slots_BxQ, cache,
+                      plan.mask_rows_BxC, extras=CachedExtras(
+                          write_cache=False, exclude_BxS=plan.exclude_BxS,
+                          inq_mask_BxQxQ=plan.inq_BxQxQ))
+      return select.prob_of(out.logits, cand_drafts_BxC)
+
+    p_BxC = jax.lax.cond(jnp.any(plan.S_B > 0), run_verify,
+                         lambda: jnp.zeros((b, c), jnp.float32))
+    keep_BxC = flash_verify.accept(p_BxC, plan.S_B, self.gamma)
+    return plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC
 
   def _prefill(self, model, tokens_BxN, slots_BxQ, cache):
     """Step 0: every position, so the cache starts complete."""
@@ -213,6 +291,17 @@ class FlashDLLMSampler:
     if mass_BxS is None:  # every layer is below mass_from_layer
       return jnp.zeros((b, n), jnp.float32)
     return mass_BxS
+
+
+class StepTrace(NamedTuple):
+  """What one step did; plan / p / keep are None without verification."""
+
+  tokens_BxN: jax.Array
+  aux: FlashCacheAux
+  forwards_B: jax.Array
+  plan: flash_verify.VerifyPlan | None
+  p_BxC: jax.Array | None
+  keep_BxC: jax.Array | None
 
 
 def _pad_take(order_BxN: jax.Array, start: int, k: int) -> jax.Array:

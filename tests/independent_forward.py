@@ -1,0 +1,56 @@
+"""A from-scratch forward with an arbitrary attention mask, for tests only.
+
+Written directly from the LLaDA/Dream equations over the Flax param tree
+(no model code), so cached or pattern-masked passes can be checked against
+an uncached computation of the same attention pattern.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HI = jax.lax.Precision.HIGHEST
+
+
+def _rms(x, w, eps):
+  return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def _rope(x_BxExHxD, pos_BxE, theta):
+  d = x_BxExHxD.shape[-1]
+  inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float32) / d)
+  ang = pos_BxE[..., None].astype(jnp.float32) * inv
+  ang = jnp.concatenate([ang, ang], -1)[:, :, None, :]
+  rot = jnp.concatenate([-x_BxExHxD[..., d // 2:], x_BxExHxD[..., :d // 2]], -1)
+  return x_BxExHxD * jnp.cos(ang) + rot * jnp.sin(ang)
+
+
+def forward(params, config, tokens_BxE, positions_BxE, attend_BxExE, rows_BxR):
+  """Logits [B, R, V] (float32) of rows, row i attending to key j iff
+  attend_BxExE[b, i, j]."""
+  c = config
+  p32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+  mm = lambda a, w: jnp.einsum("bef,fg->beg", a, w, precision=HI)
+  b, e = tokens_BxE.shape
+  x = p32["embed"][tokens_BxE]
+  for layer in range(c.n_layers):
+    p = p32[f"layers_{layer}"]
+    h = _rms(x, p["attn_norm"]["scale"], c.rms_norm_eps)
+    proj = lambda n: mm(h, p[n]["kernel"]) + (p[n]["bias"] if "bias" in p[n] else 0)
+    q = proj("q_proj").reshape(b, e, c.n_heads, c.head_dim)
+    k = proj("k_proj").reshape(b, e, c.n_kv_heads, c.head_dim)
+    v = proj("v_proj").reshape(b, e, c.n_kv_heads, c.head_dim)
+    q, k = _rope(q, positions_BxE, c.rope_theta), _rope(k, positions_BxE, c.rope_theta)
+    g = c.n_heads // c.n_kv_heads
+    k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
+    s = jnp.einsum("bihd,bjhd->bhij", q, k, precision=HI) / np.sqrt(c.head_dim)
+    s = jnp.where(attend_BxExE[:, None], s, -jnp.inf)
+    a = jax.nn.softmax(s, -1)
+    o = jnp.einsum("bhij,bjhd->bihd", a, v, precision=HI).reshape(b, e, -1)
+    x = x + mm(o, p["attn_out"]["kernel"])
+    h = _rms(x, p["mlp_norm"]["scale"], c.rms_norm_eps)
+    x = x + mm(jax.nn.silu(mm(h, p["gate_proj"]["kernel"]))
+               * mm(h, p["up_proj"]["kernel"]), p["down_proj"]["kernel"])
+  x = jnp.take_along_axis(x, rows_BxR[..., None], 1)
+  x = _rms(x, p32["final_norm"]["scale"], c.rms_norm_eps)
+  return mm(x, p32["lm_head"])
