@@ -1,0 +1,224 @@
+"""Fast-dLLM v1 (NVlabs): block-wise decoding with a KV cache and parallel
+commit rules, for LLaDA and Dream, batched in one compiled loop.
+
+Each row decodes its generation block by block (semi-autoregressive). A
+block's first step is a full forward; its logits decode that step, and with
+a cache it also fills the row's KV cache. Later steps of the block run a
+cached forward:
+  prefix: queries are the block and every later position (the prefix
+    [0, block start) is read from the cache);
+  dual: queries are only the block; its fresh K/V overwrite its slots in
+    place, the rest of the cache stays as the full forward left it.
+Dream reads position i's logits from raw row i-1 (config.logits_shift), so
+its cached queries start one position earlier: the block's first position
+is predicted from the last token before the block, which is recomputed (and
+its K/V slot rewritten) with the block.
+
+Rows move through blocks at their own pace (threshold rules), so the block
+index, the steps spent in it and the KV cache live per row in `aux`. A step
+runs the full forward only when some row refreshes (lax.cond) and the cached
+forward only when some row does not; each row takes its logits and cache
+writes from exactly one of them, so a row's result does not depend on the
+batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from flash_dllm_jax.sampling import parallel_rules
+from flash_dllm_jax.sampling.llada import LLaDASampler
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.state import DecodeState
+
+CACHES = ("none", "prefix", "dual")
+RULES = ("threshold", "factor", "fixed")
+
+
+@struct.dataclass
+class BlockState:
+  """Per-row progress: block_B (current block), age_B (steps already spent
+  in it), cache (KVCache, None without a cache)."""
+
+  block_B: jax.Array
+  age_B: jax.Array
+  cache: object = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FastDLLMSampler:
+  """Fast-dLLM decoding (greedy).
+
+  cache: 'none' (a full forward every step), 'prefix' or 'dual'.
+  rule: 'threshold' (conf >= threshold, at least the top one), 'factor'
+    (Fast-dLLM's factor rule with `factor`) or 'fixed' (LLaDA's even
+    schedule of `steps` spread over the blocks).
+  steps: used by 'fixed' (defaults to gen_length); the other rules only
+    check it divides into the blocks, as the reference asserts.
+  refresh_every: with a cache, also refresh it with a full forward every k
+    steps inside a block (None: only at block start; 1: every step, which
+    equals cache='none'); ignored without a cache.
+  """
+
+  gen_length: int = 256
+  block_length: int = 32
+  cache: str = "dual"
+  rule: str = "threshold"
+  threshold: float = 0.9
+  factor: float = 1.0
+  steps: int | None = None
+  refresh_every: int | None = None
+
+  def __post_init__(self):
+    if self.steps is None:
+      object.__setattr__(self, "steps", self.gen_length)
+    errors = []
+    for name in ("gen_length", "block_length", "steps"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        errors.append(f"{name} must be a positive int, got {value!r}")
+    if not errors:
+      if self.gen_length % self.block_length:
+        errors.append(f"gen_length ({self.gen_length}) must be a multiple of "
+                      f"block_length ({self.block_length})")
+      elif self.steps % self.num_blocks:
+        errors.append(f"steps ({self.steps}) must be a multiple of the number "
+                      f"of blocks ({self.num_blocks})")
+    if self.cache not in CACHES:
+      errors.append(f"cache must be one of {CACHES}, got {self.cache!r}")
+    if self.rule not in RULES:
+      errors.append(f"rule must be one of {RULES}, got {self.rule!r}")
+    if not 0 < self.threshold <= 1:
+      errors.append(f"threshold must be in (0, 1], got {self.threshold}")
+    if not self.factor > 0:
+      errors.append(f"factor must be > 0, got {self.factor}")
+    r = self.refresh_every
+    if r is not None and (not isinstance(r, int) or isinstance(r, bool)
+                          or r <= 0):
+      errors.append(f"refresh_every must be None or a positive int, got {r!r}")
+    if errors:
+      raise ValueError("invalid Fast-dLLM sampler arguments: "
+                       + "; ".join(errors))
+
+  @property
+  def num_blocks(self) -> int:
+    return self.gen_length // self.block_length
+
+  @property
+  def quirk(self) -> bool:
+    """The reference's cached loops check for remaining masks only after a
+    cached call, so a block finished by its block-start step still costs one
+    cached call (which commits nothing). Not with refresh_every=1, where no
+    cached call is ever made."""
+    return self.cache != "none" and self.refresh_every != 1
+
+  @property
+  def num_steps(self) -> int:
+    """Every step commits at least one masked position, except a quirk step
+    (at most one per block)."""
+    steps = self.steps if self.rule == "fixed" else self.gen_length
+    return steps + (self.num_blocks if self.quirk else 0)
+
+  def schedule(self) -> jax.Array:
+    """[steps per block] tokens the fixed rule commits at each block step."""
+    plan = LLaDASampler(gen_length=self.gen_length, steps=self.steps,
+                        block_length=self.block_length)
+    return jnp.asarray(plan.transfer_counts()[:plan.steps_per_block])
+
+  def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
+    if prompt_len < 1:
+      raise ValueError("Fast-dLLM needs a prompt of at least one token")
+    if prompt_len + self.gen_length > max_seq_len:
+      raise ValueError(f"prompt ({prompt_len}) + gen_length "
+                       f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
+
+  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array) -> BlockState:
+    b = tokens_BxN.shape[0]
+    zeros_B = jnp.zeros((b,), jnp.int32)
+    cache = None if self.cache == "none" else model.empty_cache()
+    return BlockState(block_B=zeros_B, age_B=zeros_B, cache=cache)
+
+  def _refreshes(self, age_B: jax.Array) -> jax.Array:
+    if self.refresh_every is None:
+      return age_B == 0
+    return age_B % self.refresh_every == 0
+
+  def _cached_queries(self, start_B: jax.Array, n: int, shift: int):
+    """Query slots [B, Q] of a cached step (-1 past the sequence end). Q is
+    static: prefix queries span gen_length whatever the block, so later
+    blocks carry padding queries."""
+    span = self.block_length if self.cache == "dual" else self.gen_length
+    slots_BxQ = start_B[:, None] - shift + jnp.arange(span + shift)
+    return jnp.where(slots_BxQ < n, slots_BxQ, -1)
+
+  def _block_logits(self, model: SequenceModel, tokens_BxN: jax.Array,
+                    aux: BlockState, start_B: jax.Array, active_B: jax.Array):
+    """(logits_BxLxV of the block's positions, new cache); each row's from
+    exactly one forward, the full one iff it refreshes this step."""
+    b, n = tokens_BxN.shape
+    l, shift = self.block_length, model.config.logits_shift
+    rows_BxL = start_B[:, None] - shift + jnp.arange(l)
+    if self.cache == "none":
+      return model.logits(tokens_BxN, rows_BxL), None
+    refresh_B = active_B & self._refreshes(aux.age_B)
+    cached_B = active_B & ~refresh_B
+    no_logits = jnp.zeros((b, l, model.config.vocab_size), jnp.float32)
+    skip = lambda cache: (no_logits, cache)
+
+    def full(cache):  # only refreshing rows write (all N slots)
+      slots_BxN = jnp.where(refresh_B[:, None], jnp.arange(n), -1)
+      return model.cached(tokens_BxN, slots_BxN, cache, rows_BxL)
+
+    def partial(cache):  # only the other rows write (their query slots)
+      slots_BxQ = self._cached_queries(start_B, n, shift)
+      tokens_BxQ = jnp.take_along_axis(tokens_BxN, jnp.maximum(slots_BxQ, 0),
+                                       axis=1)
+      slots_BxQ = jnp.where(cached_B[:, None], slots_BxQ, -1)
+      rows_BxL = jnp.broadcast_to(jnp.arange(l), (b, l))
+      return model.cached(tokens_BxQ, slots_BxQ, cache, rows_BxL)
+
+    full_BxLxV, cache = jax.lax.cond(jnp.any(refresh_B), full, skip, aux.cache)
+    part_BxLxV, cache = jax.lax.cond(jnp.any(cached_B), partial, skip, cache)
+    return jnp.where(refresh_B[:, None, None], full_BxLxV, part_BxLxV), cache
+
+  def _commit(self, conf_BxL, masked_BxL, age_B):
+    if self.rule == "threshold":
+      return parallel_rules.threshold_commit(conf_BxL, masked_BxL,
+                                             self.threshold)
+    if self.rule == "factor":
+      return parallel_rules.factor_commit(conf_BxL, masked_BxL, self.factor)
+    schedule = self.schedule()
+    k_B = schedule[jnp.minimum(age_B, schedule.shape[0] - 1)]
+    return parallel_rules.fixed_commit(conf_BxL, masked_BxL, k_B)
+
+  def propose(self, model: SequenceModel, state: DecodeState,
+              rng_B: jax.Array, prompt_len: int):
+    aux, tokens_BxN = state.aux, state.tokens_BxN
+    mask_id = model.config.mask_token_id
+    active_B = ~state.done_B
+    block_B = jnp.minimum(aux.block_B, self.num_blocks - 1)  # done rows
+    start_B = prompt_len + block_B * self.block_length
+    pos_BxL = start_B[:, None] + jnp.arange(self.block_length)
+
+    logits_BxLxV, cache = self._block_logits(model, tokens_BxN, aux, start_B,
+                                             active_B)
+    x0_BxL, conf_BxL = parallel_rules.confidence(logits_BxLxV)
+    block_BxL = jnp.take_along_axis(tokens_BxN, pos_BxL, axis=1)
+    masked_BxL = block_BxL == mask_id
+    chosen_BxL = self._commit(conf_BxL, masked_BxL, aux.age_B)
+    block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype), block_BxL)
+    tokens_BxN = jnp.put_along_axis(tokens_BxN, pos_BxL, block_BxL, axis=1,
+                                    inplace=False)
+
+    # Stay in the block while it has masks (and for the quirk's cached call).
+    stay_B = jnp.any(block_BxL == mask_id, axis=1)
+    if self.quirk:
+      stay_B |= aux.age_B == 0
+    age_B = jnp.where(stay_B, aux.age_B + 1, 0)
+    new = BlockState(block_B=aux.block_B + (active_B & ~stay_B),
+                     age_B=jnp.where(active_B, age_B, aux.age_B), cache=cache)
+    return tokens_BxN, new, active_B.astype(jnp.int32)  # one forward per row
