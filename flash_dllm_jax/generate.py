@@ -14,6 +14,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.sampling import (DecodeState, DreamSampler, LLaDASampler,
                                      Sampler, make_step, run_compiled,
                                      run_python)
+from flash_dllm_jax.sampling import continuous
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import fill_after_stop
 
@@ -87,6 +88,8 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
 
 _decode_jit = jax.jit(decode_tokens, static_argnames=(
     "config", "sampler", "stop_at_eos", "compiled"))
+_queue_jit = jax.jit(continuous.decode_queue, static_argnames=(
+    "config", "sampler", "batch_size", "stop_at_eos", "implementation"))
 
 
 def _as_token_rows(prompt, tokenizer, chat: bool) -> list[list[int]]:
@@ -116,7 +119,7 @@ def _as_token_rows(prompt, tokenizer, chat: bool) -> list[list[int]]:
 def generate(model, prompt, *, config: ModelConfig | None = None,
              tokenizer=None, sampler: Sampler | None = None,
              chat: bool = False, seed: int | Sequence[int] = 0,
-             stop_at_eos: bool = True,
+             stop_at_eos: bool = True, batch_size: int | None = None,
              **options: Any) -> GenerateOutput:
   """Generates answers for one prompt or a left-padded batch.
 
@@ -132,6 +135,9 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
     from its own seed only, so its answer never depends on the rest of the
     batch.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
+  batch_size: decode through this many slots with continuous batching (a
+    finished slot takes the next prompt inside the compiled loop); for
+    samplers with `reset_rows` (Flash-dLLM). None: one batch of all prompts.
   """
   if isinstance(model, tuple) and len(model) == 3:
     params, config, tokenizer = model
@@ -157,9 +163,16 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
   rng_B = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-  gen, forwards, steps = _decode_jit(
-      params, jnp.asarray(ids), jnp.asarray(valid), rng_B,
-      config=config, sampler=sampler, stop_at_eos=stop_at_eos)
+  if batch_size is not None and batch_size < len(rows):
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    gen, forwards, _, steps = _queue_jit(
+        params, jnp.asarray(ids), jnp.asarray(valid), rng_B, config=config,
+        sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos)
+  else:
+    gen, forwards, steps = _decode_jit(
+        params, jnp.asarray(ids), jnp.asarray(valid), rng_B,
+        config=config, sampler=sampler, stop_at_eos=stop_at_eos)
   gen = np.asarray(gen)
   texts = None
   if tokenizer is not None:

@@ -44,6 +44,7 @@ class FlashCacheAux:
   the window in the last step. new_BxN: positions committed in the last step.
   committed_at_BxN: the step each generated position was committed (-1 for
   the prompt and for masks), which orders the verify pass's recent tokens.
+  fresh_B: rows whose next step is a prefill (a new request in the slot).
   """
 
   cache: KVCache
@@ -51,6 +52,7 @@ class FlashCacheAux:
   mass_BxN: jax.Array
   new_BxN: jax.Array
   committed_at_BxN: jax.Array
+  fresh_B: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +124,19 @@ class FlashDLLMSampler:
                          rank_BxN=jnp.full((b, n), NOT_SCORED, jnp.float32),
                          mass_BxN=jnp.zeros((b, n), jnp.float32),
                          new_BxN=jnp.zeros((b, n), bool),
-                         committed_at_BxN=jnp.full((b, n), -1, jnp.int32))
+                         committed_at_BxN=jnp.full((b, n), -1, jnp.int32),
+                         fresh_B=jnp.ones((b,), bool))
+
+  def reset_rows(self, aux: FlashCacheAux, rows_B: jax.Array) -> FlashCacheAux:
+    """Forgets the rows' bookkeeping when a new request takes their slot; the
+    cache needs no reset since their next step (a prefill) rewrites it."""
+    r_Bx1 = rows_B[:, None]
+    return aux.replace(
+        rank_BxN=jnp.where(r_Bx1, NOT_SCORED, aux.rank_BxN),
+        mass_BxN=jnp.where(r_Bx1, 0.0, aux.mass_BxN),
+        new_BxN=aux.new_BxN & ~r_Bx1,
+        committed_at_BxN=jnp.where(r_Bx1, -1, aux.committed_at_BxN),
+        fresh_B=aux.fresh_B | rows_B)
 
   # Query selection -----------------------------------------------------------
   def _candidates(self, model, tokens_BxN, prompt_len):
@@ -180,11 +194,19 @@ class FlashDLLMSampler:
       logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(scored_BxR, 0))
       cache, mass_BxN = aux.cache, aux.mass_BxN  # no cache, no mass
     else:
-      logits_BxRxV, cache, mass_BxN = jax.lax.cond(
-          state.step == 0,
-          lambda: self._prefill(model, tokens_BxN, slots_BxQ, aux.cache),
-          lambda: self._flash(model, tokens_BxN, slots_BxQ, window_rows_BxQ,
-                              aux.cache))
+      prefill = lambda: self._prefill(model, tokens_BxN, slots_BxQ, aux.cache)
+      flash = lambda: self._flash(model, tokens_BxN, slots_BxQ,
+                                  window_rows_BxQ, aux.cache)
+
+      def mixed():  # new requests in some slots: each row takes its own pass
+        pick = lambda a, b_: jnp.where(
+            aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
+        return jax.tree.map(pick, prefill(), flash())
+
+      which = jnp.where(jnp.all(aux.fresh_B), 0,
+                        jnp.where(jnp.any(aux.fresh_B), 1, 2))
+      logits_BxRxV, cache, mass_BxN = jax.lax.switch(
+          which, [prefill, mixed, flash])
 
     x0_BxR, conf_BxR = parallel_rules.confidence(logits_BxRxV)
     real_BxR = scored_BxR >= 0
@@ -221,7 +243,8 @@ class FlashDLLMSampler:
     rank_BxN = aux.rank_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
                                ].set(conf_BxR, mode="drop")
     aux = FlashCacheAux(cache=cache, rank_BxN=rank_BxN, mass_BxN=mass_BxN,
-                        new_BxN=new_BxN, committed_at_BxN=committed_at_BxN)
+                        new_BxN=new_BxN, committed_at_BxN=committed_at_BxN,
+                        fresh_B=jnp.zeros_like(aux.fresh_B))
     return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC)
 
   def _verify(self, model, tokens_BxN, committed_at_BxN, window_BxW,
@@ -261,7 +284,7 @@ class FlashDLLMSampler:
     return plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC
 
   def _prefill(self, model, tokens_BxN, slots_BxQ, cache):
-    """Step 0: every position, so the cache starts complete."""
+    """A row's first step: every position, so its cache starts complete."""
     b, n = tokens_BxN.shape
     w, x = self.block_m, self.extra_masks
     all_BxN = jnp.broadcast_to(jnp.arange(n), (b, n))

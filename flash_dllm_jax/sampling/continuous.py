@@ -1,0 +1,136 @@
+"""Continuous batching inside the compiled loop.
+
+B slots decode a queue of Q requests. Whenever a slot's answer is complete,
+the same loop iteration stores it and loads the next request into the slot,
+so the batch stays full until the queue runs dry, with no host round trip.
+A request's result never depends on its neighbours, so it equals the result
+of decoding it alone. Samplers opt in with `reset_rows(aux, rows_B)`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.sampling.loop import Sampler, make_step
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.state import DecodeState, fill_after_stop
+
+EMPTY = -1  # request index of a slot with nothing left to decode
+
+
+@struct.dataclass
+class QueueState:
+  """The slots' DecodeState plus queue bookkeeping.
+
+  valid_BxN: key validity of each slot's current request (left padding).
+  request_B: which request each slot holds (EMPTY once the queue is dry).
+  next_request: the first request not yet loaded.
+  gen_QxG, forwards_Q, steps_Q: results of finished requests.
+  steps_B: steps the slot's current request has run.
+  """
+
+  decode: DecodeState
+  valid_BxN: jax.Array
+  request_B: jax.Array
+  next_request: jax.Array
+  steps_B: jax.Array
+  gen_QxG: jax.Array
+  forwards_Q: jax.Array
+  steps_Q: jax.Array
+
+
+def _load(state: QueueState, rows_B, requests_B, prompts_QxP, valid_QxP,
+          rng_Q, gen_length: int, mask_id: int, sampler) -> QueueState:
+  """Puts requests_B into the slots marked by rows_B (EMPTY: leave idle)."""
+  has_B = rows_B & (requests_B != EMPTY)
+  idx_B = jnp.maximum(requests_B, 0)
+  b = rows_B.shape[0]
+  new_tokens_BxN = jnp.concatenate(
+      [prompts_QxP[idx_B], jnp.full((b, gen_length), mask_id,
+                                    prompts_QxP.dtype)], axis=1)
+  new_valid_BxN = jnp.concatenate(
+      [valid_QxP[idx_B], jnp.ones((b, gen_length), bool)], axis=1)
+  d = state.decode
+  decode = d.replace(
+      tokens_BxN=jnp.where(has_B[:, None], new_tokens_BxN, d.tokens_BxN),
+      done_B=jnp.where(rows_B, ~has_B, d.done_B),
+      forwards_B=jnp.where(rows_B, 0, d.forwards_B),
+      rng_B=_where_keys(has_B, rng_Q[idx_B], d.rng_B),
+      aux=sampler.reset_rows(d.aux, has_B))
+  return state.replace(
+      decode=decode,
+      valid_BxN=jnp.where(has_B[:, None], new_valid_BxN, state.valid_BxN),
+      request_B=jnp.where(rows_B, jnp.where(has_B, requests_B, EMPTY),
+                          state.request_B),
+      steps_B=jnp.where(rows_B, 0, state.steps_B))
+
+
+def _where_keys(pick_B, a_B, b_B):
+  """jnp.where for typed PRNG key arrays."""
+  data = jnp.where(pick_B[:, None], jax.random.key_data(a_B),
+                   jax.random.key_data(b_B))
+  return jax.random.wrap_key_data(data)
+
+
+def decode_queue(params, prompts_QxP: jax.Array, valid_QxP: jax.Array,
+                 rng_Q: jax.Array, *, config: ModelConfig, sampler: Sampler,
+                 batch_size: int, stop_at_eos: bool = True,
+                 implementation: str | None = None):
+  """Decodes Q requests through batch_size slots in one compiled loop.
+
+  Returns (gen_QxG, forwards_Q, steps_Q, loop_steps). Jit it with config,
+  sampler, batch_size, stop_at_eos and implementation static.
+  """
+  if not hasattr(sampler, "reset_rows"):
+    raise ValueError(f"{type(sampler).__name__} does not support continuous "
+                     "batching (it needs reset_rows)")
+  q, p = prompts_QxP.shape
+  b, g, mask_id = batch_size, sampler.gen_length, config.mask_token_id
+  stop_ids = config.stop_token_ids if stop_at_eos else ()
+  start = DecodeState.start(jnp.zeros((b, p), prompts_QxP.dtype), g, mask_id,
+                            rng_Q[jnp.zeros((b,), jnp.int32)])
+  placeholder = SequenceModel.for_batch(
+      config, params, jnp.ones((b, p + g), bool), implementation)
+  start = start.replace(aux=sampler.init_aux(placeholder, start.tokens_BxN))
+  first_B = jnp.where(jnp.arange(b) < q, jnp.arange(b), EMPTY)
+  state = QueueState(
+      decode=start, valid_BxN=jnp.ones((b, p + g), bool),
+      request_B=jnp.full((b,), EMPTY), next_request=jnp.minimum(b, q),
+      steps_B=jnp.zeros((b,), jnp.int32),
+      gen_QxG=jnp.full((q, g), mask_id, prompts_QxP.dtype),
+      forwards_Q=jnp.zeros((q,), jnp.int32), steps_Q=jnp.zeros((q,), jnp.int32))
+  state = _load(state, jnp.ones((b,), bool), first_B, prompts_QxP, valid_QxP,
+                rng_Q, g, mask_id, sampler)
+
+  def body(state: QueueState) -> QueueState:
+    model = SequenceModel.for_batch(config, params, state.valid_BxN,
+                                    implementation)
+    active_B = ~state.decode.done_B
+    decode = make_step(sampler, model, p, stop_ids)(state.decode)
+    steps_B = state.steps_B + active_B
+    finished_B = decode.done_B & (state.request_B != EMPTY)
+    slot_Q = jnp.where(finished_B, state.request_B, q)
+    gen_BxG = fill_after_stop(decode.tokens_BxN[:, p:], mask_id,
+                              config.pad_token_id)
+    state = state.replace(
+        decode=decode, steps_B=steps_B,
+        gen_QxG=state.gen_QxG.at[slot_Q].set(gen_BxG, mode="drop"),
+        forwards_Q=state.forwards_Q.at[slot_Q].set(decode.forwards_B,
+                                                   mode="drop"),
+        steps_Q=state.steps_Q.at[slot_Q].set(steps_B, mode="drop"))
+    order_B = jnp.cumsum(finished_B) - 1
+    wanted_B = state.next_request + order_B
+    requests_B = jnp.where(finished_B & (wanted_B < q), wanted_B, EMPTY)
+    state = _load(state, finished_B, requests_B, prompts_QxP, valid_QxP,
+                  rng_Q, g, mask_id, sampler)
+    return state.replace(next_request=jnp.minimum(
+        state.next_request + finished_B.sum(), q))
+
+  max_steps = q * sampler.num_steps
+  state = jax.lax.while_loop(
+      lambda s: jnp.any(s.request_B != EMPTY) & (s.decode.step < max_steps),
+      body, state)
+  return state.gen_QxG, state.forwards_Q, state.steps_Q, state.decode.step
