@@ -17,6 +17,7 @@ import typing
 from typing import Any, Mapping
 
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 
 
@@ -37,6 +38,12 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              help="LLaDA's reference sampler (semi-AR blocks, no cache)"),
     Strategy("dream", DreamSampler, archs=("dream",),
              help="Dream's reference sampler (no cache)"),
+    Strategy("threshold", FastDLLMSampler, fixed={"cache": "none"},
+             help="semi-AR blocks, parallel decoding rule, no cache"),
+    Strategy("fast-dllm-prefix", FastDLLMSampler, fixed={"cache": "prefix"},
+             help="Fast-dLLM prefix cache + parallel decoding rule"),
+    Strategy("fast-dllm-dual", FastDLLMSampler, fixed={"cache": "dual"},
+             help="Fast-dLLM dual cache + parallel decoding rule"),
     Strategy("flash-cache", FlashDLLMSampler, archs=("llada",),
              fixed={"recompute_all": False, "verify": False},
              help="Flash-dLLM's Flash-Cache, threshold decoding, no verify"),
