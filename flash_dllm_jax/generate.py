@@ -73,8 +73,9 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   b, p = prompt_BxP.shape
   valid_BxN = jnp.concatenate(
       [valid_BxP, jnp.ones((b, sampler.gen_length), bool)], axis=1)
-  model = SequenceModel.for_batch(config, params, valid_BxN)
   stop_ids = config.stop_token_ids if stop_at_eos else ()
+  model = SequenceModel.for_batch(config, params, valid_BxN,
+                                  stop_ids=stop_ids)
   step_fn = make_step(sampler, model, p, stop_ids)
   state = DecodeState.start(prompt_BxP, sampler.gen_length,
                             config.mask_token_id, rng_B)

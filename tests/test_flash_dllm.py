@@ -271,3 +271,30 @@ def test_continuous_batching_needs_a_refillable_sampler():
   with pytest.raises(ValueError, match="continuous batching"):
     generate(params, random_prompts(41, [3, 4, 5]), config=config,
              gen_length=8, steps=8, batch_size=2)
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_forced_schedule_commits_a_fixed_number_per_step(verify):
+  config, params = tiny("llada")
+  sampler = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
+                             mask_num=2, verify=verify, forced_commits=3)
+  out = generate(params, random_prompts(42, [5, 9]), config=config,
+                 sampler=sampler, stop_at_eos=False)
+  assert out.steps == 8  # 24 tokens, 3 per step
+  # 8 draft passes; with verify, 7 verify passes (the last window holds only
+  # the 3 positions it commits, so nothing is left to verify)
+  assert (out.forwards_B == (15 if verify else 8)).all()
+  assert not (out.tokens_BxG == config.mask_token_id).any()
+
+
+def test_without_stop_at_eos_every_position_is_decoded():
+  """Positions after a decoded EOS are only dropped when the decode stops at
+  EOS; otherwise they are decoded like any other."""
+  config, params = tiny("llada", eos_boost=1.2)
+  sampler = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
+                             mask_num=2, forced_commits=3)
+  out = generate(params, random_prompts(43, [5, 9]), config=config,
+                 sampler=sampler, stop_at_eos=False)
+  assert (out.tokens_BxG == config.eos_token_id).any()  # EOS was decoded
+  assert out.steps == 8
+  assert not (out.tokens_BxG == config.mask_token_id).any()

@@ -107,7 +107,7 @@ def decode_queue(params, prompts_QxP: jax.Array, valid_QxP: jax.Array,
 
   def body(state: QueueState) -> QueueState:
     model = SequenceModel.for_batch(config, params, state.valid_BxN,
-                                    implementation)
+                                    implementation, stop_ids)
     active_B = ~state.decode.done_B
     decode = make_step(sampler, model, p, stop_ids)(state.decode)
     steps_B = state.steps_B + active_B

@@ -64,6 +64,10 @@ class FlashDLLMSampler:
   run must equal it).
   verify / gamma: Flash-Verify and its acceptance level (0.8 for GSM8K and
   MBPP in the reference scripts, 0.85 for MATH and HumanEval).
+  forced_commits: benchmark schedule: commit exactly this many window
+    positions per step (most confident first) whatever their confidence, and
+    run the verify pass without accepting anything, so step counts do not
+    depend on (random) weights.
   """
 
   gen_length: int = 256
@@ -75,6 +79,7 @@ class FlashDLLMSampler:
   verify: bool = False
   gamma: float = 0.8
   recompute_all: bool = False
+  forced_commits: int | None = None
 
   def __post_init__(self):
     errors = []
@@ -89,6 +94,11 @@ class FlashDLLMSampler:
     if self.verify and self.recompute_all:
       errors.append("recompute_all (the uncached exactness reference) cannot "
                     "be combined with verify, which reads the cache")
+    if self.forced_commits is not None and not (
+        isinstance(self.forced_commits, int)
+        and 1 <= self.forced_commits <= self.block_m):
+      errors.append(f"forced_commits must be an int in [1, block_m], got "
+                    f"{self.forced_commits!r}")
     if self.verify and self.block_m < 2:
       errors.append("verify needs block_m >= 2 (it checks block_m // 2 "
                     "candidates)")
@@ -147,7 +157,7 @@ class FlashDLLMSampler:
     n = tokens_BxN.shape[1]
     gen_BxN = jnp.arange(n)[None, :] >= prompt_len
     masked_BxN = (tokens_BxN == cfg.mask_token_id) & gen_BxN
-    stop_BxN = jnp.isin(tokens_BxN, jnp.asarray(cfg.stop_token_ids)) & gen_BxN
+    stop_BxN = _is_stop(tokens_BxN, model.stop_ids) & gen_BxN
     first_stop_B = jnp.where(stop_BxN.any(1), jnp.argmax(stop_BxN, 1), n)
     open_BxN = masked_BxN & (jnp.arange(n)[None, :] < first_stop_B[:, None])
     return open_BxN, model.valid_BxN & ~open_BxN
@@ -181,7 +191,7 @@ class FlashDLLMSampler:
                  prompt_len: int) -> "StepTrace":
     """One step, with the verify pass's plan and probabilities exposed so
     tests can check them against an independent forward."""
-    cfg, tokens_BxN, aux = model.config, state.tokens_BxN, state.aux
+    tokens_BxN, aux = state.tokens_BxN, state.aux
     b, n = tokens_BxN.shape
     w, x = self.block_m, self.extra_masks
     open_BxN, decoded_BxN = self._candidates(model, tokens_BxN, prompt_len)
@@ -210,14 +220,19 @@ class FlashDLLMSampler:
 
     x0_BxR, conf_BxR = parallel_rules.confidence(logits_BxRxV)
     real_BxR = scored_BxR >= 0
-    is_stop_BxR = jnp.isin(x0_BxR, jnp.asarray(cfg.stop_token_ids)) & real_BxR
+    is_stop_BxR = _is_stop(x0_BxR, model.stop_ids) & real_BxR
     # Window positions after a predicted stop token get no confidence.
     first_stop_B = jnp.min(jnp.where(is_stop_BxR[:, :w], scored_BxR[:, :w], n),
                            axis=1)
     conf_w_BxW = jnp.where(scored_BxR[:, :w] > first_stop_B[:, None], 0.0,
                            conf_BxR[:, :w])
-    commit_BxW = parallel_rules.threshold_commit(conf_w_BxW, real_BxR[:, :w],
-                                                 self.threshold)
+    if self.forced_commits is not None:
+      commit_BxW = parallel_rules.fixed_commit(
+          conf_w_BxW, real_BxR[:, :w],
+          jnp.full((b,), self.forced_commits, jnp.int32))
+    else:
+      commit_BxW = parallel_rules.threshold_commit(
+          conf_w_BxW, real_BxR[:, :w], self.threshold)
     rows_Bx1 = jnp.arange(b)[:, None]
     drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
     commit_slots_BxW = jnp.where(commit_BxW, scored_BxR[:, :w], n)
@@ -281,6 +296,8 @@ class FlashDLLMSampler:
     p_BxC = jax.lax.cond(jnp.any(plan.S_B > 0), run_verify,
                          lambda: jnp.zeros((b, c), jnp.float32))
     keep_BxC = flash_verify.accept(p_BxC, plan.S_B, self.gamma)
+    if self.forced_commits is not None:  # benchmark: the pass runs, no effect
+      keep_BxC = jnp.zeros_like(keep_BxC)
     return plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC
 
   def _prefill(self, model, tokens_BxN, slots_BxQ, cache):
@@ -325,6 +342,12 @@ class StepTrace(NamedTuple):
   plan: flash_verify.VerifyPlan | None
   p_BxC: jax.Array | None
   keep_BxC: jax.Array | None
+
+
+def _is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
+  if not stop_ids:
+    return jnp.zeros(tokens.shape, bool)
+  return jnp.isin(tokens, jnp.asarray(stop_ids))
 
 
 def _pad_take(order_BxN: jax.Array, start: int, k: int) -> jax.Array:

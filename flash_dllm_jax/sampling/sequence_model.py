@@ -23,6 +23,8 @@ class SequenceModel:
   """params, plus the batch's RoPE positions and key validity [B, N].
 
   implementation: kernel choice for the cached path (flash_dllm_jax/ops.py).
+  stop_ids: the tokens that end an answer in this decode (empty when every
+    position is decoded), for strategies that drop positions after a stop.
   """
 
   config: ModelConfig
@@ -30,14 +32,17 @@ class SequenceModel:
   positions_BxN: jax.Array
   valid_BxN: jax.Array
   implementation: str | None = None
+  stop_ids: tuple[int, ...] = ()
 
   @classmethod
   def for_batch(cls, config: ModelConfig, params, valid_BxN: jax.Array,
-                implementation: str | None = None) -> "SequenceModel":
+                implementation: str | None = None,
+                stop_ids: tuple[int, ...] = ()) -> "SequenceModel":
     """RoPE positions count from each row's first real token, so a row's
     result does not depend on how much left padding its batch needs."""
     positions_BxN = jnp.maximum(jnp.cumsum(valid_BxN, axis=1) - 1, 0)
-    return cls(config, params, positions_BxN, valid_BxN, implementation)
+    return cls(config, params, positions_BxN, valid_BxN, implementation,
+               tuple(stop_ids))
 
   @property
   def _module(self) -> Transformer:

@@ -1,0 +1,138 @@
+"""Per-strategy decode step time at the real model shapes, forced schedule.
+
+Random bf16 weights at the LLaDA-8B geometry; every strategy commits a fixed
+number of tokens per step (`--per-step`), so random weights do not distort
+the step count. Prints ms per step (draft + verify where there is one), peak
+device memory and compile time against the roofline: weight bytes / copy
+bandwidth at batch 1, FLOPs / bf16 matmul rate at large batch, both ceilings
+measured in this run.
+
+  python scripts/bench_strategies.py --batch 1 32 --gen 256 512 --prompt 768
+  python scripts/bench_strategies.py --smoke          # tiny model, any backend
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from flash_dllm_jax.bench import timing  # noqa: E402
+from flash_dllm_jax.config import ModelConfig  # noqa: E402
+from flash_dllm_jax.generate import decode_tokens  # noqa: E402
+from flash_dllm_jax.model import init_params  # noqa: E402
+from flash_dllm_jax.sampling import FastDLLMSampler, LLaDASampler  # noqa: E402
+from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler  # noqa: E402
+
+
+def strategies(gen: int, k: int, block: int, block_m: int):
+  """name -> (sampler, query tokens per step as a function of prompt)."""
+  steps = gen // k
+  return {
+      "llada": (LLaDASampler(gen_length=gen, steps=steps, block_length=block),
+                lambda p: p + gen),
+      "fast-dllm-prefix": (FastDLLMSampler(
+          gen_length=gen, block_length=block, cache="prefix", rule="fixed",
+          steps=steps), lambda p: gen + 1),
+      "fast-dllm-dual": (FastDLLMSampler(
+          gen_length=gen, block_length=block, cache="dual", rule="fixed",
+          steps=steps), lambda p: block + 1),
+      "flash-cache": (FlashDLLMSampler(gen_length=gen, block_m=block_m,
+                                       forced_commits=k),
+                      lambda p: 8 * block_m),
+      "flash-dllm": (FlashDLLMSampler(gen_length=gen, block_m=block_m,
+                                      forced_commits=k, verify=True),
+                     lambda p: 8 * block_m + 2 * block_m),
+  }
+
+
+def step_flops(cfg: ModelConfig, b: int, q: int, s: int) -> float:
+  e, f, d = cfg.d_model, cfg.mlp_hidden, cfg.head_dim
+  proj = e * (cfg.n_heads + 2 * cfg.n_kv_heads) * d + cfg.n_heads * d * e
+  return b * (2 * cfg.n_layers * (proj + 3 * e * f) * q
+              + 4 * cfg.n_layers * q * s * cfg.n_heads * d)
+
+
+def run(cfg, params, sampler, b, prompt_len, reps):
+  prompt = jax.random.randint(jax.random.key(3), (b, prompt_len), 0,
+                              cfg.mask_token_id - 1)
+  valid = jnp.ones((b, prompt_len), bool)
+  rng = jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32))
+  fn = jax.jit(decode_tokens, static_argnames=("config", "sampler",
+                                                "stop_at_eos", "compiled"))
+  go = lambda: fn(params, prompt, valid, rng, config=cfg, sampler=sampler,
+                  stop_at_eos=False)
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(go())
+  first = time.perf_counter() - t0
+  seconds = timing.time_fn(go, reps=reps, warmup=0)
+  steps = int(out[2])
+  return seconds / steps, first - seconds, steps, int(out[1].max())
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+  ap.add_argument("--gen", type=int, nargs="+", default=[256, 512])
+  ap.add_argument("--prompt", type=int, default=768)
+  ap.add_argument("--per-step", type=int, default=4,
+                  help="tokens committed per step (forced schedule)")
+  ap.add_argument("--block", type=int, default=32)
+  ap.add_argument("--block-m", type=int, default=16)
+  ap.add_argument("--only", nargs="*", default=None, help="strategy names")
+  ap.add_argument("--reps", type=int, default=2)
+  ap.add_argument("--smoke", action="store_true")
+  ap.add_argument("--json", type=Path, default=None)
+  args = ap.parse_args(argv)
+  if args.smoke:
+    cfg = ModelConfig.tiny("llada", dtype="bfloat16")
+    args.batch, args.gen, args.prompt, args.reps = [2], [32], 16, 1
+    args.block, args.block_m = 16, 8
+    bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
+  else:
+    cfg = ModelConfig.llada_8b()
+    bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
+  params = init_params(cfg, jax.random.key(0))
+  wbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
+        f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s; "
+        f"{args.per_step} tokens per step")
+  rows = []
+  for gen in args.gen:
+    for name, (sampler, queries) in strategies(
+        gen, args.per_step, args.block, args.block_m).items():
+      if args.only and name not in args.only:
+        continue
+      for b in args.batch:
+        ms_step, compile_s, steps, forwards = run(cfg, params, sampler, b,
+                                                  args.prompt, args.reps)
+        n = args.prompt + gen
+        floor = max(wbytes / bw,
+                    step_flops(cfg, b, queries(args.prompt), n) / mm
+                    * forwards / steps)
+        rows.append(dict(strategy=name, batch=b, gen=gen, steps=steps,
+                         forwards=forwards, ms_step=ms_step * 1e3,
+                         floor_ms=floor * 1e3, compile_s=compile_s,
+                         peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
+  print("\n| strategy | batch | gen | steps | forwards | ms/step | roofline "
+        "ms/step | roofline / measured | compile s | peak GB |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    print(f"| {r['strategy']} | {r['batch']} | {r['gen']} | {r['steps']} | "
+          f"{r['forwards']} | {r['ms_step']:.2f} | {r['floor_ms']:.2f} | "
+          f"{r['floor_ms'] / r['ms_step']:.0%} | {r['compile_s']:.1f} | "
+          f"{r['peak_gb']:.1f} |")
+  if args.json:
+    args.json.write_text(json.dumps(dict(copy_Bps=bw, matmul_flops=mm,
+                                         rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+  main()
