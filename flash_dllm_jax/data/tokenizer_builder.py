@@ -1,0 +1,96 @@
+"""The project's small tokenizer: byte-level BPE trained on the synthetic
+corpus.
+
+Qwen2-style pipeline (NFC, the Qwen2 split regex, byte-level BPE), whose
+regex splits every digit into its own token so the model sees numbers digit
+by digit, which makes arithmetic learnable. LLaDA's special tokens take the
+top ids and LLaDA's chat template is attached, so a checkpoint with this
+tokenizer is an `arch='llada'` model to the rest of the project.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import tokenizers
+from tokenizers import AddedToken, decoders, models, normalizers
+from tokenizers import pre_tokenizers, processors, trainers
+
+from flash_dllm_jax.chat_templates import LLADA_CHAT_TEMPLATE
+from flash_dllm_jax.tokenizer import QWEN2_SPLIT_REGEX, Tokenizer
+
+SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>", "<|eot_id|>",
+                  "<|start_header_id|>", "<|end_header_id|>", "<|mdm_mask|>")
+DEFAULT_VOCAB_SIZE = 1024
+# Text the chat template and the eval prompts add around the problems.
+_EXTRA_TEXT = ("user\n\nassistant\n\n", "Question: ", "\nAnswer:",
+               "Answer: ", "The answer is ")
+
+
+def _pipeline(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(tokenizers.Regex(QWEN2_SPLIT_REGEX),
+                           behavior="isolated", invert=False),
+      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  tok.post_processor = processors.ByteLevel(trim_offsets=False)
+  return tok
+
+
+def corpus_texts(problems: Sequence[dict]) -> list[str]:
+  """The training text of GSM-format problems: questions and answers."""
+  texts = []
+  for row in problems:
+    texts.append(row["question"])
+    texts.append(row["answer"])
+  return texts
+
+
+def build_tokenizer(texts: Iterable[str],
+                    vocab_size: int = DEFAULT_VOCAB_SIZE,
+                    ) -> tuple[Tokenizer, dict[str, int]]:
+  """Trains the BPE on `texts` and returns (Tokenizer with exactly
+  `vocab_size` ids, special ids for ModelConfig(arch='llada', ...)).
+
+  Unused ids below the specials are reserved tokens, so the vocabulary size
+  (the embedding rows) is fixed whatever the corpus. Deterministic given
+  the texts and vocab_size.
+  """
+  n_base = vocab_size - len(SPECIAL_TOKENS)
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  if n_base < len(alphabet):
+    minimum = len(alphabet) + len(SPECIAL_TOKENS)
+    raise ValueError(f"vocab_size must be >= {minimum} (256 bytes + "
+                     f"{len(SPECIAL_TOKENS)} specials), got {vocab_size}")
+  texts = list(texts) + list(_EXTRA_TEXT)
+  if not any(texts):
+    raise ValueError("build_tokenizer needs some non-empty training text")
+  tok = _pipeline(tokenizers.Tokenizer(models.BPE()))
+  trainer = trainers.BpeTrainer(vocab_size=n_base, show_progress=False,
+                                initial_alphabet=alphabet)
+  tok.train_from_iterator(texts, trainer)
+  filler = [f"<|reserved_token_{i}|>"
+            for i in range(n_base - tok.get_vocab_size())]
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t in filler + list(SPECIAL_TOKENS)])
+  config = dict(add_bos_token=False, add_eos_token=False,
+                bos_token="<|startoftext|>", eos_token="<|endoftext|>",
+                pad_token="<|endoftext|>", mask_token="<|mdm_mask|>",
+                chat_template=LLADA_CHAT_TEMPLATE,
+                clean_up_tokenization_spaces=False, model_max_length=4096)
+  tokenizer = Tokenizer(tok, config)
+  if tokenizer.vocab_size != vocab_size:
+    raise RuntimeError(f"built {tokenizer.vocab_size} ids, wanted {vocab_size}")
+  return tokenizer, special_ids(tokenizer)
+
+
+def special_ids(tokenizer: Tokenizer) -> dict[str, int]:
+  """mask/eos/pad/bos/eot_token_id of a LLaDA-format tokenizer, checked."""
+  ids = dict(mask_token_id=tokenizer.mask_id, eos_token_id=tokenizer.eos_id,
+             pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.bos_id,
+             eot_token_id=tokenizer.eot_id)
+  missing = sorted(k for k, v in ids.items() if v is None)
+  if missing:
+    raise ValueError(f"tokenizer lacks special tokens for {missing}")
+  return ids

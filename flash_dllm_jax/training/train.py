@@ -1,0 +1,259 @@
+"""The training loop: AdamW with warmup + cosine decay, resumable.
+
+Master params are float32; the forward runs in the model config's compute
+dtype (bfloat16 for real runs), logits and the loss in float32. One jitted
+train step (the state donated, so params and optimizer state update in
+place) on fixed-shape batches: a single compilation. Every `ckpt_every`
+steps a training checkpoint is written (see checkpoints.py); a rerun with
+the same OUT resumes from the newest one with the same batches and draws it
+would have had. OUT/metrics.jsonl logs the losses, OUT/loss.png plots them,
+OUT/model is the final model in bfloat16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+
+from flash_dllm_jax.checkpoint import load_config
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import init_params
+from flash_dllm_jax.tokenizer import Tokenizer
+from flash_dllm_jax.training import checkpoints as ckpt
+from flash_dllm_jax.training.data import Batches, EncodedRows, rows_batch
+from flash_dllm_jax.training.objective import DEFAULT_EPS, loss_fn
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """Optimisation and bookkeeping settings of one run."""
+
+  steps: int = 6000
+  batch_size: int = 256
+  lr: float = 1e-3
+  warmup_steps: int = 200
+  min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
+  weight_decay: float = 0.1
+  b1: float = 0.9
+  b2: float = 0.95
+  grad_clip: float = 1.0
+  eps: float = DEFAULT_EPS
+  seed: int = 0
+  log_every: int = 50
+  eval_every: int = 250
+  ckpt_every: int = 1000
+  keep_ckpts: int = 2
+  eos_pad: str = "random"  # see data.py
+  max_minutes: float | None = None  # stop (and save) after this wall time
+
+  def __post_init__(self):
+    bad = [f"{k}={getattr(self, k)!r}" for k in
+           ("steps", "batch_size", "log_every", "eval_every", "ckpt_every")
+           if not isinstance(getattr(self, k), int) or getattr(self, k) <= 0]
+    if not 0 <= self.warmup_steps < self.steps:
+      bad.append(f"warmup_steps={self.warmup_steps} (needs 0 <= it < steps)")
+    if self.lr <= 0 or not 0 < self.eps < 1:
+      bad.append(f"lr={self.lr}, eps={self.eps} (need lr > 0, 0 < eps < 1)")
+    if bad:
+      raise ValueError("invalid TrainConfig: " + ", ".join(bad))
+
+
+def make_schedule(tc: TrainConfig) -> optax.Schedule:
+  """Linear warmup from 0 to lr, then cosine decay to lr * min_lr_ratio."""
+  return optax.warmup_cosine_decay_schedule(
+      0.0, tc.lr, tc.warmup_steps, decay_steps=tc.steps,
+      end_value=tc.lr * tc.min_lr_ratio)
+
+
+def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
+  """Global-norm clipping, then AdamW; weight decay on matrices only (not
+  on norm scales)."""
+  return optax.chain(
+      optax.clip_by_global_norm(tc.grad_clip),
+      optax.adamw(make_schedule(tc), b1=tc.b1, b2=tc.b2,
+                  weight_decay=tc.weight_decay,
+                  mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)))
+
+
+class TrainState(struct.PyTreeNode):
+  step: jax.Array  # int32 scalar: steps taken
+  params: dict
+  opt_state: optax.OptState
+
+
+def _tree_norm(tree) -> jax.Array:
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32)))
+                      for x in jax.tree.leaves(tree)))
+
+
+@functools.lru_cache(maxsize=4)
+def make_steps(config: ModelConfig, tc: TrainConfig):
+  """(train_step(state, batch, key) -> (state, metrics) with the state
+  donated, eval_step(params, batch, key) -> metrics), both jitted, for the
+  optimizer `make_optimizer(tc)`. The draws of step s use fold_in(key, s),
+  so they do not depend on restarts. Cached: runs with equal settings share
+  one compilation."""
+  objective = functools.partial(loss_fn, config=config, eps=tc.eps)
+  schedule, optimizer = make_schedule(tc), make_optimizer(tc)
+
+  def train_step(state: TrainState, batch, key):
+    rng = jax.random.fold_in(key, state.step)
+    (_, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
+        state.params, batch, rng)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {**metrics, "grad_norm": _tree_norm(grads),
+               "lr": schedule(state.step)}
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  def eval_step(params, batch, key):
+    return objective(params, batch, key)[1]
+
+  return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+
+
+def _read_log(path: Path, upto: int) -> list[dict]:
+  """metrics.jsonl entries with step <= upto (a resumed run drops the rest)."""
+  if not path.is_file():
+    return []
+  rows = []
+  for line in path.read_text().splitlines():
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      continue  # a half-written last line
+    if row.get("step", upto + 1) <= upto:
+      rows.append(row)
+  return rows
+
+
+def plot_loss(log: list[dict], png: str | Path, title: str = "") -> None:
+  """Loss (left) and masked-token accuracy (right): the running training
+  batches, and fixed train / held-out rows scored on their solutions."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  curves = (("train", "train batches (with EOS padding)"),
+            ("eval_train", "train rows, solution tokens"),
+            ("eval_test", "held-out rows, solution tokens"))
+  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+  for kind, label in curves:
+    rows = [r for r in log if r["kind"] == kind]
+    if rows:
+      steps = [r["step"] for r in rows]
+      ax_loss.plot(steps, [r["loss"] for r in rows], label=label)
+      ax_acc.plot(steps, [r["masked_acc"] for r in rows], label=label)
+  ax_loss.set(xlabel="step", ylabel="masked-diffusion loss", yscale="log")
+  ax_acc.set(xlabel="step", ylabel="masked-token accuracy")
+  for ax in (ax_loss, ax_acc):
+    ax.grid(alpha=0.3)
+    if ax.lines:
+      ax.legend()
+  fig.suptitle(title or "masked-diffusion training")
+  fig.tight_layout()
+  fig.savefig(png, dpi=120)
+  plt.close(fig)
+
+
+def train(config: ModelConfig, tokenizer: Tokenizer | None,
+          rows: EncodedRows, out_dir: str | Path, tc: TrainConfig,
+          eval_rows: EncodedRows | None = None,
+          log: Callable[[str], None] = print) -> tuple[dict, int]:
+  """Trains (or resumes) into `out_dir`; returns (float32 params, step)."""
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  step, found = 0, ckpt.list_checkpoints(out)
+  if found and load_config(found[-1][1] / "model") != config:
+    raise ValueError(f"{found[-1][1]} was trained with a different model "
+                     f"config:\n  saved {load_config(found[-1][1] / 'model')}"
+                     f"\n  now   {config}")
+  optimizer = make_optimizer(tc)
+  params = init_params(config, jax.random.key(tc.seed), param_dtype="float32")
+  opt_state = optimizer.init(params)
+  if found:
+    step, params, opt_state, _, saved_tok = ckpt.restore_checkpoint(
+        found[-1][1], opt_state)
+    if (tokenizer is not None and saved_tok is not None
+        and saved_tok.backend.to_str() != tokenizer.backend.to_str()):
+      raise ValueError(f"{found[-1][1]} has a different tokenizer; resume "
+                       "with the tokenizer saved there")
+    log(f"resuming from {found[-1][1]} at step {step}")
+  if step >= tc.steps:
+    log(f"already at step {step} >= {tc.steps}: nothing to train")
+  # Bookkeeping fields do not change the compiled steps.
+  train_step, eval_step = make_steps(config, dataclasses.replace(
+      tc, log_every=1, eval_every=1, ckpt_every=1, keep_ckpts=1,
+      max_minutes=None))
+  state = TrainState(jnp.asarray(step, jnp.int32), params, opt_state)
+  batches = Batches(rows, tc.batch_size, tc.seed, tc.eos_pad)
+  key, eval_key = jax.random.key(tc.seed + 1), jax.random.key(tc.seed + 2)
+  # Fixed rows cut after their first EOS, so these losses measure the
+  # solutions rather than the easy EOS padding; their gap is how well
+  # training carries over to held-out names and templates.
+  eval_batches = {}
+  for name, source in (("eval_train", rows), ("eval_test", eval_rows)):
+    if source is not None and len(source.tokens_MxN):
+      index = np.arange(min(tc.batch_size, len(source.tokens_MxN)))
+      eval_batches[name] = rows_batch(source, index, source.min_len_M[index])
+  log_path = out / "metrics.jsonl"
+  history = _read_log(log_path, step)
+  log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
+  log_file = open(log_path, "a")
+
+  def record(row: dict) -> None:
+    history.append(row)
+    log_file.write(json.dumps(row) + "\n")
+    log_file.flush()
+
+  def save(at: int) -> None:
+    ckpt.save_checkpoint(out, at, state.params, state.opt_state, config,
+                         tokenizer, tc.keep_ckpts)
+
+  start, pending, t_log, step_log = time.time(), [], time.time(), step
+  last_saved = step
+  while step < tc.steps:
+    state, metrics = train_step(state, batches(step), key)
+    pending.append(metrics)
+    step += 1
+    if step % tc.log_every == 0 or step == tc.steps:
+      got = jax.device_get(pending)
+      mean = {k: float(np.mean([m[k] for m in got])) for k in got[0]}
+      now = time.time()
+      ms = 1000 * (now - t_log) / (step - step_log)
+      record({"kind": "train", "step": step, **mean, "ms_per_step": ms})
+      log(f"step {step}/{tc.steps} loss {mean['loss']:.4f} masked_ce "
+          f"{mean['masked_ce']:.4f} acc {mean['masked_acc']:.3f} lr "
+          f"{mean['lr']:.2e} |g| {mean['grad_norm']:.2f} {ms:.0f} ms/step")
+      pending, t_log, step_log = [], now, step
+    if step % tc.eval_every == 0 or step == tc.steps:
+      for name, batch in eval_batches.items():
+        m = jax.device_get(eval_step(state.params, batch, eval_key))
+        record({"kind": name, "step": step,
+                **{k: float(v) for k, v in m.items()}})
+        log(f"  {name} loss {float(m['loss']):.4f} acc "
+            f"{float(m['masked_acc']):.3f}")
+    over_time = (tc.max_minutes is not None
+                 and time.time() - start > 60 * tc.max_minutes)
+    if step % tc.ckpt_every == 0 or over_time:
+      save(step)
+      last_saved = step
+    if over_time:
+      log(f"stopping at step {step}: over --max-minutes {tc.max_minutes}")
+      break
+  if last_saved != step:
+    save(step)
+  log_file.close()
+  plot_loss(history, out / "loss.png",
+            f"{config.n_layers} layers, d_model {config.d_model}, "
+            f"{config.num_params() / 1e6:.1f}M params")
+  return jax.device_get(state.params), step

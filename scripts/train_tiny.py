@@ -1,0 +1,152 @@
+"""Trains the project's small LLaDA-format dLLM on the synthetic GSM corpus.
+
+  python scripts/make_synthetic_gsm.py runs/synthetic_gsm --train 200000
+  python scripts/train_tiny.py --data runs/synthetic_gsm --out runs/train_tiny
+  python scripts/train_tiny.py --smoke          # a few CPU steps, tiny model
+
+Default model: 8 layers, d_model 384, 6 heads of 64 (MHA, as LLaDA-8B),
+SwiGLU width 768, vocabulary 1024: 12.6M parameters, 25.2 MB of bfloat16
+values that orbax stores in about 19.7 MB (the shipped limit is 25 MB on
+disk). Depth over width, since the problems chain dependent calculations;
+the width is what the size budget leaves. Rows are 320 tokens (prompt <= 108
+and solution <= 176 tokens with digits split). Batch 256 x 6000 steps of
+AdamW (peak lr 1e-3, 200 warmup steps, cosine to 1e-4) is ~43 PFLOP
+(~87 MFLOP per token, 82k tokens per step): about 7 minutes on one H200 at
+100 TFLOP/s, an estimate not yet measured; --max-minutes stops (and saves)
+early if the run is slower.
+Outputs in OUT: metrics.jsonl, loss.png, checkpoints/step_*/ (resumable:
+rerun the same command) and model/ (the bfloat16 checkpoint to ship).
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+
+from flash_dllm_jax.checkpoint import load  # noqa: E402
+from flash_dllm_jax.config import ModelConfig  # noqa: E402
+from flash_dllm_jax.data import synthetic_gsm  # noqa: E402
+from flash_dllm_jax.data.tokenizer_builder import (  # noqa: E402
+    build_tokenizer, corpus_texts, special_ids)
+from flash_dllm_jax.tokenizer import Tokenizer  # noqa: E402
+from flash_dllm_jax.training import checkpoints as ckpt  # noqa: E402
+from flash_dllm_jax.training.data import EOS_PAD, encode_problems  # noqa: E402
+from flash_dllm_jax.training.evaluate import solve_accuracy  # noqa: E402
+from flash_dllm_jax.training.train import TrainConfig, train  # noqa: E402
+
+SMOKE = dict(steps=6, batch_size=4, layers=2, d_model=64, heads=4,
+             kv_heads=4, mlp_hidden=128, log_every=2, eval_every=3,
+             ckpt_every=3, eval_problems=2, gen_length=32)
+
+
+def _parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--data", type=Path, help="dir with train.jsonl, test.jsonl "
+                  "(scripts/make_synthetic_gsm.py); --smoke makes a small one")
+  ap.add_argument("--out", type=Path, default=None,
+                  help="run dir (default runs/train_tiny[_smoke])")
+  ap.add_argument("--smoke", action="store_true",
+                  help="a few CPU steps of a tiny model on a small corpus")
+  ap.add_argument("--tokenizer", type=Path, default=None,
+                  help="use this saved tokenizer instead of building one")
+  g = ap.add_argument_group("model")
+  g.add_argument("--layers", type=int, default=8)
+  g.add_argument("--d-model", type=int, default=384)
+  g.add_argument("--heads", type=int, default=6)
+  g.add_argument("--kv-heads", type=int, default=None, help="default: heads")
+  g.add_argument("--mlp-hidden", type=int, default=768)
+  g.add_argument("--vocab-size", type=int, default=1024)
+  g.add_argument("--rope-theta", type=float, default=10000.0)
+  g.add_argument("--max-seq-len", type=int, default=1024)
+  g.add_argument("--dtype", choices=["bfloat16", "float32"],
+                 default="bfloat16", help="compute dtype (params are f32)")
+  t = ap.add_argument_group("training")
+  t.add_argument("--steps", type=int, default=6000)
+  t.add_argument("--batch-size", type=int, default=256)
+  t.add_argument("--seq-len", type=int, default=320)
+  t.add_argument("--lr", type=float, default=1e-3)
+  t.add_argument("--warmup-steps", type=int, default=200)
+  t.add_argument("--weight-decay", type=float, default=0.1)
+  t.add_argument("--eos-pad", choices=EOS_PAD, default="random")
+  t.add_argument("--seed", type=int, default=0)
+  t.add_argument("--log-every", type=int, default=50)
+  t.add_argument("--eval-every", type=int, default=250)
+  t.add_argument("--ckpt-every", type=int, default=1000)
+  t.add_argument("--max-minutes", type=float, default=None)
+  e = ap.add_argument_group("final check")
+  e.add_argument("--eval-problems", type=int, default=128,
+                 help="held-out problems decoded at the end (0: none)")
+  e.add_argument("--gen-length", type=int, default=192)
+  return ap
+
+
+def main(argv=None):
+  ap = _parser()
+  args = ap.parse_args(argv)
+  if args.smoke:  # smoke values replace defaults the user left alone
+    for k, v in SMOKE.items():
+      if getattr(args, k) == ap.get_default(k):
+        setattr(args, k, v)
+  out = args.out or Path("runs/train_tiny_smoke" if args.smoke
+                         else "runs/train_tiny")
+  t0 = time.time()
+  if args.data is not None:
+    train_rows = synthetic_gsm.read_jsonl(args.data / "train.jsonl")
+    test_rows = synthetic_gsm.read_jsonl(args.data / "test.jsonl")
+  elif args.smoke:
+    train_rows = synthetic_gsm.generate(512, 0, "train")
+    test_rows = synthetic_gsm.generate(32, 1, "test")
+  else:
+    ap.error("--data is required (make it with scripts/make_synthetic_gsm.py)")
+  found = ckpt.list_checkpoints(out)
+  if found:  # resume with the tokenizer the run was started with
+    tokenizer = Tokenizer.from_dir(found[-1][1] / "model")
+  elif args.tokenizer:
+    tokenizer = Tokenizer.from_dir(args.tokenizer)
+  else:
+    tokenizer, _ = build_tokenizer(corpus_texts(train_rows[:50000]),
+                                   args.vocab_size)
+  config = ModelConfig(
+      arch="llada", vocab_size=tokenizer.vocab_size, d_model=args.d_model,
+      n_layers=args.layers, n_heads=args.heads,
+      n_kv_heads=args.kv_heads or args.heads,
+      head_dim=args.d_model // args.heads, mlp_hidden=args.mlp_hidden,
+      rms_norm_eps=1e-5, rope_theta=args.rope_theta,
+      max_seq_len=args.max_seq_len, dtype=args.dtype, **special_ids(tokenizer))
+  rows = encode_problems(train_rows, tokenizer, args.seq_len)
+  eval_rows = encode_problems(test_rows, tokenizer, args.seq_len)
+  print(f"{len(rows.tokens_MxN)} train rows ({rows.dropped} longer than "
+        f"{args.seq_len} dropped), {len(eval_rows.tokens_MxN)} eval rows; "
+        f"model {config.num_params() / 1e6:.2f}M params, "
+        f"{config.num_params() * 2 / 1e6:.1f} MB in bf16; devices "
+        f"{jax.devices()}; data ready in {time.time() - t0:.0f}s", flush=True)
+  tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                   warmup_steps=min(args.warmup_steps, args.steps - 1),
+                   weight_decay=args.weight_decay, seed=args.seed,
+                   log_every=args.log_every, eval_every=args.eval_every,
+                   ckpt_every=args.ckpt_every, max_minutes=args.max_minutes,
+                   eos_pad=args.eos_pad)
+  t1 = time.time()
+  params, step = train(config, tokenizer, rows, out, tc, eval_rows,
+                       log=lambda s: print(s, flush=True))
+  print(f"trained to step {step} in {(time.time() - t1) / 60:.1f} min")
+  size = ckpt.export_model(out / "model", params, config, tokenizer)
+  print(f"wrote {out / 'model'} ({size / 1e6:.2f} MB), {out / 'loss.png'}")
+  if args.eval_problems > 0:
+    model = load(out / "model")
+    acc, results = solve_accuracy(
+        model, test_rows[:args.eval_problems], gen_length=args.gen_length,
+        steps=args.gen_length, block_length=32)
+    for question, text, predicted, target in results[:3]:
+      print(f"--- {question}\n{text}\n(predicted {predicted}, target "
+            f"{target})")
+    print(f"held-out accuracy {acc:.3f} on {len(results)} problems "
+          f"(gen_length {args.gen_length}, LLaDA sampler, block 32)")
+
+
+if __name__ == "__main__":
+  main()

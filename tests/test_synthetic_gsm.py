@@ -1,0 +1,173 @@
+"""The synthetic GSM corpus and the project tokenizer built from it.
+
+Oracles: `check_solution` re-evaluates every calculator annotation (and is
+itself checked on hand-made good and broken solutions and a real GSM8K row);
+GSM8K's answer extraction from the eval task; the tokenizer's save/load.
+"""
+
+import collections
+import importlib.util
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.data import synthetic_gsm as sg
+from flash_dllm_jax.data.gsm_format import (Solution, annotations,
+                                            check_solution, evaluate)
+from flash_dllm_jax.data.problem_kit import TEST_NAMES, TRAIN_NAMES
+from flash_dllm_jax.data.tokenizer_builder import (SPECIAL_TOKENS,
+                                                   build_tokenizer,
+                                                   corpus_texts)
+from flash_dllm_jax.eval.tasks.gsm8k import extract_answer, target_of
+from flash_dllm_jax.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "make_synthetic_gsm", ROOT / "scripts" / "make_synthetic_gsm.py")
+make_synthetic_gsm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_synthetic_gsm)
+
+GOOD = ("Tom buys 3*12 = $<<3*12=36>>36 of pens.\n"
+        "He has 50-36 = <<50-36=14>>14 left.\n#### 14")
+
+
+@pytest.fixture(scope="module")
+def train_problems():
+  return sg.generate(2000, seed=0)
+
+
+@pytest.fixture(scope="module")
+def test_problems():
+  return sg.generate(600, seed=1, split="test")
+
+
+def test_deterministic_per_seed_and_prefix_stable():
+  a = sg.generate(40, seed=7)
+  assert a == sg.generate(40, seed=7)
+  assert sg.generate(15, seed=7) == a[:15]  # problem i ignores n
+  b = sg.generate(40, seed=8)
+  assert sum(x["question"] != y["question"] for x, y in zip(a, b)) >= 35
+  assert sg.generate(20, 7, "test") != sg.generate(20, 7, "train")
+
+
+def test_every_answer_checks_out(train_problems, test_problems):
+  for row in train_problems + test_problems:
+    assert check_solution(row["answer"]), row
+    values = [evaluate(expr) for expr, _ in annotations(row["answer"])]
+    assert all(v.denominator == 1 and v > 0 for v in values), row
+    assert row["steps"] == len(values)
+    assert row["answer"].splitlines()[-1] == f"#### {values[-1]}"
+
+
+def test_step_counts_span_two_to_six(train_problems, test_problems):
+  for rows in (train_problems, test_problems):
+    counts = collections.Counter(r["steps"] for r in rows)
+    assert set(counts) <= set(range(2, 7))
+  counts = collections.Counter(r["steps"] for r in train_problems)
+  assert set(counts) == set(range(2, 7)), counts
+
+
+def test_template_and_name_split(train_problems, test_problems):
+  assert len(sg.ALL_TEMPLATES) >= 12 and len(sg.TRAIN_TEMPLATES) >= 12
+  assert not set(sg.TRAIN_TEMPLATES) & set(sg.HELD_OUT_TEMPLATES)
+  train_t = collections.Counter(r["template"] for r in train_problems)
+  assert set(train_t) == set(sg.TRAIN_TEMPLATES)
+  test_t = collections.Counter(r["template"] for r in test_problems)
+  held = sum(test_t[t] for t in sg.HELD_OUT_TEMPLATES)
+  assert set(sg.HELD_OUT_TEMPLATES) <= set(test_t)
+  assert 0.4 < held / len(test_problems) < 0.6  # held_out_fraction 0.5
+  assert not {p.name for p in TRAIN_NAMES} & {p.name for p in TEST_NAMES}
+  words = lambda rows: {w for r in rows for w in re.findall(r"[A-Z][a-z]+",
+                                                            r["question"])}
+  assert not words(test_problems) & {p.name for p in TRAIN_NAMES}
+  assert not words(train_problems) & {p.name for p in TEST_NAMES}
+  assert not ({r["question"] for r in train_problems}
+              & {r["question"] for r in test_problems})
+  only_held = sg.generate(30, 1, "test", held_out_fraction=1.0)
+  assert {r["template"] for r in only_held} <= set(sg.HELD_OUT_TEMPLATES)
+
+
+def test_gsm8k_extraction_reads_the_final_answer(train_problems):
+  for row in train_problems[:300]:
+    final = row["answer"].splitlines()[-1].split()[-1]
+    assert extract_answer(row["answer"]) == target_of(row["answer"]) == final
+    assert int(final) > 0
+
+
+def test_check_solution_rejects_broken_solutions():
+  assert check_solution(GOOD)
+  real = json.loads(open(ROOT / "data/gsm8k/train.jsonl").readline())["answer"]
+  assert check_solution(real)  # GSM8K's own format (Natalia, 72)
+  broken = [
+      GOOD.replace("=36>>", "=37>>"),                   # wrong value
+      GOOD.replace(">>36 of", ">>37 of"),               # text disagrees
+      GOOD.replace("#### 14", "#### 15"),               # wrong final
+      GOOD.replace("\n#### 14", ""),                    # no final line
+      GOOD.replace("#### 14", "#### 36"),               # not the last value
+      GOOD.replace("3*12=36", "__import__('os')=36"),   # not arithmetic
+      "#### 14",                                        # no steps
+      GOOD + "\n#### 14",                               # two finals
+      "",
+  ]
+  for text in broken:
+    assert not check_solution(text), text
+  assert not check_solution(None)
+
+
+def test_solution_builder_rejects_bad_values():
+  s = Solution()
+  assert s.step("He has @ left.", "50-36") == 14
+  for expr in ("7/2", "3-5", "4-4"):
+    with pytest.raises(sg.Reject):
+      s.step("x @", expr)
+  with pytest.raises(ValueError, match="placeholder|exactly one"):
+    s.step("no placeholder", "1+1")
+  with pytest.raises(ValueError, match="unknown template"):
+    sg.make_problem("nope", random.Random(0))
+  with pytest.raises(ValueError, match="split"):
+    sg.generate(3, 0, "dev")
+
+
+def test_cli_writes_reproducible_splits(tmp_path):
+  for out in (tmp_path / "a", tmp_path / "b"):
+    make_synthetic_gsm.main([str(out), "--train", "50", "--test", "20",
+                             "--seed", "3"])
+  for name in ("train.jsonl", "test.jsonl", "info.json"):
+    assert (tmp_path / "a" / name).read_bytes() == \
+        (tmp_path / "b" / name).read_bytes()
+  rows = sg.read_jsonl(tmp_path / "a" / "test.jsonl")
+  assert len(rows) == 20 and all(check_solution(r["answer"]) for r in rows)
+  info = json.loads((tmp_path / "a" / "info.json").read_text())
+  assert info["test_seed"] == 4
+
+
+def test_tokenizer_round_trip(tmp_path, train_problems, test_problems):
+  tok, ids = build_tokenizer(corpus_texts(train_problems), vocab_size=1024)
+  assert tok.vocab_size == 1024
+  assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == list(
+      range(1024 - len(SPECIAL_TOKENS), 1024))
+  config = ModelConfig.tiny("llada", vocab_size=1024, **ids)
+  assert config.mask_token_id == tok.token_to_id("<|mdm_mask|>")
+  assert config.stop_token_ids == (tok.token_to_id("<|endoftext|>"),
+                                   tok.token_to_id("<|eot_id|>"))
+  tok.save(tmp_path)
+  back = Tokenizer.from_dir(tmp_path)
+  turn = [{"role": "user", "content": test_problems[0]["question"]}]
+  prompt = tok.apply_chat_template(turn)
+  assert prompt.startswith("<|startoftext|><|start_header_id|>user")
+  assert back.apply_chat_template(turn) == prompt
+  assert back.encode(prompt) == tok.encode(prompt)
+  assert (back.bos_id, back.eos_id, back.eot_id, back.mask_id) == (
+      ids["bos_token_id"], ids["eos_token_id"], ids["eot_token_id"],
+      ids["mask_token_id"])
+  for row in test_problems[:50]:  # unseen names still round-trip
+    for text in (row["question"], row["answer"]):
+      assert back.decode(back.encode(text)) == text
+  pieces = [back.backend.id_to_token(i) for i in back.encode("x 12345 y")]
+  assert [p for p in pieces if p.isdigit()] == list("12345")
+  with pytest.raises(ValueError, match="vocab_size"):
+    build_tokenizer(["a b c"], vocab_size=100)
