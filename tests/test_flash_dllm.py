@@ -14,11 +14,12 @@ UNLIMITED = dict(gen_length=24, block_m=4, track_num=40, mask_num=7,
                  threshold=0.6)
 
 
+@pytest.mark.parametrize("arch", ["llada", "dream"])
 @pytest.mark.parametrize("eos_boost", [0.0, 1.2])
-def test_unlimited_budget_equals_full_recomputation(eos_boost):
+def test_unlimited_budget_equals_full_recomputation(arch, eos_boost):
   """With every position in the query each step, the cache holds nothing
   stale, so the cached run must give exactly the uncached run's tokens."""
-  config, params = tiny("llada", eos_boost=eos_boost)
+  config, params = tiny(arch, eos_boost=eos_boost)
   prompts = random_prompts(21, [5, 14, 9])
   sampler = FlashDLLMSampler(**UNLIMITED)
   assert sampler.query_budget >= 14 + 24
@@ -111,10 +112,20 @@ def test_query_selection_follows_the_budget():
   assert slots[4:6].tolist() == [6, 1]       # tracked: new, then most mass
 
 
-def test_dream_is_refused_clearly():
+def test_dream_verify_is_refused_clearly():
   config, params = tiny("dream")
   with pytest.raises(ValueError, match="LLaDA-style"):
-    generate(params, [1, 2, 3], config=config, sampler=SMALL)
+    generate(params, [1, 2, 3], config=config, sampler=SMALL_VERIFY)
+
+
+def test_dream_batch_invariance_and_termination():
+  config, params = tiny("dream", eos_boost=1.2)
+  prompts = random_prompts(44, [4, 13, 30])
+  batch = generate(params, prompts, config=config, sampler=SMALL)
+  assert not (batch.tokens_BxG == config.mask_token_id).any()
+  for i, p in enumerate(prompts):
+    alone = generate(params, [p], config=config, sampler=SMALL)
+    np.testing.assert_array_equal(alone.tokens_BxG[0], batch.tokens_BxG[i])
 
 
 @pytest.mark.parametrize("kwargs,message", [

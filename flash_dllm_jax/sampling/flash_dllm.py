@@ -126,9 +126,10 @@ class FlashDLLMSampler:
                        f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
-    if model.config.logits_shift:
-      raise ValueError("Flash-dLLM is implemented for LLaDA-style models; "
-                       "Dream's shifted logits are not supported yet")
+    if model.config.logits_shift and self.verify:
+      raise ValueError("Flash-Verify is implemented for LLaDA-style models; "
+                       "Dream's shifted logits need a verify pattern of "
+                       "their own (Flash-Cache alone works for Dream)")
     b, n = tokens_BxN.shape
     return FlashCacheAux(cache=model.empty_cache(),
                          rank_BxN=jnp.full((b, n), NOT_SCORED, jnp.float32),
@@ -197,15 +198,19 @@ class FlashDLLMSampler:
     open_BxN, decoded_BxN = self._candidates(model, tokens_BxN, prompt_len)
     slots_BxQ = self._select(aux, open_BxN, decoded_BxN)
     scored_BxR = slots_BxQ[:, :w + x]
+    # Dream predicts position i from row i - 1 (config.logits_shift).
+    pred_BxR = jnp.where(scored_BxR >= 0,
+                         scored_BxR - model.config.logits_shift, -1)
     window_rows_BxQ = (jnp.arange(slots_BxQ.shape[1])[None, :] < w) & (
         slots_BxQ >= 0)
 
     if self.recompute_all:
-      logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(scored_BxR, 0))
+      logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
       cache, mass_BxN = aux.cache, aux.mass_BxN  # no cache, no mass
     else:
-      prefill = lambda: self._prefill(model, tokens_BxN, slots_BxQ, aux.cache)
-      flash = lambda: self._flash(model, tokens_BxN, slots_BxQ,
+      prefill = lambda: self._prefill(model, tokens_BxN, slots_BxQ, pred_BxR,
+                                      aux.cache)
+      flash = lambda: self._flash(model, tokens_BxN, slots_BxQ, pred_BxR,
                                   window_rows_BxQ, aux.cache)
 
       def mixed():  # new requests in some slots: each row takes its own pass
@@ -300,13 +305,13 @@ class FlashDLLMSampler:
       keep_BxC = jnp.zeros_like(keep_BxC)
     return plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC
 
-  def _prefill(self, model, tokens_BxN, slots_BxQ, cache):
+  def _prefill(self, model, tokens_BxN, slots_BxQ, pred_BxR, cache):
     """A row's first step: every position, so its cache starts complete."""
     b, n = tokens_BxN.shape
-    w, x = self.block_m, self.extra_masks
+    w = self.block_m
     all_BxN = jnp.broadcast_to(jnp.arange(n), (b, n))
-    # Score rows sit at their own positions in an all-position query.
-    rows_BxR = jnp.maximum(slots_BxQ[:, :w + x], 0)
+    # Predicting rows sit at their own positions in an all-position query.
+    rows_BxR = jnp.maximum(pred_BxR, 0)
     window_BxN = jnp.zeros((b, n), bool).at[
         jnp.arange(b)[:, None], jnp.where(slots_BxQ[:, :w] >= 0,
                                           slots_BxQ[:, :w], n)].set(
@@ -316,12 +321,20 @@ class FlashDLLMSampler:
                     mass_from_layer=self.mass_from_layer)
     return out.logits, out.cache, self._mass(out.mass_BxS, b, n)
 
-  def _flash(self, model, tokens_BxN, slots_BxQ, window_rows_BxQ, cache):
+  def _flash(self, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
+             cache):
     b, n = tokens_BxN.shape
-    w, x = self.block_m, self.extra_masks
+    r = pred_BxR.shape[1]
+    rows_BxR = jnp.broadcast_to(jnp.arange(r), (b, r))
+    if model.config.logits_shift:
+      # Append the predicting rows (position i - 1 of each scored position);
+      # a slot that appears twice is written twice with the same K/V.
+      rows_BxR = rows_BxR + slots_BxQ.shape[1]
+      slots_BxQ = jnp.concatenate([slots_BxQ, pred_BxR], axis=1)
+      window_rows_BxQ = jnp.concatenate(
+          [window_rows_BxQ, jnp.zeros((b, r), bool)], axis=1)
     q_tokens_BxQ = jnp.take_along_axis(tokens_BxN, jnp.maximum(slots_BxQ, 0),
                                        axis=1)
-    rows_BxR = jnp.broadcast_to(jnp.arange(w + x), (b, w + x))
     out = model.run(q_tokens_BxQ, slots_BxQ, cache, rows_BxR,
                     extras=CachedExtras(mass_rows_BxQ=window_rows_BxQ),
                     mass_from_layer=self.mass_from_layer)
