@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, NamedTuple, Sequence
 
 import jax

@@ -173,7 +173,7 @@ def _compile(template: str) -> jinja2.Template:
   return env.from_string(template)
 
 
-def _byte_level_pipeline(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+def byte_level_pipeline(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
   """Qwen2's byte-level BPE setup: NFC, regex split, byte-level mapping."""
   tok.normalizer = normalizers.NFC()
   tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -189,7 +189,7 @@ def _qwen2_from_vocab_merges(path: Path,
                              config: dict[str, Any]) -> tokenizers.Tokenizer:
   """The fast equivalent of Qwen2Tokenizer(vocab.json, merges.txt) with the
   added tokens of tokenizer_config.json / added_tokens.json at their ids."""
-  tok = _byte_level_pipeline(tokenizers.Tokenizer(models.BPE.from_file(
+  tok = byte_level_pipeline(tokenizers.Tokenizer(models.BPE.from_file(
       str(path / "vocab.json"), str(path / "merges.txt"))))
   added = {int(i): dict(t) for i, t in
            config.get("added_tokens_decoder", {}).items()}
@@ -243,7 +243,7 @@ def build_tiny_tokenizer(arch: str, vocab_size: int = 384,
   if n_base < 256:
     raise ValueError(f"vocab_size must be >= {256 + len(specials)}, got "
                      f"{vocab_size}")
-  tok = _byte_level_pipeline(tokenizers.Tokenizer(models.BPE()))
+  tok = byte_level_pipeline(tokenizers.Tokenizer(models.BPE()))
   trainer = trainers.BpeTrainer(
       vocab_size=n_base, show_progress=False,
       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -3,7 +3,6 @@ plain-JAX path (bf16, real head_dim 128, GQA)."""
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from flash_dllm_jax.config import ModelConfig

@@ -155,7 +155,7 @@ def chores(d: Draw):
   a, s = d.person(), Solution()
   task = d.pick(("dog walk", "lesson", "puzzle", "drawing", "lap of the park"))
   minutes, n, days = d.pick((5, 10, 12, 15, 20, 30)), d.int(2, 6), d.int(2, 12)
-  daily = s.step(f"Each day takes @ minutes.", f"{minutes}*{n}")
+  daily = s.step("Each day takes @ minutes.", f"{minutes}*{n}")
   q = f"Each {task} takes {a.name} {minutes} minutes. {_cap(a.he)} does {n} " \
       f"a day"
   if d.coin():

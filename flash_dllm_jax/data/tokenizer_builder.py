@@ -13,11 +13,11 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models, normalizers
-from tokenizers import pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, models
+from tokenizers import pre_tokenizers, trainers
 
 from flash_dllm_jax.chat_templates import LLADA_CHAT_TEMPLATE
-from flash_dllm_jax.tokenizer import QWEN2_SPLIT_REGEX, Tokenizer
+from flash_dllm_jax.tokenizer import Tokenizer, byte_level_pipeline
 
 SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>", "<|eot_id|>",
                   "<|start_header_id|>", "<|end_header_id|>", "<|mdm_mask|>")
@@ -25,17 +25,6 @@ DEFAULT_VOCAB_SIZE = 1024
 # Text the chat template and the eval prompts add around the problems.
 _EXTRA_TEXT = ("user\n\nassistant\n\n", "Question: ", "\nAnswer:",
                "Answer: ", "The answer is ")
-
-
-def _pipeline(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
-  tok.normalizer = normalizers.NFC()
-  tok.pre_tokenizer = pre_tokenizers.Sequence([
-      pre_tokenizers.Split(tokenizers.Regex(QWEN2_SPLIT_REGEX),
-                           behavior="isolated", invert=False),
-      pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-  tok.decoder = decoders.ByteLevel()
-  tok.post_processor = processors.ByteLevel(trim_offsets=False)
-  return tok
 
 
 def corpus_texts(problems: Sequence[dict]) -> list[str]:
@@ -66,7 +55,7 @@ def build_tokenizer(texts: Iterable[str],
   texts = list(texts) + list(_EXTRA_TEXT)
   if not any(texts):
     raise ValueError("build_tokenizer needs some non-empty training text")
-  tok = _pipeline(tokenizers.Tokenizer(models.BPE()))
+  tok = byte_level_pipeline(tokenizers.Tokenizer(models.BPE()))
   trainer = trainers.BpeTrainer(vocab_size=n_base, show_progress=False,
                                 initial_alphabet=alphabet)
   tok.train_from_iterator(texts, trainer)

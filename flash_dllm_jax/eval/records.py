@@ -31,7 +31,7 @@ class RecordStore:
     pieces = data.split(b"\n")
     last = max((i for i, p in enumerate(pieces) if p.strip()), default=-1)
     for i, piece in enumerate(pieces):
-      start, offset = offset, offset + len(piece) + 1
+      offset += len(piece) + 1
       if not piece.strip():
         continue
       try:

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.sampling import select
+from flash_dllm_jax.sampling import checks, select
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -107,12 +107,8 @@ class DreamSampler:
     return probs.astype(np.float32)
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
-    if prompt_len < 1:
-      raise ValueError("Dream needs a prompt of at least one token: the "
-                       "prediction for position i is read from position i-1")
-    if prompt_len + self.gen_length > max_seq_len:
-      raise ValueError(f"prompt ({prompt_len}) + gen_length "
-                       f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
+    checks.check_fits(prompt_len, self.gen_length, max_seq_len,
+                      needs_prompt="Dream")
 
   def _sample(self, logits_BxGxV: jax.Array, rng_B: jax.Array):
     """Dream's `sample_tokens`: (confidence_BxG, x0_BxG)."""

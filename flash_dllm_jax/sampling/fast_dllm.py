@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from flash_dllm_jax.sampling import parallel_rules
+from flash_dllm_jax.sampling import checks, parallel_rules
 from flash_dllm_jax.sampling.llada import LLaDASampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -130,11 +130,8 @@ class FastDLLMSampler:
     return jnp.asarray(plan.transfer_counts()[:plan.steps_per_block])
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
-    if prompt_len < 1:
-      raise ValueError("Fast-dLLM needs a prompt of at least one token")
-    if prompt_len + self.gen_length > max_seq_len:
-      raise ValueError(f"prompt ({prompt_len}) + gen_length "
-                       f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
+    checks.check_fits(prompt_len, self.gen_length, max_seq_len,
+                      needs_prompt="Fast-dLLM")
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array) -> BlockState:
     b = tokens_BxN.shape[0]

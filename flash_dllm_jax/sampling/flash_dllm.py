@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax.model import CachedExtras, KVCache
-from flash_dllm_jax.sampling import flash_verify, parallel_rules, select
+from flash_dllm_jax.sampling import (checks, flash_verify, parallel_rules,
+                                     select)
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -121,9 +122,7 @@ class FlashDLLMSampler:
     return self.block_m * (1 + self.track_num) + self.extra_masks
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
-    if prompt_len + self.gen_length > max_seq_len:
-      raise ValueError(f"prompt ({prompt_len}) + gen_length "
-                       f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
+    checks.check_fits(prompt_len, self.gen_length, max_seq_len)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
     if model.config.logits_shift and self.verify:

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.sampling import select
+from flash_dllm_jax.sampling import checks, select
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -86,9 +86,7 @@ class LLaDASampler:
     return np.tile(per_block, self.num_blocks).astype(np.int32)
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
-    if prompt_len + self.gen_length > max_seq_len:
-      raise ValueError(f"prompt ({prompt_len}) + gen_length "
-                       f"({self.gen_length}) exceeds max_seq_len {max_seq_len}")
+    checks.check_fits(prompt_len, self.gen_length, max_seq_len)
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
