@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
   gen.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="compute dtype (default: the checkpoint's)")
   gen.add_argument("--seed", type=int, default=0)
+  gen.add_argument("--mesh", default=None,
+                   help="device mesh, e.g. data=4 (split the batch)")
   gen.add_argument("--no-stop-at-eos", dest="stop_at_eos",
                    action="store_false", help="decode every position")
   for name, typ, help_ in _OPTIONS:
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     params, config, tokenizer = load(args.checkpoint, dtype=args.dtype)
     t0 = time.perf_counter()
     out = generate((params, config, tokenizer), args.prompt, chat=args.chat,
-                   seed=args.seed, stop_at_eos=args.stop_at_eos, **options)
+                   seed=args.seed, stop_at_eos=args.stop_at_eos,
+                   mesh=args.mesh, **options)
   except (ValueError, FileNotFoundError, TypeError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.sampling import (DecodeState, DreamSampler, LLaDASampler,
                                      Sampler, make_step, run_compiled,
@@ -120,6 +121,7 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
              tokenizer=None, sampler: Sampler | None = None,
              chat: bool = False, seed: int | Sequence[int] = 0,
              stop_at_eos: bool = True, batch_size: int | None = None,
+             mesh=None,
              **options: Any) -> GenerateOutput:
   """Generates answers for one prompt or a left-padded batch.
 
@@ -138,6 +140,8 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   batch_size: decode through this many slots with continuous batching (a
     finished slot takes the next prompt inside the compiled loop); for
     samplers with `reset_rows` (Flash-dLLM). None: one batch of all prompts.
+  mesh: 'data=D' or a jax Mesh: split the batch over D devices (padded to a
+    multiple of D with copies of the last prompt, which are dropped).
   """
   if isinstance(model, tuple) and len(model) == 3:
     params, config, tokenizer = model
@@ -162,22 +166,37 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   seeds = [seed] * len(rows) if isinstance(seed, (int, np.integer)) else seed
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
+  mesh = parallel.parse_mesh(mesh)
+  n_rows = len(rows)
+  if mesh is not None:
+    if batch_size is not None and batch_size < n_rows:
+      raise ValueError("mesh= and continuous batching (batch_size=) cannot be "
+                       "combined yet")
+    pad = -n_rows % parallel.data_size(mesh)
+    ids, valid = (np.concatenate([a, np.repeat(a[-1:], pad, 0)])
+                  for a in (ids, valid))
+    seeds = list(seeds) + [seeds[-1]] * pad
   rng_B = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-  if batch_size is not None and batch_size < len(rows):
+  ids, valid = jnp.asarray(ids), jnp.asarray(valid)
+  if mesh is not None:
+    ids, valid, rng_B = (parallel.shard_rows(mesh, a)
+                         for a in (ids, valid, rng_B))
+    params = parallel.replicate(mesh, params)
+  if batch_size is not None and batch_size < n_rows:
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     gen, forwards, _, steps = _queue_jit(
-        params, jnp.asarray(ids), jnp.asarray(valid), rng_B, config=config,
+        params, ids, valid, rng_B, config=config,
         sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos)
   else:
     gen, forwards, steps = _decode_jit(
-        params, jnp.asarray(ids), jnp.asarray(valid), rng_B,
+        params, ids, valid, rng_B,
         config=config, sampler=sampler, stop_at_eos=stop_at_eos)
-  gen = np.asarray(gen)
+  gen, forwards = np.asarray(gen)[:n_rows], np.asarray(forwards)[:n_rows]
   texts = None
   if tokenizer is not None:
     texts = [tokenizer.decode(answer_ids(row, config)) for row in gen]
-  return GenerateOutput(texts, gen, np.asarray(forwards), int(steps))
+  return GenerateOutput(texts, gen, forwards, int(steps))
 
 
 def answer_ids(gen_G: np.ndarray, config: ModelConfig) -> list[int]:

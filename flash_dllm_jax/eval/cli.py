@@ -31,6 +31,9 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
                   help=f"decoding strategy: {', '.join(STRATEGIES)} "
                   "(default: the checkpoint's reference sampler)")
   ap.add_argument("--batch-size", type=int, default=1)
+  ap.add_argument("--mesh", default=None,
+                  help="device mesh, e.g. data=8: split each batch over 8 "
+                       "devices (results do not change)")
   ap.add_argument("--limit", type=int, default=None,
                   help="evaluate only the first N problems")
   ap.add_argument("--chat", action=argparse.BooleanOptionalAction,
@@ -102,6 +105,8 @@ def _evaluate(args) -> int:
   from flash_dllm_jax.eval.strategies import build_sampler
 
   _positive("--batch-size", args.batch_size)
+  from flash_dllm_jax.parallel import parse_mesh
+  mesh = parse_mesh(args.mesh)
   _positive("--limit", args.limit)
   if args.run_name is not None and (not args.run_name or "/" in args.run_name):
     raise ValueError(f"--run-name must be a plain name, got {args.run_name!r}")
@@ -124,7 +129,7 @@ def _evaluate(args) -> int:
     summary = runner.run_eval(task, model, sampler, run_dir, settings,
                               batch_size=args.batch_size, limit=args.limit,
                               seed=args.seed, stop_at_eos=args.stop_at_eos,
-                              progress=args.progress)
+                              progress=args.progress, mesh=mesh)
   except KeyboardInterrupt:
     print(f"\ninterrupted: finished problems are saved in {run_dir}; rerun "
           "the same command to resume", file=sys.stderr)

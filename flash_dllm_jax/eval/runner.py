@@ -86,7 +86,7 @@ def check_lengths(problems: Sequence[Problem], lengths: Sequence[int],
 def run_eval(task, model, sampler, run_dir: str | Path,
              settings: dict[str, Any], *, batch_size: int,
              limit: int | None = None, seed: int = 0, stop_at_eos: bool = True,
-             progress: bool = True,
+             progress: bool = True, mesh=None,
              on_batch: Callable[[int], None] | None = None) -> dict[str, Any]:
   """Evaluates task's first `limit` problems (all if None), resuming from
   run_dir/records.jsonl; writes run_dir/summary.json and returns it.
@@ -126,7 +126,7 @@ def run_eval(task, model, sampler, run_dir: str | Path,
       before, t0 = compiled[0], time.perf_counter()
       out = generate(model, [p.prompt for p in rows], sampler=sampler,
                      seed=[seed + p.index for p in rows],
-                     stop_at_eos=stop_at_eos)
+                     stop_at_eos=stop_at_eos, mesh=mesh)
       wall = time.perf_counter() - t0
       compile_s = min(compiled[0] - before, wall)
       scores = task.score(batch, out.texts[:len(batch)])
