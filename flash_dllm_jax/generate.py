@@ -26,12 +26,14 @@ class GenerateOutput(NamedTuple):
   tokens_BxG: generated ids (masks left after a stop token become pad).
   forwards_B: model forward passes spent on each row.
   steps: decoding steps the loop ran (shared by the batch).
+  steps_B: decoding steps each row ran (a row stops once complete).
   """
 
   texts: list[str] | None
   tokens_BxG: np.ndarray
   forwards_B: np.ndarray
   steps: int
+  steps_B: np.ndarray
 
 
 def default_sampler(config: ModelConfig, **options: Any) -> Sampler:
@@ -69,7 +71,7 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
                   stop_at_eos: bool = True, compiled: bool = True):
   """The decode as a pure function of device arrays (jit it with config,
   sampler, stop_at_eos and compiled static). Returns (gen_BxG, forwards_B,
-  steps)."""
+  steps, steps_B)."""
   b, p = prompt_BxP.shape
   valid_BxN = jnp.concatenate(
       [valid_BxP, jnp.ones((b, sampler.gen_length), bool)], axis=1)
@@ -84,7 +86,7 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   state = run(step_fn, state, sampler.num_steps)
   gen_BxG = fill_after_stop(state.tokens_BxN[:, p:], config.mask_token_id,
                             config.pad_token_id)
-  return gen_BxG, state.forwards_B, state.step
+  return gen_BxG, state.forwards_B, state.step, state.steps_B
 
 
 _decode_jit = jax.jit(decode_tokens, static_argnames=(
@@ -185,18 +187,19 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   if batch_size is not None and batch_size < n_rows:
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    gen, forwards, _, steps = _queue_jit(
+    gen, forwards, steps_b, steps = _queue_jit(
         params, ids, valid, rng_B, config=config,
         sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos)
   else:
-    gen, forwards, steps = _decode_jit(
+    gen, forwards, steps, steps_b = _decode_jit(
         params, ids, valid, rng_B,
         config=config, sampler=sampler, stop_at_eos=stop_at_eos)
-  gen, forwards = np.asarray(gen)[:n_rows], np.asarray(forwards)[:n_rows]
+  gen, forwards, steps_b = (np.asarray(a)[:n_rows]
+                            for a in (gen, forwards, steps_b))
   texts = None
   if tokenizer is not None:
     texts = [tokenizer.decode(answer_ids(row, config)) for row in gen]
-  return GenerateOutput(texts, gen, forwards, int(steps))
+  return GenerateOutput(texts, gen, forwards, int(steps), steps_b)
 
 
 def answer_ids(gen_G: np.ndarray, config: ModelConfig) -> list[int]:

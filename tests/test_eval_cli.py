@@ -148,3 +148,31 @@ def test_report_over_several_runs(tmp_path):
   assert "| gsm8k | b | fast | 10 | 45.0% | 400.0 |" in table
   assert "n/a*" in table and "no device memory statistics" in table
   assert (tmp_path / report.PLOT).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_refillable_strategy_uses_continuous_batching(monkeypatch, tmp_path):
+  """flash-cache decodes 5 problems through 2 slots in one generate call;
+  the records equal a static batch of all 5 (results never depend on the
+  batch), and each counts its own steps."""
+  from flash_dllm_jax.eval import runner
+  real, calls = runner.generate, []
+
+  def generate(*args, **kw):
+    calls.append(kw.get("batch_size"))
+    return real(*args, **kw)
+
+  monkeypatch.setattr(runner, "generate", generate)
+  common = ["gsm8k", "--strategy", "flash-cache", "--limit", "5",
+            "--num-fewshot", "0", "--out-dir", str(tmp_path), "--gen-length",
+            "16", "--block-m", "4", "--track-num", "2", "--mask-num", "2",
+            "--no-progress"]
+  assert cli.main(common + ["--batch-size", "2", "--run-name", "slots"]) == 0
+  assert calls == [2]
+  assert cli.main(common + ["--batch-size", "8", "--run-name", "static"]) == 0
+  read = lambda name: {r["id"]: r for r in map(json.loads, (
+      tmp_path / name / "records.jsonl").read_text().splitlines())}
+  slots, static = read("slots"), read("static")
+  assert len(slots) == 5 and slots.keys() == static.keys()
+  for pid, rec in slots.items():
+    assert rec["token_ids"] == static[pid]["token_ids"]
+    assert rec["steps"] == static[pid]["steps"] >= 1

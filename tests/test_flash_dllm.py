@@ -271,6 +271,7 @@ def test_continuous_batching_equals_each_request_alone(sampler):
     alone = generate(params, [p], config=config, sampler=sampler)
     np.testing.assert_array_equal(queued.tokens_BxG[i], alone.tokens_BxG[0])
     assert queued.forwards_B[i] == alone.forwards_B[0]
+    assert queued.steps_B[i] == alone.steps_B[0] == alone.steps
     total_alone += alone.steps
   # slots are refilled as soon as they free up: fewer loop steps than
   # running the requests one after another, at least half as many (2 slots)

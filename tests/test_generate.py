@@ -29,6 +29,7 @@ def test_early_stop_keeps_the_answer(arch, opts):
     if n < opts["gen_length"]:  # the stop token itself
       assert early.tokens_BxG[b, n] == full.tokens_BxG[b, n]
     assert early.forwards_B[b] <= full.forwards_B[b]
+    assert early.steps_B[b] <= early.steps == early.steps_B.max()
     stopped_early += early.forwards_B[b] < full.forwards_B[b]
   assert stopped_early > 0, "the test model never stopped early"
   assert early.steps <= full.steps

@@ -7,9 +7,8 @@ Metric definitions (per run, over its problems):
   tokens_per_s: tokens / decode seconds, where decode seconds are the
     batches' wall times (host work included) minus JAX compile time.
   forwards_per_token: model forward passes / tokens.
-  tokens_per_step: tokens / decoding steps, a row counting its batch's loop
-    steps (exact at batch size 1; a row finished early counts the
-    batch's steps).
+  tokens_per_step: tokens / decoding steps, each row counting the steps it
+    ran itself (a row stops once its answer is complete).
   peak_device_bytes: the device's peak_bytes_in_use from jax memory_stats
     (None where the backend has none, e.g. CPU).
 """

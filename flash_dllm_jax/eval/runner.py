@@ -83,6 +83,9 @@ def check_lengths(problems: Sequence[Problem], lengths: Sequence[int],
         "shorter --gen-length or a model with a longer max_seq_len")
 
 
+CHUNK_BATCHES = 8  # continuous batching: batches per generate call
+
+
 def run_eval(task, model, sampler, run_dir: str | Path,
              settings: dict[str, Any], *, batch_size: int,
              limit: int | None = None, seed: int = 0, stop_at_eos: bool = True,
@@ -115,18 +118,23 @@ def run_eval(task, model, sampler, run_dir: str | Path,
   todo = sorted((p for p in problems if p.id not in store.records),
                 key=lambda p: -lengths[p.id])
 
+  # Samplers that can refill slots decode a chunk of several batches through
+  # batch_size slots (continuous batching); others decode one padded batch.
+  refill = hasattr(sampler, "reset_rows") and mesh is None
+  chunk = batch_size * (CHUNK_BATCHES if refill else 1)
   bar = tqdm(total=len(problems), initial=len(problems) - len(todo),
              desc=f"{task.name} {settings.get('strategy', '')}".strip(),
              unit="problem", disable=not progress, dynamic_ncols=True)
   tokens_done, seconds_done = 0, 0.0
   with bar, compile_clock() as compiled:
-    for i in range(0, len(todo), batch_size):
-      batch = todo[i:i + batch_size]
-      rows = batch + [batch[-1]] * (batch_size - len(batch))  # fixed shape
+    for i in range(0, len(todo), chunk):
+      batch = todo[i:i + chunk]
+      rows = batch if refill else batch + [batch[-1]] * (chunk - len(batch))
       before, t0 = compiled[0], time.perf_counter()
       out = generate(model, [p.prompt for p in rows], sampler=sampler,
                      seed=[seed + p.index for p in rows],
-                     stop_at_eos=stop_at_eos, mesh=mesh)
+                     stop_at_eos=stop_at_eos, mesh=mesh,
+                     batch_size=batch_size if refill else None)
       wall = time.perf_counter() - t0
       compile_s = min(compiled[0] - before, wall)
       scores = task.score(batch, out.texts[:len(batch)])
@@ -138,7 +146,8 @@ def run_eval(task, model, sampler, run_dir: str | Path,
             "id": p.id, "prompt_sha256": prompt_sha256(p.prompt),
             **score, "raw_output": out.texts[b], "tokens": n,
             "token_ids": out.tokens_BxG[b, :n].tolist(),
-            "forwards": int(out.forwards_B[b]), "steps": out.steps,
+            "forwards": int(out.forwards_B[b]),
+            "steps": int(out.steps_B[b]),
             "wall_s": round(wall, 6), "compile_s": round(compile_s, 6),
             "batch": batch_id, "batch_rows": len(batch),
             "batch_size": batch_size, "peak_device_bytes": peak})
@@ -148,7 +157,7 @@ def run_eval(task, model, sampler, run_dir: str | Path,
       bar.update(len(batch))
       bar.set_postfix(tok_s=f"{tokens_done / max(seconds_done, 1e-9):.1f}")
       if on_batch is not None:
-        on_batch(i // batch_size)
+        on_batch(i // chunk)
   summary = report.summarize(
       [store.records[p.id] for p in problems if p.id in store.records],
       task=task.name, metric=task.metric, settings=settings,

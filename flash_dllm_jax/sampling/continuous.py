@@ -29,14 +29,12 @@ class QueueState:
   request_B: which request each slot holds (EMPTY once the queue is dry).
   next_request: the first request not yet loaded.
   gen_QxG, forwards_Q, steps_Q: results of finished requests.
-  steps_B: steps the slot's current request has run.
   """
 
   decode: DecodeState
   valid_BxN: jax.Array
   request_B: jax.Array
   next_request: jax.Array
-  steps_B: jax.Array
   gen_QxG: jax.Array
   forwards_Q: jax.Array
   steps_Q: jax.Array
@@ -58,14 +56,14 @@ def _load(state: QueueState, rows_B, requests_B, prompts_QxP, valid_QxP,
       tokens_BxN=jnp.where(has_B[:, None], new_tokens_BxN, d.tokens_BxN),
       done_B=jnp.where(rows_B, ~has_B, d.done_B),
       forwards_B=jnp.where(rows_B, 0, d.forwards_B),
+      steps_B=jnp.where(rows_B, 0, d.steps_B),
       rng_B=_where_keys(has_B, rng_Q[idx_B], d.rng_B),
       aux=sampler.reset_rows(d.aux, has_B))
   return state.replace(
       decode=decode,
       valid_BxN=jnp.where(has_B[:, None], new_valid_BxN, state.valid_BxN),
       request_B=jnp.where(rows_B, jnp.where(has_B, requests_B, EMPTY),
-                          state.request_B),
-      steps_B=jnp.where(rows_B, 0, state.steps_B))
+                          state.request_B))
 
 
 def _where_keys(pick_B, a_B, b_B):
@@ -99,7 +97,6 @@ def decode_queue(params, prompts_QxP: jax.Array, valid_QxP: jax.Array,
   state = QueueState(
       decode=start, valid_BxN=jnp.ones((b, p + g), bool),
       request_B=jnp.full((b,), EMPTY), next_request=jnp.minimum(b, q),
-      steps_B=jnp.zeros((b,), jnp.int32),
       gen_QxG=jnp.full((q, g), mask_id, prompts_QxP.dtype),
       forwards_Q=jnp.zeros((q,), jnp.int32), steps_Q=jnp.zeros((q,), jnp.int32))
   state = _load(state, jnp.ones((b,), bool), first_B, prompts_QxP, valid_QxP,
@@ -108,19 +105,17 @@ def decode_queue(params, prompts_QxP: jax.Array, valid_QxP: jax.Array,
   def body(state: QueueState) -> QueueState:
     model = SequenceModel.for_batch(config, params, state.valid_BxN,
                                     implementation, stop_ids)
-    active_B = ~state.decode.done_B
     decode = make_step(sampler, model, p, stop_ids)(state.decode)
-    steps_B = state.steps_B + active_B
     finished_B = decode.done_B & (state.request_B != EMPTY)
     slot_Q = jnp.where(finished_B, state.request_B, q)
     gen_BxG = fill_after_stop(decode.tokens_BxN[:, p:], mask_id,
                               config.pad_token_id)
     state = state.replace(
-        decode=decode, steps_B=steps_B,
+        decode=decode,
         gen_QxG=state.gen_QxG.at[slot_Q].set(gen_BxG, mode="drop"),
         forwards_Q=state.forwards_Q.at[slot_Q].set(decode.forwards_B,
                                                    mode="drop"),
-        steps_Q=state.steps_Q.at[slot_Q].set(steps_B, mode="drop"))
+        steps_Q=state.steps_Q.at[slot_Q].set(decode.steps_B, mode="drop"))
     order_B = jnp.cumsum(finished_B) - 1
     wanted_B = state.next_request + order_B
     requests_B = jnp.where(finished_B & (wanted_B < q), wanted_B, EMPTY)

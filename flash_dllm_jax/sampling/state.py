@@ -16,6 +16,7 @@ class DecodeState:
   step: scalar step counter (shared by all rows).
   done_B: rows whose answer is complete; they are frozen.
   forwards_B: model forward passes spent on each row.
+  steps_B: steps each row was still running (its own decoding steps).
   rng_B: one PRNG key per row, so a row's random draws never depend on the
     rest of the batch.
   aux: the strategy's own pytree (a KV cache, tracked positions, ...), None
@@ -28,6 +29,7 @@ class DecodeState:
   forwards_B: jax.Array
   rng_B: jax.Array
   aux: object = None
+  steps_B: jax.Array | None = None
 
   @classmethod
   def start(cls, prompt_BxP: jax.Array, gen_length: int, mask_id: int,
@@ -36,7 +38,8 @@ class DecodeState:
     masks_BxG = jnp.full((b, gen_length), mask_id, prompt_BxP.dtype)
     return cls(tokens_BxN=jnp.concatenate([prompt_BxP, masks_BxG], axis=1),
                step=jnp.zeros((), jnp.int32), done_B=jnp.zeros((b,), bool),
-               forwards_B=jnp.zeros((b,), jnp.int32), rng_B=rng_B)
+               forwards_B=jnp.zeros((b,), jnp.int32), rng_B=rng_B,
+               steps_B=jnp.zeros((b,), jnp.int32))
 
 
 def answer_complete(gen_BxG: jax.Array, mask_id: int,
@@ -70,6 +73,7 @@ def advance(state: DecodeState, proposed_BxN: jax.Array, aux,
   return DecodeState(tokens_BxN=tokens_BxN, step=state.step + 1,
                      done_B=done_B,
                      forwards_B=state.forwards_B + forwards * active_B,
+                     steps_B=state.steps_B + active_B,
                      rng_B=rng_B, aux=aux)
 
 
