@@ -89,7 +89,7 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   return gen_BxG, state.forwards_B, state.step, state.steps_B
 
 
-_decode_jit = jax.jit(decode_tokens, static_argnames=(
+decode_jit = jax.jit(decode_tokens, static_argnames=(
     "config", "sampler", "stop_at_eos", "compiled"))
 _queue_jit = jax.jit(continuous.decode_queue, static_argnames=(
     "config", "sampler", "batch_size", "stop_at_eos", "implementation"))
@@ -191,7 +191,7 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
         params, ids, valid, rng_B, config=config,
         sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos)
   else:
-    gen, forwards, steps, steps_b = _decode_jit(
+    gen, forwards, steps, steps_b = decode_jit(
         params, ids, valid, rng_B,
         config=config, sampler=sampler, stop_at_eos=stop_at_eos)
   gen, forwards, steps_b = (np.asarray(a)[:n_rows]

@@ -24,17 +24,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from flash_dllm_jax.bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
-from flash_dllm_jax.generate import decode_tokens  # noqa: E402
 from flash_dllm_jax.model import Transformer, init_params  # noqa: E402
 from flash_dllm_jax.sampling import LLaDASampler, DreamSampler  # noqa: E402
-
-
-def forward_flops(cfg: ModelConfig, b: int, n: int, head_rows: int) -> float:
-  e, f, d = cfg.d_model, cfg.mlp_hidden, cfg.head_dim
-  proj = e * (cfg.n_heads + 2 * cfg.n_kv_heads) * d + cfg.n_heads * d * e
-  per_token = 2 * cfg.n_layers * (proj + 3 * e * f)
-  attention = 4 * cfg.n_layers * b * n * n * cfg.n_heads * d
-  return per_token * b * n + attention + 2 * e * cfg.vocab_size * b * head_rows
 
 
 def weight_bytes(params) -> int:
@@ -64,19 +55,9 @@ def bench_decode(cfg, params, b, prompt_len, gen, block, reps):
     sampler = LLaDASampler(gen_length=gen, steps=gen, block_length=block)
   else:
     sampler = DreamSampler(gen_length=gen, steps=gen, alg="entropy")
-  prompt = jax.random.randint(jax.random.key(3), (b, prompt_len), 0,
-                              cfg.mask_token_id - 1)
-  valid = jnp.ones((b, prompt_len), bool)
-  rng = jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32))
-  fn = jax.jit(decode_tokens, static_argnames=("config", "sampler",
-                                                "stop_at_eos", "compiled"))
-  run = lambda: fn(params, prompt, valid, rng, config=cfg, sampler=sampler,
-                   stop_at_eos=False)
-  t0 = time.perf_counter()
-  jax.block_until_ready(run())
-  first_s = time.perf_counter() - t0
-  seconds = timing.time_fn(run, reps=reps, warmup=0)
-  return seconds / sampler.num_steps, first_s - seconds
+  ms_step, compile_s, _, _ = timing.time_decode(cfg, params, sampler, b,
+                                                 prompt_len, reps)
+  return ms_step, compile_s
 
 
 def main(argv=None):
@@ -116,7 +97,7 @@ def main(argv=None):
   for b in args.batch:
     for hr in head_rows:
       seconds, compile_s = bench_forward(cfg, params, b, args.seq, hr, args.reps)
-      flops = forward_flops(cfg, b, args.seq, hr)
+      flops = timing.forward_flops(cfg, b, args.seq, args.seq, hr)
       floor_w, floor_c = wbytes / bw, flops / mm
       rows.append(dict(kind="forward", batch=b, tokens=args.seq, head_rows=hr,
                        ms=seconds * 1e3, compile_s=compile_s,

@@ -16,17 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 
 from flash_dllm_jax.bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
-from flash_dllm_jax.generate import decode_tokens  # noqa: E402
 from flash_dllm_jax.model import init_params  # noqa: E402
 from flash_dllm_jax.sampling import FastDLLMSampler, LLaDASampler  # noqa: E402
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler  # noqa: E402
@@ -51,30 +48,6 @@ def strategies(gen: int, k: int, block: int, block_m: int):
                                       forced_commits=k, verify=True),
                      lambda p: 8 * block_m + 2 * block_m),
   }
-
-
-def step_flops(cfg: ModelConfig, b: int, q: int, s: int) -> float:
-  e, f, d = cfg.d_model, cfg.mlp_hidden, cfg.head_dim
-  proj = e * (cfg.n_heads + 2 * cfg.n_kv_heads) * d + cfg.n_heads * d * e
-  return b * (2 * cfg.n_layers * (proj + 3 * e * f) * q
-              + 4 * cfg.n_layers * q * s * cfg.n_heads * d)
-
-
-def run(cfg, params, sampler, b, prompt_len, reps):
-  prompt = jax.random.randint(jax.random.key(3), (b, prompt_len), 0,
-                              cfg.mask_token_id - 1)
-  valid = jnp.ones((b, prompt_len), bool)
-  rng = jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32))
-  fn = jax.jit(decode_tokens, static_argnames=("config", "sampler",
-                                                "stop_at_eos", "compiled"))
-  go = lambda: fn(params, prompt, valid, rng, config=cfg, sampler=sampler,
-                  stop_at_eos=False)
-  t0 = time.perf_counter()
-  out = jax.block_until_ready(go())
-  first = time.perf_counter() - t0
-  seconds = timing.time_fn(go, reps=reps, warmup=0)
-  steps = int(out[2])
-  return seconds / steps, first - seconds, steps, int(out[1].max())
 
 
 def main(argv=None):
@@ -111,11 +84,11 @@ def main(argv=None):
       if args.only and name not in args.only:
         continue
       for b in args.batch:
-        ms_step, compile_s, steps, forwards = run(cfg, params, sampler, b,
-                                                  args.prompt, args.reps)
+        ms_step, compile_s, steps, forwards = timing.time_decode(
+            cfg, params, sampler, b, args.prompt, args.reps)
         n = args.prompt + gen
         floor = max(wbytes / bw,
-                    step_flops(cfg, b, queries(args.prompt), n) / mm
+                    timing.forward_flops(cfg, b, queries(args.prompt), n) / mm
                     * forwards / steps)
         rows.append(dict(strategy=name, batch=b, gen=gen, steps=steps,
                          forwards=forwards, ms_step=ms_step * 1e3,

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import answer_ids, decode_tokens, generate, left_pad
+from flash_dllm_jax.generate import (answer_ids, decode_jit, decode_tokens,
+                                     generate, left_pad)
 from flash_dllm_jax.model import KVCache, Transformer
 from flash_dllm_jax.sampling import FastDLLMSampler, LLaDASampler
 from flash_dllm_jax.sampling import parallel_rules as rules
@@ -249,8 +250,7 @@ def test_compiled_loop_equals_python_loop():
   kw = dict(config=config, sampler=FastDLLMSampler(
       gen_length=8, block_length=4, cache="prefix", rule="factor",
       refresh_every=2))
-  compiled = jax.jit(decode_tokens, static_argnames=(
-      "config", "sampler", "stop_at_eos", "compiled"))(*args, **kw)
+  compiled = decode_jit(*args, **kw)
   python = decode_tokens(*args, compiled=False, **kw)
   for a, b in zip(compiled, python):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import decode_tokens, generate, left_pad
+from flash_dllm_jax.generate import (decode_jit, decode_tokens, generate,
+                                     left_pad)
 from flash_dllm_jax.sampling.flash_dllm import (FlashCacheAux,
                                                 FlashDLLMSampler)
 from tests.test_sampling import random_prompts, tiny
@@ -44,8 +45,7 @@ def test_compiled_loop_equals_python_loop(sampler):
   ids, valid = left_pad(random_prompts(22, [5, 12, 8]), config.pad_token_id)
   rng_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
   args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
-  compiled = jax.jit(decode_tokens, static_argnames=(
-      "config", "sampler", "stop_at_eos", "compiled"))(
+  compiled = decode_jit(
           *args, config=config, sampler=sampler)
   python = decode_tokens(*args, config=config, sampler=sampler, compiled=False)
   for a, b in zip(compiled, python):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.generate import decode_tokens, generate, left_pad
+from flash_dllm_jax.generate import (decode_jit, decode_tokens, generate,
+                                     left_pad)
 from flash_dllm_jax.model import Transformer, init_params
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
 from flash_dllm_jax.sampling.dream import torch_linspace_f32
@@ -137,8 +138,7 @@ def test_compiled_loop_equals_python_loop(arch, sampler):
   rng_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
   args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
   kw = dict(config=config, sampler=sampler)
-  compiled = jax.jit(decode_tokens, static_argnames=(
-      "config", "sampler", "stop_at_eos", "compiled"))(*args, **kw)
+  compiled = decode_jit(*args, **kw)
   python = decode_tokens(*args, compiled=False, **kw)
   for a, b in zip(compiled, python):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -43,3 +43,35 @@ def matmul_rate(n: int = 8192, reps: int = 20) -> float:
 def peak_memory_bytes() -> int | None:
   stats = jax.devices()[0].memory_stats() or {}
   return stats.get("peak_bytes_in_use")
+
+
+def forward_flops(cfg, b: int, q: int, s: int, head_rows: int = 0) -> float:
+  """FLOPs of one forward: b rows of q query tokens against s keys (matmuls
+  and attention), plus the vocabulary head on head_rows rows per row."""
+  e, f, d = cfg.d_model, cfg.mlp_hidden, cfg.head_dim
+  proj = e * (cfg.n_heads + 2 * cfg.n_kv_heads) * d + cfg.n_heads * d * e
+  per_token = 2 * cfg.n_layers * (proj + 3 * e * f)
+  attention = 4 * cfg.n_layers * q * s * cfg.n_heads * d
+  head = 2 * e * cfg.vocab_size * head_rows
+  return b * (per_token * q + attention + head)
+
+
+def time_decode(cfg, params, sampler, b: int, prompt_len: int, reps: int):
+  """Times one compiled decode of b random prompts (every position decoded).
+
+  Returns (seconds per loop step, compile seconds, loop steps, most
+  forwards of a row).
+  """
+  from flash_dllm_jax.generate import decode_jit
+  prompt = jax.random.randint(jax.random.key(3), (b, prompt_len), 0,
+                              cfg.mask_token_id - 1)
+  valid = jnp.ones((b, prompt_len), bool)
+  rng = jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32))
+  go = lambda: decode_jit(params, prompt, valid, rng, config=cfg,
+                          sampler=sampler, stop_at_eos=False)
+  t0 = time.perf_counter()
+  out = jax.block_until_ready(go())
+  first = time.perf_counter() - t0
+  seconds = time_fn(go, reps=reps, warmup=0)
+  steps = int(out[2])
+  return seconds / steps, first - seconds, steps, int(out[1].max())

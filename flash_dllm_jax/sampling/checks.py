@@ -12,3 +12,22 @@ def check_fits(prompt_len: int, gen_length: int, max_seq_len: int,
   if prompt_len + gen_length > max_seq_len:
     raise ValueError(f"prompt ({prompt_len}) + gen_length ({gen_length}) "
                      f"exceeds max_seq_len {max_seq_len}")
+
+
+def block_schedule_errors(gen_length, block_length, steps) -> list[str]:
+  """Errors of a semi-autoregressive schedule: positive ints, gen_length a
+  multiple of block_length, steps a multiple of the number of blocks."""
+  errors = []
+  for name, value in (("gen_length", gen_length),
+                      ("block_length", block_length), ("steps", steps)):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      errors.append(f"{name} must be a positive int, got {value!r}")
+  if errors:
+    return errors
+  if gen_length % block_length:
+    errors.append(f"gen_length ({gen_length}) must be a multiple of "
+                  f"block_length ({block_length})")
+  elif steps % (gen_length // block_length):
+    errors.append(f"steps ({steps}) must be a multiple of the number of "
+                  f"blocks ({gen_length // block_length})")
+  return errors

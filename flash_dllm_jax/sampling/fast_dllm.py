@@ -76,18 +76,8 @@ class FastDLLMSampler:
   def __post_init__(self):
     if self.steps is None:
       object.__setattr__(self, "steps", self.gen_length)
-    errors = []
-    for name in ("gen_length", "block_length", "steps"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        errors.append(f"{name} must be a positive int, got {value!r}")
-    if not errors:
-      if self.gen_length % self.block_length:
-        errors.append(f"gen_length ({self.gen_length}) must be a multiple of "
-                      f"block_length ({self.block_length})")
-      elif self.steps % self.num_blocks:
-        errors.append(f"steps ({self.steps}) must be a multiple of the number "
-                      f"of blocks ({self.num_blocks})")
+    errors = checks.block_schedule_errors(self.gen_length, self.block_length,
+                                          self.steps)
     if self.cache not in CACHES:
       errors.append(f"cache must be one of {CACHES}, got {self.cache!r}")
     if self.rule not in RULES:

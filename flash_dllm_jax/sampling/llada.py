@@ -37,18 +37,8 @@ class LLaDASampler:
   def __post_init__(self):
     if self.block_length is None:
       object.__setattr__(self, "block_length", self.gen_length)
-    errors = []
-    for name in ("gen_length", "steps", "block_length"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value <= 0:
-        errors.append(f"{name} must be a positive int, got {value!r}")
-    if not errors:
-      if self.gen_length % self.block_length:
-        errors.append(f"gen_length ({self.gen_length}) must be a multiple of "
-                      f"block_length ({self.block_length})")
-      elif self.steps % self.num_blocks:
-        errors.append(f"steps ({self.steps}) must be a multiple of the number "
-                      f"of blocks ({self.num_blocks})")
+    errors = checks.block_schedule_errors(self.gen_length, self.block_length,
+                                          self.steps)
     if self.temperature < 0:
       errors.append(f"temperature must be >= 0, got {self.temperature}")
     if self.cfg_scale < 0:
