@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
   t.add_argument("--eval-every", type=int, default=250)
   t.add_argument("--ckpt-every", type=int, default=1000)
   t.add_argument("--max-minutes", type=float, default=None)
+  t.add_argument("--fit-to-time", action="store_true",
+                 help="time the first warmup steps, then shorten --steps so "
+                 "the whole cosine schedule ends within --max-minutes")
   e = ap.add_argument_group("final check")
   e.add_argument("--eval-problems", type=int, default=128,
                  help="held-out problems decoded at the end (0: none)")
@@ -129,6 +132,7 @@ def main(argv=None):
                    weight_decay=args.weight_decay, seed=args.seed,
                    log_every=args.log_every, eval_every=args.eval_every,
                    ckpt_every=args.ckpt_every, max_minutes=args.max_minutes,
+                   fit_to_time=args.fit_to_time,
                    eos_pad=args.eos_pad)
   t1 = time.time()
   params, step = train(config, tokenizer, rows, out, tc, eval_rows,

@@ -7,6 +7,8 @@ from its checkpoint; `flash_dllm_jax.load` + `generate` on what training
 wrote.
 """
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -200,3 +202,27 @@ def test_checkpoints_load_generate_and_resume(setup, tmp_path, capsys):
                        gen_length=16, steps=16, block_length=8)
     assert out.tokens_BxG.shape == (1, 16) and isinstance(out.texts[0], str)
   assert fdj.load(tmp_path / "model")[0]["embed"].dtype == jnp.bfloat16
+
+
+def test_fit_to_time_shortens_the_schedule_after_warmup_probe(setup, tmp_path):
+  from flash_dllm_jax.training.train import fitted_steps
+  tc = TrainConfig(steps=1000, warmup_steps=10, max_minutes=1.0,
+                   fit_to_time=True, probe_steps=3)
+  # 57 s of the minute left for steps of 0.1 s, after 5 s spent: 520 more.
+  assert fitted_steps(tc, 20, 5.0, 0.1) == 20 + 520
+  assert fitted_steps(tc, 20, 5.0, 1e-4) == 1000  # never more than asked
+  assert fitted_steps(tc, 5, 59.0, 1.0) == 11  # never inside the warmup
+  with pytest.raises(ValueError, match="fit_to_time"):
+    TrainConfig(steps=100, warmup_steps=3, probe_steps=5, fit_to_time=True,
+                max_minutes=1.0)
+  tok, config, rows, _ = setup
+  tiny = TrainConfig(steps=10_000, batch_size=4, warmup_steps=8,
+                     probe_steps=3, log_every=5, eval_every=5, ckpt_every=50,
+                     max_minutes=1e-3, fit_to_time=True)
+  _, step = train(config, tok, rows, tmp_path / "fit", tiny)
+  # Probed on steps 2-4 (step 1 compiles), fitted to the end of the warmup;
+  # the time limit, held off while probing, then stops it at once.
+  assert step == 4
+  log = [json.loads(line) for line in
+         (tmp_path / "fit" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["steps"] for r in log if r["kind"] == "fit"] == [9]

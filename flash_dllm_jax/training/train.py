@@ -55,6 +55,10 @@ class TrainConfig:
   keep_ckpts: int = 2
   eos_pad: str = "random"  # see data.py
   max_minutes: float | None = None  # stop (and save) after this wall time
+  # With max_minutes: time the first warmup steps, then shorten `steps` so
+  # the whole cosine schedule fits the time (warmup is unaffected).
+  fit_to_time: bool = False
+  probe_steps: int = 20
 
   def __post_init__(self):
     bad = [f"{k}={getattr(self, k)!r}" for k in
@@ -64,6 +68,11 @@ class TrainConfig:
       bad.append(f"warmup_steps={self.warmup_steps} (needs 0 <= it < steps)")
     if self.lr <= 0 or not 0 < self.eps < 1:
       bad.append(f"lr={self.lr}, eps={self.eps} (need lr > 0, 0 < eps < 1)")
+    if self.fit_to_time and (self.max_minutes is None
+                             or self.probe_steps + 1 >= self.warmup_steps):
+      bad.append("fit_to_time needs max_minutes and probe_steps + 1 < "
+                 f"warmup_steps (got {self.max_minutes}, {self.probe_steps},"
+                 f" {self.warmup_steps})")
     if bad:
       raise ValueError("invalid TrainConfig: " + ", ".join(bad))
 
@@ -89,6 +98,22 @@ class TrainState(struct.PyTreeNode):
   step: jax.Array  # int32 scalar: steps taken
   params: dict
   opt_state: optax.OptState
+
+
+def _compiled_steps(config: ModelConfig, tc: TrainConfig):
+  # Bookkeeping fields do not change the compiled steps.
+  return make_steps(config, dataclasses.replace(
+      tc, log_every=1, eval_every=1, ckpt_every=1, keep_ckpts=1,
+      max_minutes=None, fit_to_time=False, probe_steps=20))
+
+
+def fitted_steps(tc: TrainConfig, step: int, elapsed_s: float,
+                 step_s: float) -> int:
+  """Total steps that end the run within max_minutes at step_s per step
+  (never more than tc.steps, never before the warmup ends); 5% of the time
+  is left for logging, evaluation and the checkpoint."""
+  left = int((0.95 * 60 * tc.max_minutes - elapsed_s) / step_s)
+  return max(min(tc.steps, step + left), tc.warmup_steps + 1)
 
 
 def _tree_norm(tree) -> jax.Array:
@@ -190,10 +215,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
     log(f"resuming from {found[-1][1]} at step {step}")
   if step >= tc.steps:
     log(f"already at step {step} >= {tc.steps}: nothing to train")
-  # Bookkeeping fields do not change the compiled steps.
-  train_step, eval_step = make_steps(config, dataclasses.replace(
-      tc, log_every=1, eval_every=1, ckpt_every=1, keep_ckpts=1,
-      max_minutes=None))
+  train_step, eval_step = _compiled_steps(config, tc)
   state = TrainState(jnp.asarray(step, jnp.int32), params, opt_state)
   batches = Batches(rows, tc.batch_size, tc.seed, tc.eos_pad)
   key, eval_key = jax.random.key(tc.seed + 1), jax.random.key(tc.seed + 2)
@@ -220,11 +242,25 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
                          tokenizer, tc.keep_ckpts)
 
   start, pending, t_log, step_log = time.time(), [], time.time(), step
-  last_saved = step
+  last_saved, probe_from = step, None
   while step < tc.steps:
     state, metrics = train_step(state, batches(step), key)
     pending.append(metrics)
     step += 1
+    if tc.fit_to_time and step < tc.warmup_steps:
+      if probe_from is None:  # after the first (compiling) step
+        jax.block_until_ready(state.step)
+        probe_from = (step, time.time())
+      elif step - probe_from[0] == tc.probe_steps:
+        jax.block_until_ready(state.step)
+        step_s = (time.time() - probe_from[1]) / tc.probe_steps
+        fitted = fitted_steps(tc, step, time.time() - start, step_s)
+        log(f"{1000 * step_s:.1f} ms/step: schedule fitted to {fitted} "
+            f"steps (asked {tc.steps}) for --max-minutes {tc.max_minutes}")
+        record({"kind": "fit", "step": step, "steps": fitted,
+                "ms_per_step": 1000 * step_s})
+        tc = dataclasses.replace(tc, steps=fitted, fit_to_time=False)
+        train_step, eval_step = _compiled_steps(config, tc)
     if step % tc.log_every == 0 or step == tc.steps:
       got = jax.device_get(pending)
       mean = {k: float(np.mean([m[k] for m in got])) for k in got[0]}
@@ -242,7 +278,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
                 **{k: float(v) for k, v in m.items()}})
         log(f"  {name} loss {float(m['loss']):.4f} acc "
             f"{float(m['masked_acc']):.3f}")
-    over_time = (tc.max_minutes is not None
+    over_time = (tc.max_minutes is not None and not tc.fit_to_time
                  and time.time() - start > 60 * tc.max_minutes)
     if step % tc.ckpt_every == 0 or over_time:
       save(step)
