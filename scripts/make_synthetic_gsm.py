@@ -1,13 +1,14 @@
-"""Writes the synthetic GSM8K-like corpus: OUT/{train,test}.jsonl, info.json.
+"""Writes the synthetic GSM8K-like corpus: OUT/{train,test,ood}.jsonl, info.json.
 
   python scripts/make_synthetic_gsm.py runs/synthetic_gsm --train 200000 \
       --test 1000 --seed 0
 
 Rows are GSM8K's {"question", "answer"} (worked solution with <<a*b=c>>
 annotations, last line "#### N") plus "template" and "steps". The test split
-uses another seed (--test-seed, default seed + 1), names never used in train,
-and half of its problems come from templates train never uses
-(--held-out-fraction). Every answer is re-checked before writing.
+uses another seed (--test-seed, default seed + 1) and another mix of the
+train templates, minus any question that occurs in train. The optional ood
+split (--ood) uses templates and names train never sees: a generalisation
+probe, not the quality target. Every answer is re-checked after writing.
 """
 
 import argparse
@@ -30,25 +31,26 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--test-seed", type=int, default=None,
                   help="seed of the test split (default: seed + 1)")
-  ap.add_argument("--held-out-fraction", type=float, default=0.5,
-                  help="share of test problems from held-out templates")
+  ap.add_argument("--ood", type=int, default=0,
+                  help="problems from held-out templates and names")
   args = ap.parse_args(argv)
-  if args.train < 0 or args.test < 0:
-    ap.error("--train and --test must be >= 0")
+  if min(args.train, args.test, args.ood) < 0:
+    ap.error("--train, --test and --ood must be >= 0")
   if args.test_seed is not None and args.test_seed == args.seed:
     ap.error("--test-seed must differ from --seed")
   t0 = time.time()
   info = write_splits(args.out_dir, args.train, args.test, args.seed,
-                      args.test_seed, args.held_out_fraction)
-  for split in ("train", "test"):
+                      args.test_seed, args.ood)
+  for split in ("train", "test", "ood"):
     path = args.out_dir / f"{split}.jsonl"
     rows = read_jsonl(path) if info[split] else []
     bad = [i for i, r in enumerate(rows) if not check_solution(r["answer"])]
     if bad:
       sys.exit(f"error: {len(bad)} {split} answers fail check_solution "
                f"(first: line {bad[0] + 1})")
-  print(f"wrote {args.out_dir}: {info['train']} train, {info['test']} test "
-        f"problems (seeds {info['seed']}/{info['test_seed']}) in "
+  print(f"wrote {args.out_dir}: {info['train']} train, {info['test']} test, "
+        f"{info['ood']} ood problems ({info['test_in_train_dropped']} test "
+        f"questions found in train, replaced) (seeds {info['seed']}/{info['test_seed']}) in "
         f"{time.time() - t0:.1f}s")
 
 

@@ -71,24 +71,37 @@ def test_step_counts_span_two_to_six(train_problems, test_problems):
   assert set(counts) == set(range(2, 7)), counts
 
 
-def test_template_and_name_split(train_problems, test_problems):
+def test_template_mix_and_held_out_splits(train_problems, test_problems):
   assert len(sg.ALL_TEMPLATES) >= 12 and len(sg.TRAIN_TEMPLATES) >= 12
   assert not set(sg.TRAIN_TEMPLATES) & set(sg.HELD_OUT_TEMPLATES)
   train_t = collections.Counter(r["template"] for r in train_problems)
   assert set(train_t) == set(sg.TRAIN_TEMPLATES)
+  # The test split is another mix of the train templates (TEST_MIX).
   test_t = collections.Counter(r["template"] for r in test_problems)
-  held = sum(test_t[t] for t in sg.HELD_OUT_TEMPLATES)
-  assert set(sg.HELD_OUT_TEMPLATES) <= set(test_t)
-  assert 0.4 < held / len(test_problems) < 0.6  # held_out_fraction 0.5
+  assert set(test_t) == set(sg.TRAIN_TEMPLATES)
+  weight = dict(zip(sorted(sg.TRAIN_TEMPLATES), sg.TEST_MIX))
+  heavy = sum(test_t[t] for t in weight if weight[t] == 3)
+  assert abs(heavy / len(test_problems)
+             - 3 * sum(w == 3 for w in sg.TEST_MIX) / sum(sg.TEST_MIX)) < 0.07
+  # The ood probe: templates and names train never uses.
+  ood = sg.generate(60, 1, "ood")
+  assert {r["template"] for r in ood} == set(sg.HELD_OUT_TEMPLATES)
   assert not {p.name for p in TRAIN_NAMES} & {p.name for p in TEST_NAMES}
   words = lambda rows: {w for r in rows for w in re.findall(r"[A-Z][a-z]+",
                                                             r["question"])}
-  assert not words(test_problems) & {p.name for p in TRAIN_NAMES}
+  assert words(ood) & {p.name for p in TEST_NAMES}
+  assert not words(ood) & {p.name for p in TRAIN_NAMES}
   assert not words(train_problems) & {p.name for p in TEST_NAMES}
-  assert not ({r["question"] for r in train_problems}
-              & {r["question"] for r in test_problems})
-  only_held = sg.generate(30, 1, "test", held_out_fraction=1.0)
-  assert {r["template"] for r in only_held} <= set(sg.HELD_OUT_TEMPLATES)
+
+
+def test_held_out_drops_questions_found_in_train():
+  train = sg.generate(40, 0, "train")
+  # A test stream seeded like train repeats train questions: all replaced.
+  drawn = sg.generate(10, 0, "train")
+  kept = sg.held_out(drawn, train, 10, 0, "train")
+  assert len(kept) == 10
+  assert not {p["question"] for p in kept} & {p["question"] for p in train}
+  assert kept == sg.generate(50, 0, "train")[40:]  # the stream's next ones
 
 
 def test_gsm8k_extraction_reads_the_final_answer(train_problems):
@@ -142,7 +155,14 @@ def test_cli_writes_reproducible_splits(tmp_path):
   rows = sg.read_jsonl(tmp_path / "a" / "test.jsonl")
   assert len(rows) == 20 and all(check_solution(r["answer"]) for r in rows)
   info = json.loads((tmp_path / "a" / "info.json").read_text())
-  assert info["test_seed"] == 4
+  assert info["test_seed"] == 4 and info["ood"] == 0
+  assert not (tmp_path / "a" / "ood.jsonl").exists()
+  make_synthetic_gsm.main([str(tmp_path / "c"), "--train", "50", "--test",
+                           "20", "--ood", "5"])
+  train = {r["question"] for r in sg.read_jsonl(tmp_path / "c" / "train.jsonl")}
+  test = {r["question"] for r in sg.read_jsonl(tmp_path / "c" / "test.jsonl")}
+  assert len(test) == 20 and not train & test
+  assert len(sg.read_jsonl(tmp_path / "c" / "ood.jsonl")) == 5
 
 
 def test_tokenizer_round_trip(tmp_path, train_problems, test_problems):

@@ -4,12 +4,13 @@ Each problem is a GSM8K row {"question", "answer"} whose answer is a worked
 solution of 2-6 steps with `<<expr=value>>` calculator annotations and a last
 line `#### N` (N a positive integer), plus "template" and "steps" fields.
 
-Splits: train problems come from TRAIN_TEMPLATES with TRAIN_NAMES; test
-problems from a different seed stream, with TEST_NAMES (disjoint from the
-train names, so no test question occurs in train) and a mix of the train
-templates and HELD_OUT_TEMPLATES that train never uses. Problem i of a split
-depends only on (split, seed, i): deterministic, and independent of how many
-problems are generated.
+Splits: train problems come from TRAIN_TEMPLATES, uniformly. Test problems
+come from a different seed stream and another mix of the same templates
+(TEST_MIX weights); write_splits drops any test question that also occurs in
+train, so the test set is held out. The "ood" split is a generalisation probe
+beyond that: HELD_OUT_TEMPLATES that train never uses, with TEST_NAMES that
+train never uses. Problem i of a split depends only on (split, seed, i):
+deterministic, and independent of how many problems are generated.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ HELD_OUT_TEMPLATES: dict[str, Template] = {
     "basketball": counting.basketball,
 }
 ALL_TEMPLATES = {**TRAIN_TEMPLATES, **HELD_OUT_TEMPLATES}
-SPLITS = ("train", "test")
+SPLITS = ("train", "test", "ood")
+# Relative template weights of the test split (sorted template order).
+TEST_MIX = (3, 1, 2, 1, 3, 2, 1, 2, 3, 1, 2, 3, 1)
 MIN_STEPS, MAX_STEPS = 2, 6
 _MAX_DRAWS = 500
 
 __all__ = ["ALL_TEMPLATES", "HELD_OUT_TEMPLATES", "SPLITS", "TRAIN_TEMPLATES",
-           "check_solution", "generate", "make_problem", "read_jsonl",
+           "TEST_MIX", "check_solution", "generate", "held_out", "make_problem", "read_jsonl",
            "write_jsonl"]
 
 
@@ -66,20 +69,13 @@ def make_problem(template: str, rng: random.Random,
                      f"{_MAX_DRAWS} draws (a template bug)")
 
 
-def generate(n: int, seed: int = 0, split: str = "train",
-             held_out_fraction: float = 0.5) -> list[dict]:
-  """`n` problems of `split` ('train' or 'test').
-
-  held_out_fraction: the share of test problems drawn from
-  HELD_OUT_TEMPLATES (the rest use train templates, with test names).
-  """
+def generate(n: int, seed: int = 0, split: str = "train") -> list[dict]:
+  """`n` problems of `split`: 'train', 'test' (train templates in the
+  TEST_MIX proportions) or 'ood' (held-out templates and names)."""
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
   if not isinstance(n, int) or n < 0:
     raise ValueError(f"n must be an int >= 0, got {n!r}")
-  if not 0.0 <= held_out_fraction <= 1.0:
-    raise ValueError(f"held_out_fraction must be in [0, 1], got "
-                     f"{held_out_fraction}")
   train_names, held_names = sorted(TRAIN_TEMPLATES), sorted(HELD_OUT_TEMPLATES)
   problems = []
   for i in range(n):
@@ -87,12 +83,27 @@ def generate(n: int, seed: int = 0, split: str = "train",
     rng = random.Random(f"synthetic-gsm/{split}/{seed}/{i}")
     if split == "train":
       template, names = rng.choice(train_names), TRAIN_NAMES
+    elif split == "test":
+      template = rng.choices(train_names, weights=TEST_MIX)[0]
+      names = TRAIN_NAMES
     else:
-      pool = (held_names if rng.random() < held_out_fraction
-              else train_names)
-      template, names = rng.choice(pool), TEST_NAMES
+      template, names = rng.choice(held_names), TEST_NAMES
     problems.append(make_problem(template, rng, names))
   return problems
+
+
+def held_out(problems: list[dict], exclude: list[dict], n: int, seed: int,
+             split: str) -> list[dict]:
+  """The first `n` problems of `split` whose question is not in `exclude`
+  (drawing further indices of the same stream to replace dropped ones)."""
+  seen = {p["question"] for p in exclude}
+  kept = [p for p in problems if p["question"] not in seen]
+  more = len(problems)
+  while len(kept) < n:
+    extra = generate(more + n - len(kept), seed, split)[more:]
+    more += len(extra)
+    kept += [p for p in extra if p["question"] not in seen]
+  return kept[:n]
 
 
 def write_jsonl(path: str | Path, problems: list[dict]) -> None:
@@ -114,18 +125,25 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 def write_splits(out_dir: str | Path, n_train: int, n_test: int,
                  seed: int = 0, test_seed: int | None = None,
-                 held_out_fraction: float = 0.5) -> dict:
-  """Writes OUT/train.jsonl, OUT/test.jsonl and OUT/info.json; returns the
-  info (sizes, seeds, template lists)."""
+                 n_ood: int = 0) -> dict:
+  """Writes OUT/train.jsonl, OUT/test.jsonl (held out: no question of it
+  occurs in train), OUT/ood.jsonl when n_ood > 0, and OUT/info.json;
+  returns the info (sizes, seeds, template lists, duplicates dropped)."""
   out = Path(out_dir)
   test_seed = seed + 1 if test_seed is None else test_seed
   train = generate(n_train, seed, "train")
-  test = generate(n_test, test_seed, "test", held_out_fraction)
+  drawn = generate(n_test, test_seed, "test")
+  test = held_out(drawn, train, n_test, test_seed, "test")
   write_jsonl(out / "train.jsonl", train)
   write_jsonl(out / "test.jsonl", test)
-  info = {"train": n_train, "test": n_test, "seed": seed,
-          "test_seed": test_seed, "held_out_fraction": held_out_fraction,
+  if n_ood:
+    write_jsonl(out / "ood.jsonl", generate(n_ood, test_seed, "ood"))
+  info = {"train": n_train, "test": n_test, "ood": n_ood, "seed": seed,
+          "test_seed": test_seed,
+          "test_in_train_dropped": sum(
+              p["question"] in {q["question"] for q in train} for p in drawn),
           "train_templates": sorted(TRAIN_TEMPLATES),
-          "held_out_templates": sorted(HELD_OUT_TEMPLATES)}
+          "test_mix": dict(zip(sorted(TRAIN_TEMPLATES), TEST_MIX)),
+          "ood_templates": sorted(HELD_OUT_TEMPLATES)}
   (out / "info.json").write_text(json.dumps(info, indent=2) + "\n")
   return info
