@@ -54,3 +54,30 @@ def forward(params, config, tokens_BxE, positions_BxE, attend_BxExE, rows_BxR):
   x = jnp.take_along_axis(x, rows_BxR[..., None], 1)
   x = _rms(x, p32["final_norm"]["scale"], c.rms_norm_eps)
   return mm(x, p32["lm_head"])
+
+
+def verify_pass(params, config, tokens_BxN, positions_BxN, valid_BxN,
+                slots_BxQ, tokens_BxQ, exclude_BxS, inq_BxQxQ, rows_BxR):
+  """Logits [B, R, V] of verify rows (indices into Q), computed uncached on
+  the extended sequence [context N | verify rows Q].
+
+  The context is a plain forward of tokens_BxN (what a complete cache
+  holds). Verify row r sits at the RoPE position of slot slots_BxQ[r] (-1 =
+  unused) and sees the valid context outside exclude_BxS plus verify row c
+  iff inq_BxQxQ[r, c]; no row sees itself unless inq_BxQxQ says so (Dream's
+  predictor rows do not). Nothing flows from verify rows to the context.
+  """
+  b, n = tokens_BxN.shape
+  q = slots_BxQ.shape[1]
+  real_BxQ = slots_BxQ >= 0
+  tokens_BxE = jnp.concatenate([tokens_BxN, tokens_BxQ], 1)
+  pos_BxE = jnp.concatenate([positions_BxN, jnp.take_along_axis(
+      positions_BxN, jnp.maximum(slots_BxQ, 0), 1)], 1)
+  ctx_ok_BxN = valid_BxN & ~exclude_BxS
+  attend = jnp.zeros((b, n + q, n + q), bool)
+  attend = attend.at[:, :n, :n].set(valid_BxN[:, None, :])
+  attend = attend.at[:, n:, :n].set(real_BxQ[:, :, None] & ctx_ok_BxN[:, None])
+  attend = attend.at[:, n:, n:].set(inq_BxQxQ)
+  # rows of unused slots see key 0 (no empty softmax)
+  attend = attend.at[:, n:, 0].set(attend[:, n:, 0] | ~real_BxQ)
+  return forward(params, config, tokens_BxE, pos_BxE, attend, n + rows_BxR)

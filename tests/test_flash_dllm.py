@@ -39,9 +39,12 @@ SMALL_VERIFY = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
                                 gamma=0.4)
 
 
-@pytest.mark.parametrize("sampler", [SMALL, SMALL_VERIFY])
-def test_compiled_loop_equals_python_loop(sampler):
-  config, params = tiny("llada", eos_boost=1.2)
+BY_ARCH = [("llada", SMALL), ("llada", SMALL_VERIFY), ("dream", SMALL_VERIFY)]
+
+
+@pytest.mark.parametrize("arch,sampler", BY_ARCH)
+def test_compiled_loop_equals_python_loop(arch, sampler):
+  config, params = tiny(arch, eos_boost=1.2)
   ids, valid = left_pad(random_prompts(22, [5, 12, 8]), config.pad_token_id)
   rng_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
   args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
@@ -52,9 +55,9 @@ def test_compiled_loop_equals_python_loop(sampler):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("sampler", [SMALL, SMALL_VERIFY])
-def test_rows_do_not_depend_on_the_batch(sampler):
-  config, params = tiny("llada", eos_boost=1.2)
+@pytest.mark.parametrize("arch,sampler", BY_ARCH)
+def test_rows_do_not_depend_on_the_batch(arch, sampler):
+  config, params = tiny(arch, eos_boost=1.2)
   prompts = random_prompts(23, [4, 13, 30])
   batch = generate(params, prompts, config=config, sampler=sampler)
   others = random_prompts(24, [40, 2])
@@ -110,12 +113,6 @@ def test_query_selection_follows_the_budget():
   assert slots[:2].tolist() == [5, 8]        # window: best last confidence
   assert slots[2:4].tolist() == [2, 4]       # extra: never scored, in order
   assert slots[4:6].tolist() == [6, 1]       # tracked: new, then most mass
-
-
-def test_dream_verify_is_refused_clearly():
-  config, params = tiny("dream")
-  with pytest.raises(ValueError, match="LLaDA-style"):
-    generate(params, [1, 2, 3], config=config, sampler=SMALL_VERIFY)
 
 
 def test_dream_batch_invariance_and_termination():
@@ -194,6 +191,37 @@ def test_verify_pattern_between_candidates():
   assert plan.mask_rows_BxC[0].tolist() == [6, 7]
 
 
+def test_dream_verify_plan_reads_each_candidate_from_position_minus_one():
+  """block_m 8, candidates (confidence order) at 4, 6, 7, 5: candidate 2's
+  predecessor is candidate 1, so draft row 1 is read; the others get
+  predictor rows at 3 (an old decoded token left to the cache), 5 (a later
+  candidate: [MASK]) and 4 (an earlier candidate: its draft)."""
+  mask = 99
+  tokens = jnp.where((jnp.arange(10) >= 4) & (jnp.arange(10) < 8), mask,
+                     10 + jnp.arange(10))[None]
+  key = jnp.array([[5, 4, 3, 0, -jnp.inf, -jnp.inf, -jnp.inf, -jnp.inf, 2,
+                    1]])
+  plan = flash_verify.plan(tokens, key, jnp.array([[4, 6, 7, 5]]),
+                           jnp.array([[40, 41, 42, 43]]), jnp.array([4]), 8,
+                           mask, shift=1)
+  # 5 recent rows (slot 3 is the oldest and left out), 4 draft, 4 mask, 3
+  # predictor rows
+  assert plan.slots_BxQ[0].tolist() == [0, 1, 2, 8, 9, 4, 6, 7, 5, 4, 6, 7, 5,
+                                        3, 5, 4]
+  assert plan.tokens_BxQ[0, 13:].tolist() == [13, mask, 40]
+  assert plan.kind_BxQ[0, 13:].tolist() == [flash_verify.PREDICT] * 3
+  assert plan.rank_BxQ[0, 13:].tolist() == [0, 1, 3]
+  assert plan.mask_rows_BxC[0].tolist() == [9, 10, 11, 12]
+  assert plan.score_rows_BxC[0].tolist() == [13, 14, 6, 15]
+  inq = np.asarray(plan.inq_BxQxQ[0])
+  for row, mask_row in [(13, 9), (14, 10), (6, 11), (15, 12)]:
+    assert inq[row].tolist() == inq[mask_row].tolist()
+  assert not inq[:, 13:].any()
+  # predictor slots stay visible in the cache (slot 3 is nobody's row)
+  assert np.asarray(plan.exclude_BxS[0]).tolist() == [True] * 3 + [False] + [
+      True] * 6
+
+
 def test_accept_takes_the_longest_prefix_above_gamma():
   p = jnp.array([[0.9, 0.9, 0.5, 0.99], [0.7, 0.99, 0.99, 0.99],
                  [0.95, 0.95, 0.95, 0.95]])
@@ -203,12 +231,14 @@ def test_accept_takes_the_longest_prefix_above_gamma():
                            [True, True, False, False]]
 
 
-def test_every_accepted_draft_passes_an_independent_verify_pass():
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_every_accepted_draft_passes_an_independent_verify_pass(arch):
   """Unlimited budget: the cache equals a full forward of the pre-step
   tokens, so the verify pass is re-computed uncached on an extended sequence
   [context | verify rows] with the plan's pattern, and its probabilities
-  must match and decide acceptance."""
-  config, params = tiny("llada")
+  must match and decide acceptance. For Dream the probabilities are read
+  from the predictor rows (position c_i - 1 in candidate i's mask view)."""
+  config, params = tiny(arch)
   sampler = FlashDLLMSampler(gen_length=24, block_m=8, track_num=40,
                              mask_num=4, threshold=0.95, verify=True,
                              gamma=0.3)
@@ -220,24 +250,15 @@ def test_every_accepted_draft_passes_an_independent_verify_pass():
                             jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32)))
   state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
   step = jax.jit(lambda st: sampler.step_trace(model, st, p_len))
-  n, accepted = state.tokens_BxN.shape[1], 0
+  accepted = predictors = reused = 0
   while not bool(state.done_B.all()) and int(state.step) < 24:
     trace = step(state)
     plan = trace.plan
     if int(plan.S_B.max()) > 0:
-      q = plan.slots_BxQ.shape[1]
-      real_q = plan.slots_BxQ >= 0
-      tokens_BxE = jnp.concatenate([state.tokens_BxN, plan.tokens_BxQ], 1)
-      pos_BxE = jnp.concatenate([model.positions_BxN, jnp.take_along_axis(
-          model.positions_BxN, jnp.maximum(plan.slots_BxQ, 0), 1)], 1)
-      ctx_ok = valid_BxN & ~plan.exclude_BxS
-      attend = jnp.zeros((2, n + q, n + q), bool)
-      attend = attend.at[:, :n, :n].set(valid_BxN[:, None, :])
-      attend = attend.at[:, n:, :n].set(real_q[:, :, None] & ctx_ok[:, None, :])
-      attend = attend.at[:, n:, n:].set(plan.inq_BxQxQ)
-      attend = attend.at[:, n:, 0].set(attend[:, n:, 0] | ~real_q)  # no empty rows
-      logits = independent_forward.forward(params, config, tokens_BxE, pos_BxE,
-                                           attend, n + plan.mask_rows_BxC)
+      logits = independent_forward.verify_pass(
+          params, config, state.tokens_BxN, model.positions_BxN, valid_BxN,
+          plan.slots_BxQ, plan.tokens_BxQ, plan.exclude_BxS, plan.inq_BxQxQ,
+          plan.score_rows_BxC)
       drafts = jnp.take_along_axis(
           plan.tokens_BxQ, jnp.maximum(plan.mask_rows_BxC - plan.S_B[:, None], 0), 1)
       p = jnp.exp(jnp.take_along_axis(jax.nn.log_softmax(logits, -1),
@@ -251,10 +272,51 @@ def test_every_accepted_draft_passes_an_independent_verify_pass():
       got = np.asarray(trace.keep_BxC)
       assert (got == want)[decided].all()
       accepted += int(got.sum())
+      if config.logits_shift:
+        added, shared = _check_predictors(plan, trace.tokens_BxN,
+                                          config.mask_token_id)
+        predictors, reused = predictors + added, reused + shared
+      else:
+        np.testing.assert_array_equal(plan.score_rows_BxC, plan.mask_rows_BxC)
     state = advance(state, trace.tokens_BxN, trace.aux, trace.forwards_B,
                     p_len, config.mask_token_id, config.stop_token_ids,
                     state.rng_B)
   assert accepted > 0, "no draft was ever verified and accepted"
+  if config.logits_shift:  # both ways of reading a Dream candidate occurred
+    assert predictors > 0 and reused > 0, (predictors, reused)
+
+
+def _check_predictors(plan, tokens_BxN, mask_id):
+  """Dream: candidate i is scored at slot c_i - 1, holding that slot's token
+  in i's mask view, with mask row i's visibility; no row sees a predictor
+  row. Returns (predictor rows added, candidates read from draft row
+  i - 1)."""
+  kind, rank = np.asarray(plan.kind_BxQ), np.asarray(plan.rank_BxQ)
+  slots, toks = np.asarray(plan.slots_BxQ), np.asarray(plan.tokens_BxQ)
+  inq, tokens = np.asarray(plan.inq_BxQxQ), np.asarray(tokens_BxN)
+  added = shared = 0
+  for b in range(kind.shape[0]):
+    cand = {int(rank[b, r]): r for r in np.flatnonzero(
+        kind[b] == flash_verify.DRAFT)}
+    for i in range(int(plan.S_B[b])):
+      mask_row = int(plan.mask_rows_BxC[b, i])
+      row = int(plan.score_rows_BxC[b, i])
+      assert slots[b, row] == slots[b, mask_row] - 1
+      np.testing.assert_array_equal(inq[b, row], inq[b, mask_row])
+      if kind[b, row] == flash_verify.DRAFT:  # draft row i - 1, reused
+        assert rank[b, row] == i - 1
+        shared += 1
+        continue
+      assert kind[b, row] == flash_verify.PREDICT and rank[b, row] == i
+      assert not inq[b, :, row].any()
+      at = [k for k in cand if slots[b, cand[k]] == slots[b, row]]
+      if at:  # an earlier candidate holds its draft, a later one [MASK]
+        want = toks[b, cand[at[0]]] if at[0] < i else mask_id
+      else:  # not a candidate: verification leaves its token alone
+        want = tokens[b, slots[b, row]]
+      assert toks[b, row] == want
+      added += 1
+  return added, shared
 
 
 # Continuous batching -------------------------------------------------------------

@@ -1,21 +1,16 @@
 """Flash-dLLM: Flash-Cache, optionally with Flash-Verify (VILA-Lab/Flash-dLLM).
 
 Every step pushes a fixed budget of query positions per row through the whole
-model against a KV cache that covers the full sequence:
-  window  block_m masked positions, best confidence (as last scored) first,
-          never-scored ones in position order;
-  tracked newly committed positions, then the other positions (decoded,
-          or masks dropped after a stop token) that drew the most attention
-          mass from the window in the previous step (track budget
-          track_num * block_m);
-  extra   the next (mask_num - 1) * block_m masked positions in that order,
-          refreshed but not decoded.
-Their fresh K/V overwrite their slots; everything else is read from the
-cache. The first step runs every position (a prefill) so the cache starts
-complete. The window is decoded with the confidence threshold (at least one
-commit per step); masked positions after a committed stop token are dropped.
+model against a KV cache that covers the full sequence (flash_budget.py):
+block_m window masks to decode, (mask_num - 1) * block_m further masks to
+refresh, and track_num * block_m tracked positions (new commits first, then
+by attention mass). Their fresh K/V overwrite their slots; everything else
+is read from the cache. The first step runs every position (a prefill) so
+the cache starts complete. The window is decoded with the confidence
+threshold (at least one commit per step); masked positions after a committed
+stop token are dropped.
 With `verify`, a second pass checks up to block_m // 2 of the remaining
-window drafts (flash_verify.py).
+window drafts (flash_verify.py, which also defines the pass for Dream).
 """
 
 from __future__ import annotations
@@ -28,8 +23,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax.model import CachedExtras, KVCache
-from flash_dllm_jax.sampling import (checks, flash_verify, parallel_rules,
-                                     select)
+from flash_dllm_jax.sampling import (checks, flash_budget, flash_verify,
+                                     parallel_rules)
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -125,10 +120,6 @@ class FlashDLLMSampler:
     checks.check_fits(prompt_len, self.gen_length, max_seq_len)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
-    if model.config.logits_shift and self.verify:
-      raise ValueError("Flash-Verify is implemented for LLaDA-style models; "
-                       "Dream's shifted logits need a verify pattern of "
-                       "their own (Flash-Cache alone works for Dream)")
     b, n = tokens_BxN.shape
     return FlashCacheAux(cache=model.empty_cache(),
                          rank_BxN=jnp.full((b, n), NOT_SCORED, jnp.float32),
@@ -148,38 +139,13 @@ class FlashDLLMSampler:
         committed_at_BxN=jnp.where(r_Bx1, -1, aux.committed_at_BxN),
         fresh_B=aux.fresh_B | rows_B)
 
-  # Query selection -----------------------------------------------------------
-  def _candidates(self, model, tokens_BxN, prompt_len):
-    """(open_BxN: masked positions still part of the answer; others_BxN:
-    every other real position — decoded tokens, and masks dropped after a
-    stop token — which may only be refreshed as tracked positions)."""
-    cfg = model.config
-    n = tokens_BxN.shape[1]
-    gen_BxN = jnp.arange(n)[None, :] >= prompt_len
-    masked_BxN = (tokens_BxN == cfg.mask_token_id) & gen_BxN
-    stop_BxN = _is_stop(tokens_BxN, model.stop_ids) & gen_BxN
-    first_stop_B = jnp.where(stop_BxN.any(1), jnp.argmax(stop_BxN, 1), n)
-    open_BxN = masked_BxN & (jnp.arange(n)[None, :] < first_stop_B[:, None])
-    return open_BxN, model.valid_BxN & ~open_BxN
-
+  # Query selection (flash_budget.py) -----------------------------------------
   def _select(self, aux, open_BxN, decoded_BxN):
     """slots_BxQ (-1 = unused) laid out as [window | extra masks | tracked]."""
     w, x = self.block_m, self.extra_masks
-    t = self.query_budget - w - x
-    mask_key_BxN = jnp.where(open_BxN, -aux.rank_BxN, jnp.inf)
-    mask_order_BxN = jnp.argsort(mask_key_BxN, axis=1, stable=True)
-    n_open_B = open_BxN.sum(1)
-    take = lambda order, count, k, start=0: jnp.where(
-        jnp.arange(start, start + k)[None, :] < count[:, None],
-        _pad_take(order, start, k), -1)
-    window_BxW = take(mask_order_BxN, n_open_B, w)
-    extra_BxX = take(mask_order_BxN, n_open_B, x, start=w)
-    track_key_BxN = jnp.where(decoded_BxN,
-                              -jnp.where(aux.new_BxN, jnp.inf, aux.mass_BxN),
-                              jnp.inf)
-    track_order_BxN = jnp.argsort(track_key_BxN, axis=1, stable=True)
-    tracked_BxT = take(track_order_BxN, decoded_BxN.sum(1), t)
-    return jnp.concatenate([window_BxW, extra_BxX, tracked_BxT], axis=1)
+    return flash_budget.select(
+        aux.rank_BxN, aux.mass_BxN, aux.new_BxN, open_BxN, decoded_BxN,
+        window=w, extra=x, tracked=self.query_budget - w - x)
 
   # One step ------------------------------------------------------------------
   def propose(self, model: SequenceModel, state: DecodeState,
@@ -194,7 +160,8 @@ class FlashDLLMSampler:
     tokens_BxN, aux = state.tokens_BxN, state.aux
     b, n = tokens_BxN.shape
     w, x = self.block_m, self.extra_masks
-    open_BxN, decoded_BxN = self._candidates(model, tokens_BxN, prompt_len)
+    open_BxN, decoded_BxN = flash_budget.candidates(model, tokens_BxN,
+                                                     prompt_len)
     slots_BxQ = self._select(aux, open_BxN, decoded_BxN)
     scored_BxR = slots_BxQ[:, :w + x]
     # Dream predicts position i from row i - 1 (config.logits_shift).
@@ -224,7 +191,7 @@ class FlashDLLMSampler:
 
     x0_BxR, conf_BxR = parallel_rules.confidence(logits_BxRxV)
     real_BxR = scored_BxR >= 0
-    is_stop_BxR = _is_stop(x0_BxR, model.stop_ids) & real_BxR
+    is_stop_BxR = flash_budget.is_stop(x0_BxR, model.stop_ids) & real_BxR
     # Window positions after a predicted stop token get no confidence.
     first_stop_B = jnp.min(jnp.where(is_stop_BxR[:, :w], scored_BxR[:, :w], n),
                            axis=1)
@@ -247,12 +214,14 @@ class FlashDLLMSampler:
     committed_at_BxN = aux.committed_at_BxN.at[rows_Bx1, commit_slots_BxW].set(
         state.step, mode="drop")
     if self.verify:
-      plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC = self._verify(
+      v = flash_verify.verify(
           model, tokens_BxN, committed_at_BxN, scored_BxR[:, :w], drafts_BxW,
-          conf_w_BxW, commit_BxW, cache)
-      verified_BxC = jnp.where(keep_BxC, cand_slots_BxC, n)
+          conf_w_BxW, commit_BxW, cache, block_m=self.block_m,
+          gamma=self.gamma, accept_none=self.forced_commits is not None)
+      plan, p_BxC, keep_BxC = v.plan, v.p_BxC, v.keep_BxC
+      verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)
       tokens_BxN = tokens_BxN.at[rows_Bx1, verified_BxC].set(
-          cand_drafts_BxC, mode="drop")
+          v.drafts_BxC, mode="drop")
       committed_at_BxN = committed_at_BxN.at[rows_Bx1, verified_BxC].set(
           state.step, mode="drop")
       commit_slots_BxW = jnp.concatenate([commit_slots_BxW, verified_BxC], 1)
@@ -265,44 +234,6 @@ class FlashDLLMSampler:
                         new_BxN=new_BxN, committed_at_BxN=committed_at_BxN,
                         fresh_B=jnp.zeros_like(aux.fresh_B))
     return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC)
-
-  def _verify(self, model, tokens_BxN, committed_at_BxN, window_BxW,
-              drafts_BxW, conf_BxW, committed_BxW, cache):
-    """The verify pass: (plan, p_BxC, keep_BxC, candidate slots_BxC,
-    drafts_BxC), candidates in draft-confidence order."""
-    cfg = model.config
-    b, n = tokens_BxN.shape
-    c = self.block_m // 2
-    remaining_BxW = (window_BxW >= 0) & ~committed_BxW
-    order_BxW = jnp.argsort(jnp.where(remaining_BxW, -conf_BxW, jnp.inf),
-                            axis=1, stable=True)[:, :c]
-    n_cand_B = jnp.minimum(remaining_BxW.sum(1), c)
-    real_BxC = jnp.arange(c)[None, :] < n_cand_B[:, None]
-    cand_slots_BxC = jnp.where(
-        real_BxC, jnp.take_along_axis(window_BxW, order_BxW, 1), -1)
-    cand_drafts_BxC = jnp.take_along_axis(drafts_BxW, order_BxW, 1)
-    decoded_BxN = model.valid_BxN & (tokens_BxN != cfg.mask_token_id)
-    recent_key_BxN = jnp.where(
-        decoded_BxN,
-        committed_at_BxN.astype(jnp.float32) * n + jnp.arange(n)[None, :],
-        -jnp.inf)
-    plan = flash_verify.plan(tokens_BxN, recent_key_BxN, cand_slots_BxC,
-                             cand_drafts_BxC, n_cand_B, self.block_m,
-                             cfg.mask_token_id)
-
-    def run_verify():
-      out = model.run(plan.tokens_BxQ, plan.slots_BxQ, cache,
-                      plan.mask_rows_BxC, extras=CachedExtras(
-                          write_cache=False, exclude_BxS=plan.exclude_BxS,
-                          inq_mask_BxQxQ=plan.inq_BxQxQ))
-      return select.prob_of(out.logits, cand_drafts_BxC)
-
-    p_BxC = jax.lax.cond(jnp.any(plan.S_B > 0), run_verify,
-                         lambda: jnp.zeros((b, c), jnp.float32))
-    keep_BxC = flash_verify.accept(p_BxC, plan.S_B, self.gamma)
-    if self.forced_commits is not None:  # benchmark: the pass runs, no effect
-      keep_BxC = jnp.zeros_like(keep_BxC)
-    return plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC
 
   def _prefill(self, model, tokens_BxN, slots_BxQ, pred_BxR, cache):
     """A row's first step: every position, so its cache starts complete."""
@@ -354,22 +285,3 @@ class StepTrace(NamedTuple):
   plan: flash_verify.VerifyPlan | None
   p_BxC: jax.Array | None
   keep_BxC: jax.Array | None
-
-
-def _is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
-  if not stop_ids:
-    return jnp.zeros(tokens.shape, bool)
-  return jnp.isin(tokens, jnp.asarray(stop_ids))
-
-
-def _pad_take(order_BxN: jax.Array, start: int, k: int) -> jax.Array:
-  """order[:, start:start + k], padded with -1 where it runs past N."""
-  n = order_BxN.shape[1]
-  if start >= n:
-    return jnp.full((order_BxN.shape[0], k), -1, order_BxN.dtype)
-  part = order_BxN[:, start:start + k]
-  pad = k - part.shape[1]
-  if pad:
-    part = jnp.concatenate(
-        [part, jnp.full((order_BxN.shape[0], pad), -1, order_BxN.dtype)], 1)
-  return part
