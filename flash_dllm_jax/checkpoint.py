@@ -29,6 +29,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
+from jax.sharding import NamedSharding
+
+from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.tokenizer import Tokenizer
 
@@ -122,12 +125,24 @@ def load_config(ckpt_dir: str | Path) -> ModelConfig:
   return ModelConfig.from_dict(config)
 
 
-def load(ckpt_dir: str | Path, dtype: str | None = None,
+def _stored_shapes(checkpointer, group_dir: Path) -> dict[str, tuple]:
+  """{param path: shape} of one group, from its orbax metadata alone."""
+  meta = checkpointer.metadata(group_dir)
+  tree = getattr(meta, "item_metadata", meta)
+  tree = getattr(tree, "tree", tree)
+  return {p: tuple(m.shape) for p, m in
+          traverse_util.flatten_dict(dict(tree), sep="/").items()}
+
+
+def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
          ) -> tuple[Params, ModelConfig, Tokenizer | None]:
   """Restores (params, config, tokenizer) from a checkpoint directory.
 
   Params come back as jax arrays in their stored dtype, or cast to `dtype`
   (then config.dtype is set to it as well). Groups are restored one by one.
+  mesh ('data=D,model=M' or a Mesh): each weight is read shard by shard
+  straight onto its devices with its `parallel.param_spec` sharding (no
+  device, and no host buffer, ever holds a whole sharded weight).
   """
   ckpt_dir = Path(ckpt_dir).absolute()
   config = load_config(ckpt_dir)
@@ -136,6 +151,8 @@ def load(ckpt_dir: str | Path, dtype: str | None = None,
     raise ValueError(f"{ckpt_dir}: unsupported checkpoint format "
                      f"{manifest.get('format')!r} (expected {FORMAT})")
   np_dtype = None if dtype is None else jnp.dtype(dtype)
+  mesh = parallel.parse_mesh(mesh)
+  parallel.check_config(config, mesh)
   checkpointer = ocp.PyTreeCheckpointer()
   flat: dict[str, jax.Array] = {}
   for group, paths in manifest["groups"].items():
@@ -143,13 +160,19 @@ def load(ckpt_dir: str | Path, dtype: str | None = None,
     if not group_dir.is_dir():
       raise FileNotFoundError(f"checkpoint {ckpt_dir} lacks parameter group "
                               f"params/{group}")
-    restore_args = traverse_util.unflatten_dict(
-        {p: ocp.RestoreArgs(restore_type=np.ndarray, dtype=np_dtype)
-         for p in paths}, sep="/")
+    if mesh is None:
+      args = {p: ocp.RestoreArgs(restore_type=np.ndarray, dtype=np_dtype)
+              for p in paths}
+    else:
+      shapes = _stored_shapes(checkpointer, group_dir)
+      args = {p: ocp.ArrayRestoreArgs(
+          dtype=np_dtype, sharding=NamedSharding(
+              mesh, parallel.param_spec(p, shapes[p], mesh))) for p in paths}
+    restore_args = traverse_util.unflatten_dict(args, sep="/")
     tree = checkpointer.restore(
         group_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args))
     for path, array in traverse_util.flatten_dict(tree, sep="/").items():
-      flat[path] = jnp.asarray(array)
+      flat[path] = array if mesh is not None else jnp.asarray(array)
   tokenizer = None
   if manifest.get("tokenizer"):
     if not (ckpt_dir / "tokenizer.json").is_file():

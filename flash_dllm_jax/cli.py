@@ -42,7 +42,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute dtype (default: the checkpoint's)")
   gen.add_argument("--seed", type=int, default=0)
   gen.add_argument("--mesh", default=None,
-                   help="device mesh, e.g. data=4 (split the batch)")
+                   help="device mesh: data=D splits the batch, model=M the "
+                        "weights and KV cache (tensor parallel), e.g. "
+                        "data=2,model=2")
   gen.add_argument("--no-stop-at-eos", dest="stop_at_eos",
                    action="store_false", help="decode every position")
   for name, typ, help_ in _OPTIONS:
@@ -62,11 +64,14 @@ def main(argv: list[str] | None = None) -> int:
   options = {name: getattr(args, name) for name, *_ in _OPTIONS + _FLAGS
              if getattr(args, name) is not None}
   try:
-    params, config, tokenizer = load(args.checkpoint, dtype=args.dtype)
+    from flash_dllm_jax.parallel import parse_mesh
+    mesh = parse_mesh(args.mesh)
+    params, config, tokenizer = load(args.checkpoint, dtype=args.dtype,
+                                     mesh=mesh)
     t0 = time.perf_counter()
     out = generate((params, config, tokenizer), args.prompt, chat=args.chat,
                    seed=args.seed, stop_at_eos=args.stop_at_eos,
-                   mesh=args.mesh, **options)
+                   mesh=mesh, **options)
   except (ValueError, FileNotFoundError, TypeError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

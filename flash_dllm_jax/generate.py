@@ -68,16 +68,18 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
 
 def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
                   rng_B: jax.Array, *, config: ModelConfig, sampler: Sampler,
-                  stop_at_eos: bool = True, compiled: bool = True):
+                  stop_at_eos: bool = True, compiled: bool = True,
+                  implementation: str | None = None):
   """The decode as a pure function of device arrays (jit it with config,
-  sampler, stop_at_eos and compiled static). Returns (gen_BxG, forwards_B,
-  steps, steps_B)."""
+  sampler, stop_at_eos, compiled and implementation static; under a mesh,
+  trace it inside `parallel.use(mesh)`). Returns (gen_BxG, forwards_B,
+  steps, steps_B). implementation: kernel choice (flash_dllm_jax/ops.py)."""
   b, p = prompt_BxP.shape
   valid_BxN = jnp.concatenate(
       [valid_BxP, jnp.ones((b, sampler.gen_length), bool)], axis=1)
   stop_ids = config.stop_token_ids if stop_at_eos else ()
   model = SequenceModel.for_batch(config, params, valid_BxN,
-                                  stop_ids=stop_ids)
+                                  implementation, stop_ids=stop_ids)
   step_fn = make_step(sampler, model, p, stop_ids)
   state = DecodeState.start(prompt_BxP, sampler.gen_length,
                             config.mask_token_id, rng_B)
@@ -90,7 +92,7 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
 
 
 decode_jit = jax.jit(decode_tokens, static_argnames=(
-    "config", "sampler", "stop_at_eos", "compiled"))
+    "config", "sampler", "stop_at_eos", "compiled", "implementation"))
 _queue_jit = jax.jit(continuous.decode_queue, static_argnames=(
     "config", "sampler", "batch_size", "stop_at_eos", "implementation"))
 
@@ -142,8 +144,12 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   batch_size: decode through this many slots with continuous batching (a
     finished slot takes the next prompt inside the compiled loop); for
     samplers with `reset_rows` (Flash-dLLM). None: one batch of all prompts.
-  mesh: 'data=D' or a jax Mesh: split the batch over D devices (padded to a
-    multiple of D with copies of the last prompt, which are dropped).
+  mesh: 'data=D,model=M' or a jax Mesh (parallel.parse_mesh): split the
+    batch over D devices (padded to a multiple of D with copies of the last
+    prompt, which are dropped) and the weights and KV cache over M
+    (tensor parallelism; M must divide the heads, KV heads and MLP width).
+    Weights not already on their shards (see `load(mesh=)`) are moved
+    there.
   """
   if isinstance(model, tuple) and len(model) == 3:
     params, config, tokenizer = model
@@ -169,6 +175,7 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
   mesh = parallel.parse_mesh(mesh)
+  parallel.check_config(config, mesh)
   n_rows = len(rows)
   if mesh is not None:
     if batch_size is not None and batch_size < n_rows:
@@ -183,7 +190,7 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   if mesh is not None:
     ids, valid, rng_B = (parallel.shard_rows(mesh, a)
                          for a in (ids, valid, rng_B))
-    params = parallel.replicate(mesh, params)
+    params = parallel.shard_params(mesh, params)
   if batch_size is not None and batch_size < n_rows:
     if batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -191,9 +198,10 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
         params, ids, valid, rng_B, config=config,
         sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos)
   else:
-    gen, forwards, steps, steps_b = decode_jit(
-        params, ids, valid, rng_B,
-        config=config, sampler=sampler, stop_at_eos=stop_at_eos)
+    with parallel.use(mesh):
+      gen, forwards, steps, steps_b = decode_jit(
+          params, ids, valid, rng_B,
+          config=config, sampler=sampler, stop_at_eos=stop_at_eos)
   gen, forwards, steps_b = (np.asarray(a)[:n_rows]
                             for a in (gen, forwards, steps_b))
   texts = None

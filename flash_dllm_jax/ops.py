@@ -14,6 +14,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import PartitionSpec as P
+
+from flash_dllm_jax import parallel
 from pallas_kernels.attention import api as attention_api
 from pallas_kernels.attention import reference as attention_reference
 from pallas_kernels.cache_update import api as cache_api
@@ -47,7 +50,9 @@ def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
 def write_cache(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
                 slots_BxQ: jax.Array) -> jax.Array:
   """Writes fresh K or V rows at their cache slots (-1 = skip)."""
-  return cache_reference.write_rows(cache_BxSxKxD, new_BxQxKxD, slots_BxQ)
+  return parallel.constrain(
+      cache_reference.write_rows(cache_BxSxKxD, new_BxQxKxD, slots_BxQ),
+      parallel.CACHE_SPEC)
 
 
 def _kernels(implementation: str | None) -> str:
@@ -66,15 +71,21 @@ def rope_and_write(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
   """
   impl = _kernels(implementation)
   if impl != "reference":
-    return cache_api.rope_write(
-        q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
-        k_cache_BxSxKxD, v_cache_BxSxKxD, theta=theta, scale=scale,
-        implementation=impl)
+    kernel = lambda *args: cache_api.rope_write(
+        *args, theta=theta, scale=scale, implementation=impl)
+    mesh = parallel.active_mesh()
+    if mesh is not None:
+      heads, rows = parallel.HEADS_SPEC, P("data")
+      kernel = parallel.shard_map(kernel, mesh,
+                                  (heads, heads, heads, rows, rows, heads,
+                                   heads), (heads, heads, heads))
+    return kernel(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
+                  k_cache_BxSxKxD, v_cache_BxSxKxD)
   q = rope_fn(q_BxQxHxD, positions_BxQ)
   q = (q.astype(jnp.float32) * scale).astype(q_BxQxHxD.dtype)
   k = rope_fn(k_BxQxKxD, positions_BxQ)
-  return (q, cache_reference.write_rows(k_cache_BxSxKxD, k, slots_BxQ),
-          cache_reference.write_rows(v_cache_BxSxKxD, v_BxQxKxD, slots_BxQ))
+  return (q, write_cache(k_cache_BxSxKxD, k, slots_BxQ),
+          write_cache(v_cache_BxSxKxD, v_BxQxKxD, slots_BxQ))
 
 
 def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
@@ -99,9 +110,29 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   exclude = ~key_valid_BxS
   if exclude_BxS is not None:
     exclude = exclude | exclude_BxS
-  return attention_api.scheduled_attention(
-      q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
-      jnp.full((b,), s, jnp.int32), jnp.full((b,), q, jnp.int32), scale=1.0,
-      k_new_BxTxKxD=k_new_BxQxKxD, v_new_BxTxKxD=v_new_BxQxKxD,
-      inq_mask_BxQxT=inq_mask_BxQxQ, exclude_BxS=exclude,
-      score_rows_BxQ=mass_rows_BxQ, implementation=impl)
+  heads, rows = parallel.HEADS_SPEC, P("data")
+  named = dict(q_BxQxHxD=(q_BxQxHxD, heads),
+               k_cache_BxSxKxD=(k_cache_BxSxKxD, heads),
+               v_cache_BxSxKxD=(v_cache_BxSxKxD, heads),
+               k_len_B=(jnp.full((b,), s, jnp.int32), rows),
+               q_len_B=(jnp.full((b,), q, jnp.int32), rows),
+               k_new_BxTxKxD=(k_new_BxQxKxD, heads),
+               v_new_BxTxKxD=(v_new_BxQxKxD, heads),
+               inq_mask_BxQxT=(inq_mask_BxQxQ, rows),
+               exclude_BxS=(exclude, rows),
+               score_rows_BxQ=(mass_rows_BxQ, rows))
+  named = {k: v for k, v in named.items() if v[0] is not None}
+  mesh = parallel.active_mesh() if impl != "reference" else None
+
+  def attend(*arrays):
+    out, mass = attention_api.scheduled_attention(
+        scale=1.0, implementation=impl, **dict(zip(named, arrays)))
+    if mass is not None and mesh is not None:  # this shard's heads only
+      mass = jax.lax.psum(mass, "model")
+    return out, mass
+
+  if mesh is not None:
+    attend = parallel.shard_map(
+        attend, mesh, tuple(spec for _, spec in named.values()),
+        (heads, rows if mass_rows_BxQ is not None else None))
+  return attend(*(x for x, _ in named.values()))

@@ -1,50 +1,227 @@
-"""Device meshes for data-parallel decoding through JAX's SPMD partitioner.
+"""Device meshes: data parallelism, tensor parallelism and several processes.
 
-`--mesh data=D` splits the batch over D devices: prompts, padding masks and
-PRNG keys are sharded along the batch, parameters are replicated, and the
-compiled decode loop runs unchanged (rows are independent, so XLA partitions
-it with no communication but the loop's "all rows done?" reduction).
-Tensor parallelism (`model=M`) is not implemented yet.
+`--mesh data=D,model=M` lays D x M local devices out as a ("data", "model")
+mesh and lets XLA's SPMD partitioner compile the unchanged decode loop:
+
+  data   splits the batch: prompts, padding masks and PRNG keys are sharded
+         along rows; rows are independent, so no communication but the loop's
+         "all rows done?" reduction.
+  model  splits the weights tensor-parallel (Megatron style): q/k/v and
+         gate/up are column-sharded (whole attention heads and MLP columns
+         per device), attn_out and down are row-sharded, so each attention
+         and each MLP output is one all-reduce; the KV cache is sharded along
+         its heads, the embedding along the vocabulary (an exact lookup), and
+         norms and the vocabulary head are replicated (every device holds the
+         full logits, so sampling needs no communication).
+
+`param_spec` maps a parameter path to its PartitionSpec; `shard_params` and
+`checkpoint.load(mesh=...)` place weights with it; `use(mesh)` makes the mesh
+the context of a traced decode, where `ops` runs the Pallas kernels per shard
+through `shard_map` (each kernel sees its own rows and heads).
+
+Several processes (hosts): `initialize_distributed` starts
+`jax.distributed` from the environment; meshes are built from each
+process's local devices, and evaluation splits problems across processes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+from typing import Any, Iterator
+
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 AXES = ("data", "model")
+CACHE_SPEC = P("data", None, "model", None)  # KV cache [B, S, K, D]
+HEADS_SPEC = CACHE_SPEC                      # q / k / v [B, Q, H or K, D]
+
+# Parameter path (the Flax tree keys joined by '/') -> spec. Kernels are
+# stored [in, out]: column-parallel layers split `out`, row-parallel `in`.
+_RULES = [
+    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)/kernel$", P(None, "model")),
+    (r"(q_proj|k_proj|v_proj)/bias$", P("model")),
+    (r"(attn_out|down_proj)/kernel$", P("model", None)),
+    (r"^embed$", P("model", None)),
+]
 
 
 def parse_mesh(spec: str | Mesh | None) -> Mesh | None:
-  """'data=4' (or 'data=2,model=1') -> a Mesh over the first devices."""
+  """'data=4', 'model=2' or 'data=2,model=2' -> a Mesh over the first local
+  devices (axes ("data", "model"); an absent axis has size 1)."""
   if spec is None or isinstance(spec, Mesh):
     return spec
   sizes = {}
   for part in spec.split(","):
     name, _, value = part.partition("=")
     name = name.strip()
-    if name not in AXES or not value.strip().isdigit() or int(value) < 1:
-      raise ValueError(f"bad mesh spec {spec!r}: expected e.g. 'data=4' with "
-                       f"axes from {AXES} and positive sizes")
+    if (name not in AXES or name in sizes or not value.strip().isdigit()
+        or int(value) < 1):
+      raise ValueError(f"bad mesh spec {spec!r}: expected e.g. 'data=4' or "
+                       f"'data=2,model=2' with axes from {AXES} (each at most "
+                       "once) and positive sizes")
     sizes[name] = int(value)
-  if sizes.get("model", 1) != 1:
-    raise ValueError("tensor parallelism (model > 1) is not implemented yet")
-  data = sizes.get("data", 1)
-  devices = jax.devices()
-  if data > len(devices):
-    raise ValueError(f"mesh asks for {data} devices, {len(devices)} present")
-  return Mesh(np.array(devices[:data]).reshape(data, 1), AXES)
+  data, model = sizes.get("data", 1), sizes.get("model", 1)
+  devices = jax.local_devices()
+  if data * model > len(devices):
+    raise ValueError(f"mesh {spec!r} asks for {data * model} devices, "
+                     f"{len(devices)} present")
+  grid = np.array(devices[:data * model]).reshape(data, model)
+  try:
+    from jax.sharding import AxisType
+    return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * 2)
+  except (ImportError, TypeError):  # JAX without axis types: always auto
+    return Mesh(grid, AXES)
 
 
 def data_size(mesh: Mesh | None) -> int:
   return 1 if mesh is None else mesh.shape["data"]
 
 
+def model_size(mesh: Mesh | None) -> int:
+  return 1 if mesh is None else mesh.shape["model"]
+
+
+def check_config(config, mesh: Mesh | None) -> None:
+  """Clear error when the model cannot be split `model` ways."""
+  m = model_size(mesh)
+  bad = [f"{name}={value}" for name, value in (
+      ("n_heads", config.n_heads), ("n_kv_heads", config.n_kv_heads),
+      ("mlp_hidden", config.mlp_hidden)) if value % m]
+  if bad:
+    common = np.gcd.reduce([config.n_heads, config.n_kv_heads,
+                            config.mlp_hidden])
+    raise ValueError(f"mesh model={m} must divide the attention heads, the "
+                     f"KV heads and the MLP width; this model has "
+                     f"{', '.join(bad)} (model= must divide {common})")
+
+
+def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh | None = None
+               ) -> P:
+  """The PartitionSpec of parameter `path` ('layers_3/q_proj/kernel')."""
+  for pattern, spec in _RULES:
+    if re.search(pattern, path):
+      if mesh is not None:  # a dimension the mesh does not divide stays whole
+        for dim, axis in zip(shape, spec):
+          if axis is not None and dim % mesh.shape[axis]:
+            return P()
+      return spec
+  return P()
+
+
+def _flat(params) -> dict[str, Any]:
+  from flax import traverse_util
+  return traverse_util.flatten_dict(dict(params), sep="/")
+
+
+def param_shardings(mesh: Mesh, params) -> Any:
+  """A tree like `params` (arrays or shape structs) of NamedShardings."""
+  from flax import traverse_util
+  return traverse_util.unflatten_dict(
+      {path: NamedSharding(mesh, param_spec(path, tuple(x.shape), mesh))
+       for path, x in _flat(params).items()}, sep="/")
+
+
+def shard_params(mesh: Mesh, params) -> Any:
+  """Places every weight on its shards (a no-op for weights already there)."""
+  return jax.tree.map(lambda x, s: x if getattr(x, "sharding", None) == s
+                      else jax.device_put(x, s),
+                      params, param_shardings(mesh, params))
+
+
 def shard_rows(mesh: Mesh, x):
   """Places an array (or PRNG key array) split along its first axis."""
-  return jax.device_put(x, NamedSharding(mesh, PartitionSpec("data")))
+  return jax.device_put(x, NamedSharding(mesh, P("data")))
 
 
 def replicate(mesh: Mesh, tree):
-  return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+  return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+@contextlib.contextmanager
+def use(mesh: Mesh | None) -> Iterator[None]:
+  """Makes `mesh` the context of what is traced inside (nothing for None).
+  The context mesh is part of jit's cache key."""
+  if mesh is None:
+    yield
+    return
+  set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
+  with set_mesh(mesh):
+    yield
+
+
+def active_mesh():
+  """The context mesh while tracing under `use`, if it has > 1 device."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh is None or mesh.empty or mesh.size == 1 or set(
+      mesh.axis_names) != set(AXES):
+    return None
+  return mesh
+
+
+def constrain(x, spec: P):
+  """with_sharding_constraint under an active mesh, identity otherwise."""
+  if active_mesh() is None:
+    return x
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
+def shard_map(fn, mesh, in_specs, out_specs):
+  """jax.shard_map where it exists (JAX >= 0.7), else the experimental one;
+  replication is not checked (the kernels are opaque to the checker)."""
+  if hasattr(jax, "shard_map"):
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs,
+                         out_specs=out_specs, check_vma=False)
+  from jax.experimental.shard_map import shard_map as legacy
+  return legacy(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                check_rep=False)
+
+
+# ----------------------------------------------------------- several hosts
+
+def initialize_distributed() -> bool:
+  """Starts jax.distributed when the environment describes several
+  processes; returns whether it did. Call before any other JAX work.
+
+  JAX_COORDINATOR_ADDRESS (host:port of process 0), JAX_NUM_PROCESSES and
+  JAX_PROCESS_ID configure it explicitly; under Slurm or Open MPI with more
+  than one task JAX detects them itself. Otherwise: one process, no-op.
+  """
+  if jax.distributed.is_initialized():
+    return True
+  env = os.environ
+  if env.get("JAX_COORDINATOR_ADDRESS"):
+    missing = [v for v in ("JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+               if not env.get(v, "").isdigit()]
+    if missing:
+      raise ValueError("JAX_COORDINATOR_ADDRESS is set but "
+                       f"{' and '.join(missing)} not (integers expected)")
+    jax.distributed.initialize(env["JAX_COORDINATOR_ADDRESS"],
+                               num_processes=int(env["JAX_NUM_PROCESSES"]),
+                               process_id=int(env["JAX_PROCESS_ID"]))
+    return True
+  slurm = "SLURM_JOB_ID" in env and int(env.get("SLURM_NTASKS", "1")) > 1
+  ompi = ("OMPI_MCA_orte_hnp_uri" in env
+          and int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1)
+  if slurm or ompi:
+    jax.distributed.initialize()
+    return True
+  return False
+
+
+def process_index() -> int:
+  return jax.process_index()
+
+
+def process_count() -> int:
+  return jax.process_count()
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches `name` (no-op for one process)."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(name)

@@ -41,7 +41,7 @@ def matmul_rate(n: int = 8192, reps: int = 20) -> float:
 
 
 def peak_memory_bytes() -> int | None:
-  stats = jax.devices()[0].memory_stats() or {}
+  stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("peak_bytes_in_use")
 
 
@@ -56,21 +56,37 @@ def forward_flops(cfg, b: int, q: int, s: int, head_rows: int = 0) -> float:
   return b * (per_token * q + attention + head)
 
 
-def time_decode(cfg, params, sampler, b: int, prompt_len: int, reps: int):
+def time_decode(cfg, params, sampler, b: int, prompt_len: int, reps: int,
+                mesh=None, outputs: list | None = None):
   """Times one compiled decode of b random prompts (every position decoded).
 
+  mesh: a parallel.parse_mesh mesh (or spec) to decode on; params and rows
+  are placed on it first. outputs: a list that receives the decode's result
+  (gen_BxG, forwards_B, steps, steps_B).
   Returns (seconds per loop step, compile seconds, loop steps, most
   forwards of a row).
   """
+  from flash_dllm_jax import parallel
   from flash_dllm_jax.generate import decode_jit
   prompt = jax.random.randint(jax.random.key(3), (b, prompt_len), 0,
                               cfg.mask_token_id - 1)
   valid = jnp.ones((b, prompt_len), bool)
   rng = jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32))
-  go = lambda: decode_jit(params, prompt, valid, rng, config=cfg,
-                          sampler=sampler, stop_at_eos=False)
+  mesh = parallel.parse_mesh(mesh)
+  if mesh is not None:
+    params = parallel.shard_params(mesh, params)
+    prompt, valid, rng = (parallel.shard_rows(mesh, x)
+                          for x in (prompt, valid, rng))
+
+  def go():
+    with parallel.use(mesh):
+      return decode_jit(params, prompt, valid, rng, config=cfg,
+                        sampler=sampler, stop_at_eos=False)
+
   t0 = time.perf_counter()
   out = jax.block_until_ready(go())
+  if outputs is not None:
+    outputs.append(out)
   first = time.perf_counter() - t0
   seconds = time_fn(go, reps=reps, warmup=0)
   steps = int(out[2])

@@ -8,6 +8,11 @@
 Each run lives in OUT_DIR/RUN_NAME (default: runs/eval/<task>/<strategy>-
 <hash of the settings>), so rerunning an interrupted command resumes it.
 After a run, OUT_DIR/results.md and the plot cover every run in OUT_DIR.
+
+Started as several processes (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES,
+JAX_PROCESS_ID, or Slurm / Open MPI), each process decodes its share of the
+problems on its own devices (--mesh applies per process) into the shared
+run directory, and process 0 merges them (eval/runner.py).
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
                   "(default: the checkpoint's reference sampler)")
   ap.add_argument("--batch-size", type=int, default=1)
   ap.add_argument("--mesh", default=None,
-                  help="device mesh, e.g. data=8: split each batch over 8 "
-                       "devices (results do not change)")
+                  help="device mesh per process: data=D splits each batch, "
+                       "model=M the weights and KV cache (tensor parallel), "
+                       "e.g. data=4,model=2 (results do not change)")
   ap.add_argument("--limit", type=int, default=None,
                   help="evaluate only the first N problems")
   ap.add_argument("--chat", action=argparse.BooleanOptionalAction,
@@ -105,8 +111,9 @@ def _evaluate(args) -> int:
   from flash_dllm_jax.eval.strategies import build_sampler
 
   _positive("--batch-size", args.batch_size)
-  from flash_dllm_jax.parallel import parse_mesh
-  mesh = parse_mesh(args.mesh)
+  from flash_dllm_jax import parallel
+  parallel.initialize_distributed()
+  mesh = parallel.parse_mesh(args.mesh)
   _positive("--limit", args.limit)
   if args.run_name is not None and (not args.run_name or "/" in args.run_name):
     raise ValueError(f"--run-name must be a plain name, got {args.run_name!r}")
@@ -123,7 +130,7 @@ def _evaluate(args) -> int:
               "stop_at_eos": args.stop_at_eos, **task.settings()}
   out_dir = args.out_dir or Path("runs") / "eval" / task.name
   run_dir = out_dir / (args.run_name or runner.run_name(strategy, settings))
-  model = load(args.checkpoint, dtype=args.dtype)
+  model = load(args.checkpoint, dtype=args.dtype, mesh=mesh)
   print(f"run: {run_dir}", file=sys.stderr)
   try:
     summary = runner.run_eval(task, model, sampler, run_dir, settings,
@@ -134,6 +141,10 @@ def _evaluate(args) -> int:
     print(f"\ninterrupted: finished problems are saved in {run_dir}; rerun "
           "the same command to resume", file=sys.stderr)
     return 130
+  if summary is None:  # not process 0: it merges and reports
+    print(f"process {parallel.process_index()}: problems saved in {run_dir}",
+          file=sys.stderr)
+    return 0
   table_path, plot_path, table = report.write_report(out_dir)
   print(table)
   print(f"{task.metric} {summary['correct']}/{summary['problems']}; "

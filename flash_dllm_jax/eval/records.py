@@ -69,9 +69,12 @@ class RecordStore:
       self.records[r["id"]] = r
 
 
-def open_run(run_dir: str | Path, settings: dict[str, Any]) -> RecordStore:
+def open_run(run_dir: str | Path, settings: dict[str, Any],
+             records_name: str = "records.jsonl") -> RecordStore:
   """Creates run_dir with run.json, or checks that an existing run was
-  started with the same settings (a resume must not mix configurations)."""
+  started with the same settings (a resume must not mix configurations).
+  Several processes may open one run at once (each with its own
+  records_name)."""
   run_dir = Path(run_dir)
   meta = run_dir / "run.json"
   settings = json.loads(json.dumps(settings))  # tuples -> lists, as stored
@@ -86,7 +89,25 @@ def open_run(run_dir: str | Path, settings: dict[str, Any]) -> RecordStore:
                        f"settings ({diffs}); choose another --run-name")
   else:
     run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = meta.with_suffix(".tmp")
+    tmp = meta.with_suffix(f".{os.getpid()}.{os.urandom(4).hex()}.tmp")
     tmp.write_text(json.dumps(settings, indent=2))
     os.replace(tmp, meta)
-  return RecordStore(run_dir / "records.jsonl")
+  return RecordStore(run_dir / records_name)
+
+
+def shard_name(index: int, count: int) -> str:
+  """The records file of process `index` of `count` in a multi-process run."""
+  return f"records.{index}-of-{count}.jsonl"
+
+
+def merge_shards(run_dir: str | Path, count: int) -> RecordStore:
+  """Appends to run_dir/records.jsonl every record of the `count` process
+  shards it lacks (shard files are kept, so merging twice adds nothing)."""
+  run_dir = Path(run_dir)
+  merged = RecordStore(run_dir / "records.jsonl")
+  for index in range(count):
+    path = run_dir / shard_name(index, count)
+    if path.exists():
+      merged.append(r for r in RecordStore(path).records.values()
+                    if r["id"] not in merged.records)
+  return merged

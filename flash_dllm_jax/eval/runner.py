@@ -11,6 +11,11 @@ padding, the device decode, transfers, detokenizing), and the part of them
 that JAX spent tracing and compiling (a new prompt-length bucket compiles
 once); throughput excludes the compile part. Scoring (and HumanEval's test
 runs) happens outside the timed region.
+
+Several processes (hosts; see `parallel.initialize_distributed`): process
+p of n takes problems i with i % n == p, writes records.p-of-n.jsonl in the
+shared run directory, and after a barrier process 0 merges the shards into
+records.jsonl and writes the summary of all problems.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
+from flash_dllm_jax import parallel
 from flash_dllm_jax.bench.timing import peak_memory_bytes
 from flash_dllm_jax.eval import report
-from flash_dllm_jax.eval.records import open_run
+from flash_dllm_jax.eval.records import RecordStore, merge_shards, open_run, \
+    shard_name
 from flash_dllm_jax.eval.tasks import Problem, make_render
 from flash_dllm_jax.generate import PROMPT_BUCKET, generate
 
@@ -90,13 +97,17 @@ def run_eval(task, model, sampler, run_dir: str | Path,
              settings: dict[str, Any], *, batch_size: int,
              limit: int | None = None, seed: int = 0, stop_at_eos: bool = True,
              progress: bool = True, mesh=None,
-             on_batch: Callable[[int], None] | None = None) -> dict[str, Any]:
+             on_batch: Callable[[int], None] | None = None,
+             process: tuple[int, int] | None = None) -> dict[str, Any] | None:
   """Evaluates task's first `limit` problems (all if None), resuming from
   run_dir/records.jsonl; writes run_dir/summary.json and returns it.
 
   model: (params, config, tokenizer) as `load` returns it. settings: what
   the run records in run.json (must match on resume). on_batch(i) is called
   after batch i is saved (tests use it to simulate an interruption).
+  process: (index, count) of this process (default: JAX's); with count > 1
+  this process decodes its share, and only process 0 merges and returns the
+  summary (the others return None).
   """
   if not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
@@ -109,20 +120,31 @@ def run_eval(task, model, sampler, run_dir: str | Path,
   problems = problems[:limit] if limit else problems
   lengths = {p.id: len(tokenizer.encode(p.prompt)) for p in problems}
   check_lengths(problems, list(lengths.values()), sampler, config.max_seq_len)
-  store = open_run(run_dir, settings)
+  index, count = process or (parallel.process_index(),
+                             parallel.process_count())
+  if not 0 <= index < count:
+    raise ValueError(f"process index {index} outside [0, {count})")
+  if count == 1:
+    store = open_run(run_dir, settings)
+    done = store.records
+  else:
+    store = open_run(run_dir, settings, shard_name(index, count))
+    done = {**RecordStore(Path(run_dir) / "records.jsonl").records,
+            **store.records}
+  mine = problems if count == 1 else problems[index::count]
   for p in problems:
-    done = store.records.get(p.id)
-    if done and done["prompt_sha256"] != prompt_sha256(p.prompt):
+    record = done.get(p.id)
+    if record and record["prompt_sha256"] != prompt_sha256(p.prompt):
       raise ValueError(f"{store.path}: {p.id} was generated from a different "
                        "prompt (data or template changed); use a new run")
-  todo = sorted((p for p in problems if p.id not in store.records),
+  todo = sorted((p for p in mine if p.id not in done),
                 key=lambda p: -lengths[p.id])
 
   # Samplers that can refill slots decode a chunk of several batches through
   # batch_size slots (continuous batching); others decode one padded batch.
   refill = hasattr(sampler, "reset_rows") and mesh is None
   chunk = batch_size * (CHUNK_BATCHES if refill else 1)
-  bar = tqdm(total=len(problems), initial=len(problems) - len(todo),
+  bar = tqdm(total=len(mine), initial=len(mine) - len(todo),
              desc=f"{task.name} {settings.get('strategy', '')}".strip(),
              unit="problem", disable=not progress, dynamic_ncols=True)
   tokens_done, seconds_done = 0, 0.0
@@ -158,6 +180,11 @@ def run_eval(task, model, sampler, run_dir: str | Path,
       bar.set_postfix(tok_s=f"{tokens_done / max(seconds_done, 1e-9):.1f}")
       if on_batch is not None:
         on_batch(i // chunk)
+  if count > 1:
+    parallel.barrier(f"eval {Path(run_dir).name}")
+    if index != 0:
+      return None
+    store = merge_shards(run_dir, count)
   summary = report.summarize(
       [store.records[p.id] for p in problems if p.id in store.records],
       task=task.name, metric=task.metric, settings=settings,

@@ -12,13 +12,13 @@ def write_rows(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
   Positions outside [0, S) (use -1 for padding queries) are dropped, so a
   ragged set of queries can be passed as a padded tensor.
   """
-  b = cache_BxSxKxD.shape[0]
   s = cache_BxSxKxD.shape[1]
   positions_BxQ = jnp.where((positions_BxQ >= 0) & (positions_BxQ < s),
                             positions_BxQ, s)
-  rows_Bx1 = jnp.arange(b)[:, None]
-  return cache_BxSxKxD.at[rows_Bx1, positions_BxQ].set(
-      new_BxQxKxD.astype(cache_BxSxKxD.dtype), mode="drop")
+  # vmapped: a scatter with a batch dimension, which XLA partitions along
+  # rows (an explicit row index would make it gather the batch first).
+  return jax.vmap(lambda c, n, p: c.at[p].set(n, mode="drop"))(
+      cache_BxSxKxD, new_BxQxKxD.astype(cache_BxSxKxD.dtype), positions_BxQ)
 
 
 def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
