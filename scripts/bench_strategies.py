@@ -25,12 +25,17 @@ import jax  # noqa: E402
 from flash_dllm_jax.bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import init_params  # noqa: E402
-from flash_dllm_jax.sampling import FastDLLMSampler, LLaDASampler  # noqa: E402
+from flash_dllm_jax.sampling import (ElasticCacheSampler,  # noqa: E402
+                                     FastDLLMSampler, LLaDASampler)
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler  # noqa: E402
 
 
-def strategies(gen: int, k: int, block: int, block_m: int):
-  """name -> (sampler, query tokens per step as a function of prompt)."""
+def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
+  """name -> (sampler, query tokens per step as a function of prompt).
+
+  Elastic-Cache's count is its query budget (tracked + new + window); the
+  layers after a drift restart run the whole sequence, as often as the
+  (random) weights make the drift test fire, so its floor is a lower bound."""
   steps = gen // k
   return {
       "llada": (LLaDASampler(gen_length=gen, steps=steps, block_length=block),
@@ -47,6 +52,9 @@ def strategies(gen: int, k: int, block: int, block_m: int):
       "flash-dllm": (FlashDLLMSampler(gen_length=gen, block_m=block_m,
                                       forced_commits=k, verify=True),
                      lambda p: 8 * block_m + 2 * block_m),
+      "elastic-cache": (ElasticCacheSampler(gen_length=gen, window=block_m,
+                                            tokens_per_iter=k),
+                        lambda p: layers + 2 * block_m),
   }
 
 
@@ -80,7 +88,7 @@ def main(argv=None):
   rows = []
   for gen in args.gen:
     for name, (sampler, queries) in strategies(
-        gen, args.per_step, args.block, args.block_m).items():
+        gen, args.per_step, args.block, args.block_m, cfg.n_layers).items():
       if args.only and name not in args.only:
         continue
       for b in args.batch:

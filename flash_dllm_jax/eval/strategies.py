@@ -16,7 +16,8 @@ import types
 import typing
 from typing import Any, Mapping
 
-from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
+                                     LLaDASampler)
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 
@@ -50,6 +51,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("flash-dllm", FlashDLLMSampler, archs=("llada",),
              fixed={"recompute_all": False, "verify": True},
              help="Flash-dLLM: Flash-Cache + Flash-Verify (gamma, threshold)"),
+    Strategy("elastic-cache", ElasticCacheSampler, archs=("llada", "dream"),
+             fixed={"recompute_all": False},
+             help="Elastic-Cache: sliding window, per-layer attention-drift "
+                  "refresh (gamma), threshold decoding"),
 )}
 
 

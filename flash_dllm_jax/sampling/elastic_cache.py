@@ -1,0 +1,246 @@
+"""Elastic-Cache (arXiv 2510.14973; read from yxu-dev/Elastic-Cache).
+
+A sliding window instead of fixed blocks: each step decodes the first
+`window` still-masked positions (position order) with the confidence
+threshold (always at least the most confident one). Every layer keeps each
+position's K/V and its input hidden state as last computed. A step's query,
+a fixed budget of slots per row ([tracked | new | masks], -1 = unused), is
+  tracked  the union over layers of the `track_num` decoded positions that
+           drew the most attention from the mask rows in the previous step
+           (budget min(n_layers * track_num, N));
+  new      the positions committed in the previous step (budget `window`);
+  masks    the window (all open masks without block_caching); for Dream
+           (config.logits_shift) the rows predicting them, position i - 1.
+Layer by layer, each row tests attention drift: the tracked tokens' current
+attention (this step's queries over the K cache with the query rows
+written) against their previous one (queries recomputed from the stored
+hidden states over the K cache before the write), cosine similarity over
+heads averaged over tracked tokens and valid keys. Below `gamma` at layer l,
+the row recomputes the whole sequence from layer l + 1 on (its input: the
+stored hidden states with the query rows replaced). A row's first step (and
+every `refresh_every` steps) runs every layer over the whole sequence. Masks
+after a committed stop token are dropped.
+
+Rows restart at their own layers without depending on each other
+(elastic_forward.py). Batch-1 details of the reference adapted to batches:
+the similarity averages over valid keys only (padding keys would count
+zeros), and masks are dropped after the first stop token as it stands each
+step (the reference trims once, at the first EOS decoded). Ties below the
+threshold commit the lowest position (the reference commits every tied
+maximum).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from flash_dllm_jax.model import KVCache
+from flash_dllm_jax.sampling import checks, elastic_forward, parallel_rules
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.state import DecodeState
+
+
+@struct.dataclass
+class ElasticAux:
+  """cache: K/V of every layer and slot. hidden[l]: x_BxNxE, each position's
+  input to layer l as last computed. tracked_BxT / new_BxW: the next query's
+  tracked and newly committed slots (-1 = unused). full_layers_B: layers run
+  over the whole sequence so far (the reference's recompute ratio)."""
+
+  cache: KVCache | None
+  hidden: tuple[jax.Array, ...]
+  tracked_BxT: jax.Array
+  new_BxW: jax.Array
+  full_layers_B: jax.Array
+
+
+class StepTrace(NamedTuple):
+  """One step: similarity_BxL (NaN where a layer ran without the test) and
+  restart_B (the first layer run over the whole sequence; n_layers if
+  none), plus the query slots_BxQ."""
+
+  tokens_BxN: jax.Array
+  aux: ElasticAux
+  forwards_B: jax.Array
+  slots_BxQ: jax.Array
+  similarity_BxL: jax.Array
+  restart_B: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ElasticCacheSampler:
+  """Elastic-Cache decoding (greedy); defaults follow the reference.
+
+  tokens_per_iter: commit exactly this many window positions per step (most
+    confident first) instead of the threshold: the reference's top-k mode,
+    also the benchmarks' forced schedule.
+  block_caching: False queries every open mask each step (not only the
+    window) and tracks their attention.
+  refresh_every: also recompute every layer over the whole sequence every k
+    steps (1: every step, a full recomputation through the layer-wise path);
+    None as the reference (only a row's first step).
+  recompute_all: an uncached full forward every step, the exactness
+    reference.
+  gamma: any real; > 1 restarts after layer 0 every step, <= 0 never.
+  """
+
+  gen_length: int = 256
+  window: int = 16
+  track_num: int = 1
+  gamma: float = 0.9
+  threshold: float = 0.9
+  tokens_per_iter: int | None = None
+  block_caching: bool = True
+  refresh_every: int | None = None
+  recompute_all: bool = False
+
+  def __post_init__(self):
+    errors = []
+    pos_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0
+    for name in ("gen_length", "window", "track_num"):
+      if not pos_int(getattr(self, name)):
+        errors.append(f"{name} must be a positive int, got "
+                      f"{getattr(self, name)!r}")
+    if not errors and self.window > self.gen_length:
+      errors.append(f"window ({self.window}) must be <= gen_length "
+                    f"({self.gen_length})")
+    if not isinstance(self.gamma, (int, float)) or math.isnan(self.gamma):
+      errors.append(f"gamma must be a real number, got {self.gamma!r}")
+    if not (isinstance(self.threshold, (int, float))
+            and 0 < self.threshold <= 1):
+      errors.append(f"threshold must be in (0, 1], got {self.threshold!r}")
+    k = self.tokens_per_iter
+    if k is not None and not (pos_int(k) and pos_int(self.window)
+                              and k <= self.window):
+      errors.append(f"tokens_per_iter must be None or an int in [1, window], "
+                    f"got {k!r}")
+    if self.refresh_every is not None and not pos_int(self.refresh_every):
+      errors.append(f"refresh_every must be None or a positive int, got "
+                    f"{self.refresh_every!r}")
+    if errors:
+      raise ValueError("invalid Elastic-Cache arguments: " + "; ".join(errors))
+
+  @property
+  def num_steps(self) -> int:
+    return self.gen_length  # at least one commit per step
+
+  @property
+  def mask_budget(self) -> int:
+    return self.window if self.block_caching else self.gen_length
+
+  def track_budget(self, n_layers: int, n: int) -> int:
+    return min(n_layers * self.track_num, n)
+
+  def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
+    checks.check_fits(prompt_len, self.gen_length, max_seq_len)
+
+  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array) -> ElasticAux:
+    cfg = model.config
+    b, n = tokens_BxN.shape
+    cache, hidden = None, ()
+    if not self.recompute_all:
+      cache = model.empty_cache()
+      hidden = tuple(jnp.zeros((b, n, cfg.d_model), jnp.dtype(cfg.dtype))
+                     for _ in range(cfg.n_layers))
+    t = self.track_budget(cfg.n_layers, n)
+    return ElasticAux(cache=cache, hidden=hidden,
+                      tracked_BxT=jnp.full((b, t), -1, jnp.int32),
+                      new_BxW=jnp.full((b, self.window), -1, jnp.int32),
+                      full_layers_B=jnp.zeros((b,), jnp.int32))
+
+  def reset_rows(self, aux: ElasticAux, rows_B: jax.Array) -> ElasticAux:
+    """A new request in the rows' slots: forget their query bookkeeping (the
+    first step of a row, steps_B == 0, recomputes everything)."""
+    r = rows_B[:, None]
+    return aux.replace(tracked_BxT=jnp.where(r, -1, aux.tracked_BxT),
+                       new_BxW=jnp.where(r, -1, aux.new_BxW),
+                       full_layers_B=jnp.where(rows_B, 0, aux.full_layers_B))
+
+  def propose(self, model: SequenceModel, state: DecodeState,
+              rng_B: jax.Array, prompt_len: int):
+    trace = self.step_trace(model, state, prompt_len)
+    return trace.tokens_BxN, trace.aux, trace.forwards_B
+
+  def step_trace(self, model: SequenceModel, state: DecodeState,
+                 prompt_len: int) -> StepTrace:
+    """One step, with the drift tests' similarities and restarts exposed."""
+    tokens_BxN, aux = state.tokens_BxN, state.aux
+    cfg = model.config
+    b, n = tokens_BxN.shape
+    w, m, L = self.window, self.mask_budget, cfg.n_layers
+    open_BxN, others_BxN = _candidates(model, tokens_BxN, prompt_len)
+    masks_BxM = _first(open_BxN, m)
+    window_BxW = masks_BxM[:, :w]
+    pred_BxM = jnp.where(masks_BxM >= 0, masks_BxM - cfg.logits_shift, -1)
+    slots_BxQ = jnp.concatenate([aux.tracked_BxT, aux.new_BxW, pred_BxM], 1)
+    if self.recompute_all:
+      logits_BxWxV = model.logits(tokens_BxN, jnp.maximum(pred_BxM[:, :w], 0))
+      sim_BxL = jnp.full((b, L), jnp.nan)
+      restart_B = jnp.zeros((b,), jnp.int32)
+    else:
+      logits_BxWxV, aux, sim_BxL, restart_B = self._layerwise(
+          model, state, slots_BxQ, others_BxN)
+
+    x0_BxW, conf_BxW = parallel_rules.confidence(logits_BxWxV)
+    real_BxW = window_BxW >= 0
+    if self.tokens_per_iter is not None:
+      commit_BxW = parallel_rules.fixed_commit(
+          conf_BxW, real_BxW, jnp.full((b,), self.tokens_per_iter, jnp.int32))
+    else:
+      commit_BxW = parallel_rules.threshold_commit(conf_BxW, real_BxW,
+                                                   self.threshold)
+    tokens_BxN = tokens_BxN.at[
+        jnp.arange(b)[:, None], jnp.where(commit_BxW, window_BxW, n)].set(
+            x0_BxW.astype(tokens_BxN.dtype), mode="drop")
+    aux = aux.replace(new_BxW=jnp.where(commit_BxW, window_BxW, -1))
+    return StepTrace(tokens_BxN, aux, jnp.ones((b,), jnp.int32), slots_BxQ,
+                     sim_BxL, restart_B)
+
+  def _layerwise(self, model, state, slots_BxQ, others_BxN):
+    """The cached forward: (window logits, aux with the new cache, hidden
+    states and tracked slots, similarity_BxL, restart_B)."""
+    aux, steps_B = state.aux, state.steps_B
+    start_B = steps_B == 0  # a row's first step
+    if self.refresh_every is not None:
+      start_B |= steps_B % self.refresh_every == 0
+    t, q, m = aux.tracked_BxT.shape[1], slots_BxQ.shape[1], self.mask_budget
+    mass_rows_BxQ = (jnp.arange(q)[None, :] >= q - m) & (slots_BxQ >= 0)
+    out = elastic_forward.forward(
+        model, state.tokens_BxN, slots_BxQ, mass_rows_BxQ,
+        slice(q - m, q - m + self.window), others_BxN, start_B, aux.cache,
+        aux.hidden, tracked=t, track_num=self.track_num, gamma=self.gamma)
+    full_layers_B = model.config.n_layers - out.restart_B
+    aux = aux.replace(
+        cache=out.cache, hidden=out.hidden,
+        tracked_BxT=_first(out.attended_BxN, t),
+        full_layers_B=aux.full_layers_B + full_layers_B * ~state.done_B)
+    return out.logits_BxRxV, aux, out.similarity_BxL, out.restart_B
+
+
+def _candidates(model, tokens_BxN, prompt_len):
+  """(open_BxN: masked generation positions before the first stop token;
+  others_BxN: every other valid position, the ones that may be tracked)."""
+  n = tokens_BxN.shape[1]
+  gen_BxN = jnp.arange(n)[None, :] >= prompt_len
+  masked_BxN = (tokens_BxN == model.config.mask_token_id) & gen_BxN
+  stop_BxN = gen_BxN & (jnp.isin(tokens_BxN, jnp.asarray(model.stop_ids))
+                        if model.stop_ids else jnp.zeros_like(gen_BxN))
+  first_B = jnp.where(stop_BxN.any(1), jnp.argmax(stop_BxN, 1), n)
+  open_BxN = masked_BxN & (jnp.arange(n)[None, :] < first_B[:, None])
+  return open_BxN, model.valid_BxN & ~open_BxN
+
+
+def _first(mask_BxN, k):
+  """[B, k]: the first k positions where mask_BxN holds, in position order
+  (-1 past the last one)."""
+  order_BxN = jnp.argsort(~mask_BxN, axis=1, stable=True)[:, :k]
+  if order_BxN.shape[1] < k:
+    order_BxN = jnp.pad(order_BxN, ((0, 0), (0, k - order_BxN.shape[1])))
+  return jnp.where(jnp.arange(k)[None, :] < mask_BxN.sum(1)[:, None],
+                   order_BxN, -1)
