@@ -102,6 +102,10 @@ def main(argv=None):
                          forwards=forwards, ms_step=ms_step * 1e3,
                          floor_ms=floor * 1e3, compile_s=compile_s,
                          peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
+        print(rows[-1], flush=True)  # a run cut short keeps what it measured
+        if args.json:
+          args.json.write_text(json.dumps(dict(
+              copy_Bps=bw, matmul_flops=mm, rows=rows), indent=1))
   print("\n| strategy | batch | gen | steps | forwards | ms/step | roofline "
         "ms/step | roofline / measured | compile s | peak GB |")
   print("|---|---|---|---|---|---|---|---|---|---|")
@@ -110,9 +114,6 @@ def main(argv=None):
           f"{r['forwards']} | {r['ms_step']:.2f} | {r['floor_ms']:.2f} | "
           f"{r['floor_ms'] / r['ms_step']:.0%} | {r['compile_s']:.1f} | "
           f"{r['peak_gb']:.1f} |")
-  if args.json:
-    args.json.write_text(json.dumps(dict(copy_Bps=bw, matmul_flops=mm,
-                                         rows=rows), indent=1))
 
 
 if __name__ == "__main__":
