@@ -24,7 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from flash_dllm_jax.bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
-from flash_dllm_jax.model import Transformer, init_params  # noqa: E402
+from flash_dllm_jax.model import Transformer  # noqa: E402
 from flash_dllm_jax.sampling import LLaDASampler, DreamSampler  # noqa: E402
 
 
@@ -85,7 +85,7 @@ def main(argv=None):
     cfg = (ModelConfig.llada_8b() if args.arch == "llada"
            else ModelConfig.dream_7b())
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
-  params = init_params(cfg, jax.random.key(0))
+  params = timing.bench_params(cfg)
   wbytes = weight_bytes(params)
   device = jax.devices()[0].device_kind
   print(f"device: {device}; jax {jax.__version__}; {cfg.arch} "

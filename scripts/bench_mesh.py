@@ -33,7 +33,6 @@ import numpy as np  # noqa: E402
 from bench_strategies import strategies  # noqa: E402
 from flash_dllm_jax.bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
-from flash_dllm_jax.model import init_params  # noqa: E402
 
 
 def main(argv=None):
@@ -67,7 +66,7 @@ def main(argv=None):
   sampler, _ = strategies(args.gen, args.per_step, args.block,
                           args.block_m)[args.strategy]
   t0 = time.perf_counter()
-  params = init_params(cfg, jax.random.key(0))
+  params = timing.bench_params(cfg)
   one = None  # the baseline: no mesh, the default device
   print(f"{jax.local_devices()[0].device_kind} x {len(jax.local_devices())}; "
         f"jax {jax.__version__}; {args.strategy}, prompt {args.prompt}, gen "
@@ -106,7 +105,7 @@ def main(argv=None):
              dict(split, kind="model", gpus=n)]
     tp[b] = base["ms_step"] / split["ms_step"]
 
-  print(f"\n| comparison | GPUs | mesh | batch | steps | ms/step | tokens/s "
+  print("\n| comparison | GPUs | mesh | batch | steps | ms/step | tokens/s "
         "| compile s | tokens = 1 GPU |")
   print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:

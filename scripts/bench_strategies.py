@@ -24,7 +24,6 @@ import jax  # noqa: E402
 
 from flash_dllm_jax.bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
-from flash_dllm_jax.model import init_params  # noqa: E402
 from flash_dllm_jax.sampling import (ElasticCacheSampler,  # noqa: E402
                                      FastDLLMSampler, LLaDASampler)
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler  # noqa: E402
@@ -80,7 +79,7 @@ def main(argv=None):
   else:
     cfg = ModelConfig.llada_8b()
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
-  params = init_params(cfg, jax.random.key(0))
+  params = timing.bench_params(cfg)
   wbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s; "

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,3 +18,22 @@ def test_bench_script_smoke(script, tmp_path):
        str(out)], capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "| " in result.stdout and out.exists()
+
+
+def test_bench_params_match_init_params_in_shape_dtype_and_scale():
+  import jax
+  import jax.numpy as jnp
+  from flash_dllm_jax.bench.timing import bench_params
+  from flash_dllm_jax.config import ModelConfig
+  from flash_dllm_jax.model import init_params
+  config = ModelConfig.tiny("llada", dtype="bfloat16")
+  fast, slow = bench_params(config, pool=1 << 10), init_params(
+      config, jax.random.key(0))
+  assert jax.tree.structure(fast) == jax.tree.structure(slow)
+  for a, b in zip(jax.tree.leaves(fast), jax.tree.leaves(slow)):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    a32, b32 = a.astype(jnp.float32), b.astype(jnp.float32)
+    assert bool(jnp.all(jnp.isfinite(a32)))
+    # Same spread (ones for norm scales) within sampling noise.
+    np.testing.assert_allclose(float(jnp.std(a32)), float(jnp.std(b32)),
+                               rtol=0.2, atol=1e-6)

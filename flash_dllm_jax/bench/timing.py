@@ -10,6 +10,35 @@ import jax
 import jax.numpy as jnp
 
 
+def bench_params(config, seed: int = 0, pool: int = 1 << 22):
+  """Parameters shaped and scaled like `init_params` (N(0, 1/fan_in)
+  kernels, unit-variance embeddings, unit norm scales), built fast for
+  benchmarks: each weight tiles a `pool`-sized random draw instead of drawing
+  every element (drawing 8B threefry normals took over a minute on an H200),
+  so building a LLaDA-8B costs about one write of its 16 GB. Timing does not
+  depend on the values; do not use these weights to judge quality."""
+  from flash_dllm_jax.model import init_params
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+
+  def build(key):
+    leaves = []
+    for i, (path, leaf) in enumerate(paths):
+      if leaf.ndim == 1:  # norm scales
+        leaves.append(jnp.ones(leaf.shape, leaf.dtype))
+        continue
+      name = jax.tree_util.keystr(path)
+      scale = 1.0 if "embed" in name else leaf.shape[0] ** -0.5
+      n = min(leaf.size, pool)
+      draw = jax.random.normal(jax.random.fold_in(key, i), (n,), jnp.float32)
+      tiled = jnp.tile(draw.astype(leaf.dtype), -(-leaf.size // n))
+      leaves.append((tiled[:leaf.size] * jnp.asarray(scale, leaf.dtype))
+                    .reshape(leaf.shape))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+  return jax.jit(build)(jax.random.key(seed))
+
+
 def time_fn(fn: Callable[[], object], reps: int = 10, warmup: int = 2) -> float:
   """Median wall seconds of fn() with results blocked on (already compiled)."""
   for _ in range(warmup):
