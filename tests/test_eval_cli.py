@@ -12,10 +12,11 @@ import pytest
 from flash_dllm_jax.eval import cli, report, strategies
 from flash_dllm_jax.eval.strategies import Strategy, build_sampler
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from tests.paths import TINY_CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--gen-length", "16", "--steps", "8", "--block-length", "8",
-        "--no-progress"]
+TINY = ["--checkpoint", str(TINY_CHECKPOINT), "--gen-length", "16", "--steps",
+        "8", "--block-length", "8", "--no-progress"]
 
 
 def _error(capsys, argv) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
+from tests.paths import TINY_CHECKPOINT
 from flash_dllm_jax.eval.tasks import make_render
 from flash_dllm_jax.eval.tasks.gsm8k import (DEFAULT_DATA, GSM8K,
                                              extract_answer, normalize_number,
@@ -85,7 +85,7 @@ def test_five_shot_prompts_in_lm_eval_format():
 
 
 def test_chat_prompt_is_the_user_turn():
-  tok = Tokenizer.from_dir(DEFAULT_CHECKPOINT)
+  tok = Tokenizer.from_dir(TINY_CHECKPOINT)
   task = GSM8K(num_fewshot=0, chat=True)
   prompt = task.problems(make_render(tok, True))[0].prompt
   question = _rows("test")[0]["question"]

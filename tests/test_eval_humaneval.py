@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
+from tests.paths import TINY_CHECKPOINT
 from flash_dllm_jax.eval import executor
 from flash_dllm_jax.eval.tasks import make_render
 from flash_dllm_jax.eval.tasks.humaneval import HumanEval, program
@@ -103,7 +103,7 @@ def test_completions_are_cut_at_stop_sequences(task):
   for tail in ["\nprint(1)", "\nif x:", "\n# note", "\nclass A:"]:
     assert task.score(problems, [body + tail])[0]["output"] == body
   chat = HumanEval(chat=True)
-  tok = Tokenizer.from_dir(DEFAULT_CHECKPOINT)
+  tok = Tokenizer.from_dir(TINY_CHECKPOINT)
   problem = chat.problems(make_render(tok, True))[0]
   code = chat.rows[0]["prompt"]
   assert problem.prompt.endswith(

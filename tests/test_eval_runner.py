@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flash_dllm_jax
-from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
+from tests.paths import TINY_CHECKPOINT
 from flash_dllm_jax.eval import report, runner
 from flash_dllm_jax.eval.records import RecordStore, open_run
 from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
@@ -19,7 +19,7 @@ SETTINGS = {"task": "gsm8k", "strategy": "llada", "batch_size": 2}
 
 @pytest.fixture(scope="module")
 def model():
-  return flash_dllm_jax.load(DEFAULT_CHECKPOINT)
+  return flash_dllm_jax.load(TINY_CHECKPOINT)
 
 
 def _run(model, run_dir, **kw):

@@ -252,12 +252,12 @@ def test_eval_shards_problems_across_processes_and_merges(tmp_path):
   ... into its own JSONL; process 0 merges them into the records and summary
   that one process writes."""
   import flash_dllm_jax
-  from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
+  from tests.paths import TINY_CHECKPOINT
   from flash_dllm_jax.eval import runner
   from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
   from flash_dllm_jax.sampling import LLaDASampler
 
-  model = flash_dllm_jax.load(DEFAULT_CHECKPOINT)
+  model = flash_dllm_jax.load(TINY_CHECKPOINT)
   sampler = LLaDASampler(gen_length=16, steps=8, block_length=8)
   settings = {"task": "gsm8k", "strategy": "llada", "batch_size": 2}
   run = lambda d, **kw: runner.run_eval(

@@ -1,0 +1,50 @@
+"""The shipped default checkpoint loads and solves held-out word problems.
+
+checkpoints/synthetic-gsm-llada-12m is the project's own LLaDA-format model
+(12.6M parameters) trained on the synthetic GSM corpus; its model card gives
+the training command and its accuracy (24.6% on 256 held-out problems: an
+interim model, see issue #6). The two problems below are held-out test
+problems 0 and 4 (data/synthetic_gsm/test.jsonl; none of its questions occurs
+in the training split), the ones among the first 16 that it solves. Decoding
+is greedy with the command line's defaults, so the answers are deterministic;
+every `<<a op b=c>>` step of each worked solution must be right, not only
+the final number.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+import flash_dllm_jax
+from flash_dllm_jax import cli
+from flash_dllm_jax.data.gsm_format import check_solution
+from flash_dllm_jax.eval.tasks.gsm8k import extract_answer, target_of
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_SPLIT = ROOT / "data" / "synthetic_gsm" / "test.jsonl"
+SOLVED = (0, 4)
+
+
+def test_default_checkpoint_is_the_trained_model():
+  assert cli.DEFAULT_CHECKPOINT == (ROOT / "checkpoints"
+                                    / "synthetic-gsm-llada-12m")
+  params, config, tokenizer = flash_dllm_jax.load(cli.DEFAULT_CHECKPOINT)
+  assert config.num_params() == 12_589_440 and tokenizer.vocab_size == 1024
+  size = sum(f.stat().st_size for f in cli.DEFAULT_CHECKPOINT.rglob("*")
+             if f.is_file())
+  assert size < 25e6, size
+
+
+def test_solves_held_out_problems_with_correct_worked_solutions():
+  rows = [json.loads(line) for line in TEST_SPLIT.read_text().splitlines()]
+  problems = [rows[i] for i in SOLVED]
+  model = flash_dllm_jax.load(cli.DEFAULT_CHECKPOINT)
+  out = flash_dllm_jax.generate(model, [p["question"] for p in problems],
+                                chat=True, gen_length=192, steps=192,
+                                block_length=32)
+  for problem, text in zip(problems, out.texts):
+    assert extract_answer(text) == target_of(problem["answer"]), text
+    assert check_solution(text), text  # every step's arithmetic is right
+    assert text.count("<<") >= 2  # a worked, multi-step solution
+  assert np.all(out.steps_B > 0)
