@@ -20,6 +20,30 @@ def test_bench_script_smoke(script, tmp_path):
   assert "| " in result.stdout and out.exists()
 
 
+def test_bench_kernels_smoke_with_tuning(tmp_path):
+  """Rows carry the roofline columns; --tune times 2 tilings per kernel
+  shape (interpret mode) and records default and best."""
+  import json
+  out = tmp_path / "kernels.json"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "bench_kernels.py"), str(out),
+       "--smoke", "--tune", "--tune-limit", "2"],
+      capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  data = json.loads(out.read_text())
+  assert data["matmul_tflop_s"] > 0
+  for r in data["rows"]:
+    assert r["bound"] in ("mem", "flop") and r["roofline_us"] > 0
+    assert (r["flops"] > 0) == (r["op"] != "rope_cache_write")
+  assert set(data["tuning"]) == {"attention", "attention+mass", "matmul"}
+  assert len(data["tuning"]["attention"]) == 2
+  assert len(data["tuning"]["matmul"]) == 6  # M=300 is left to XLA
+  for shapes in data["tuning"].values():
+    for t in shapes.values():
+      assert len(t["all"]) == 2 and t["best"]["us"] <= t["default"]["us"]
+      assert "block_k" in t["best"] or "block_n" in t["best"]
+
+
 def test_bench_params_match_init_params_in_shape_dtype_and_scale():
   import jax
   import jax.numpy as jnp
