@@ -3,7 +3,9 @@
 # the mesh stage is then skipped). Stages are time-capped so a slow one
 # cannot eat the others; each script prints its rows as it measures them.
 #
-#   bash scripts/bench_suite.sh OUT_DIR          # ~9 minutes on 2 x H200
+#   bash scripts/bench_suite.sh OUT_DIR          # ~8.5 minutes on 2 x H200
+#
+# OUT_DIR gets more files than a device call brings back: tar it.
 #
 # Phase 1, in parallel: kernels on GPU 1 (on GPU 0 after the strategies
 # when there is one GPU), strategies on GPU 0. Phase 2: the two-GPU mesh.
@@ -16,9 +18,15 @@ NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 echo "GPUs: $NGPU" | tee "$OUT/suite.log"
 
 kernels() {
-  timeout 100 python scripts/bench_kernels.py "$OUT/kernels_matmul.json" --ops matmul
-  timeout 40 python scripts/bench_kernels.py "$OUT/kernels_cache.json" --ops cache
-  timeout 200 python scripts/bench_kernels.py "$OUT/kernels_attention.json" --ops attention
+  local k="python scripts/bench_kernels.py"
+  timeout 80 $k "$OUT/kernels_cache_matmul.json" --ops cache,matmul
+  timeout 90 $k "$OUT/kernels_attention_dream.json" \
+      --ops attention,attention+mass --models dream
+  timeout 90 $k "$OUT/kernels_tune.json" --tune --tune-limit 12 --reps 5 \
+      --inner 20 --ops attention,matmul \
+      --match '^attention dream .*S=2048 Q=(16|128) |^matmul .* M=128 '
+  timeout 80 $k "$OUT/kernels_attention_llada.json" \
+      --ops attention,attention+mass --models llada
 }
 
 strategies() {
