@@ -66,7 +66,8 @@ class Block(nn.Module):
     new_kv = None
     if cache_kv is None:
       o_BxQxHxD = ops.attention(rope(q_BxQxHxD, None), rope(k_BxQxKxD, None),
-                                v_BxQxKxD, key_valid_BxS, scale=scale)
+                                v_BxQxKxD, key_valid_BxS, scale=scale,
+                                implementation=self.implementation)
     else:
       extras = extras or CachedExtras()
       if extras.write_cache:
