@@ -1,0 +1,90 @@
+"""scripts/eval_quality.py: issue 6's quality table over strategies x lengths."""
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+
+from tests.paths import ROOT, TINY_CHECKPOINT
+
+SCRIPT = ROOT / "scripts" / "eval_quality.py"
+
+
+def _module():
+  spec = importlib.util.spec_from_file_location("eval_quality", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _summary(score, tps, n=10):
+  return {"problems": n, "score": score, "tokens_per_step": tps,
+          "tokens_per_s": 100.0}
+
+
+def test_targets_are_computed_from_the_summaries():
+  q = _module()
+  summaries = {("llada", 128): _summary(0.92, 1.0),
+               ("threshold", 128): _summary(0.91, 2.0),
+               ("flash-dllm", 128): _summary(0.90, 3.2),
+               ("llada", 256): _summary(0.80, 1.0),
+               ("flash-dllm", 256): _summary(0.81, 2.0)}
+  table = q.quality_table(summaries, [128, 256],
+                          ["llada", "threshold", "flash-dllm"])
+  assert "| threshold | 128 | 10 | 91.0% | -1.0 | 2.00 | 1.00x | 100.0 |" \
+      in table
+  assert "| flash-dllm | 128 | 10 | 90.0% | -2.0 | 3.20 | 1.60x | 100.0 |" \
+      in table
+  assert "| LLaDA sampler >= 90% at gen 128 | 92.0% | PASS |" in table
+  assert "| threshold within 1 point of LLaDA at gen 128 | -1.0 pts | PASS |" \
+      in table
+  assert "| flash-dllm within 1 point of LLaDA at gen 128 | -2.0 pts | FAIL |" \
+      in table
+  assert "| flash-dllm tok/step >= 1.5x threshold at gen 128 | 1.60x | PASS |" \
+      in table
+  assert "| LLaDA sampler >= 90% at gen 256 | 80.0% | FAIL |" in table
+  assert "| flash-dllm within 1 point of LLaDA at gen 256 | +1.0 pts | PASS |" \
+      in table
+  # No threshold run at 256: the ratio target is not run, not failed.
+  assert ("| flash-dllm tok/step >= 1.5x threshold at gen 256 | - | "
+          "n/a (not run) |") in table
+  assert "targets passed: 4/7" in table
+  assert q.sampler_options("llada", 256) == {
+      "gen_length": 256, "steps": 256, "block_length": 32}
+  assert q.sampler_options("fast-dllm-dual", 16) == {
+      "gen_length": 16, "block_length": 16}
+  assert q.sampler_options("flash-dllm", 128) == {"gen_length": 128}
+
+
+def test_script_end_to_end_on_the_tiny_checkpoint(tmp_path):
+  data = tmp_path / "data"
+  data.mkdir()
+  rows = [{"question": "Tom has 3 apples and buys 4 more. How many now?",
+           "answer": "3+4 = <<3+4=7>>7\n#### 7"},
+          {"question": "A box holds 6 pens. How many pens are in 2 boxes?",
+           "answer": "6*2 = <<6*2=12>>12\n#### 12"}]
+  (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  out = tmp_path / "out"
+  result = subprocess.run(
+      [sys.executable, str(SCRIPT), "--checkpoint", str(TINY_CHECKPOINT),
+       "--data", str(data), "--gen-lengths", "16", "32", "--batch-size", "2",
+       "--out-dir", str(out), "--no-progress"],
+      capture_output=True, text=True, timeout=600, cwd=tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  table = (out / "quality.md").read_text()
+  assert table in result.stdout
+  strategies = _module().STRATEGIES
+  for length in (16, 32):
+    for name in strategies:
+      row = re.search(rf"^\| {re.escape(name)} \| {length} \| (\d+) \| "
+                      r"([0-9.]+)% \|", table, re.M)
+      assert row, (name, length)
+      assert row.group(1) == "2" and 0 <= float(row.group(2)) <= 100
+  assert "## Targets" in table
+  verdicts = re.findall(r"\| (PASS|FAIL|n/a \(not run\)) \|$", table, re.M)
+  # Per length: LLaDA >= 90%, 6 accelerated within 1 point, flash-dllm ratio.
+  assert len(verdicts) == 2 * (1 + 6 + 1) and "n/a (not run)" not in verdicts
+  # Every (strategy, length) is an ordinary eval run with a summary.
+  assert len(list(out.glob("*/summary.json"))) == 2 * len(strategies)
+  assert (out / "results.md").exists()
