@@ -49,7 +49,9 @@ def test_targets_are_computed_from_the_summaries():
   # No threshold run at 256: the ratio target is not run, not failed.
   assert ("| flash-dllm tok/step >= 1.5x threshold at gen 256 | - | "
           "n/a (not run) |") in table
-  assert "targets passed: 4/7" in table
+  assert ("| flash-dllm tok/step >= 1.5x flash-cache (same window, no "
+          "verify) at gen 128 | - | n/a (not run) |") in table
+  assert "targets passed: 4/9" in table
   assert q.sampler_options("llada", 256) == {
       "gen_length": 256, "steps": 256, "block_length": 32}
   assert q.sampler_options("fast-dllm-dual", 16) == {
@@ -83,8 +85,9 @@ def test_script_end_to_end_on_the_tiny_checkpoint(tmp_path):
       assert row.group(1) == "2" and 0 <= float(row.group(2)) <= 100
   assert "## Targets" in table
   verdicts = re.findall(r"\| (PASS|FAIL|n/a \(not run\)) \|$", table, re.M)
-  # Per length: LLaDA >= 90%, 6 accelerated within 1 point, flash-dllm ratio.
-  assert len(verdicts) == 2 * (1 + 6 + 1) and "n/a (not run)" not in verdicts
+  # Per length: LLaDA >= 90%, 6 accelerated within 1 point, flash-dllm's
+  # tokens-per-step ratios over threshold and over flash-cache.
+  assert len(verdicts) == 2 * (1 + 6 + 2) and "n/a (not run)" not in verdicts
   # Every (strategy, length) is an ordinary eval run with a summary.
   assert len(list(out.glob("*/summary.json"))) == 2 * len(strategies)
   assert (out / "results.md").exists()
