@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
   t.add_argument("--eval-every", type=int, default=250)
   t.add_argument("--ckpt-every", type=int, default=1000)
   t.add_argument("--max-minutes", type=float, default=None)
+  t.add_argument("--mesh", default=None,
+                 help="data=D: split each batch over D devices (data "
+                 "parallel); the same run as one device up to float order")
   t.add_argument("--fit-to-time", action="store_true",
                  help="time the first warmup steps, then shorten --steps so "
                  "the whole cosine schedule ends within --max-minutes")
@@ -136,7 +139,7 @@ def main(argv=None):
                    eos_pad=args.eos_pad)
   t1 = time.time()
   params, step = train(config, tokenizer, rows, out, tc, eval_rows,
-                       log=lambda s: print(s, flush=True))
+                       log=lambda s: print(s, flush=True), mesh=args.mesh)
   print(f"trained to step {step} in {(time.time() - t1) / 60:.1f} min")
   size = ckpt.export_model(out / "model", params, config, tokenizer)
   print(f"wrote {out / 'model'} ({size / 1e6:.2f} MB), {out / 'loss.png'}")

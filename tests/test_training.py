@@ -226,3 +226,51 @@ def test_fit_to_time_shortens_the_schedule_after_warmup_probe(setup, tmp_path):
   log = [json.loads(line) for line in
          (tmp_path / "fit" / "metrics.jsonl").read_text().splitlines()]
   assert [r["steps"] for r in log if r["kind"] == "fit"] == [9]
+
+
+DATA_PARALLEL = r'''
+import jax, numpy as np
+jax.config.update("jax_default_matmul_precision", "highest")
+assert len(jax.devices()) == 4
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.data import synthetic_gsm as sg
+from flash_dllm_jax.data.tokenizer_builder import build_tokenizer, corpus_texts
+from flash_dllm_jax.training.data import encode_problems
+from flash_dllm_jax.training.train import TrainConfig, train
+problems = [p for p in sg.generate(200, 0) if p["steps"] == 2]
+tok, ids = build_tokenizer(corpus_texts(problems), vocab_size=512)
+config = ModelConfig.tiny("llada", vocab_size=512, **ids)
+rows = encode_problems(problems, tok, 128)
+tc = TrainConfig(steps=3, batch_size=8, warmup_steps=1, log_every=1,
+                 eval_every=3, ckpt_every=3)
+out = {}
+for spec in (None, "data=2", "data=4"):
+  out[spec], step = train(config, tok, rows, f"{DIR}/{spec}", tc, rows,
+                          log=lambda s: None, mesh=spec)
+  assert step == 3
+for spec in ("data=2", "data=4"):
+  for a, b in zip(jax.tree.leaves(out[None]), jax.tree.leaves(out[spec])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+for bad in ("model=2", "data=3"):
+  try:
+    train(config, tok, rows, f"{DIR}/bad", tc, mesh=bad)
+  except ValueError as e:
+    assert "training meshes split the batch only" in str(e), e
+  else:
+    raise AssertionError(bad)
+print("DP-OK")
+'''
+
+
+def test_data_parallel_training_equals_one_device(tmp_path):
+  import os
+  import subprocess
+  import sys
+  from tests.paths import ROOT
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  script = f"DIR = {str(tmp_path)!r}\n" + DATA_PARALLEL
+  result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "DP-OK" in result.stdout

@@ -193,8 +193,23 @@ def plot_loss(log: list[dict], png: str | Path, title: str = "") -> None:
 def train(config: ModelConfig, tokenizer: Tokenizer | None,
           rows: EncodedRows, out_dir: str | Path, tc: TrainConfig,
           eval_rows: EncodedRows | None = None,
-          log: Callable[[str], None] = print) -> tuple[dict, int]:
-  """Trains (or resumes) into `out_dir`; returns (float32 params, step)."""
+          log: Callable[[str], None] = print, mesh=None) -> tuple[dict, int]:
+  """Trains (or resumes) into `out_dir`; returns (float32 params, step).
+
+  mesh: a `parallel.parse_mesh` mesh ('data=D'): each batch is split over D
+  devices and the parameters and optimizer state are replicated; XLA's SPMD
+  partitioner adds the gradient all-reduce. Same batches and draws as one
+  device (the draws are sharding-invariant), so the same run up to float
+  summation order."""
+  from flash_dllm_jax import parallel
+  mesh = parallel.parse_mesh(mesh)
+  if mesh is not None and (parallel.model_size(mesh) != 1
+                           or tc.batch_size % parallel.data_size(mesh)):
+    raise ValueError(f"training meshes split the batch only: need model=1 "
+                     f"and data dividing batch_size {tc.batch_size}, got "
+                     f"{dict(mesh.shape)}")
+  place_batch = (lambda b: b) if mesh is None else (
+      lambda b: {k: parallel.shard_rows(mesh, v) for k, v in b.items()})
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   step, found = 0, ckpt.list_checkpoints(out)
@@ -217,6 +232,8 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
     log(f"already at step {step} >= {tc.steps}: nothing to train")
   train_step, eval_step = _compiled_steps(config, tc)
   state = TrainState(jnp.asarray(step, jnp.int32), params, opt_state)
+  if mesh is not None:
+    state = parallel.replicate(mesh, state)
   batches = Batches(rows, tc.batch_size, tc.seed, tc.eos_pad)
   key, eval_key = jax.random.key(tc.seed + 1), jax.random.key(tc.seed + 2)
   # Fixed rows cut after their first EOS, so these losses measure the
@@ -225,8 +242,12 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
   eval_batches = {}
   for name, source in (("eval_train", rows), ("eval_test", eval_rows)):
     if source is not None and len(source.tokens_MxN):
-      index = np.arange(min(tc.batch_size, len(source.tokens_MxN)))
-      eval_batches[name] = rows_batch(source, index, source.min_len_M[index])
+      d = parallel.data_size(mesh)  # a whole number of rows per device
+      index = np.arange(min(tc.batch_size, len(source.tokens_MxN)) // d * d)
+      if not len(index):
+        continue
+      eval_batches[name] = place_batch(
+          rows_batch(source, index, source.min_len_M[index]))
   log_path = out / "metrics.jsonl"
   history = _read_log(log_path, step)
   log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
@@ -244,7 +265,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
   start, pending, t_log, step_log = time.time(), [], time.time(), step
   last_saved, probe_from = step, None
   while step < tc.steps:
-    state, metrics = train_step(state, batches(step), key)
+    state, metrics = train_step(state, place_batch(batches(step)), key)
     pending.append(metrics)
     step += 1
     if tc.fit_to_time and step < tc.warmup_steps:
