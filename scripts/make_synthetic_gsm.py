@@ -12,6 +12,7 @@ probe, not the quality target. Every answer is re-checked after writing.
 """
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,9 @@ def main(argv=None):
                   help="seed of the test split (default: seed + 1)")
   ap.add_argument("--ood", type=int, default=0,
                   help="problems from held-out templates and names")
+  ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1),
+                  help="processes drawing the train split (same problems "
+                  "for any number)")
   args = ap.parse_args(argv)
   if min(args.train, args.test, args.ood) < 0:
     ap.error("--train, --test and --ood must be >= 0")
@@ -40,7 +44,7 @@ def main(argv=None):
     ap.error("--test-seed must differ from --seed")
   t0 = time.time()
   info = write_splits(args.out_dir, args.train, args.test, args.seed,
-                      args.test_seed, args.ood)
+                      args.test_seed, args.ood, args.workers)
   for split in ("train", "test", "ood"):
     path = args.out_dir / f"{split}.jsonl"
     rows = read_jsonl(path) if info[split] else []

@@ -191,3 +191,7 @@ def test_tokenizer_round_trip(tmp_path, train_problems, test_problems):
   assert [p for p in pieces if p.isdigit()] == list("12345")
   with pytest.raises(ValueError, match="vocab_size"):
     build_tokenizer(["a b c"], vocab_size=100)
+
+
+def test_parallel_generation_draws_the_same_problems():
+  assert sg.generate(41, 5, "train", workers=2) == sg.generate(41, 5, "train")

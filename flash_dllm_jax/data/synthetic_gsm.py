@@ -69,16 +69,34 @@ def make_problem(template: str, rng: random.Random,
                      f"{_MAX_DRAWS} draws (a template bug)")
 
 
-def generate(n: int, seed: int = 0, split: str = "train") -> list[dict]:
+def generate(n: int, seed: int = 0, split: str = "train",
+             workers: int = 1) -> list[dict]:
   """`n` problems of `split`: 'train', 'test' (train templates in the
-  TEST_MIX proportions) or 'ood' (held-out templates and names)."""
+  TEST_MIX proportions) or 'ood' (held-out templates and names).
+
+  workers > 1 draws index ranges in that many processes (the same problems:
+  each depends only on its index)."""
   if split not in SPLITS:
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
   if not isinstance(n, int) or n < 0:
     raise ValueError(f"n must be an int >= 0, got {n!r}")
+  if workers > 1 and n >= 2 * workers:
+    import concurrent.futures
+    import multiprocessing
+    bounds = [n * w // workers for w in range(workers + 1)]
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+      parts = pool.map(_problems, [split] * workers, [seed] * workers,
+                       bounds[:-1], bounds[1:])
+      return [p for part in parts for p in part]
+  return _problems(split, seed, 0, n)
+
+
+def _problems(split: str, seed: int, start: int, stop: int) -> list[dict]:
+  """Problems start..stop-1 of a split's stream."""
   train_names, held_names = sorted(TRAIN_TEMPLATES), sorted(HELD_OUT_TEMPLATES)
   problems = []
-  for i in range(n):
+  for i in range(start, stop):
     # A string seed is hashed with SHA-512: stable across runs and platforms.
     rng = random.Random(f"synthetic-gsm/{split}/{seed}/{i}")
     if split == "train":
@@ -125,13 +143,13 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 def write_splits(out_dir: str | Path, n_train: int, n_test: int,
                  seed: int = 0, test_seed: int | None = None,
-                 n_ood: int = 0) -> dict:
+                 n_ood: int = 0, workers: int = 1) -> dict:
   """Writes OUT/train.jsonl, OUT/test.jsonl (held out: no question of it
   occurs in train), OUT/ood.jsonl when n_ood > 0, and OUT/info.json;
   returns the info (sizes, seeds, template lists, duplicates dropped)."""
   out = Path(out_dir)
   test_seed = seed + 1 if test_seed is None else test_seed
-  train = generate(n_train, seed, "train")
+  train = generate(n_train, seed, "train", workers)
   drawn = generate(n_test, test_seed, "test")
   test = held_out(drawn, train, n_test, test_seed, "test")
   write_jsonl(out / "train.jsonl", train)
