@@ -244,7 +244,11 @@ def test_bench_mesh_smoke(tmp_path):
   assert set(result["tp_step_speedup"]) == {"1", "4"}
   meshed = [r for r in result["rows"] if r["gpus"] == 2]
   assert len(meshed) == 3
-  assert all(r["tokens_equal_1gpu"] == 1.0 for r in meshed)
+  # Data parallelism changes no sum: the same tokens. Tensor parallelism in
+  # bf16 sums in another order, so near-ties may flip: only reported.
+  assert [r["tokens_equal_1gpu"] for r in meshed if r["kind"] == "data"] \
+      == [1.0]
+  assert all(0.0 <= r["tokens_equal_1gpu"] <= 1.0 for r in meshed)
 
 
 def test_eval_shards_problems_across_processes_and_merges(tmp_path):
