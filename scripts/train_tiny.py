@@ -80,6 +80,10 @@ def _parser() -> argparse.ArgumentParser:
   t.add_argument("--mesh", default=None,
                  help="data=D: split each batch over D devices (data "
                  "parallel); the same run as one device up to float order")
+  t.add_argument("--implementation", default=None,
+                 choices=["pallas", "pallas_interpret", "reference"],
+                 help="model ops (default: fused cuDNN attention on a GPU; "
+                 "'reference' materialises the scores)")
   t.add_argument("--fit-to-time", action="store_true",
                  help="time the first warmup steps, then shorten --steps so "
                  "the whole cosine schedule ends within --max-minutes")
@@ -136,6 +140,7 @@ def main(argv=None):
                    log_every=args.log_every, eval_every=args.eval_every,
                    ckpt_every=args.ckpt_every, max_minutes=args.max_minutes,
                    fit_to_time=args.fit_to_time,
+                   implementation=args.implementation,
                    eos_pad=args.eos_pad)
   t1 = time.time()
   params, step = train(config, tokenizer, rows, out, tc, eval_rows,

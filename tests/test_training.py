@@ -274,3 +274,15 @@ def test_data_parallel_training_equals_one_device(tmp_path):
                           capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "DP-OK" in result.stdout
+
+
+def test_implementation_is_checked_and_reaches_the_model(setup):
+  with pytest.raises(ValueError, match="implementation='cudnn'"):
+    TrainConfig(implementation="cudnn")
+  _, config, rows, _ = setup
+  batch = rows_batch(rows, np.arange(4))
+  params = init_params(config, jax.random.key(0), param_dtype="float32")
+  losses = [float(loss_fn(params, batch, jax.random.key(1), config=config,
+                          implementation=impl)[0])
+            for impl in (None, "reference", "pallas_interpret")]
+  assert losses[0] == losses[1] == losses[2]  # off GPU: all the reference

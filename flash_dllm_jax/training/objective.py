@@ -74,7 +74,8 @@ def positions_of(valid_BxN: jax.Array) -> jax.Array:
 
 
 def loss_fn(params, batch: dict, rng: jax.Array, *, config: ModelConfig,
-            eps: float = DEFAULT_EPS) -> tuple[jax.Array, dict]:
+            eps: float = DEFAULT_EPS, implementation: str | None = None
+            ) -> tuple[jax.Array, dict]:
   """The objective on one batch {"tokens_BxN", "prompt_BxN", "valid_BxN"}:
   draws t and the mask from `rng`, runs the model, returns (loss, metrics).
   Jit-able (config static); differentiable in params."""
@@ -85,7 +86,7 @@ def loss_fn(params, batch: dict, rng: jax.Array, *, config: ModelConfig,
   t_B, u_BxN = diffusion_draws(rng, b, n, eps)
   noisy_BxN, masked_BxN = noise_tokens(tokens_BxN, response_BxN, t_B, u_BxN,
                                        config.mask_token_id)
-  logits_BxNxV, _ = Transformer(config).apply(
+  logits_BxNxV, _ = Transformer(config, implementation=implementation).apply(
       {"params": params}, noisy_BxN, positions_of(valid_BxN), valid_BxN)
   if config.logits_shift:  # Dream: row i-1 predicts token i
     logits_BxNxV = jnp.concatenate([logits_BxNxV[:, :1],

@@ -59,6 +59,9 @@ class TrainConfig:
   # the whole cosine schedule fits the time (warmup is unaffected).
   fit_to_time: bool = False
   probe_steps: int = 20
+  # The model's ops implementation (flash_dllm_jax/ops.py): None uses the
+  # GPU's fused (cuDNN) attention there; 'reference' the plain-JAX one.
+  implementation: str | None = None
 
   def __post_init__(self):
     bad = [f"{k}={getattr(self, k)!r}" for k in
@@ -73,6 +76,10 @@ class TrainConfig:
       bad.append("fit_to_time needs max_minutes and probe_steps + 1 < "
                  f"warmup_steps (got {self.max_minutes}, {self.probe_steps},"
                  f" {self.warmup_steps})")
+    from pallas_kernels.common import IMPLEMENTATIONS
+    if self.implementation not in (None, *IMPLEMENTATIONS):
+      bad.append(f"implementation={self.implementation!r} (expected None or "
+                 f"one of {IMPLEMENTATIONS})")
     if bad:
       raise ValueError("invalid TrainConfig: " + ", ".join(bad))
 
@@ -128,7 +135,8 @@ def make_steps(config: ModelConfig, tc: TrainConfig):
   optimizer `make_optimizer(tc)`. The draws of step s use fold_in(key, s),
   so they do not depend on restarts. Cached: runs with equal settings share
   one compilation."""
-  objective = functools.partial(loss_fn, config=config, eps=tc.eps)
+  objective = functools.partial(loss_fn, config=config, eps=tc.eps,
+                                implementation=tc.implementation)
   schedule, optimizer = make_schedule(tc), make_optimizer(tc)
 
   def train_step(state: TrainState, batch, key):
