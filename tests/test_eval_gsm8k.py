@@ -121,7 +121,8 @@ def test_script_end_to_end(tmp_path):
   cmd = [sys.executable, str(ROOT / "scripts" / "eval_gsm8k.py"),
          "--limit", "3", "--batch-size", "2", "--num-fewshot", "0",
          "--gen-length", "16", "--steps", "8", "--block-length", "8",
-         "--out-dir", str(out), "--run-name", "tiny", "--no-progress"]
+         "--out-dir", str(out), "--run-name", "tiny", "--no-progress",
+         "--checkpoint", str(TINY_CHECKPOINT)]
   result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
   assert result.returncode == 0, result.stderr
   assert "| gsm8k | tiny | llada | 3 |" in result.stdout

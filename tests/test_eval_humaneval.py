@@ -130,7 +130,8 @@ def test_script_end_to_end(tmp_path):
   cmd = [sys.executable, str(ROOT / "scripts" / "eval_humaneval.py"),
          "--limit", "3", "--batch-size", "2", "--gen-length", "16",
          "--steps", "8", "--block-length", "8", "--timeout", "5",
-         "--out-dir", str(out), "--run-name", "tiny", "--no-progress"]
+         "--out-dir", str(out), "--run-name", "tiny", "--no-progress",
+         "--checkpoint", str(TINY_CHECKPOINT)]
   result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
   assert result.returncode == 0, result.stderr
   assert "| humaneval | tiny | llada | 3 | 0.0% |" in result.stdout

@@ -118,7 +118,7 @@ def held_out(problems: list[dict], exclude: list[dict], n: int, seed: int,
   kept = [p for p in problems if p["question"] not in seen]
   more = len(problems)
   while len(kept) < n:
-    extra = generate(more + n - len(kept), seed, split)[more:]
+    extra = _problems(split, seed, more, more + n - len(kept))
     more += len(extra)
     kept += [p for p in extra if p["question"] not in seen]
   return kept[:n]
@@ -156,10 +156,10 @@ def write_splits(out_dir: str | Path, n_train: int, n_test: int,
   write_jsonl(out / "test.jsonl", test)
   if n_ood:
     write_jsonl(out / "ood.jsonl", generate(n_ood, test_seed, "ood"))
+  train_questions = {p["question"] for p in train}
+  dropped = sum(p["question"] in train_questions for p in drawn)
   info = {"train": n_train, "test": n_test, "ood": n_ood, "seed": seed,
-          "test_seed": test_seed,
-          "test_in_train_dropped": sum(
-              p["question"] in {q["question"] for q in train} for p in drawn),
+          "test_seed": test_seed, "test_in_train_dropped": dropped,
           "train_templates": sorted(TRAIN_TEMPLATES),
           "test_mix": dict(zip(sorted(TRAIN_TEMPLATES), TEST_MIX)),
           "ood_templates": sorted(HELD_OUT_TEMPLATES)}
