@@ -361,6 +361,29 @@ def test_forced_schedule_commits_a_fixed_number_per_step(verify):
   assert not (out.tokens_BxG == config.mask_token_id).any()
 
 
+def test_forced_schedule_keeps_the_verify_pass_in_the_compiled_loop():
+  """The benchmark schedule keeps no verified draft; the pass must still be
+  compiled in (a pass whose output is unused is dead code to XLA, and the
+  benchmark would time the draft pass alone)."""
+  config, params = tiny("llada")
+  b, p = 2, 6
+  prompt = jnp.asarray(random_prompts(44, [p, p]), jnp.int32)
+  valid = jnp.ones((b, p), bool)
+  rng = jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32))
+
+  def dots(verify):
+    sampler = FlashDLLMSampler(gen_length=16, block_m=4, track_num=2,
+                               mask_num=2, verify=verify, forced_commits=2)
+    hlo = decode_jit.lower(params, prompt, valid, rng, config=config,
+                           sampler=sampler, stop_at_eos=False
+                           ).compile().as_text()
+    return hlo.count(" dot(")
+
+  without, with_verify = dots(False), dots(True)
+  # Each pass multiplies by every projection of every layer.
+  assert with_verify >= without + 4 * config.n_layers, (without, with_verify)
+
+
 def test_without_stop_at_eos_every_position_is_decoded():
   """Positions after a decoded EOS are only dropped when the decode stops at
   EOS; otherwise they are decoded like any other."""
