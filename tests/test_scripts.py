@@ -61,3 +61,7 @@ def test_bench_params_match_init_params_in_shape_dtype_and_scale():
     # Same spread (ones for norm scales) within sampling noise.
     np.testing.assert_allclose(float(jnp.std(a32)), float(jnp.std(b32)),
                                rtol=0.2, atol=1e-6)
+  # Same-shaped weights (every layer's) are not copies of one another.
+  q = [x for x in jax.tree.leaves(fast) if x.ndim == 2
+       and x.shape == (config.d_model, config.d_model)]
+  assert len(q) >= 2 and not bool(jnp.array_equal(q[0], q[1]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import statistics
 import time
 from typing import Callable
@@ -13,30 +15,35 @@ import jax.numpy as jnp
 def bench_params(config, seed: int = 0, pool: int = 1 << 22):
   """Parameters shaped and scaled like `init_params` (N(0, 1/fan_in)
   kernels, unit-variance embeddings, unit norm scales), built fast for
-  benchmarks: each weight tiles a `pool`-sized random draw instead of drawing
-  every element (drawing 8B threefry normals took over a minute on an H200),
-  so building a LLaDA-8B costs about one write of its 16 GB. Timing does not
-  depend on the values; do not use these weights to judge quality."""
+  benchmarks: one `pool`-sized normal draw, and each weight tiles that draw
+  from its own offset (drawing 8B threefry normals took over a minute on an
+  H200). Leaves are built one at a time by a function compiled once per
+  distinct shape, so no giant program is compiled and the build costs about
+  one write of the weights. Timing does not depend on the values; do not use
+  these weights to judge quality."""
   from flash_dllm_jax.model import init_params
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  pool_P = jax.random.normal(jax.random.key(seed), (pool,), jnp.float32)
+  leaves = []
+  for i, (path, leaf) in enumerate(paths):
+    if leaf.ndim == 1:  # norm scales
+      leaves.append(jnp.ones(leaf.shape, leaf.dtype))
+      continue
+    scale = 1.0 if "embed" in jax.tree_util.keystr(path) else (
+        leaf.shape[0] ** -0.5)
+    offset = (i * 104_729) % pool  # a prime stride: leaves differ
+    leaves.append(_tiled_leaf(pool_P, jnp.int32(offset), jnp.float32(scale),
+                              tuple(leaf.shape), jnp.dtype(leaf.dtype)))
+  return jax.tree_util.tree_unflatten(treedef, leaves)
 
-  def build(key):
-    leaves = []
-    for i, (path, leaf) in enumerate(paths):
-      if leaf.ndim == 1:  # norm scales
-        leaves.append(jnp.ones(leaf.shape, leaf.dtype))
-        continue
-      name = jax.tree_util.keystr(path)
-      scale = 1.0 if "embed" in name else leaf.shape[0] ** -0.5
-      n = min(leaf.size, pool)
-      draw = jax.random.normal(jax.random.fold_in(key, i), (n,), jnp.float32)
-      tiled = jnp.tile(draw.astype(leaf.dtype), -(-leaf.size // n))
-      leaves.append((tiled[:leaf.size] * jnp.asarray(scale, leaf.dtype))
-                    .reshape(leaf.shape))
-    return jax.tree_util.tree_unflatten(treedef, leaves)
 
-  return jax.jit(build)(jax.random.key(seed))
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _tiled_leaf(pool_P, offset, scale, shape, dtype):
+  size = math.prod(shape)
+  rolled_P = jnp.roll(pool_P, offset)
+  tiled = jnp.tile(rolled_P, -(-size // pool_P.size))[:size]
+  return (tiled * scale).astype(dtype).reshape(shape)
 
 
 def time_fn(fn: Callable[[], object], reps: int = 10, warmup: int = 2) -> float:
