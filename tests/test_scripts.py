@@ -65,3 +65,29 @@ def test_bench_params_match_init_params_in_shape_dtype_and_scale():
   q = [x for x in jax.tree.leaves(fast) if x.ndim == 2
        and x.shape == (config.d_model, config.d_model)]
   assert len(q) >= 2 and not bool(jnp.array_equal(q[0], q[1]))
+
+
+def test_bench_report_tallies_the_targets(tmp_path):
+  """bench_report counts >= 1.5x and >= 70% of copy bandwidth (memory-bound
+  rows only) per op; a shape measured twice keeps its first row."""
+  import json
+  sys.path.insert(0, str(ROOT / "scripts"))
+  from bench_report import report
+
+  def row(op, shape, speedup, frac, bound="mem"):
+    return dict(op=op, shape=shape, kernel_us=10.0, xla_us=10.0 * speedup,
+                speedup=speedup, gb_s=frac * 3000, frac_copy_bw=frac,
+                tflop_s=1.0, frac_roofline=frac, bound=bound, max_err=0.0,
+                note="xla=cudnn")
+
+  a, b = tmp_path / "a.json", tmp_path / "b.json"
+  a.write_text(json.dumps(dict(copy_gb_s=3000, matmul_tflop_s=600, rows=[
+      row("attention", "s1", 2.0, 0.8), row("attention", "s2", 1.2, 0.9),
+      row("attention", "s3", 1.6, 0.1, bound="flop")])))
+  b.write_text(json.dumps(dict(copy_gb_s=3100, matmul_tflop_s=610, rows=[
+      row("attention", "s1", 0.5, 0.1), row("matmul", "m1", 1.5, 0.7)])))
+  text = report([a, b])
+  assert ("**attention** (3 shapes): ≥ 1.5× XLA on 2; memory-bound on 2, "
+          "of which ≥ 70% of copy bandwidth on 2; speedup 1.20–2.00×.") in text
+  assert "**matmul** (1 shapes): ≥ 1.5× XLA on 1" in text
+  assert "| s1 | 10.0 | 20.0 | 2.00 |" in text and "| 5.0 |" not in text
