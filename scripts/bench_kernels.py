@@ -29,7 +29,8 @@ kernel_bench.py), prints each and writes a "tuning" section: {op: {shape:
 {"default", "best", "xla_us", "gain", "all"}}}. Budget ~0.5-1 s per config on
 an H200. --ops picks attention (no mass), attention+mass, cache, matmul;
 filters (--models, --batches, --seq-lens, --queries, --ms, --match,
---shapes-limit) restrict the sweep; --list prints the selection and exits.
+--shapes-limit, --skip-done) restrict the sweep; --list prints the selection
+and exits.
 The JSON is rewritten after every row: a run cut short keeps its rows.
 """
 
@@ -277,6 +278,12 @@ def select(sweep, args, label, limit):
   return keep[:limit] if limit else keep
 
 
+def measured(paths) -> set[tuple[str, str]]:
+  """(op, shape) of every row in earlier results files."""
+  return {(r["op"], r["shape"]) for p in paths
+          for r in json.loads(Path(p).read_text())["rows"]}
+
+
 def main():
   ints = lambda s: [int(v) for v in s.split(",")]
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -303,6 +310,9 @@ def main():
                        "e.g. '^attention dream .*Q=16|M=128 '")
   ap.add_argument("--shapes-limit", type=int, default=None,
                   help="first N shapes per op after filtering")
+  ap.add_argument("--skip-done", nargs="+", type=Path, default=None,
+                  metavar="JSON", help="skip shapes these earlier results "
+                  "already hold (every requested variant of them)")
   ap.add_argument("--list", action="store_true",
                   help="print the selected shapes and configs, run nothing")
   args = ap.parse_args()
@@ -346,6 +356,14 @@ def main():
                      for sw, k in ((attn, "attention"), (cache, "cache"),
                                    (mm, "matmul")))
   variants = [o for o in ("attention", "attention+mass") if o in ops]
+  if args.skip_done:
+    done = measured(args.skip_done)
+    row_ops = dict(attention=variants, cache=["rope_cache_write"],
+                   matmul=["matmul"])
+    attn, cache, mm = ([e for e in sw if not all(
+        (op, labels[k](e).split(" ", 1)[1]) in done for op in row_ops[k])]
+                       for sw, k in ((attn, "attention"), (cache, "cache"),
+                                     (mm, "matmul")))
   todo = dict(attention=attn if variants else [],
               cache=cache if "cache" in ops else [],
               matmul=mm if "matmul" in ops else [])

@@ -91,3 +91,20 @@ def test_bench_report_tallies_the_targets(tmp_path):
           "of which ≥ 70% of copy bandwidth on 2; speedup 1.20–2.00×.") in text
   assert "**matmul** (1 shapes): ≥ 1.5× XLA on 1" in text
   assert "| s1 | 10.0 | 20.0 | 2.00 |" in text and "| 5.0 |" not in text
+
+
+def test_bench_kernels_skip_done_lists_only_unmeasured_shapes(tmp_path):
+  import json
+  out = tmp_path / "cache.json"
+  run = lambda *a: subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "bench_kernels.py"), *a],
+      capture_output=True, text=True, timeout=600)
+  first = run(str(out), "--smoke", "--ops", "cache")
+  assert first.returncode == 0, first.stderr[-2000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert len(rows) == 2 and {r["op"] for r in rows} == {"rope_cache_write"}
+  listed = run(str(tmp_path / "x.json"), "--smoke", "--ops", "cache,matmul",
+               "--list", "--skip-done", str(out))
+  assert listed.returncode == 0, listed.stderr[-2000:]
+  lines = listed.stdout.strip().splitlines()
+  assert lines and all(line.startswith("matmul ") for line in lines)
