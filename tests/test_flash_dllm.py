@@ -384,6 +384,24 @@ def test_forced_schedule_keeps_the_verify_pass_in_the_compiled_loop():
   assert with_verify >= without + 4 * config.n_layers, (without, with_verify)
 
 
+@pytest.mark.parametrize("verify", [False, True])
+def test_compiled_decode_is_one_loop_with_the_layers_unrolled(verify):
+  """The decode is one while loop whose body runs the layers unrolled: no
+  inner loop over layer-stacked weights (a lax.scan over layers ran 15.2 ms
+  where the unrolled layers ran 8.1 ms on the H200, issue 3)."""
+  import re
+  config, params = tiny("llada")
+  prompt = jnp.asarray(random_prompts(45, [6, 6]), jnp.int32)
+  valid = jnp.ones((2, 6), bool)
+  rng = jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32))
+  sampler = FlashDLLMSampler(gen_length=16, block_m=4, track_num=2,
+                             mask_num=2, verify=verify)
+  hlo = decode_jit.lower(params, prompt, valid, rng, config=config,
+                         sampler=sampler, stop_at_eos=False
+                         ).compile().as_text()
+  assert len(re.findall(r"\bwhile\(", hlo)) == 1
+
+
 def test_without_stop_at_eos_every_position_is_decoded():
   """Positions after a decoded EOS are only dropped when the decode stops at
   EOS; otherwise they are decoded like any other."""
