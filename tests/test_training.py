@@ -7,6 +7,7 @@ from its checkpoint; `flash_dllm_jax.load` + `generate` on what training
 wrote.
 """
 
+import dataclasses
 import json
 
 import jax
@@ -228,6 +229,34 @@ def test_fit_to_time_shortens_the_schedule_after_warmup_probe(setup, tmp_path):
   assert [r["steps"] for r in log if r["kind"] == "fit"] == [9]
 
 
+def test_a_fitted_schedule_continues_across_invocations(setup, tmp_path,
+                                                         capsys, monkeypatch):
+  """stop_after_minutes pauses a run (after the fit) and saves it; a rerun
+  with the same OUT and the same arguments continues the fitted schedule
+  instead of refitting or falling back to `steps`."""
+  from flash_dllm_jax.training import train as train_module
+  from flash_dllm_jax.training.train import scheduled_steps
+  fits = iter([9, 12])  # a second fit (a refit on resume) would say 12
+  monkeypatch.setattr(train_module, "fitted_steps", lambda *a: next(fits))
+  tok, config, rows, _ = setup
+  first = TrainConfig(steps=10_000, batch_size=4, warmup_steps=8,
+                      probe_steps=3, log_every=5, eval_every=5,
+                      ckpt_every=50, max_minutes=10.0, fit_to_time=True,
+                      stop_after_minutes=0.0)
+  _, step = train(config, tok, rows, tmp_path / "run", first)
+  assert step == 4 and "pausing at step 4 of 9" in capsys.readouterr().out
+  assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "run")] == [4]
+  assert scheduled_steps(tmp_path / "run", first) == 9
+  again = dataclasses.replace(first, stop_after_minutes=None)
+  _, step = train(config, tok, rows, tmp_path / "run", again)
+  out = capsys.readouterr().out
+  assert step == 9 and "continuing the schedule fitted to 9 steps" in out
+  _, step = train(config, tok, rows, tmp_path / "run", again)
+  assert step == 9 and "already at step 9 >= 9" in capsys.readouterr().out
+  with pytest.raises(ValueError, match="stop_after_minutes"):
+    TrainConfig(stop_after_minutes=-1.0)
+
+
 DATA_PARALLEL = r'''
 import jax, numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -286,3 +315,23 @@ def test_implementation_is_checked_and_reaches_the_model(setup):
                           implementation=impl)[0])
             for impl in (None, "reference", "pallas_interpret")]
   assert losses[0] == losses[1] == losses[2]  # off GPU: all the reference
+
+
+def test_train_tiny_script_pauses_and_continues(tmp_path, capsys):
+  """scripts/train_tiny.py --stop-after-minutes pauses without exporting a
+  model; the same command again finishes the run and exports it."""
+  import importlib.util
+  from tests.paths import ROOT
+  spec = importlib.util.spec_from_file_location(
+      "train_tiny", ROOT / "scripts" / "train_tiny.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  out = tmp_path / "run"
+  args = ["--smoke", "--out", str(out), "--eval-problems", "0"]
+  script.main(args + ["--stop-after-minutes", "0"])
+  assert "paused at step 1 of 6" in capsys.readouterr().out
+  assert not (out / "model").exists()
+  script.main(args)
+  printed = capsys.readouterr().out
+  assert "resuming" in printed and "trained to step 6" in printed
+  assert fdj.load(out / "model")[1].n_layers == 2

@@ -59,6 +59,10 @@ class TrainConfig:
   # the whole cosine schedule fits the time (warmup is unaffected).
   fit_to_time: bool = False
   probe_steps: int = 20
+  # Stop this invocation (and save) after this wall time without touching
+  # the schedule: a rerun with the same OUT continues it (a fitted schedule
+  # included), so one schedule can span several device calls.
+  stop_after_minutes: float | None = None
   # The model's ops implementation (flash_dllm_jax/ops.py): None uses the
   # GPU's fused (cuDNN) attention there; 'reference' the plain-JAX one.
   implementation: str | None = None
@@ -76,6 +80,8 @@ class TrainConfig:
       bad.append("fit_to_time needs max_minutes and probe_steps + 1 < "
                  f"warmup_steps (got {self.max_minutes}, {self.probe_steps},"
                  f" {self.warmup_steps})")
+    if self.stop_after_minutes is not None and self.stop_after_minutes < 0:
+      bad.append(f"stop_after_minutes={self.stop_after_minutes} (needs >= 0)")
     from pallas_kernels.common import IMPLEMENTATIONS
     if self.implementation not in (None, *IMPLEMENTATIONS):
       bad.append(f"implementation={self.implementation!r} (expected None or "
@@ -153,6 +159,21 @@ def make_steps(config: ModelConfig, tc: TrainConfig):
     return objective(params, batch, key)[1]
 
   return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+
+
+def scheduled_steps(out_dir: str | Path, tc: TrainConfig,
+                    upto: int | None = None) -> int:
+  """The schedule's total steps: the count a fit_to_time run fitted (its
+  last "fit" row in OUT/metrics.jsonl, up to step `upto`) or tc.steps."""
+  fitted = _fitted_steps(Path(out_dir), upto)
+  return fitted if tc.fit_to_time and fitted is not None else tc.steps
+
+
+def _fitted_steps(out: Path, upto: int | None) -> int | None:
+  fits = [r["steps"] for r in _read_log(out / "metrics.jsonl",
+                                        upto if upto is not None else 1 << 62)
+          if r.get("kind") == "fit"]
+  return fits[-1] if fits else None
 
 
 def _read_log(path: Path, upto: int) -> list[dict]:
@@ -236,6 +257,10 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
       raise ValueError(f"{found[-1][1]} has a different tokenizer; resume "
                        "with the tokenizer saved there")
     log(f"resuming from {found[-1][1]} at step {step}")
+    fitted = _fitted_steps(out, step)
+    if tc.fit_to_time and fitted is not None:
+      tc = dataclasses.replace(tc, steps=fitted, fit_to_time=False)
+      log(f"continuing the schedule fitted to {fitted} steps")
   if step >= tc.steps:
     log(f"already at step {step} >= {tc.steps}: nothing to train")
   train_step, eval_step = _compiled_steps(config, tc)
@@ -307,13 +332,20 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
                 **{k: float(v) for k, v in m.items()}})
         log(f"  {name} loss {float(m['loss']):.4f} acc "
             f"{float(m['masked_acc']):.3f}")
+    elapsed = time.time() - start
     over_time = (tc.max_minutes is not None and not tc.fit_to_time
-                 and time.time() - start > 60 * tc.max_minutes)
-    if step % tc.ckpt_every == 0 or over_time:
+                 and elapsed > 60 * tc.max_minutes)
+    pause = (tc.stop_after_minutes is not None and not tc.fit_to_time
+             and step < tc.steps and elapsed > 60 * tc.stop_after_minutes)
+    if step % tc.ckpt_every == 0 or over_time or pause:
       save(step)
       last_saved = step
     if over_time:
       log(f"stopping at step {step}: over --max-minutes {tc.max_minutes}")
+      break
+    if pause:
+      log(f"pausing at step {step} of {tc.steps} (--stop-after-minutes "
+          f"{tc.stop_after_minutes}): rerun with the same OUT to continue")
       break
   if last_saved != step:
     save(step)
