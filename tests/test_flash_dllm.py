@@ -1,5 +1,7 @@
 """Flash-Cache (Flash-dLLM without verification)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -338,6 +340,28 @@ def test_continuous_batching_equals_each_request_alone(sampler):
   # slots are refilled as soon as they free up: fewer loop steps than
   # running the requests one after another, at least half as many (2 slots)
   assert total_alone / 2 <= queued.steps < total_alone
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_capped_refills_prefill_only_the_new_rows_and_change_no_answer(verify):
+  """max_refills=1: at most one slot takes a new request per loop step and
+  that step prefills the new row alone; every answer still equals decoding
+  the request alone (and the uncapped queue's)."""
+  config, params = tiny("llada", eos_boost=1.2)
+  base = SMALL_VERIFY if verify else SMALL
+  capped = dataclasses.replace(base, max_refills=1)
+  prompts = random_prompts(46, [4, 19, 9, 30, 6, 12, 7])
+  queued = generate(params, prompts, config=config, sampler=capped,
+                    batch_size=3)
+  free = generate(params, prompts, config=config, sampler=base, batch_size=3)
+  np.testing.assert_array_equal(queued.tokens_BxG, free.tokens_BxG)
+  np.testing.assert_array_equal(queued.forwards_B, free.forwards_B)
+  for i, p in enumerate(prompts):
+    alone = generate(params, [p], config=config, sampler=capped)
+    np.testing.assert_array_equal(queued.tokens_BxG[i], alone.tokens_BxG[0])
+  assert queued.steps >= free.steps
+  with pytest.raises(ValueError, match="max_refills"):
+    dataclasses.replace(base, max_refills=0)
 
 
 def test_continuous_batching_needs_a_refillable_sampler():

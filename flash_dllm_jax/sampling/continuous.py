@@ -3,6 +3,8 @@
 B slots decode a queue of Q requests. Whenever a slot's answer is complete,
 the same loop iteration stores it and loads the next request into the slot,
 so the batch stays full until the queue runs dry, with no host round trip.
+A sampler's `max_refills` caps the loads per iteration (a slot over the cap
+idles one iteration), so a step prefills at most that many new rows.
 A request's result never depends on its neighbours, so it equals the result
 of decoding it alone. Samplers opt in with `reset_rows(aux, rows_B)`.
 """
@@ -116,16 +118,20 @@ def decode_queue(params, prompts_QxP: jax.Array, valid_QxP: jax.Array,
         forwards_Q=state.forwards_Q.at[slot_Q].set(decode.forwards_B,
                                                    mode="drop"),
         steps_Q=state.steps_Q.at[slot_Q].set(decode.steps_B, mode="drop"))
-    order_B = jnp.cumsum(finished_B) - 1
+    # Free: just finished, or left idle by the refill cap (or a dry queue).
+    free_B = finished_B | (state.request_B == EMPTY)
+    order_B = jnp.cumsum(free_B) - 1
     wanted_B = state.next_request + order_B
-    requests_B = jnp.where(finished_B & (wanted_B < q), wanted_B, EMPTY)
-    state = _load(state, finished_B, requests_B, prompts_QxP, valid_QxP,
+    load_B = free_B & (order_B < refills) & (wanted_B < q)
+    requests_B = jnp.where(load_B, wanted_B, EMPTY)
+    state = _load(state, free_B, requests_B, prompts_QxP, valid_QxP,
                   rng_Q, g, mask_id, sampler)
-    return state.replace(next_request=jnp.minimum(
-        state.next_request + finished_B.sum(), q))
+    return state.replace(next_request=state.next_request + load_B.sum())
 
+  refills = getattr(sampler, "max_refills", None) or b
   max_steps = q * sampler.num_steps
   state = jax.lax.while_loop(
-      lambda s: jnp.any(s.request_B != EMPTY) & (s.decode.step < max_steps),
+      lambda s: ((jnp.any(s.request_B != EMPTY) | (s.next_request < q))
+                 & (s.decode.step < max_steps)),
       body, state)
   return state.gen_QxG, state.forwards_Q, state.steps_Q, state.decode.step

@@ -64,6 +64,9 @@ class FlashDLLMSampler:
     positions per step (most confident first) whatever their confidence, and
     run the verify pass without accepting anything, so step counts do not
     depend on (random) weights.
+  max_refills: under continuous batching, at most this many slots take a new
+    request per loop step, and such a step prefills those rows alone (None:
+    any number, and a step with new requests prefills every row).
   """
 
   gen_length: int = 256
@@ -76,6 +79,7 @@ class FlashDLLMSampler:
   gamma: float = 0.8
   recompute_all: bool = False
   forced_commits: int | None = None
+  max_refills: int | None = None
 
   def __post_init__(self):
     errors = []
@@ -95,6 +99,10 @@ class FlashDLLMSampler:
         and 1 <= self.forced_commits <= self.block_m):
       errors.append(f"forced_commits must be an int in [1, block_m], got "
                     f"{self.forced_commits!r}")
+    if self.max_refills is not None and not (
+        isinstance(self.max_refills, int) and self.max_refills >= 1):
+      errors.append(f"max_refills must be None or an int >= 1, got "
+                    f"{self.max_refills!r}")
     if self.verify and self.block_m < 2:
       errors.append("verify needs block_m >= 2 (it checks block_m // 2 "
                     "candidates)")
@@ -180,6 +188,9 @@ class FlashDLLMSampler:
                                   window_rows_BxQ, aux.cache)
 
       def mixed():  # new requests in some slots: each row takes its own pass
+        if self.max_refills is not None:
+          return self._prefill_rows(model, tokens_BxN, slots_BxQ, pred_BxR,
+                                    aux.fresh_B, flash())
         pick = lambda a, b_: jnp.where(
             aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
         return jax.tree.map(pick, prefill(), flash())
@@ -250,6 +261,26 @@ class FlashDLLMSampler:
                     extras=CachedExtras(mass_rows_BxQ=window_BxN),
                     mass_from_layer=self.mass_from_layer)
     return out.logits, out.cache, self._mass(out.mass_BxS, b, n)
+
+  def _prefill_rows(self, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
+                    flashed):
+    """Prefills the (at most max_refills) fresh rows alone and puts their
+    logits, mass and whole cache rows over the flash pass's `flashed`."""
+    logits_BxRxV, cache, mass_BxN = flashed
+    b = tokens_BxN.shape[0]
+    idx_F = jnp.argsort(~fresh_B, stable=True)[:min(self.max_refills, b)]
+    dest_F = jnp.where(fresh_B[idx_F], idx_F, b)  # b: not fresh, dropped
+    rows = dataclasses.replace(model, positions_BxN=model.positions_BxN[idx_F],
+                               valid_BxN=model.valid_BxN[idx_F])
+    empty = KVCache.zeros(model.config, len(idx_F), tokens_BxN.shape[1],
+                          cache.k[0].dtype)
+    logits_F, cache_F, mass_F = self._prefill(
+        rows, tokens_BxN[idx_F], slots_BxQ[idx_F], pred_BxR[idx_F], empty)
+    put = lambda full, part: full.at[dest_F].set(part.astype(full.dtype),
+                                                 mode="drop")
+    cache = KVCache(k=tuple(map(put, cache.k, cache_F.k)),
+                    v=tuple(map(put, cache.v, cache_F.v)))
+    return put(logits_BxRxV, logits_F), cache, put(mass_BxN, mass_F)
 
   def _flash(self, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
              cache):
