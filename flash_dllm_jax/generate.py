@@ -25,7 +25,8 @@ class GenerateOutput(NamedTuple):
   """texts[b]: the answer up to its first stop token, special tokens removed.
   tokens_BxG: generated ids (masks left after a stop token become pad).
   forwards_B: model forward passes spent on each row.
-  steps: decoding steps the loop ran (shared by the batch).
+  steps: decoding steps the loop ran, summed over the batches of different
+    prompt-length buckets (each bucket decodes as its own batch).
   steps_B: decoding steps each row ran (a row stops once complete).
   """
 
@@ -51,8 +52,9 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
              bucket: int = PROMPT_BUCKET) -> tuple[np.ndarray, np.ndarray]:
   """(ids_BxP int32, valid_BxP bool), P rounded up to a multiple of bucket.
 
-  Extra left padding never changes a row's result: pads are masked keys and
-  RoPE positions count from each row's first real token.
+  Pads are masked keys and RoPE positions count from each row's first real
+  token, so extra left padding changes a row's result only through the
+  order of floating-point sums (see `bucket_groups`).
   """
   if not rows or any(len(r) == 0 for r in rows):
     raise ValueError("every prompt needs at least one token")
@@ -64,6 +66,55 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
     ids[b, p - len(row):] = row
     valid[b, p - len(row):] = True
   return ids, valid
+
+
+def bucket_groups(rows: Sequence[Sequence[int]],
+                  bucket: int = PROMPT_BUCKET) -> list[np.ndarray]:
+  """Row indices grouped by padded prompt length (each row's own length
+  rounded up to `bucket`), longest first.
+
+  Each group decodes as its own batch, so a row's padding, and with it every
+  floating-point sum over its keys, depends on the row alone: in bfloat16,
+  extra left padding changes the reduction order enough to flip near-tied
+  tokens, which would make an answer depend on the batch it came in.
+  """
+  padded = np.array([-(-len(r) // bucket) * bucket for r in rows])
+  return [np.flatnonzero(padded == p) for p in sorted(set(padded),
+                                                       reverse=True)]
+
+
+def _decode_rows(params, rows, seeds, *, config: ModelConfig,
+                 sampler: Sampler, stop_at_eos: bool, batch_size: int | None,
+                 mesh) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+  """(gen_BxG, forwards_B, steps_B, loop steps) of one padded batch, through
+  continuous batching when batch_size < len(rows), over the mesh if any."""
+  ids, valid = left_pad(rows, config.pad_token_id)
+  n_rows = len(rows)
+  if mesh is not None:
+    if batch_size is not None and batch_size < n_rows:
+      raise ValueError("mesh= and continuous batching (batch_size=) cannot be "
+                       "combined yet")
+    pad = -n_rows % parallel.data_size(mesh)
+    ids, valid = (np.concatenate([a, np.repeat(a[-1:], pad, 0)])
+                  for a in (ids, valid))
+    seeds = list(seeds) + [seeds[-1]] * pad
+  rng_B = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+  ids, valid = jnp.asarray(ids), jnp.asarray(valid)
+  if mesh is not None:
+    ids, valid, rng_B = (parallel.shard_rows(mesh, a)
+                         for a in (ids, valid, rng_B))
+  if batch_size is not None and batch_size < n_rows:
+    gen, forwards, steps_b, steps = _queue_jit(
+        params, ids, valid, rng_B, config=config,
+        sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos)
+  else:
+    with parallel.use(mesh):
+      gen, forwards, steps, steps_b = decode_jit(
+          params, ids, valid, rng_B,
+          config=config, sampler=sampler, stop_at_eos=stop_at_eos)
+  gen, forwards, steps_b = (np.asarray(a)[:n_rows]
+                            for a in (gen, forwards, steps_b))
+  return gen, forwards, steps_b, int(steps)
 
 
 def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
@@ -132,6 +183,8 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   model: what `load` returns (params, config, tokenizer), or a params tree
     with `config=` (and `tokenizer=` for text).
   prompt: a string, a list of strings, token ids, or a list of id lists.
+    Prompts are left-padded to a multiple of PROMPT_BUCKET; each bucket
+    present decodes as its own batch (see `bucket_groups`).
   chat: apply the checkpoint's chat template to text prompts.
   sampler: a sampler object; by default the architecture's reference sampler
     built from `options` (LLaDA: gen_length, steps, block_length, temperature,
@@ -169,45 +222,33 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
                        f"{config.mask_token_id}")
     if any(not 0 <= t < config.vocab_size for t in row):
       raise ValueError(f"a prompt has token ids outside [0, {config.vocab_size})")
-  ids, valid = left_pad(rows, config.pad_token_id)
-  sampler.check_prompt(ids.shape[1], config.max_seq_len)
+  for row in rows:
+    sampler.check_prompt(-(-len(row) // PROMPT_BUCKET) * PROMPT_BUCKET,
+                         config.max_seq_len)
   seeds = [seed] * len(rows) if isinstance(seed, (int, np.integer)) else seed
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
+  if batch_size is not None and batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   mesh = parallel.parse_mesh(mesh)
   parallel.check_config(config, mesh)
-  n_rows = len(rows)
   if mesh is not None:
-    if batch_size is not None and batch_size < n_rows:
-      raise ValueError("mesh= and continuous batching (batch_size=) cannot be "
-                       "combined yet")
-    pad = -n_rows % parallel.data_size(mesh)
-    ids, valid = (np.concatenate([a, np.repeat(a[-1:], pad, 0)])
-                  for a in (ids, valid))
-    seeds = list(seeds) + [seeds[-1]] * pad
-  rng_B = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-  ids, valid = jnp.asarray(ids), jnp.asarray(valid)
-  if mesh is not None:
-    ids, valid, rng_B = (parallel.shard_rows(mesh, a)
-                         for a in (ids, valid, rng_B))
     params = parallel.shard_params(mesh, params)
-  if batch_size is not None and batch_size < n_rows:
-    if batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    gen, forwards, steps_b, steps = _queue_jit(
-        params, ids, valid, rng_B, config=config,
-        sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos)
-  else:
-    with parallel.use(mesh):
-      gen, forwards, steps, steps_b = decode_jit(
-          params, ids, valid, rng_B,
-          config=config, sampler=sampler, stop_at_eos=stop_at_eos)
-  gen, forwards, steps_b = (np.asarray(a)[:n_rows]
-                            for a in (gen, forwards, steps_b))
+  n_rows = len(rows)
+  gen = np.zeros((n_rows, sampler.gen_length), np.int32)
+  forwards, steps_b, steps = (np.zeros(n_rows, np.int32),
+                              np.zeros(n_rows, np.int32), 0)
+  for group in bucket_groups(rows):
+    out = _decode_rows(params, [rows[i] for i in group],
+                       [seeds[i] for i in group], config=config,
+                       sampler=sampler, stop_at_eos=stop_at_eos,
+                       batch_size=batch_size, mesh=mesh)
+    gen[group], forwards[group], steps_b[group] = out[:3]
+    steps += out[3]
   texts = None
   if tokenizer is not None:
     texts = [tokenizer.decode(answer_ids(row, config)) for row in gen]
-  return GenerateOutput(texts, gen, forwards, int(steps), steps_b)
+  return GenerateOutput(texts, gen, forwards, steps, steps_b)
 
 
 def answer_ids(gen_G: np.ndarray, config: ModelConfig) -> list[int]:

@@ -116,3 +116,10 @@ def test_sampler_and_options_are_exclusive():
   config, params = tiny("llada")
   with pytest.raises(ValueError, match="together with sampler"):
     generate(params, [1], config=config, sampler=LLaDASampler(8, 8), steps=4)
+
+
+def test_bucket_groups_split_rows_by_their_own_padded_length():
+  from flash_dllm_jax.generate import bucket_groups
+  rows = [[1] * n for n in (5, 40, 32, 33, 64, 1)]
+  groups = bucket_groups(rows, bucket=32)
+  assert [g.tolist() for g in groups] == [[1, 3, 4], [0, 2, 5]]

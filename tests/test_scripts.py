@@ -108,3 +108,23 @@ def test_bench_kernels_skip_done_lists_only_unmeasured_shapes(tmp_path):
   assert listed.returncode == 0, listed.stderr[-2000:]
   lines = listed.stdout.strip().splitlines()
   assert lines and all(line.startswith("matmul ") for line in lines)
+
+
+def test_bench_continuous_runs_and_checks_the_answers(tmp_path):
+  """Static batches and continuous batching through the same slots give the
+  same answers; the continuous run is one generate call."""
+  import json
+  from tests.paths import TINY_CHECKPOINT
+  out = tmp_path / "continuous.json"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "bench_continuous.py"),
+       "--checkpoint", str(TINY_CHECKPOINT), "--problems", "5", "--slots",
+       "2", "--gen-length", "16", "--max-refills", "1", "--json", str(out)],
+      capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  data = json.loads(out.read_text())
+  ways = data["ways"]
+  assert data["same_answers"] and ways["continuous"]["calls"] == 1
+  assert ways["static"]["calls"] == 3
+  assert ways["continuous, max_refills 1"]["calls"] == 1
+  assert 0 < ways["continuous"]["occupancy"] <= 1

@@ -2,9 +2,12 @@
 
 Problems still missing from the run's JSONL are sorted by prompt length
 (longest first: less padding per batch, and a too-long batch fails first)
-and decoded B at a time. Results never depend on batch composition (per-row
-seeds, pad-relative positions), so sorting, padding the last batch with
-copies of a row, and resuming all leave every answer unchanged.
+and decoded B at a time. Results do not depend on batch composition
+(per-row seeds, pad-relative positions, and `generate` decodes each
+prompt-length bucket as its own batch, so a row's padding is its own), so
+sorting, padding the last batch with copies of a row, and resuming all
+leave every answer unchanged. (Tested on CPU; on a GPU, XLA may pick other
+matmul algorithms for other batch sizes, which this does not rule out.)
 
 Timing per batch: wall seconds of the whole `generate` call (tokenizing,
 padding, the device decode, transfers, detokenizing), and the part of them
