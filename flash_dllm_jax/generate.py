@@ -222,9 +222,8 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
                        f"{config.mask_token_id}")
     if any(not 0 <= t < config.vocab_size for t in row):
       raise ValueError(f"a prompt has token ids outside [0, {config.vocab_size})")
-  for row in rows:
-    sampler.check_prompt(-(-len(row) // PROMPT_BUCKET) * PROMPT_BUCKET,
-                         config.max_seq_len)
+  sampler.check_prompt(left_pad([max(rows, key=len)], 0)[0].shape[1],
+                       config.max_seq_len)
   seeds = [seed] * len(rows) if isinstance(seed, (int, np.integer)) else seed
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")

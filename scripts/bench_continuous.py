@@ -31,22 +31,13 @@ import numpy as np  # noqa: E402
 
 import flash_dllm_jax  # noqa: E402
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
+from flash_dllm_jax.eval.runner import answer_length  # noqa: E402
 from flash_dllm_jax.eval.strategies import build_sampler  # noqa: E402
-
-
-def answer_tokens(out, stop_ids) -> int:
-  """Generated tokens up to and including each row's first stop token."""
-  total = 0
-  for row in np.asarray(out.tokens_BxG):
-    hits = np.flatnonzero(np.isin(row, list(stop_ids)))
-    total += int(hits[0]) + 1 if len(hits) else len(row)
-  return total
 
 
 def run(model, questions, sampler, slots, continuous):
   """(texts, generate calls, loop steps, row steps, tokens, seconds)."""
-  config = model[1]
-  stops = {config.eos_token_id, config.eot_token_id}
+  stops = model[1].stop_token_ids
   t0 = time.perf_counter()
   if continuous:
     outs = [flash_dllm_jax.generate(model, questions, chat=True,
@@ -59,7 +50,8 @@ def run(model, questions, sampler, slots, continuous):
   return dict(texts=[t for o in outs for t in o.texts], calls=len(outs),
               loop_steps=sum(int(o.steps) for o in outs),
               row_steps=sum(int(np.sum(o.steps_B)) for o in outs),
-              tokens=sum(answer_tokens(o, stops) for o in outs),
+              tokens=sum(answer_length(row, stops) for o in outs
+                         for row in o.tokens_BxG),
               seconds=seconds)
 
 

@@ -99,9 +99,7 @@ def main(argv=None):
         # pass counted as often as it ran (forwards - steps of the busiest row).
         pass_floor = [max(wbytes / bw, timing.forward_flops(
             cfg, b, q(args.prompt), n) / mm) for q in queries]
-        floor = pass_floor[0] + (
-            pass_floor[1] * (forwards - steps) / steps if len(queries) > 1
-            else pass_floor[0] * (forwards - steps) / steps)
+        floor = pass_floor[0] + pass_floor[-1] * (forwards - steps) / steps
         rows.append(dict(strategy=name, batch=b, gen=gen, steps=steps,
                          forwards=forwards, ms_step=ms_step * 1e3,
                          floor_ms=floor * 1e3, compile_s=compile_s,

@@ -27,7 +27,7 @@ kernels() {
   # Q = 32/128, the LLaDA down projection and every Dream matmul), then a
   # tiling sweep where the default tiles lost to cuDNN (LLaDA Q = 128).
   timeout 300 $k "$OUT/kernels_rest.json" \
-      --skip-done benchmarks/results/*-h200-kernels-*.json
+      --skip-done benchmarks/results/2026-11-30-h200-kernels-*.json
   timeout 120 $k "$OUT/kernels_tune.json" --tune --tune-limit 12 --reps 5 \
       --inner 20 --ops attention \
       --match '^attention llada B=(8|32) S=2048 Q=128 '

@@ -161,17 +161,16 @@ def make_steps(config: ModelConfig, tc: TrainConfig):
   return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
 
 
-def scheduled_steps(out_dir: str | Path, tc: TrainConfig,
-                    upto: int | None = None) -> int:
+def scheduled_steps(out_dir: str | Path, tc: TrainConfig) -> int:
   """The schedule's total steps: the count a fit_to_time run fitted (its
-  last "fit" row in OUT/metrics.jsonl, up to step `upto`) or tc.steps."""
-  fitted = _fitted_steps(Path(out_dir), upto)
+  last "fit" row in OUT/metrics.jsonl) or tc.steps."""
+  fitted = _fitted_steps(Path(out_dir), 1 << 62)
   return fitted if tc.fit_to_time and fitted is not None else tc.steps
 
 
-def _fitted_steps(out: Path, upto: int | None) -> int | None:
-  fits = [r["steps"] for r in _read_log(out / "metrics.jsonl",
-                                        upto if upto is not None else 1 << 62)
+def _fitted_steps(out: Path, upto: int) -> int | None:
+  """steps of the last "fit" row in OUT/metrics.jsonl up to step `upto`."""
+  fits = [r["steps"] for r in _read_log(out / "metrics.jsonl", upto)
           if r.get("kind") == "fit"]
   return fits[-1] if fits else None
 
