@@ -57,3 +57,70 @@ def test_gpu_fused_attention_matches_the_reference_at_training_shapes():
   grad = jax.grad(lambda q: ops.attention(q, k_, v_, valid, scale=0.125)
                   .astype(jnp.float32).sum())(q_)
   assert bool(jnp.all(jnp.isfinite(grad.astype(jnp.float32))))
+
+
+def _cached_inputs(seed, b, q, s, h, k, d, dtype):
+  q_, k_, v_, valid = _inputs(seed, b, q, s, h, k, d, dtype)
+  q_ = q_ * d ** -0.5  # cached_attention takes pre-scaled queries
+  mass_rows = jax.random.bernoulli(jax.random.key(seed + 1), 0.7, (b, q))
+  mass_rows = mass_rows & (jnp.arange(q) < 16)[None, :]
+  return q_, k_, v_, valid, mass_rows
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5),
+                                       (jnp.bfloat16, 3e-2)])
+def test_cudnn_split_matches_the_reference(monkeypatch, dtype, tol):
+  """Large plain queries: output from the fused path, mass from the kernel on
+  the prefix rows only; both equal the reference (row 0 has no valid key)."""
+  decide = ops._cudnn_split
+  taken = []
+
+  def as_on_gpu(impl, *a, **kw):  # the interpreted kernel stands in
+    taken.append(decide(impl.replace("_interpret", ""), *a, **kw))
+    return taken[-1]
+
+  monkeypatch.setattr(ops, "_cudnn_split", as_on_gpu)
+  q_, k_, v_, valid, rows = _cached_inputs(7, 8, 128, 80, 4, 2, 64, dtype)
+  want_o, want_m = ops.cached_attention(q_, k_, v_, valid, mass_rows_BxQ=rows,
+                                        implementation="reference")
+  got_o, got_m = ops.cached_attention(
+      q_, k_, v_, valid, mass_rows_BxQ=rows, mass_rows_prefix=16,
+      implementation="pallas_interpret")
+  assert taken == [False, True], "the split path was not taken"
+  np.testing.assert_allclose(np.asarray(got_o, np.float32),
+                             np.asarray(want_o, np.float32), atol=tol,
+                             rtol=tol)
+  np.testing.assert_allclose(np.asarray(got_m), np.asarray(want_m),
+                             atol=1e-4 if dtype == jnp.float32 else 2e-2,
+                             rtol=1e-3)
+  assert not np.any(np.asarray(got_o[0], np.float32))  # no key: zeros
+
+
+def test_cudnn_split_is_only_for_large_plain_queries_on_a_gpu():
+  big = dict(plain=True, mass=True, prefix=16)
+  assert ops._cudnn_split("pallas", 8, 128, **big)
+  assert ops._cudnn_split("pallas", 32, 144, **dict(big, mass=False,
+                                                     prefix=None))
+  assert not ops._cudnn_split("pallas_interpret", 8, 128, **big)
+  assert not ops._cudnn_split("reference", 8, 128, **big)
+  assert not ops._cudnn_split("pallas", 1, 128, **big)  # kernel wins at B=1
+  assert not ops._cudnn_split("pallas", 8, 32, **big)
+  assert not ops._cudnn_split("pallas", 8, 128, **dict(big, plain=False))
+  assert not ops._cudnn_split("pallas", 8, 128, **dict(big, prefix=None))
+  assert not ops._cudnn_split("pallas", 8, 128, **dict(big, prefix=100))
+
+
+@pytest.mark.gpu
+def test_gpu_cached_attention_split_matches_the_reference():
+  q_, k_, v_, valid, rows = _cached_inputs(9, 8, 128, 1280, 32, 32, 128,
+                                           jnp.bfloat16)
+  run = jax.jit(lambda *a: ops.cached_attention(
+      *a, mass_rows_BxQ=rows, mass_rows_prefix=16))
+  got_o, got_m = run(q_, k_, v_, valid)
+  want_o, want_m = ops.cached_attention(q_, k_, v_, valid, mass_rows_BxQ=rows,
+                                        implementation="reference")
+  np.testing.assert_allclose(np.asarray(got_o, np.float32),
+                             np.asarray(want_o, np.float32), atol=3e-2,
+                             rtol=3e-2)
+  np.testing.assert_allclose(np.asarray(got_m), np.asarray(want_m),
+                             atol=2e-2, rtol=1e-2)
