@@ -140,7 +140,6 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                      v_new_BxQxKxD: jax.Array | None = None,
                      inq_mask_BxQxQ: jax.Array | None = None,
                      mass_rows_BxQ: jax.Array | None = None,
-                     mass_rows_prefix: int | None = None,
                      implementation: str | None = None):
   """Pre-scaled queries over the valid, non-excluded cache slots, plus their
   own fresh keys where inq_mask_BxQxQ allows, in one softmax.
@@ -148,10 +147,7 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   Returns (o_BxQxHxD, mass_BxS or None): mass sums, over heads and the rows
   in mass_rows_BxQ, the probability each cache slot receives. The kernel reads
   the cache in place and accumulates the mass without materialising scores;
-  the reference materialises them. mass_rows_prefix: a static bound, mass
-  rows all lie below it; it lets a large plain query go to cuDNN with the
-  mass kernel run on those rows only (`_cudnn_split`). Rows with no key
-  give zeros on every path.
+  the reference materialises them.
   """
   impl = _kernels(implementation)
   b, q = q_BxQxHxD.shape[:2]
@@ -159,22 +155,6 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   exclude = ~key_valid_BxS
   if exclude_BxS is not None:
     exclude = exclude | exclude_BxS
-  if _cudnn_split(impl, b, q, plain=exclude_BxS is None
-                  and k_new_BxQxKxD is None, mass=mass_rows_BxQ is not None,
-                  prefix=mass_rows_prefix):
-    o_BxQxHxD = fused_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
-                                key_valid_BxS, scale=1.0)
-    any_valid_Bx1x1x1 = jnp.any(key_valid_BxS, axis=1)[:, None, None, None]
-    o_BxQxHxD = jnp.where(any_valid_Bx1x1x1, o_BxQxHxD, 0)
-    if mass_rows_BxQ is None:
-      return o_BxQxHxD, None
-    m = mass_rows_prefix
-    _, mass_BxS = attention_api.scheduled_attention(
-        q_BxQxHxD[:, :m], k_cache_BxSxKxD, v_cache_BxSxKxD,
-        jnp.full((b,), s, jnp.int32), jnp.full((b,), m, jnp.int32),
-        exclude_BxS=exclude, score_rows_BxQ=mass_rows_BxQ[:, :m], scale=1.0,
-        implementation=impl)
-    return o_BxQxHxD, mass_BxS
   heads, rows = parallel.HEADS_SPEC, P("data")
   named = dict(q_BxQxHxD=(q_BxQxHxD, heads),
                k_cache_BxSxKxD=(k_cache_BxSxKxD, heads),
@@ -201,21 +181,3 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
         attend, mesh, tuple(spec for _, spec in named.values()),
         (heads, rows if mass_rows_BxQ is not None else None))
   return attend(*(x for x, _ in named.values()))
-
-
-# Measured on the H200 (BENCHMARKS.md, "Kernels"): at Q = 128 and batch >= 8
-# cuDNN's flash attention takes 0.4-0.6x the Pallas kernel's time even with
-# its best tiles; at batch 1 and at Q <= 32 the kernel wins.
-CUDNN_MIN_QUERIES, CUDNN_MIN_BATCH = 128, 8
-
-
-def _cudnn_split(impl: str, b: int, q: int, *, plain: bool, mass: bool,
-                 prefix: int | None) -> bool:
-  """Whether cached_attention sends the output to cuDNN: a plain query (no
-  exclusions, no in-query keys) that is large, on a GPU outside a mesh, and
-  whose mass rows (if any) fit a static prefix much shorter than Q."""
-  if impl != "pallas" or parallel.active_mesh() is not None or not plain:
-    return False
-  if mass and (prefix is None or 2 * prefix > q):
-    return False
-  return q >= CUDNN_MIN_QUERIES and b >= CUDNN_MIN_BATCH

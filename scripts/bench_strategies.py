@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from flash_dllm_jax import ops  # noqa: E402
 from flash_dllm_jax.bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.sampling import (ElasticCacheSampler,  # noqa: E402
@@ -72,12 +71,7 @@ def main(argv=None):
   ap.add_argument("--reps", type=int, default=2)
   ap.add_argument("--smoke", action="store_true")
   ap.add_argument("--json", type=Path, default=None)
-  ap.add_argument("--attention", choices=["auto", "kernel"], default="auto",
-                  help="kernel: keep large plain queries on the Pallas "
-                  "kernel instead of cuDNN (ops._cudnn_split), for an A/B")
   args = ap.parse_args(argv)
-  if args.attention == "kernel":
-    ops.CUDNN_MIN_BATCH = 1 << 30
   if args.smoke:
     cfg = ModelConfig.tiny("llada", dtype="bfloat16")
     args.batch, args.gen, args.prompt, args.reps = [2], [32], 16, 1
@@ -90,7 +84,7 @@ def main(argv=None):
   wbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
   print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s; "
-        f"{args.per_step} tokens per step; attention {args.attention}")
+        f"{args.per_step} tokens per step")
   rows = []
   for gen in args.gen:
     for name, (sampler, *queries) in strategies(
