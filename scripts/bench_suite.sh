@@ -6,6 +6,8 @@
 #   bash scripts/bench_suite.sh OUT_DIR single   # <= 9 minutes on 2 x H200
 #   bash scripts/bench_suite.sh OUT_DIR mesh     # <= 3.5 minutes
 #   bash scripts/bench_suite.sh OUT_DIR          # both: over one call's 10 min
+#   bash scripts/bench_suite.sh OUT_DIR followup # <= 6 minutes (see below)
+#   bash scripts/bench_suite.sh OUT_DIR invariance # <= 6 minutes
 #
 # OUT_DIR gets more files than a device call brings back: tar it.
 #
@@ -45,6 +47,72 @@ strategies() {
       --only llada fast-dllm-prefix elastic-cache
 }
 
+# followup (2026-11-30, second session): the batch-32 steps after sending
+# large plain attention to cuDNN, the kernel shapes the first stage had no
+# time for, the GPU test of that split, continuous batching on the GPU, and
+# whether a mesh changes the shipped model's answers.
+followup() {
+  local s="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1"
+  local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
+      --strategies llada fast-dllm-dual flash-dllm --no-progress"
+  (CUDA_VISIBLE_DEVICES=0 timeout 170 $s --batch 32 --gen 512 \
+      --json "$OUT/strategies_split.json" --only flash-dllm flash-cache \
+      > "$OUT/strategies.log" 2>&1) &
+  (export CUDA_VISIBLE_DEVICES=1
+   timeout 90 python scripts/bench_kernels.py "$OUT/kernels_last.json" \
+       --skip-done benchmarks/results/2026-11-30-h200-kernels-*.json
+   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 60 python -m pytest -q -m gpu \
+       -p no:cacheprovider tests/test_ops_attention.py
+   timeout 150 python scripts/bench_continuous.py --problems 256 --slots 32 \
+       --gen-length 256 --max-refills 4 --json "$OUT/continuous.json"
+  ) > "$OUT/gpu1.log" 2>&1
+  wait
+  for mesh in none model=2 data=2; do
+    local m=""; [ "$mesh" != none ] && m="--mesh $mesh"
+    timeout 90 $q $m --out-dir "$OUT/q_$mesh" > "$OUT/q_$mesh.log" 2>&1
+  done
+  for mesh in model=2 data=2; do
+    python scripts/compare_runs.py "$OUT/q_none" "$OUT/q_$mesh" \
+        >> "$OUT/mesh_tokens.log" 2>&1
+  done
+}
+
+# invariance: which XLA flags make a row's matmul independent of the batch
+# rows (scripts/probe_batch_invariance.py), then under the best set: the
+# shipped model's answers with and without data parallelism, continuous
+# batching, and the Flash-dLLM step times (the cost of those flags).
+invariance() {
+  local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
+      --strategies llada fast-dllm-dual flash-dllm --no-progress"
+  CUDA_VISIBLE_DEVICES=1 timeout 150 python scripts/probe_batch_invariance.py \
+      > "$OUT/probe.md" 2>&1
+  local flags; flags=$(grep '^BEST_FLAGS=' "$OUT/probe.md" | cut -d= -f2-)
+  export XLA_FLAGS="$flags"
+  local s="python scripts/bench_strategies.py --prompt 768 --per-step 4 \
+      --reps 1 --gen 512"
+  # (On 2026-11-30 this stage also ran Flash-Cache at batch 32 with and
+  # without the cuDNN split of commit 4bb1d87, reverted after that A/B.)
+  (export CUDA_VISIBLE_DEVICES=0
+   timeout 130 $s --batch 1 32 --only flash-dllm \
+       --json "$OUT/strategies_flags.json"
+  ) > "$OUT/strategies.log" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=1
+   timeout 60 $q --out-dir "$OUT/q_none" > "$OUT/q_none.log" 2>&1
+   timeout 100 python scripts/bench_continuous.py --problems 256 --slots 32 \
+       --gen-length 256 --max-refills 4 --json "$OUT/continuous.json"
+  ) > "$OUT/gpu1.log" 2>&1
+  wait
+  timeout 60 $q --mesh data=2 --out-dir "$OUT/q_data=2" > "$OUT/q_d.log" 2>&1
+  python scripts/compare_runs.py "$OUT/q_none" "$OUT/q_data=2" \
+      > "$OUT/mesh_tokens.log" 2>&1
+}
+
+if [ "$STAGE" = invariance ]; then
+  invariance; echo "done" >> "$OUT/suite.log"; exit 0
+fi
+if [ "$STAGE" = followup ]; then
+  followup; echo "done" >> "$OUT/suite.log"; exit 0
+fi
 if [ "$STAGE" != mesh ]; then
   if [ "$NGPU" -ge 2 ]; then
     (CUDA_VISIBLE_DEVICES=1 kernels > "$OUT/kernels.log" 2>&1) &

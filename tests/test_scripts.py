@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end on a tiny model (no timing claims)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,19 @@ def test_bench_continuous_runs_and_checks_the_answers(tmp_path):
   assert ways["static"]["calls"] == 3
   assert ways["continuous, max_refills 1"]["calls"] == 1
   assert 0 < ways["continuous"]["occupancy"] <= 1
+
+
+def test_compare_runs_reports_identical_and_differing_answers(tmp_path,
+                                                              capsys):
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import compare_runs
+  for side, outs in (("a", ["x", "y", "z"]), ("b", ["x", "Y", "z"])):
+    run = tmp_path / side / "flash-dllm"
+    run.mkdir(parents=True)
+    (run / "records.jsonl").write_text("".join(
+        json.dumps({"id": f"p{i}", "output": o}) + "\n"
+        for i, o in enumerate(outs)))
+  (tmp_path / "b" / "only-b").mkdir()
+  assert compare_runs.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+  assert "flash-dllm: 2/3 identical; differ: p1" in capsys.readouterr().out
+  assert compare_runs.main([str(tmp_path / "a"), str(tmp_path / "a")]) == 0

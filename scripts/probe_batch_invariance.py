@@ -1,0 +1,94 @@
+"""Does a row's matmul result depend on how many rows share the matmul?
+
+  python scripts/probe_batch_invariance.py            # every flag set below
+  python scripts/probe_batch_invariance.py --child    # one set, XLA_FLAGS as set
+
+On a GPU, XLA picks a GEMM algorithm (split-K, cuBLAS or Triton tiles) per
+shape, so the bfloat16 result of row 0 of x @ W can change with M, the rows
+in the batch, and near-tied tokens flip when a batch is split differently
+(over data-parallel devices, into prompt-length buckets, or by continuous
+batching). Each XLA flag set runs in a child process (XLA reads XLA_FLAGS
+once) and reports, per weight shape, for how many M in MS row 0 equals the
+M = 16 result bit for bit (a decode step
+runs at least 16 rows; M = 1 takes a matrix-vector path), and the time of x @ W at M = 128 and 4096.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+MS = (16, 32, 48, 64, 96, 128, 160, 256, 512, 1024, 2048, 4096)
+SHAPES = ((384, 1152), (768, 384), (4096, 12288), (12288, 4096))
+FLAG_SETS = {
+    "default": "",
+    "autotune 0": "--xla_gpu_autotune_level=0",
+    "no triton gemm": "--xla_gpu_enable_triton_gemm=false",
+    "no triton gemm, autotune 0": "--xla_gpu_enable_triton_gemm=false "
+                                  "--xla_gpu_autotune_level=0",
+    "deterministic ops": "--xla_gpu_deterministic_ops=true",
+    "no split-k autotuning": "--xla_gpu_enable_split_k_autotuning=false",
+}
+
+
+def child() -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  dot = jax.jit(lambda x, w: jnp.einsum("me,en->mn", x, w,
+                                        preferred_element_type=jnp.float32
+                                        ).astype(x.dtype))
+  out = {}
+  for e, n in SHAPES:
+    kx, kw = jax.random.split(jax.random.key(e * 7 + n))
+    x = jax.random.normal(kx, (max(MS), e), jnp.bfloat16)
+    w = (jax.random.normal(kw, (e, n), jnp.float32) * e ** -0.5
+         ).astype(jnp.bfloat16)
+    first = {m: np.asarray(dot(x[:m], w)[0].astype(jnp.float32)) for m in MS}
+    same = [m for m in MS if np.array_equal(first[m], first[MS[0]])]
+    times = {}
+    for m in (128, 4096):
+      xs = x[:m]
+      dot(xs, w).block_until_ready()
+      t0 = time.perf_counter()
+      for _ in range(20):
+        y = dot(xs, w)
+      y.block_until_ready()
+      times[m] = (time.perf_counter() - t0) / 20 * 1e6
+    out[f"{e}x{n}"] = {"same_as_m1": same, "us": times}
+  return out
+
+
+def main() -> None:
+  if "--child" in sys.argv:
+    print("RESULT " + json.dumps(child()))
+    return
+  best, best_same = "", -1
+  print("| flags | shape | M with row 0 = M=16 (of %d) | differs at M | "
+        "µs M=128 | µs M=4096 |\n|---|---|---|---|---|---|" % len(MS))
+  for name, flags in FLAG_SETS.items():
+    env = dict(os.environ, XLA_FLAGS=flags)
+    proc = subprocess.run([sys.executable, __file__, "--child"], env=env,
+                          capture_output=True, text=True, timeout=240)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    if not line:
+      tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
+      print(f"| {name} | - | failed: {tail} | | | |")
+      continue
+    result = json.loads(line[0][7:])
+    same = sum(len(r["same_as_m1"]) for r in result.values())
+    if same > best_same:
+      best, best_same = flags, same
+    for shape, r in result.items():
+      differ = [m for m in MS if m not in r["same_as_m1"]]
+      print(f"| {name} | {shape} | {len(r['same_as_m1'])} | "
+            f"{' '.join(map(str, differ)) or '-'} | {r['us']['128']:.1f} | "
+            f"{r['us']['4096']:.1f} |", flush=True)
+  print(f"BEST_FLAGS={best}")
+
+
+if __name__ == "__main__":
+  main()
