@@ -46,6 +46,8 @@ from flash_dllm_jax.training.evaluate import solve_accuracy  # noqa: E402
 from flash_dllm_jax.training.train import (  # noqa: E402
     TrainConfig, scheduled_steps, train)
 
+MODEL_ARGS = ("layers", "d_model", "heads", "kv_heads", "mlp_hidden",
+              "vocab_size", "rope_theta", "max_seq_len")
 SMOKE = dict(steps=6, batch_size=4, layers=2, d_model=64, heads=4,
              kv_heads=4, mlp_hidden=128, log_every=2, eval_every=3,
              ckpt_every=3, eval_problems=2, gen_length=32)
@@ -61,6 +63,10 @@ def _parser() -> argparse.ArgumentParser:
                   help="a few CPU steps of a tiny model on a small corpus")
   ap.add_argument("--tokenizer", type=Path, default=None,
                   help="use this saved tokenizer instead of building one")
+  ap.add_argument("--init-from", type=Path, default=None,
+                  help="warm start: a model directory (e.g. the shipped "
+                  "checkpoint) whose weights, config and tokenizer replace "
+                  "the random init; fresh optimizer state and schedule")
   g = ap.add_argument_group("model")
   g.add_argument("--layers", type=int, default=8)
   g.add_argument("--d-model", type=int, default=384)
@@ -110,7 +116,8 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.smoke:  # smoke values replace defaults the user left alone
     for k, v in SMOKE.items():
-      if getattr(args, k) == ap.get_default(k):
+      if getattr(args, k) == ap.get_default(k) and not (
+          args.init_from and k in MODEL_ARGS):
         setattr(args, k, v)
   out = args.out or Path("runs/train_tiny_smoke" if args.smoke
                          else "runs/train_tiny")
@@ -123,9 +130,21 @@ def main(argv=None):
     test_rows = synthetic_gsm.generate(32, 1, "test")
   else:
     ap.error("--data is required (make it with scripts/make_synthetic_gsm.py)")
+  init_from = None
+  if args.init_from is not None:
+    changed = [f"--{k.replace('_', '-')}" for k in MODEL_ARGS
+               if getattr(args, k) != ap.get_default(k)]
+    if changed or args.tokenizer:
+      ap.error(f"--init-from takes the model and tokenizer from "
+               f"{args.init_from}; drop {' '.join(changed) or '--tokenizer'}")
+    init_from, init_config, init_tokenizer = load(args.init_from)
+    if init_tokenizer is None:
+      ap.error(f"--init-from {args.init_from}: no tokenizer.json there")
   found = ckpt.list_checkpoints(out)
   if found:  # resume with the tokenizer the run was started with
     tokenizer = Tokenizer.from_dir(found[-1][1] / "model")
+  elif init_from is not None:
+    tokenizer = init_tokenizer
   elif args.tokenizer:
     tokenizer = Tokenizer.from_dir(args.tokenizer)
   else:
@@ -138,6 +157,8 @@ def main(argv=None):
       head_dim=args.d_model // args.heads, mlp_hidden=args.mlp_hidden,
       rms_norm_eps=1e-5, rope_theta=args.rope_theta,
       max_seq_len=args.max_seq_len, dtype=args.dtype, **special_ids(tokenizer))
+  if init_from is not None:
+    config = init_config.replace(dtype=args.dtype)
   rows = encode_problems(train_rows, tokenizer, args.seq_len)
   eval_rows = encode_problems(test_rows, tokenizer, args.seq_len)
   print(f"{len(rows.tokens_MxN)} train rows ({rows.dropped} longer than "
@@ -156,7 +177,8 @@ def main(argv=None):
                    eos_pad=args.eos_pad)
   t1 = time.time()
   params, step = train(config, tokenizer, rows, out, tc, eval_rows,
-                       log=lambda s: print(s, flush=True), mesh=args.mesh)
+                       log=lambda s: print(s, flush=True), mesh=args.mesh,
+                       init_from=init_from)
   print(f"trained to step {step} in {(time.time() - t1) / 60:.1f} min")
   if args.stop_after_minutes is not None and step < scheduled_steps(out, tc):
     print(f"paused at step {step} of {scheduled_steps(out, tc)}: rerun the "

@@ -335,3 +335,44 @@ def test_train_tiny_script_pauses_and_continues(tmp_path, capsys):
   printed = capsys.readouterr().out
   assert "resuming" in printed and "trained to step 6" in printed
   assert fdj.load(out / "model")[1].n_layers == 2
+
+
+def test_warm_start_begins_at_the_given_weights(setup, tmp_path):
+  """init_from replaces the random init (a zero-lr run keeps it exactly);
+  weights of another shape get one error naming every mismatch."""
+  tok, config, rows, _ = setup
+  given = init_params(config, jax.random.key(42), param_dtype="bfloat16")
+  frozen = TrainConfig(steps=2, batch_size=4, warmup_steps=1, lr=1e-30,
+                       weight_decay=0.0, ckpt_every=2)
+  params, step = train(config, tok, rows, tmp_path / "warm", frozen,
+                       init_from=given)
+  assert step == 2
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(given)):
+    assert a.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32),
+                               atol=1e-6)
+  other = init_params(config.replace(mlp_hidden=64), jax.random.key(0),
+                      param_dtype="float32")
+  with pytest.raises(ValueError, match="gate_proj.*shape") as err:
+    train(config, tok, rows, tmp_path / "bad", frozen, init_from=other)
+  assert "down_proj" in str(err.value)
+
+
+def test_train_tiny_script_warm_starts_from_a_model_dir(tmp_path, capsys):
+  import importlib.util
+  from tests.paths import ROOT
+  spec = importlib.util.spec_from_file_location(
+      "train_tiny", ROOT / "scripts" / "train_tiny.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  base = ["--smoke", "--eval-problems", "0"]
+  script.main(base + ["--out", str(tmp_path / "a")])
+  script.main(base + ["--out", str(tmp_path / "b"), "--init-from",
+                      str(tmp_path / "a" / "model")])
+  assert "starting from the given weights" in capsys.readouterr().out
+  assert fdj.load(tmp_path / "b" / "model")[1] == fdj.load(
+      tmp_path / "a" / "model")[1]
+  with pytest.raises(SystemExit):
+    script.main(base + ["--out", str(tmp_path / "c"), "--layers", "3",
+                        "--init-from", str(tmp_path / "a" / "model")])
+  assert "drop --layers" in capsys.readouterr().err

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import struct
+from flax import struct, traverse_util
 
 from flash_dllm_jax.checkpoint import load_config
 from flash_dllm_jax.config import ModelConfig
@@ -88,6 +88,24 @@ class TrainConfig:
                  f"one of {IMPLEMENTATIONS})")
     if bad:
       raise ValueError("invalid TrainConfig: " + ", ".join(bad))
+
+
+def _warm_start(like: dict, given: dict) -> dict:
+  """`given` cast to float32 after checking it has `like`'s tree and shapes;
+  every mismatch is named in one error."""
+  flat_like = traverse_util.flatten_dict(like, sep="/")
+  flat_given = traverse_util.flatten_dict(given, sep="/")
+  bad = [f"missing {k}" for k in flat_like if k not in flat_given]
+  bad += [f"unexpected {k}" for k in flat_given if k not in flat_like]
+  bad += [f"{k}: shape {tuple(flat_given[k].shape)}, model wants "
+          f"{tuple(v.shape)}" for k, v in flat_like.items()
+          if k in flat_given and tuple(flat_given[k].shape) != tuple(v.shape)]
+  if bad:
+    raise ValueError("warm-start weights do not fit the model: "
+                     + "; ".join(bad))
+  return traverse_util.unflatten_dict(
+      {k: jnp.asarray(flat_given[k], jnp.float32) for k in flat_like},
+      sep="/")
 
 
 def make_schedule(tc: TrainConfig) -> optax.Schedule:
@@ -221,8 +239,13 @@ def plot_loss(log: list[dict], png: str | Path, title: str = "") -> None:
 def train(config: ModelConfig, tokenizer: Tokenizer | None,
           rows: EncodedRows, out_dir: str | Path, tc: TrainConfig,
           eval_rows: EncodedRows | None = None,
-          log: Callable[[str], None] = print, mesh=None) -> tuple[dict, int]:
+          log: Callable[[str], None] = print, mesh=None,
+          init_from: dict | None = None) -> tuple[dict, int]:
   """Trains (or resumes) into `out_dir`; returns (float32 params, step).
+
+  init_from: weights to start from instead of a random init (a warm start:
+  fresh optimizer state and schedule); ignored when `out_dir` holds a
+  checkpoint to resume.
 
   mesh: a `parallel.parse_mesh` mesh ('data=D'): each batch is split over D
   devices and the parameters and optimizer state are replicated; XLA's SPMD
@@ -247,6 +270,9 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
                      f"\n  now   {config}")
   optimizer = make_optimizer(tc)
   params = init_params(config, jax.random.key(tc.seed), param_dtype="float32")
+  if init_from is not None and not found:
+    params = _warm_start(params, init_from)
+    log("starting from the given weights (fresh optimizer state)")
   opt_state = optimizer.init(params)
   if found:
     step, params, opt_state, _, saved_tok = ckpt.restore_checkpoint(
