@@ -131,8 +131,9 @@ def _splits(sym, default, cap):
 def attention_configs(b, q, h, kh, s, d, limit=16, seed=0):
   """Tilings of kernel.scheduled_attention for one shape; [0] = default
   (block_r from the row count, block_k 64, default_splits, 4 warps up to
-  block_r 64 else 8: mirrors the kernel's own defaults)."""
-  del d
+  block_r 64 else 8: mirrors the kernel's own defaults, which depend on
+  neither the batch nor head_dim)."""
+  del b, d
   rr = q * (h // kh)
   r_max = max(16, next_pow2(rr))
 
@@ -140,7 +141,7 @@ def attention_configs(b, q, h, kh, s, d, limit=16, seed=0):
     if c["block_r"] > r_max:  # tiles of padding only
       return None
     n_rt = -(-rr // c["block_r"])
-    dflt = attn_kernel.default_splits(b, kh, n_rt, s, c["block_k"])
+    dflt = attn_kernel.default_splits(kh, n_rt, s, c["block_k"])
     return dict(block_r=c["block_r"], block_k=c["block_k"],
                 num_splits=_splits(c["num_splits"], dflt,
                                    -(-s // c["block_k"])),

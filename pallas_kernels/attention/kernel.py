@@ -12,6 +12,9 @@ in float32. Excluded cache slots come as an int8 [B, S] mask, loaded once per
 key tile (one contiguous vector shared by all rows): cheaper in the kernel
 than comparing every key against a position list.
 
+With key splits, a small second kernel merges the splits' partial outputs
+by log-sum-exp (`_combine_kernel`).
+
 Mass per key (optional): normalisation is only known once all keys are seen,
 so after the online softmax the program re-streams the K tiles (not V) and
 sums exp(s - lse) over its score rows; per (row tile, kv head) partials are
@@ -127,10 +130,36 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     lax.fori_loop(m_t0, t1, mass_body, t0)
 
 
-def default_splits(b, kh, n_rt, s, block_k, target=264):
-  """Key splits so about `target` programs run (2 per H200 SM), each split
-  keeping at least 4 key tiles."""
-  return max(1, min(pl.cdiv(target, b * kh * n_rt), s // (4 * block_k)))
+def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, splits):
+  """Log-sum-exp merge of the key splits of one row tile, split by split.
+
+  A kernel rather than XLA ops so that every row is merged by the same code
+  whatever the batch size: XLA compiles its own combine per array shape,
+  and on CPU that changed low bits with the batch (a row's result would
+  then depend on the other rows)."""
+  m = lse_ref[0, :]
+  acc = o_ref[0, :, :]
+  total = jnp.ones_like(m)
+  for j in range(1, splits):
+    lse_j = lse_ref[j, :]
+    m_new = jnp.maximum(m, lse_j)
+    old_w, new_w = jnp.exp(m - m_new), jnp.exp(lse_j - m_new)
+    acc = acc * old_w[:, None] + o_ref[j, :, :] * new_w[:, None]
+    total = total * old_w + new_w
+    m = m_new
+  out_ref[...] = (acc / total[:, None]).astype(out_ref.dtype)
+  out_lse_ref[...] = m + jnp.log(total)
+
+
+def default_splits(kh, n_rt, s, block_k, target=132):
+  """Key splits so one sequence alone runs about `target` programs (one per
+  H200 SM), each split keeping at least 4 key tiles.
+
+  Deliberately blind to the batch size: the splits fix the order in which a
+  row sums its keys, so a batch-dependent count would make a row's bf16
+  result (and near-tied tokens) depend on how many rows share the call.
+  """
+  return max(1, min(pl.cdiv(target, kh * n_rt), s // (4 * block_k)))
 
 
 def _rows(x_BxQx, g, rrp):
@@ -155,8 +184,9 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
-  num_splits: key-range splits per row tile (flash-decoding style, for small
-  batches), combined by log-sum-exp in XLA; None picks default_splits.
+  num_splits: key-range splits per row tile (flash-decoding style), combined
+  by log-sum-exp in XLA; None picks default_splits, which ignores the batch
+  size so that a row's result does not depend on the other rows.
   Raises NotImplementedError for shapes the Triton lowering can't tile.
   """
   b, q, h, d = q_BxQxHxD.shape
@@ -173,7 +203,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
     block_r = min(64, max(16, 1 << (rr - 1).bit_length()))
   n_rt = pl.cdiv(rr, block_r)
   rrp = n_rt * block_r
-  splits = num_splits or default_splits(b, kh, n_rt, s, block_k)
+  splits = num_splits or default_splits(kh, n_rt, s, block_k)
   do_mass = score_rows_BxQ is not None
 
   q_BxKxRxD = q_BxQxHxD.reshape(b, q, kh, g, d).transpose(0, 2, 1, 3, 4)
@@ -235,13 +265,21 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   o_P, lse_P = outs[0], outs[1]
   if splits == 1:
     o_BxKxRxD, lse_BxKxR = o_P[0], lse_P[0]
-  else:  # log-sum-exp combine of the key splits
-    m = jnp.max(lse_P, axis=0)
-    w_P = jnp.exp(lse_P - m)
-    w_sum = jnp.sum(w_P, axis=0)
-    o_BxKxRxD = (jnp.sum(w_P[..., None] * o_P, axis=0)
-                 / w_sum[..., None]).astype(q_BxQxHxD.dtype)
-    lse_BxKxR = m + jnp.log(w_sum)
+  else:
+    o_BxKxRxD, lse_BxKxR = pl.pallas_call(
+        functools.partial(_combine_kernel, splits=splits),
+        grid=(n_rt, b * kh), interpret=interpret,
+        in_specs=[pl.BlockSpec((splits, None, None, block_r, d),
+                               lambda i, z: (0, *bk(z), i, 0)),
+                  pl.BlockSpec((splits, None, None, block_r),
+                               lambda i, z: (0, *bk(z), i))],
+        out_specs=[pl.BlockSpec((None, None, block_r, d),
+                                lambda i, z: (*bk(z), i, 0)),
+                   pl.BlockSpec((None, None, block_r),
+                                lambda i, z: (*bk(z), i))],
+        out_shape=[jax.ShapeDtypeStruct((b, kh, rrp, d), q_BxQxHxD.dtype),
+                   jax.ShapeDtypeStruct((b, kh, rrp), f32)],
+        name="scheduled_attention_combine")(o_P, lse_P)
   o_BxQxHxD = o_BxKxRxD[:, :, :rr].reshape(b, kh, q, g, d).transpose(
       0, 2, 1, 3, 4).reshape(b, q, h, d)
   if not do_mass:
