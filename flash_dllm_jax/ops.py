@@ -45,18 +45,24 @@ def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   """Bidirectional GQA attention of all queries over all keys (uncached
   forwards and training, Q = S).
 
-  On a GPU (implementation resolving to 'pallas', outside a mesh) this is
-  JAX's fused attention, cuDNN's flash attention where it applies: the
-  reference materialises B x H x Q x S float32 scores, about half of a
-  training step's HBM traffic for the shipped model. Elsewhere, and for
+  On a GPU (implementation resolving to 'pallas') this is JAX's fused
+  attention, cuDNN's flash attention where it applies: the reference
+  materialises B x H x Q x S float32 scores, about half of a training step's
+  HBM traffic for the shipped model. Under a mesh it runs per shard (rows on
+  'data', heads on 'model'), the same computation as on one device, so the
+  mesh does not change which attention a row gets. Elsewhere, and for
   'pallas_interpret', the plain-JAX reference.
   """
-  if (_kernels(implementation) != "pallas"
-      or parallel.active_mesh() is not None):
+  if _kernels(implementation) != "pallas":
     return attention_reference.masked_attention(
         q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, scale=scale)
-  return fused_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS,
-                         scale=scale)
+  attend = lambda q, k, v, valid: fused_attention(q, k, v, valid, scale=scale)
+  mesh = parallel.active_mesh()
+  if mesh is not None:
+    heads = parallel.HEADS_SPEC
+    attend = parallel.shard_map(attend, mesh,
+                                (heads, heads, heads, P("data")), heads)
+  return attend(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS)
 
 
 def fused_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, *,
