@@ -78,7 +78,8 @@ def main(argv=None):
   model = flash_dllm_jax.load(args.checkpoint)
   sampler = build_sampler(args.strategy, model[1].arch,
                           {"gen_length": args.gen_length})
-  ways = [("static", sampler, False), ("continuous", sampler, True)] + [
+  uncapped = dataclasses.replace(sampler, max_refills=None)
+  ways = [("static", sampler, False), ("continuous", uncapped, True)] + [
       (f"continuous, max_refills {r}",
        dataclasses.replace(sampler, max_refills=r), True)
       for r in args.max_refills]

@@ -348,7 +348,8 @@ def test_capped_refills_prefill_only_the_new_rows_and_change_no_answer(verify):
   that step prefills the new row alone; every answer still equals decoding
   the request alone (and the uncapped queue's)."""
   config, params = tiny("llada", eos_boost=1.2)
-  base = SMALL_VERIFY if verify else SMALL
+  base = dataclasses.replace(SMALL_VERIFY if verify else SMALL,
+                             max_refills=None)
   capped = dataclasses.replace(base, max_refills=1)
   prompts = random_prompts(46, [4, 19, 9, 30, 6, 12, 7])
   queued = generate(params, prompts, config=config, sampler=capped,
