@@ -49,8 +49,8 @@ strategies() {
       --only llada fast-dllm-prefix elastic-cache
 }
 
-# followup (2026-11-30, second session): the batch-32 steps after sending
-# large plain attention to cuDNN, the kernel shapes the first stage had no
+# followup (2026-11-30, second session; run then with the cuDNN split of
+# 4bb1d87, reverted since): batch-32 steps, the kernel shapes the first stage had no
 # time for, the GPU test of that split, continuous batching on the GPU, and
 # whether a mesh changes the shipped model's answers.
 followup() {

@@ -9,8 +9,8 @@ in the batch, and near-tied tokens flip when a batch is split differently
 (over data-parallel devices, into prompt-length buckets, or by continuous
 batching). Each XLA flag set runs in a child process (XLA reads XLA_FLAGS
 once) and reports, per weight shape, for how many M in MS row 0 equals the
-M = 16 result bit for bit (a decode step
-runs at least 16 rows; M = 1 takes a matrix-vector path), and the time of x @ W at M = 128 and 4096.
+M = 16 result bit for bit (a decode step runs at least 16 rows; M = 1 takes
+a matrix-vector path), and the time of x @ W at M = 128 and 4096.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def child() -> dict:
         y = dot(xs, w)
       y.block_until_ready()
       times[m] = (time.perf_counter() - t0) / 20 * 1e6
-    out[f"{e}x{n}"] = {"same_as_m1": same, "us": times}
+    out[f"{e}x{n}"] = {"same_as_first": same, "us": times}
   return out
 
 
@@ -79,12 +79,12 @@ def main() -> None:
       print(f"| {name} | - | failed: {tail} | | | |")
       continue
     result = json.loads(line[0][7:])
-    same = sum(len(r["same_as_m1"]) for r in result.values())
+    same = sum(len(r["same_as_first"]) for r in result.values())
     if same > best_same:
       best, best_same = flags, same
     for shape, r in result.items():
-      differ = [m for m in MS if m not in r["same_as_m1"]]
-      print(f"| {name} | {shape} | {len(r['same_as_m1'])} | "
+      differ = [m for m in MS if m not in r["same_as_first"]]
+      print(f"| {name} | {shape} | {len(r['same_as_first'])} | "
             f"{' '.join(map(str, differ)) or '-'} | {r['us']['128']:.1f} | "
             f"{r['us']['4096']:.1f} |", flush=True)
   print(f"BEST_FLAGS={best}")

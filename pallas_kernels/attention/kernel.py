@@ -184,9 +184,10 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
-  num_splits: key-range splits per row tile (flash-decoding style), combined
-  by log-sum-exp in XLA; None picks default_splits, which ignores the batch
-  size so that a row's result does not depend on the other rows.
+  num_splits: key-range splits per row tile (flash-decoding style), merged
+  by log-sum-exp in `_combine_kernel`; None picks default_splits, which
+  ignores the batch size so that a row's result does not depend on the
+  other rows.
   Raises NotImplementedError for shapes the Triton lowering can't tile.
   """
   b, q, h, d = q_BxQxHxD.shape
