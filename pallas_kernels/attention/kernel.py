@@ -299,4 +299,19 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   has_score = jnp.any((info_BxR.reshape(b, n_rt, block_r) & SCORE) != 0, -1)
   written = (has_score[:, None, :, None]
              & (jnp.arange(s) < k_len_B[:, None])[:, None, None, :])
-  return o_BxQxHxD, jnp.sum(jnp.where(written, mass_part, 0.0), axis=(1, 2))
+  return o_BxQxHxD, _ordered_sum(jnp.where(written, mass_part, 0.0))
+
+
+def _ordered_sum(x_BxKxTxS):
+  """Sums axes 1 and 2 as a chain of adds in a fixed order.
+
+  XLA picks a reduction's tiling, and with it the order of the float adds,
+  from the whole array shape, so `jnp.sum` over these axes could give a row
+  different bits in a batch of another size; the K x T partials are few.
+  """
+  b, kh, t, s = x_BxKxTxS.shape
+  parts = x_BxKxTxS.reshape(b, kh * t, s)
+  total_BxS = parts[:, 0]
+  for i in range(1, kh * t):
+    total_BxS = total_BxS + parts[:, i]
+  return total_BxS
