@@ -142,9 +142,46 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   return gen_BxG, state.forwards_B, state.step, state.steps_B
 
 
-decode_jit = jax.jit(decode_tokens, static_argnames=(
+# XLA:CPU (jax 0.10) hands a reduction, with the elementwise ops around it,
+# to a YNNPACK fusion once it has about 4096 rows (B x Q), and keeps its own
+# loop below that. The two differ in the last bits: the YNNPACK fusion drops
+# the float32 -> bfloat16 -> float32 round trip inside RMSNorm and sums in
+# another order (the attention mass). So a row's logits, and then its tokens,
+# depended on how many rows shared its batch: 4 of 64 shipped-model answers
+# changed between eval batch 64 and 8. Without YNNPACK fusions every
+# reduction is XLA's own loop at every batch size (the decode loop's state
+# is then bitwise the same for a row alone and in any batch).
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+class _BatchInvariantJit:
+  """`jax.jit(fn, static_argnames=...)`, compiled with CPU_COMPILER_OPTIONS on
+  the CPU backend (other backends get XLA's defaults). Attributes such as
+  `lower` are the jitted function's for the current default backend."""
+
+  def __init__(self, fn, static_argnames: tuple[str, ...]):
+    self._fn, self._static = fn, static_argnames
+    self._by_backend: dict[str, Any] = {}
+    self.__doc__, self.__wrapped__ = fn.__doc__, fn
+
+  def _jitted(self):
+    backend = jax.default_backend()  # chosen at call time, never at import
+    if backend not in self._by_backend:
+      options = CPU_COMPILER_OPTIONS if backend == "cpu" else None
+      self._by_backend[backend] = jax.jit(
+          self._fn, static_argnames=self._static, compiler_options=options)
+    return self._by_backend[backend]
+
+  def __call__(self, *args, **kwargs):
+    return self._jitted()(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._jitted(), name)
+
+
+decode_jit = _BatchInvariantJit(decode_tokens, static_argnames=(
     "config", "sampler", "stop_at_eos", "compiled", "implementation"))
-_queue_jit = jax.jit(continuous.decode_queue, static_argnames=(
+_queue_jit = _BatchInvariantJit(continuous.decode_queue, static_argnames=(
     "config", "sampler", "batch_size", "stop_at_eos", "implementation"))
 
 

@@ -1,0 +1,59 @@
+"""A row's tokens must not depend on how many rows share its batch, also past
+the sizes where XLA:CPU would switch a reduction to another implementation
+(a YNNPACK fusion from about 4096 rows; see generate.CPU_COMPILER_OPTIONS).
+
+The other batch-invariance tests run a handful of rows, below that size.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.generate import decode_jit, generate, left_pad
+from flash_dllm_jax.model.transformer import init_params
+from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+from tests.test_sampling import random_prompts
+
+# Flash-dLLM with verification, as in test_flash_dllm.SMALL_VERIFY.
+VERIFY = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2, mask_num=2,
+                          threshold=0.9, verify=True, gamma=0.4)
+ROWS, CHUNK = 96, 8  # 96 x 56 positions in the prefill: past the switch
+
+
+def _bf16_tiny():
+  """bfloat16, where the bf16 round trips inside RMSNorm matter; sharp
+  logits (head scale 8) as in test_sampling.tiny."""
+  config = ModelConfig.tiny("llada", dtype="bfloat16")
+  return config, init_params(config, jax.random.key(7), head_init_scale=8.0)
+
+
+def test_large_batch_equals_small_batches():
+  """96 prompts of one prompt-length bucket in one batch give every row the
+  tokens, forwards and steps it gets in batches of 8 (before the fix row 31
+  differed: its prefill ran through a YNNPACK RMSNorm in the large batch)."""
+  config, params = _bf16_tiny()
+  lengths = np.random.default_rng(5).integers(8, 33, ROWS).tolist()
+  prompts = random_prompts(31, lengths)
+  big = generate(params, prompts, config=config, sampler=VERIFY)
+  for i in range(0, ROWS, CHUNK):
+    small = generate(params, prompts[i:i + CHUNK], config=config,
+                     sampler=VERIFY)
+    np.testing.assert_array_equal(big.tokens_BxG[i:i + CHUNK],
+                                  small.tokens_BxG, err_msg=f"rows {i}+")
+    np.testing.assert_array_equal(big.forwards_B[i:i + CHUNK],
+                                  small.forwards_B)
+    np.testing.assert_array_equal(big.steps_B[i:i + CHUNK], small.steps_B)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU only")
+def test_cpu_decode_has_no_ynnpack_fusion():
+  """The compiled decode loop keeps every reduction in XLA's own loops at a
+  batch size that would otherwise get YNNPACK fusions."""
+  config, params = _bf16_tiny()
+  ids, valid = left_pad(random_prompts(3, [20] * ROWS), config.pad_token_id)
+  rng_B = jax.vmap(jax.random.key)(jnp.arange(ROWS, dtype=jnp.uint32))
+  hlo = decode_jit.lower(params, jnp.asarray(ids), jnp.asarray(valid), rng_B,
+                         config=config, sampler=VERIFY).compile().as_text()
+  assert "__ynn_fusion" not in hlo
