@@ -10,6 +10,8 @@
 #   bash scripts/bench_suite.sh OUT_DIR invariance # <= 6 minutes
 #   bash scripts/bench_suite.sh OUT_DIR verify   # <= 7 minutes
 #   bash scripts/bench_suite.sh OUT_DIR train    # <= 10 minutes (issue 6)
+#   bash scripts/bench_suite.sh OUT_DIR recheck  # <= 7 minutes
+#   bash scripts/bench_suite.sh OUT_DIR excess   # <= 5 minutes
 #
 # OUT_DIR gets more files than a device call brings back: tar it.
 #
@@ -160,6 +162,68 @@ train() {
       runs/train_warm/metrics.jsonl "$OUT/"
 }
 
+# recheck (third 2026-11-30 session, after `verify` and `train`): the
+# retrained default model's continuous-vs-static and 1-GPU-vs-data=2 answers
+# with the fixed-order mass sum (44cc9b6); its missing gen-256 quality rows;
+# Elastic-Cache at batch 32; the GPU-marked kernel tests (row alone vs batch
+# 128); whether XLA:CPU of jax 0.11 knows the option 36d84ee passes.
+recheck() {
+  local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
+      --strategies llada flash-cache flash-dllm --no-progress"
+  (export CUDA_VISIBLE_DEVICES=0
+   JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 100 \
+       python -m pytest -q -m gpu -p no:cacheprovider \
+       tests/test_kernel_attention.py
+   JAX_PLATFORMS=cpu timeout 60 python -m pytest -q -p no:cacheprovider \
+       tests/test_batch_invariance.py
+   timeout 130 python scripts/bench_strategies.py --prompt 768 --per-step 4 \
+       --reps 1 --batch 32 --gen 512 --only elastic-cache \
+       --json "$OUT/strategies_elastic.json"
+  ) > "$OUT/gpu0.log" 2>&1 &
+  (export CUDA_VISIBLE_DEVICES=1
+   timeout 120 python scripts/bench_continuous.py --problems 256 --slots 32 \
+       --gen-length 256 --max-refills 4 --json "$OUT/continuous.json"
+   timeout 110 python scripts/eval_quality.py --limit 256 --gen-lengths 256 \
+       --strategies flash-cache flash-dllm --no-progress \
+       --out-dir "$OUT/quality256" > "$OUT/quality256.log" 2>&1
+  ) > "$OUT/gpu1.log" 2>&1
+  wait
+  (CUDA_VISIBLE_DEVICES=0 timeout 60 $q --out-dir "$OUT/q_none" \
+       > "$OUT/q_none.log" 2>&1)
+  timeout 60 $q --mesh data=2 --out-dir "$OUT/q_data=2" > "$OUT/q_d.log" 2>&1
+  python scripts/compare_runs.py "$OUT/q_none" "$OUT/q_data=2" \
+      > "$OUT/mesh_tokens.log" 2>&1
+}
+
+# excess (next session, one call on 2 GPUs, <= 5 minutes): the GPU test of
+# a row alone vs a batch of 128 (the recheck stage's cap cut it), then the
+# still-open data=2 difference of the Flash-Cache paths with and without
+# XLA:GPU's excess precision (a fusion may skip a bf16 round trip).
+excess() {
+  local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
+      --strategies flash-cache flash-dllm --no-progress"
+  CUDA_VISIBLE_DEVICES=0 JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false \
+      timeout 150 python -m pytest -q -m gpu -p no:cacheprovider \
+      -k row_does_not_depend tests/test_kernel_attention.py \
+      > "$OUT/gpu_tests.log" 2>&1
+  for flags in "" "--xla_allow_excess_precision=false"; do
+    local tag=${flags:+noexcess}; tag=${tag:-default}
+    XLA_FLAGS="$flags" CUDA_VISIBLE_DEVICES=0 timeout 60 $q \
+        --out-dir "$OUT/q_none_$tag" > "$OUT/q_none_$tag.log" 2>&1
+    XLA_FLAGS="$flags" timeout 60 $q --mesh data=2 \
+        --out-dir "$OUT/q_data2_$tag" > "$OUT/q_data2_$tag.log" 2>&1
+    echo "XLA_FLAGS=$flags" >> "$OUT/mesh_tokens.log"
+    python scripts/compare_runs.py "$OUT/q_none_$tag" "$OUT/q_data2_$tag" \
+        >> "$OUT/mesh_tokens.log" 2>&1
+  done
+}
+
+if [ "$STAGE" = excess ]; then
+  excess; echo "done" >> "$OUT/suite.log"; exit 0
+fi
+if [ "$STAGE" = recheck ]; then
+  recheck; echo "done" >> "$OUT/suite.log"; exit 0
+fi
 if [ "$STAGE" = train ]; then
   train; echo "done" >> "$OUT/suite.log"; exit 0
 fi
