@@ -224,24 +224,10 @@ excess() {
   done
 }
 
-if [ "$STAGE" = excess ]; then
-  excess; echo "done" >> "$OUT/suite.log"; exit 0
-fi
-if [ "$STAGE" = recheck ]; then
-  recheck; echo "done" >> "$OUT/suite.log"; exit 0
-fi
-if [ "$STAGE" = train ]; then
-  train; echo "done" >> "$OUT/suite.log"; exit 0
-fi
-if [ "$STAGE" = verify ]; then
-  verify; echo "done" >> "$OUT/suite.log"; exit 0
-fi
-if [ "$STAGE" = invariance ]; then
-  invariance; echo "done" >> "$OUT/suite.log"; exit 0
-fi
-if [ "$STAGE" = followup ]; then
-  followup; echo "done" >> "$OUT/suite.log"; exit 0
-fi
+case "$STAGE" in
+  excess|recheck|train|verify|invariance|followup)
+    "$STAGE"; echo "done" >> "$OUT/suite.log"; exit 0 ;;
+esac
 if [ "$STAGE" != mesh ]; then
   if [ "$NGPU" -ge 2 ]; then
     (CUDA_VISIBLE_DEVICES=1 kernels > "$OUT/kernels.log" 2>&1) &
