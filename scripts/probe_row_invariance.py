@@ -57,6 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from flash_dllm_jax import ops, parallel  # noqa: E402
 from flash_dllm_jax.generate import (CPU_COMPILER_OPTIONS,  # noqa: E402
+                                     GPU_COMPILER_OPTIONS,
                                      bucket_groups, left_pad)
 from flash_dllm_jax.model.layers import Linear, RMSNorm  # noqa: E402
 from flash_dllm_jax.model.transformer import Block, Transformer  # noqa: E402
@@ -69,14 +70,26 @@ INPUTS = {"mlp_norm": "residual (x + attn_out)", "down_proj": "silu(gate) * up"}
 FROZEN = (".tokens_BxN", ".done_B", ".forwards_B", ".steps_B")
 
 
-def bucket_rows(tokenizer, config, data_dir, batch):
-  """(ids, valid, seeds) of the first `batch` problems of the largest bucket."""
+def bucket_rows(tokenizer, config, data_dir, batch, limit=None, with_index=None):
+  """(ids, valid, seeds) of the first `batch` problems of the largest bucket
+  of the first `limit` problems (the eval's --limit), or of the bucket that
+  holds problem `with_index` (its record id's number)."""
   from flash_dllm_jax.eval.tasks import make_render
   from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
   probs = GSM8K(data_dir, num_fewshot=0, chat=True).problems(
       make_render(tokenizer, True))
+  probs = probs[:limit]
   rows = [tokenizer.encode(p.prompt) for p in probs]
-  group = max(bucket_groups(rows), key=len)[:batch]
+  groups = bucket_groups(rows)
+  if with_index is None:
+    group = max(groups, key=len)[:batch]
+  else:
+    group = [g for g in groups
+             if with_index in [probs[i].index for i in g]]
+    if not group:
+      raise ValueError(f"problem {with_index} is not among the first "
+                       f"{len(probs)} problems")
+    group = group[0][:batch]
   ids, valid = left_pad([rows[i] for i in group], config.pad_token_id)
   return ids, valid, np.array([probs[i].index for i in group])
 
@@ -219,6 +232,10 @@ def _programs(opts, mesh):
 def side(params, config, sampler, ids, valid, seeds, mesh=None, opts=None):
   """One batch's (state(k), pieces(state, prefill)), over `mesh` if given;
   opts: XLA compiler options."""
+  if mesh is not None:  # odd rows: repeat the last, as generate._decode_rows
+    pad = -len(ids) % parallel.data_size(mesh)
+    ids, valid, seeds = (np.concatenate([np.asarray(x), np.repeat(
+        np.asarray(x)[-1:], pad, 0)]) for x in (ids, valid, seeds))
   args = [jnp.asarray(ids), jnp.asarray(valid),
           jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))]
   if mesh is not None:
@@ -293,11 +310,16 @@ def main(argv=None):
   ap.add_argument("--strategy", default="flash-cache")
   ap.add_argument("--batch", type=int, default=128)
   ap.add_argument("--sub", type=int, default=64)
+  ap.add_argument("--limit", type=int, default=None,
+                  help="rows from the first LIMIT problems only (as the eval)")
+  ap.add_argument("--bucket-with", type=int, default=None, metavar="INDEX",
+                  help="the bucket holding this problem, not the largest")
   ap.add_argument("--sub-mesh", help="batch B over this mesh, e.g. data=2")
   ap.add_argument("--gen-length", type=int, default=128)
   ap.add_argument("--steps", default="1,2,4,8,16,32,64,128,256")
   ap.add_argument("--cpu-ynnpack", action="store_true",
-                  help="CPU: compile without generate.CPU_COMPILER_OPTIONS")
+                  help="compile with XLA's defaults, without generate's "
+                  "CPU_/GPU_COMPILER_OPTIONS")
   ap.add_argument("--xla-note", default="", help="free text, echoed")
   ap.add_argument("--json", help="write the report here")
   args = ap.parse_args(argv)
@@ -310,10 +332,12 @@ def main(argv=None):
   params, config, tok = load(args.checkpoint)
   sampler = build_sampler(args.strategy, config.arch,
                           {"gen_length": args.gen_length})
-  ids, valid, seeds = bucket_rows(tok, config, args.data, args.batch)
+  ids, valid, seeds = bucket_rows(tok, config, args.data, args.batch,
+                                 args.limit, args.bucket_with)
   n = min(args.sub, len(ids))
-  opts = (CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu"
-          and not args.cpu_ynnpack else None)
+  opts = ({"cpu": CPU_COMPILER_OPTIONS}.get(jax.default_backend(),
+                                           GPU_COMPILER_OPTIONS)
+          if not args.cpu_ynnpack else None)
   print(f"{args.strategy}: batch A {len(ids)} rows, B the first {n}"
         f"{' over ' + args.sub_mesh if args.sub_mesh else ''}; prompt "
         f"{ids.shape[1]}, gen {args.gen_length}; compiler options {opts}")

@@ -46,6 +46,20 @@ def test_bucket_rows_and_diff(tiny):
   assert probe_mod.diff(x, x.at[1, 0].set(1.0078125), 2)[0] == 1  # one ulp
 
 
+def test_bucket_rows_picks_the_bucket_holding_a_problem(tiny):
+  _, config, _ = tiny
+  _, _, tok = load(TINY_CHECKPOINT)
+  data = ROOT / "data" / "synthetic_gsm"
+  largest = probe_mod.bucket_rows(tok, config, data, 1000, limit=128)[2]
+  other = next(i for i in range(128) if i not in set(largest))
+  ids, _, seeds = probe_mod.bucket_rows(tok, config, data, 1000, limit=128,
+                                        with_index=other)
+  assert other in seeds and not set(seeds) & set(largest)
+  assert len(seeds) + len(largest) <= 128
+  with pytest.raises(ValueError, match="not among the first 128"):
+    probe_mod.bucket_rows(tok, config, data, 8, limit=128, with_index=500)
+
+
 def test_identical_batches_report_no_difference(tiny):
   params, config, rows = tiny
   a, b = _side(params, config, rows), _side(params, config, rows)
