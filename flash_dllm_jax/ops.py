@@ -22,6 +22,7 @@ from pallas_kernels.attention import reference as attention_reference
 from pallas_kernels.cache_update import api as cache_api
 from pallas_kernels.cache_update import reference as cache_reference
 from pallas_kernels.common import resolve_implementation
+from pallas_kernels.token_logprob import api as logprob_api
 
 
 def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
@@ -187,3 +188,28 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
         attend, mesh, tuple(spec for _, spec in named.values()),
         (heads, rows if mass_rows_BxQ is not None else None))
   return attend(*(x for x, _ in named.values()))
+
+
+def token_logprob(logits_BxRxV: jax.Array, tokens_BxR: jax.Array, *,
+                  implementation: str | None = None) -> jax.Array:
+  """[B, R] float32 log softmax(logits)[token]: what confidences, sampler
+  thresholds and verify acceptances are made of.
+
+  On a GPU the kernel, whose sum over the vocabulary runs in one order
+  whatever the number of rows (XLA's order changed with it, which flipped
+  near-threshold commits between batch sizes); per data shard under a mesh.
+  """
+  impl = _kernels(implementation)
+  b, r, v = logits_BxRxV.shape
+
+  def logprob(logits, tokens):
+    n = logits.shape[0] * r
+    return logprob_api.token_logprob(
+        logits.reshape(n, v), tokens.reshape(n),
+        implementation=impl).reshape(tokens.shape)
+
+  mesh = parallel.active_mesh() if impl != "reference" else None
+  if mesh is not None:
+    logprob = parallel.shard_map(logprob, mesh, (P("data"), P("data")),
+                                 P("data"))
+  return logprob(logits_BxRxV, tokens_BxR)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from flash_dllm_jax import ops
+
 NEG_INF = -jnp.inf
 
 
@@ -54,9 +56,10 @@ def gumbel_argmax(logits_BxRxV: jax.Array, temperature: float,
 
 
 def prob_of(logits_BxRxV: jax.Array, tokens_BxR: jax.Array) -> jax.Array:
-  """softmax(logits)[token], the probability the model gives each token."""
-  log_p = jax.nn.log_softmax(logits_BxRxV, axis=-1)
-  return jnp.exp(jnp.take_along_axis(log_p, tokens_BxR[..., None], -1)[..., 0])
+  """softmax(logits)[token], the probability the model gives each token
+  (float32; a row's value does not depend on the other rows, see
+  ops.token_logprob)."""
+  return jnp.exp(ops.token_logprob(logits_BxRxV, tokens_BxR))
 
 
 def top_p_filter(logits_BxRxV: jax.Array, top_p: float) -> jax.Array:

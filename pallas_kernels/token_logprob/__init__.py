@@ -1,0 +1,1 @@
+"""log softmax(logits)[token] per row: XLA reference and a fixed-order kernel."""
