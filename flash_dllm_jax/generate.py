@@ -152,12 +152,19 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
 # reduction is XLA's own loop at every batch size (the decode loop's state
 # is then bitwise the same for a row alone and in any batch).
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# XLA:GPU's Triton GEMM autotuner picks a tiling (split-K included) per
+# shape, so a down projection over 9 x 144 rows summed its K axis in another
+# order than over 17 x 144 (H200, 2026-11-30: 1-2 of 128 answers changed
+# under data=2). cuBLAS GEMMs gave identical answers there; its heuristic is
+# also per shape, so this is measured, not guaranteed (BENCHMARKS.md).
+GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
 
 
 class _BatchInvariantJit:
   """`jax.jit(fn, static_argnames=...)`, compiled with CPU_COMPILER_OPTIONS on
-  the CPU backend (other backends get XLA's defaults). Attributes such as
-  `lower` are the jitted function's for the current default backend."""
+  the CPU backend and GPU_COMPILER_OPTIONS on a GPU (others get XLA's
+  defaults). Attributes such as `lower` are the jitted function's for the
+  current default backend."""
 
   def __init__(self, fn, static_argnames: tuple[str, ...]):
     self._fn, self._static = fn, static_argnames
@@ -167,7 +174,8 @@ class _BatchInvariantJit:
   def _jitted(self):
     backend = jax.default_backend()  # chosen at call time, never at import
     if backend not in self._by_backend:
-      options = CPU_COMPILER_OPTIONS if backend == "cpu" else None
+      options = {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS,
+                 "cuda": GPU_COMPILER_OPTIONS}.get(backend)
       self._by_backend[backend] = jax.jit(
           self._fn, static_argnames=self._static, compiler_options=options)
     return self._by_backend[backend]

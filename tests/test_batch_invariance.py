@@ -5,6 +5,8 @@ the sizes where XLA:CPU would switch a reduction to another implementation
 The other batch-invariance tests run a handful of rows, below that size.
 """
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,3 +59,27 @@ def test_cpu_decode_has_no_ynnpack_fusion():
   hlo = decode_jit.lower(params, jnp.asarray(ids), jnp.asarray(valid), rng_B,
                          config=config, sampler=VERIFY).compile().as_text()
   assert "__ynn_fusion" not in hlo
+
+
+@pytest.mark.parametrize("backend,want", [
+    ("cpu", "CPU_COMPILER_OPTIONS"), ("gpu", "GPU_COMPILER_OPTIONS"),
+    ("cuda", "GPU_COMPILER_OPTIONS"), ("tpu", None)])
+def test_decode_loops_compile_with_their_backends_options(monkeypatch,
+                                                          backend, want):
+  """The wrapper asks jax.jit for the backend's batch-invariance options
+  (GPU: cuBLAS GEMMs, whose tiling gave a row the same bits at 9 x 144 and
+  17 x 144 rows on the H200 where XLA's Triton GEMMs did not)."""
+  gen = importlib.import_module("flash_dllm_jax.generate")  # not the function
+  seen = {}
+
+  def fake_jit(fn, static_argnames, compiler_options):
+    seen.update(static=static_argnames, options=compiler_options)
+    return lambda *a, **k: "ran"
+
+  monkeypatch.setattr(gen.jax, "jit", fake_jit)
+  monkeypatch.setattr(gen.jax, "default_backend", lambda: backend)
+  wrapped = gen._BatchInvariantJit(lambda x: x, static_argnames=("a",))
+  assert wrapped(1) == "ran"
+  assert seen["static"] == ("a",)
+  assert seen["options"] == (getattr(gen, want) if want else None)
+  assert gen.GPU_COMPILER_OPTIONS == {"xla_gpu_enable_triton_gemm": False}
