@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 import sys
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def main(argv=None):
   ap.add_argument("--smoke", action="store_true")
   ap.add_argument("--json", type=Path, default=None)
   args = ap.parse_args(argv)
+  t_start = time.perf_counter()  # progress lines: where a cut run was
   if args.smoke:
     cfg = ModelConfig.tiny("llada", dtype="bfloat16")
     args.batch, args.gen, args.prompt, args.reps = [2], [32], 16, 1
@@ -82,7 +84,8 @@ def main(argv=None):
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
   params = timing.bench_params(cfg)
   wbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-  print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
+  print(f"[{time.perf_counter() - t_start:.0f} s] "
+        f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s; "
         f"{args.per_step} tokens per step")
   rows = []
@@ -92,6 +95,8 @@ def main(argv=None):
       if args.only and name not in args.only:
         continue
       for b in args.batch:
+        print(f"[{time.perf_counter() - t_start:.0f} s] {name} batch {b} gen "
+              f"{gen}: compile and decode", flush=True)
         ms_step, compile_s, steps, forwards = timing.time_decode(
             cfg, params, sampler, b, args.prompt, args.reps)
         n = args.prompt + gen

@@ -198,3 +198,17 @@ def test_a_row_does_not_depend_on_the_batch_it_runs_in(request, impl, dtype,
   np.testing.assert_array_equal(np.asarray(alone[1]), np.asarray(batch[1][:1]))
   # The splits really are > 1 here, so the test exercises the combine.
   assert kernel.default_splits(kh, q // 16, s, 64) > 1
+
+
+@pytest.mark.parametrize("kh,t", [(1, 1), (4, 3), (32, 3)])
+def test_ordered_sum_is_the_sum_over_heads_and_row_tiles(request, kh, t):
+  """The fixed-order tree equals jnp.sum exactly on integer-valued floats
+  (every partial sum exact) and to rounding on random ones, for a count of
+  partials that is not a power of two too."""
+  ints = jax.random.randint(_key(request), (3, kh, t, 70), -50, 50
+                            ).astype(jnp.float32)
+  np.testing.assert_array_equal(np.asarray(kernel._ordered_sum(ints)),
+                                np.asarray(jnp.sum(ints, axis=(1, 2))))
+  x = jax.random.uniform(_key(request), (3, kh, t, 70))
+  np.testing.assert_allclose(np.asarray(kernel._ordered_sum(x)),
+                             np.asarray(jnp.sum(x, axis=(1, 2))), rtol=1e-6)

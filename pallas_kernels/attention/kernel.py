@@ -303,15 +303,21 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
 
 
 def _ordered_sum(x_BxKxTxS):
-  """Sums axes 1 and 2 as a chain of adds in a fixed order.
+  """Sums axes 1 and 2 as a balanced tree of adds in a fixed order.
 
   XLA picks a reduction's tiling, and with it the order of the float adds,
   from the whole array shape, so `jnp.sum` over these axes could give a row
-  different bits in a batch of another size; the K x T partials are few.
+  different bits in a batch of another size. The partials (K x T, 96 at
+  LLaDA-8B shapes) are zero-padded to a power of two and halved log2 times:
+  a handful of HLO adds, where a 95-add chain (44cc9b6) preceded decode
+  benchmarks that no longer finished their compile in minutes on the H200
+  (suspected, not proven, BENCHMARKS.md).
   """
   b, kh, t, s = x_BxKxTxS.shape
   parts = x_BxKxTxS.reshape(b, kh * t, s)
-  total_BxS = parts[:, 0]
-  for i in range(1, kh * t):
-    total_BxS = total_BxS + parts[:, i]
-  return total_BxS
+  width = 1 << (kh * t - 1).bit_length()
+  parts = jnp.pad(parts, ((0, 0), (0, width - kh * t), (0, 0)))
+  while parts.shape[1] > 1:
+    half = parts.shape[1] // 2
+    parts = parts[:, :half] + parts[:, half:]
+  return parts[:, 0]
