@@ -152,12 +152,16 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
 # reduction is XLA's own loop at every batch size (the decode loop's state
 # is then bitwise the same for a row alone and in any batch).
 CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-# XLA:GPU's Triton GEMM autotuner picks a tiling (split-K included) per
-# shape, so a down projection over 9 x 144 rows summed its K axis in another
-# order than over 17 x 144 (H200, 2026-11-30: 1-2 of 128 answers changed
-# under data=2). cuBLAS GEMMs gave identical answers there; its heuristic is
-# also per shape, so this is measured, not guaranteed (BENCHMARKS.md).
-GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+# XLA:GPU chooses a GEMM's algorithm per shape (Triton tilings, split-K
+# included, then cuBLAS algorithms by autotuning), so a row's sums over K
+# could change with the number of rows: the shipped model's down projection
+# over 9 x 144 rows differed from 17 x 144 (H200, 2026-11-30: 1-2 of 128
+# answers changed under data=2). cuBLAS without autotuning gave a row the
+# same bits at every probed M, LLaDA-8B's shapes included, where either flag
+# alone did not (BENCHMARKS.md, "Batch invariance"): measured, not a promise
+# from XLA. It cost 15% at batch 1 and saved 6% at batch 32 in the step.
+GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False,
+                        "xla_gpu_autotune_level": 0}
 
 
 class _BatchInvariantJit:
