@@ -39,7 +39,9 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--mesh", default=None,
                   help="device mesh per process: data=D splits each batch, "
                        "model=M the weights and KV cache (tensor parallel), "
-                       "e.g. data=4,model=2 (results do not change)")
+                       "e.g. data=4,model=2 (data= leaves every answer as "
+                       "on one device; model= splits output-projection sums "
+                       "and can flip near-tied tokens)")
   ap.add_argument("--limit", type=int, default=None,
                   help="evaluate only the first N problems")
   ap.add_argument("--chat", action=argparse.BooleanOptionalAction,
