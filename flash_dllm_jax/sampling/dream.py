@@ -118,17 +118,19 @@ class DreamSampler:
       logits_BxGxV = select.top_p_filter(logits_BxGxV, self.top_p)
     if self.top_k is not None:
       logits_BxGxV = select.top_k_filter(logits_BxGxV, self.top_k)
-    probs_BxGxV = jax.nn.softmax(logits_BxGxV, axis=-1)
+    # Probabilities through select.prob_of, whose vocabulary sum does not
+    # depend on the batch on a GPU; only 'entropy' needs all of them.
     if self.temperature > 0:
       x0_BxG = select.row_categorical(rng_B, logits_BxGxV)
-      conf_BxG = jnp.take_along_axis(probs_BxGxV, x0_BxG[..., None], -1)[..., 0]
     else:
-      x0_BxG = jnp.argmax(probs_BxGxV, axis=-1)
-      conf_BxG = jnp.max(probs_BxGxV, axis=-1)
+      x0_BxG = jnp.argmax(logits_BxGxV, axis=-1)
+    conf_BxG = select.prob_of(logits_BxGxV, x0_BxG)
     if self.alg == "topk_margin":
-      top2 = jax.lax.top_k(probs_BxGxV, 2)[0]
-      conf_BxG = top2[..., 0] - top2[..., 1]
+      top2_BxGx2 = jax.lax.top_k(logits_BxGxV, 2)[1]
+      conf_BxG = (select.prob_of(logits_BxGxV, top2_BxGx2[..., 0])
+                  - select.prob_of(logits_BxGxV, top2_BxGx2[..., 1]))
     elif self.alg == "entropy":
+      probs_BxGxV = jax.nn.softmax(logits_BxGxV, axis=-1)
       conf_BxG = jnp.sum(probs_BxGxV * jnp.log(probs_BxGxV + 1e-10), axis=-1)
     return conf_BxG, x0_BxG
 
