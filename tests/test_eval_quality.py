@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 SCRIPT = ROOT / "scripts" / "eval_quality.py"
@@ -57,6 +59,26 @@ def test_targets_are_computed_from_the_summaries():
   assert q.sampler_options("fast-dllm-dual", 16) == {
       "gen_length": 16, "block_length": 16}
   assert q.sampler_options("flash-dllm", 128) == {"gen_length": 128}
+
+
+def test_strategy_variants_carry_options_and_find_their_twin():
+  q = _module()
+  assert q.parse_strategy("flash-dllm") == ("flash-dllm", {})
+  assert q.parse_strategy("flash-dllm:block_m=64,gamma=0.7,verify=false") == (
+      "flash-dllm", {"block_m": 64, "gamma": 0.7, "verify": False})
+  with pytest.raises(ValueError, match="key=value"):
+    q.parse_strategy("flash-dllm:block_m")
+  summaries = {("llada", 128): _summary(0.80, 1.0),
+               ("threshold", 128): _summary(0.79, 20.0),
+               ("flash-cache:block_m=64", 128): _summary(0.80, 32.0),
+               ("flash-dllm:block_m=64", 128): _summary(0.80, 40.0)}
+  table = q.quality_table(summaries, [128], [name for name, _ in summaries])
+  assert ("| flash-dllm:block_m=64 | 128 | 10 | 80.0% | +0.0 | 40.00 | 2.00x "
+          "| 100.0 |") in table
+  assert ("| flash-dllm:block_m=64 tok/step >= 1.5x threshold at gen 128 | "
+          "2.00x | PASS |") in table
+  assert ("| flash-dllm:block_m=64 tok/step >= 1.5x flash-cache:block_m=64 "
+          "(same window, no verify) at gen 128 | 1.25x | FAIL |") in table
 
 
 def test_script_end_to_end_on_the_tiny_checkpoint(tmp_path):
