@@ -270,6 +270,10 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
     o_BxKxRxD, lse_BxKxR = pl.pallas_call(
         functools.partial(_combine_kernel, splits=splits),
         grid=(n_rt, b * kh), interpret=interpret,
+        # Triton explicitly: without compiler params a jax whose
+        # jax_pallas_use_mosaic_gpu defaults to True (0.10) lowers through
+        # Mosaic GPU, which refuses these 64-row tiles.
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
         in_specs=[pl.BlockSpec((splits, None, None, block_r, d),
                                lambda i, z: (0, *bk(z), i, 0)),
                   pl.BlockSpec((splits, None, None, block_r),

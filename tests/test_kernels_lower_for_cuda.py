@@ -1,0 +1,77 @@
+"""Every Pallas kernel lowers for CUDA through Triton, on the CPU.
+
+JAX lowers for a platform it does not run on (`lower(lowering_platforms=
+("cuda",))`), which turns each kernel into Triton IR here: shapes Triton
+cannot tile and a kernel that silently took another backend (jax 0.10 sends
+a `pallas_call` without Triton compiler params to Mosaic GPU, which refused
+the split merge's 64-row tiles at LLaDA-8B shapes) fail in CI instead of on
+the GPU machine. Compiling that IR to PTX still happens only on a GPU.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from pallas_kernels.attention import kernel as attention
+from pallas_kernels.cache_update import kernel as cache_update
+from pallas_kernels.matmul import kernel as matmul
+from pallas_kernels.token_logprob import kernel as token_logprob
+
+S = jax.ShapeDtypeStruct
+BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
+
+
+def _custom_calls(fn, *args):
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  return re.findall(r"custom_call @([\w$.]+)", text)
+
+
+def _assert_triton_only(calls, at_least):
+  assert len(calls) >= at_least, calls
+  assert set(calls) == {"__gpu$xla.gpu.triton"}, calls
+
+
+@pytest.mark.parametrize("b,q,h,kh,s,splits", [
+    (32, 144, 32, 32, 1280, 2),   # LLaDA-8B's Flash-Cache step, batch 32
+    (1, 144, 28, 4, 1280, 3),     # Dream-7B's heads, three key splits
+    (2, 16, 6, 6, 256, 1)])       # the shipped model's shape, one split
+def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s, splits):
+  d, t = 128, 16
+  args = (S((b, q, h, d), BF16), S((b, s, kh, d), BF16),
+          S((b, s, kh, d), BF16), S((b,), I32), S((b,), I32),
+          S((b, t, kh, d), BF16), S((b, t, kh, d), BF16), S((b, q, t), bool),
+          S((b, s), bool), S((b, q), bool))
+
+  def run(qq, kc, vc, kl, ql, kn, vn, inq, excl, score):
+    return attention.scheduled_attention(
+        qq, kc, vc, kl, ql, scale=d ** -0.5, k_new_BxTxKxD=kn,
+        v_new_BxTxKxD=vn, inq_mask_BxQxT=inq, exclude_BxS=excl,
+        score_rows_BxQ=score, num_splits=splits)
+
+  # attention (+ mass), then the merge and a mass-only pass with splits
+  _assert_triton_only(_custom_calls(run, *args), 3 if splits > 1 else 1)
+
+
+def test_rope_cache_write():
+  b, q, h, kh, d, s = 4, 144, 32, 8, 128, 1280
+  args = (S((b, q, h, d), BF16), S((b, q, kh, d), BF16), S((b, q, kh, d), BF16),
+          S((b, q), I32), S((b, q), I32), S((b, s, kh, d), BF16),
+          S((b, s, kh, d), BF16))
+  calls = _custom_calls(
+      lambda *a: cache_update.rope_write(*a, theta=500000.0, scale=0.088), *args)
+  _assert_triton_only(calls, 1)
+
+
+def test_stream_matmul():
+  calls = _custom_calls(lambda x, w: matmul.matmul(x, w),
+                        S((16, 4096), BF16), S((4096, 12288), BF16))
+  _assert_triton_only(calls, 1)
+
+
+@pytest.mark.parametrize("n,v", [(4608, 126464), (17, 1024)])
+def test_token_logprob(n, v):
+  calls = _custom_calls(token_logprob.token_logprob, S((n, v), F32),
+                        S((n,), I32))
+  _assert_triton_only(calls, 1)
