@@ -75,3 +75,27 @@ def test_token_logprob(n, v):
   calls = _custom_calls(token_logprob.token_logprob, S((n, v), F32),
                         S((n,), I32))
   _assert_triton_only(calls, 1)
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_flash_dllm_decode_loop_lowers_for_cuda_at_full_size(arch):
+  """The compiled decode loop of Flash-dLLM at LLaDA-8B / Dream-7B shapes
+  (batch 32, prompt 768, gen 512), abstract weights: every kernel the GPU
+  would run is a Triton call, at the real tile counts and key splits."""
+  from flash_dllm_jax.config import ModelConfig
+  from flash_dllm_jax.generate import decode_tokens
+  from flash_dllm_jax.model.transformer import init_params
+  from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+  cfg = ModelConfig.llada_8b() if arch == "llada" else ModelConfig.dream_7b()
+  b = 32
+  params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  rng = jax.eval_shape(
+      lambda: jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)))
+  sampler = FlashDLLMSampler(gen_length=512, block_m=16, forced_commits=4,
+                             verify=True)
+  calls = _custom_calls(
+      lambda p, x, m, r: decode_tokens(
+          p, x, m, r, config=cfg, sampler=sampler, stop_at_eos=False,
+          implementation="pallas"),
+      params, S((b, 768), I32), S((b, 768), bool), rng)
+  _assert_triton_only(calls, 4)
