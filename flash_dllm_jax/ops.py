@@ -200,7 +200,7 @@ def token_logprob(logits_BxRxV: jax.Array, tokens_BxR: jax.Array, *,
   near-threshold commits between batch sizes); per data shard under a mesh.
   """
   impl = _kernels(implementation)
-  b, r, v = logits_BxRxV.shape
+  _, r, v = logits_BxRxV.shape
 
   def logprob(logits, tokens):
     n = logits.shape[0] * r

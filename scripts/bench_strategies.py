@@ -72,7 +72,15 @@ def main(argv=None):
   ap.add_argument("--reps", type=int, default=2)
   ap.add_argument("--smoke", action="store_true")
   ap.add_argument("--json", type=Path, default=None)
+  ap.add_argument("--split-target", type=int, default=None,
+                  help="attention kernel: programs per sequence that pick its "
+                  "key splits (default: kernel.SPLIT_TARGET)")
   args = ap.parse_args(argv)
+  if args.split_target is not None:
+    if args.split_target < 1:
+      ap.error("--split-target must be >= 1")
+    from pallas_kernels.attention import kernel as attention_kernel
+    attention_kernel.SPLIT_TARGET = args.split_target  # before any trace
   t_start = time.perf_counter()  # progress lines: where a cut run was
   if args.smoke:
     cfg = ModelConfig.tiny("llada", dtype="bfloat16")

@@ -119,19 +119,21 @@ class DreamSampler:
     if self.top_k is not None:
       logits_BxGxV = select.top_k_filter(logits_BxGxV, self.top_k)
     # Probabilities through select.prob_of, whose vocabulary sum does not
-    # depend on the batch on a GPU; only 'entropy' needs all of them.
+    # depend on the batch on a GPU (one pass per rule); only 'entropy' needs
+    # all of them.
     if self.temperature > 0:
       x0_BxG = select.row_categorical(rng_B, logits_BxGxV)
     else:
       x0_BxG = jnp.argmax(logits_BxGxV, axis=-1)
-    conf_BxG = select.prob_of(logits_BxGxV, x0_BxG)
     if self.alg == "topk_margin":
-      top2_BxGx2 = jax.lax.top_k(logits_BxGxV, 2)[1]
-      conf_BxG = (select.prob_of(logits_BxGxV, top2_BxGx2[..., 0])
-                  - select.prob_of(logits_BxGxV, top2_BxGx2[..., 1]))
+      top2_BxGx2, idx_BxGx2 = jax.lax.top_k(logits_BxGxV, 2)
+      p1_BxG = select.prob_of(logits_BxGxV, idx_BxGx2[..., 0])
+      conf_BxG = p1_BxG * (1 - jnp.exp(top2_BxGx2[..., 1] - top2_BxGx2[..., 0]))
     elif self.alg == "entropy":
       probs_BxGxV = jax.nn.softmax(logits_BxGxV, axis=-1)
       conf_BxG = jnp.sum(probs_BxGxV * jnp.log(probs_BxGxV + 1e-10), axis=-1)
+    else:
+      conf_BxG = select.prob_of(logits_BxGxV, x0_BxG)
     return conf_BxG, x0_BxG
 
   def propose(self, model: SequenceModel, state: DecodeState,

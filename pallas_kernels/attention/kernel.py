@@ -151,14 +151,20 @@ def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, splits):
   out_lse_ref[...] = m + jnp.log(total)
 
 
-def default_splits(kh, n_rt, s, block_k, target=132):
+SPLIT_TARGET = 132  # programs one sequence should fill: the H200's SMs
+
+
+def default_splits(kh, n_rt, s, block_k, target=None):
   """Key splits so one sequence alone runs about `target` programs (one per
   H200 SM), each split keeping at least 4 key tiles.
 
   Deliberately blind to the batch size: the splits fix the order in which a
   row sums its keys, so a batch-dependent count would make a row's bf16
   result (and near-tied tokens) depend on how many rows share the call.
+  target None: SPLIT_TARGET, which a benchmark may set before its first
+  trace (bench_strategies.py --split-target).
   """
+  target = SPLIT_TARGET if target is None else target
   return max(1, min(pl.cdiv(target, kh * n_rt), s // (4 * block_k)))
 
 

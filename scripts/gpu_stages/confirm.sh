@@ -12,15 +12,10 @@ confirm() {
       --reps 1 --gen 512 --only flash-dllm"
   local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
       --strategies flash-cache flash-dllm --no-progress"
-  local split96="import runpy, sys; import pallas_kernels.attention.kernel as k
-k.default_splits.__defaults__ = (96,)
-sys.argv = ['bench_strategies.py'] + sys.argv[1:]
-runpy.run_path('scripts/bench_strategies.py', run_name='__main__')"
   local cublas=--xla_gpu_enable_triton_gemm=false
   (export CUDA_VISIBLE_DEVICES=1
    timeout 160 $s --batch 1 32 --json "$OUT/perf_default.json"
-   XLA_FLAGS=$cublas timeout 160 python -c "$split96" --prompt 768 \
-       --per-step 4 --reps 1 --gen 512 --only flash-dllm --batch 1 32 \
+   XLA_FLAGS=$cublas timeout 160 $s --split-target 96 --batch 1 32 \
        --json "$OUT/perf_cublas_split96.json"
    XLA_FLAGS=$cublas timeout 120 $s --batch 32 --json "$OUT/perf_cublas.json"
   ) > "$OUT/perf.log" 2>&1 &

@@ -11,18 +11,13 @@ isolate() {
       --reps 1 --gen 512 --only flash-dllm"
   local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
       --strategies flash-cache flash-dllm --no-progress"
-  local split96="import runpy, sys; import pallas_kernels.attention.kernel as k
-k.default_splits.__defaults__ = (96,)
-sys.argv = ['bench_strategies.py'] + sys.argv[1:]
-runpy.run_path('scripts/bench_strategies.py', run_name='__main__')"
   local flags=(--xla_gpu_enable_split_k_autotuning=false
                --xla_gpu_enable_triton_gemm=false)
   (export CUDA_VISIBLE_DEVICES=1
    timeout 80 $s --batch 32 --json "$OUT/perf_default.json"
    XLA_FLAGS=--xla_gpu_enable_triton_gemm=false timeout 110 $s --batch 1 32 \
        --json "$OUT/perf_cublas.json"
-   timeout 80 python -c "$split96" --prompt 768 --per-step 4 --reps 1 \
-       --gen 512 --only flash-dllm --batch 32 --json "$OUT/perf_split96.json"
+   timeout 80 $s --split-target 96 --batch 32 --json "$OUT/perf_split96.json"
   ) > "$OUT/perf.log" 2>&1 &
   for f in "${flags[@]}"; do
     XLA_FLAGS="$f" CUDA_VISIBLE_DEVICES=0 timeout 50 $q \
