@@ -1,6 +1,7 @@
 """Does a row's matmul result depend on how many rows share the matmul?
 
   python scripts/probe_batch_invariance.py            # every flag set below
+  python scripts/probe_batch_invariance.py --sets 3 6   # the 3rd and 6th only
   python scripts/probe_batch_invariance.py --child    # one set, XLA_FLAGS as set
 
 On a GPU, XLA picks a GEMM algorithm (split-K, cuBLAS or Triton tiles) per
@@ -10,7 +11,8 @@ in the batch, and near-tied tokens flip when a batch is split differently
 batching). Each XLA flag set runs in a child process (XLA reads XLA_FLAGS
 once) and reports, per weight shape, for how many M in MS row 0 equals the
 M = 16 result bit for bit (a decode step runs at least 16 rows; M = 1 takes
-a matrix-vector path), and the time of x @ W at M = 128 and 4096.
+a matrix-vector path), and the time of x @ W at M = 144 and 4608 (a
+Flash-Cache step's rows at batch 1 and 32).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import subprocess
 import sys
 import time
 
-MS = (16, 32, 48, 64, 96, 128, 160, 256, 512, 1024, 2048, 4096)
+MS = (16, 32, 48, 64, 96, 128, 144, 160, 256, 512, 1024, 1296, 2048, 4096,
+      4608)
 SHAPES = ((384, 1152), (768, 384), (4096, 12288), (12288, 4096))
 FLAG_SETS = {
     "default": "",
@@ -31,7 +34,11 @@ FLAG_SETS = {
                                   "--xla_gpu_autotune_level=0",
     "deterministic ops": "--xla_gpu_deterministic_ops=true",
     "no split-k autotuning": "--xla_gpu_enable_split_k_autotuning=false",
+    "cuBLASLt, autotune 0": "--xla_gpu_enable_triton_gemm=false "
+                            "--xla_gpu_autotune_level=0 "
+                            "--xla_gpu_enable_cublaslt=true",
 }
+TIMED_MS = (144, 4608)
 
 
 def child() -> dict:
@@ -50,7 +57,7 @@ def child() -> dict:
     first = {m: np.asarray(dot(x[:m], w)[0].astype(jnp.float32)) for m in MS}
     same = [m for m in MS if np.array_equal(first[m], first[MS[0]])]
     times = {}
-    for m in (128, 4096):
+    for m in TIMED_MS:
       xs = x[:m]
       dot(xs, w).block_until_ready()
       t0 = time.perf_counter()
@@ -67,9 +74,16 @@ def main() -> None:
     print("RESULT " + json.dumps(child()))
     return
   best, best_same = "", -1
+  names = list(FLAG_SETS)
+  if "--sets" in sys.argv:  # 1-based indices into FLAG_SETS
+    picked = [int(a) for a in sys.argv[sys.argv.index("--sets") + 1:]]
+    if not picked or not all(1 <= i <= len(names) for i in picked):
+      raise SystemExit(f"--sets takes 1-based indices into {names}")
+    names = [names[i - 1] for i in picked]
   print("| flags | shape | M with row 0 = M=16 (of %d) | differs at M | "
-        "µs M=128 | µs M=4096 |\n|---|---|---|---|---|---|" % len(MS))
-  for name, flags in FLAG_SETS.items():
+        "µs M=%d | µs M=%d |\n|---|---|---|---|---|---|" % (len(MS), *TIMED_MS))
+  for name in names:
+    flags = FLAG_SETS[name]
     env = dict(os.environ, XLA_FLAGS=flags)
     proc = subprocess.run([sys.executable, __file__, "--child"], env=env,
                           capture_output=True, text=True, timeout=240)
@@ -85,8 +99,9 @@ def main() -> None:
     for shape, r in result.items():
       differ = [m for m in MS if m not in r["same_as_first"]]
       print(f"| {name} | {shape} | {len(r['same_as_first'])} | "
-            f"{' '.join(map(str, differ)) or '-'} | {r['us']['128']:.1f} | "
-            f"{r['us']['4096']:.1f} |", flush=True)
+            f"{' '.join(map(str, differ)) or '-'} | "
+            f"{r['us'][str(TIMED_MS[0])]:.1f} | "
+            f"{r['us'][str(TIMED_MS[1])]:.1f} |", flush=True)
   print(f"BEST_FLAGS={best}")
 
 
