@@ -51,6 +51,8 @@ def main(argv=None):
   ap.add_argument("--block", type=int, default=32)
   ap.add_argument("--block-m", type=int, default=16)
   ap.add_argument("--reps", type=int, default=2)
+  ap.add_argument("--skip-data", action="store_true",
+                  help="only the tensor-parallel comparison")
   ap.add_argument("--smoke", action="store_true",
                   help="tiny model, any backend with >= --devices devices")
   args = ap.parse_args(argv)
@@ -87,18 +89,20 @@ def main(argv=None):
     row["tokens_equal_1gpu"] = float(np.mean(
         row["tokens"] == base["tokens"][:row["batch"]]))
 
-  rows = []
-  # (a) data parallel: the same rows per GPU, n times the batch.
-  dp1 = decode(one, args.dp_batch)
-  dpn = decode(f"data={n}", n * args.dp_batch)
-  big = decode(one, n * args.dp_batch)  # the 1-GPU tokens of all rows
-  same(dpn, big)
-  rows += [dict(dp1, kind="data", gpus=1), dict(dpn, kind="data", gpus=n)]
-  dp_ratio = dpn["tokens_per_s"] / dp1["tokens_per_s"]
+  rows, big, dp_ratio = [], None, None
+  if not args.skip_data:
+    # (a) data parallel: the same rows per GPU, n times the batch.
+    dp1 = decode(one, args.dp_batch)
+    dpn = decode(f"data={n}", n * args.dp_batch)
+    big = decode(one, n * args.dp_batch)  # the 1-GPU tokens of all rows
+    same(dpn, big)
+    rows += [dict(dp1, kind="data", gpus=1), dict(dpn, kind="data", gpus=n)]
+    dp_ratio = dpn["tokens_per_s"] / dp1["tokens_per_s"]
   # (b) tensor parallel: one batch on 1 GPU and split over n GPUs.
   tp = {}
   for b in args.tp_batch:
-    base = big if b == n * args.dp_batch else decode(one, b)
+    base = (big if big is not None and b == n * args.dp_batch
+            else decode(one, b))
     split = decode(f"model={n}", b)
     same(split, base)
     rows += [dict(base, kind="model", gpus=1),
@@ -115,8 +119,9 @@ def main(argv=None):
     print(f"| {r['kind']} | {r['gpus']} | {r['mesh']} | {r['batch']} | "
           f"{r['steps']} | {r['ms_step']:.2f} | {r['tokens_per_s']:.0f} | "
           f"{r['compile_s']:.1f} | {'' if eq is None else f'{eq:.1%}'} |")
-  print(f"\ndata parallel: {n} GPUs / 1 GPU tokens/s = {dp_ratio:.2f} "
-        f"(target >= {0.95 * n:.1f})")
+  if dp_ratio is not None:
+    print(f"\ndata parallel: {n} GPUs / 1 GPU tokens/s = {dp_ratio:.2f} "
+          f"(target >= {0.95 * n:.1f})")
   for b, speedup in tp.items():
     print(f"tensor parallel, batch {b}: 1 GPU ms/step / {n} GPUs ms/step = "
           f"{speedup:.2f}")
