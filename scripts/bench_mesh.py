@@ -65,8 +65,8 @@ def main(argv=None):
     cfg = ModelConfig.llada_8b()
   if len(jax.local_devices()) < n:
     sys.exit(f"error: {n} devices needed, {len(jax.local_devices())} present")
-  sampler, _ = strategies(args.gen, args.per_step, args.block,
-                          args.block_m)[args.strategy]
+  sampler = strategies(args.gen, args.per_step, args.block,
+                       args.block_m)[args.strategy]()[0]
   t0 = time.perf_counter()
   params = timing.bench_params(cfg)
   one = None  # the baseline: no mesh, the default device

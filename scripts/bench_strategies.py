@@ -31,31 +31,32 @@ from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler  # noqa: E402
 
 
 def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
-  """name -> (sampler, query tokens of the step's main pass as a function
-  of the prompt length[, query tokens of its second (verify) pass]).
+  """name -> a function building (sampler, query tokens of the step's main
+  pass as a function of the prompt length[, query tokens of its second
+  (verify) pass]).
 
   Elastic-Cache's count is its query budget (tracked + new + window); the
   layers after a drift restart run the whole sequence, as often as the
   (random) weights make the drift test fire, so its floor is a lower bound."""
   steps = gen // k
-  return {
-      "llada": (LLaDASampler(gen_length=gen, steps=steps, block_length=block),
-                lambda p: p + gen),
-      "fast-dllm-prefix": (FastDLLMSampler(
+  return {  # built on demand: a forced schedule may not suit every sampler
+      "llada": lambda: (LLaDASampler(gen_length=gen, steps=steps,
+                                     block_length=block), lambda p: p + gen),
+      "fast-dllm-prefix": lambda: (FastDLLMSampler(
           gen_length=gen, block_length=block, cache="prefix", rule="fixed",
           steps=steps), lambda p: gen + 1),
-      "fast-dllm-dual": (FastDLLMSampler(
+      "fast-dllm-dual": lambda: (FastDLLMSampler(
           gen_length=gen, block_length=block, cache="dual", rule="fixed",
           steps=steps), lambda p: block + 1),
-      "flash-cache": (FlashDLLMSampler(gen_length=gen, block_m=block_m,
-                                       forced_commits=k),
-                      lambda p: 8 * block_m),
-      "flash-dllm": (FlashDLLMSampler(gen_length=gen, block_m=block_m,
-                                      forced_commits=k, verify=True),
-                     lambda p: 8 * block_m, lambda p: 2 * block_m),
-      "elastic-cache": (ElasticCacheSampler(gen_length=gen, window=block_m,
-                                            tokens_per_iter=k),
-                        lambda p: layers + 2 * block_m),
+      "flash-cache": lambda: (FlashDLLMSampler(
+          gen_length=gen, block_m=block_m, forced_commits=k),
+          lambda p: 8 * block_m),
+      "flash-dllm": lambda: (FlashDLLMSampler(
+          gen_length=gen, block_m=block_m, forced_commits=k, verify=True),
+          lambda p: 8 * block_m, lambda p: 2 * block_m),
+      "elastic-cache": lambda: (ElasticCacheSampler(
+          gen_length=gen, window=block_m, tokens_per_iter=k),
+          lambda p: layers + 2 * block_m),
   }
 
 
@@ -98,10 +99,11 @@ def main(argv=None):
         f"{args.per_step} tokens per step")
   rows = []
   for gen in args.gen:
-    for name, (sampler, *queries) in strategies(
+    for name, build in strategies(
         gen, args.per_step, args.block, args.block_m, cfg.n_layers).items():
       if args.only and name not in args.only:
         continue
+      sampler, *queries = build()
       for b in args.batch:
         print(f"[{time.perf_counter() - t_start:.0f} s] {name} batch {b} gen "
               f"{gen}: compile and decode", flush=True)

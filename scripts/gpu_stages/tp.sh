@@ -11,8 +11,15 @@
 tp() {
   local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
       --strategies llada fast-dllm-dual flash-cache flash-dllm --no-progress"
+  # GPU 1 meanwhile: the LLaDA sampler's batch-32 step (stage cells' run
+  # failed on a sampler it did not need; its step is the same uncached
+  # forward whatever it commits, so 32 commits per step time it in 16 steps).
+  (CUDA_VISIBLE_DEVICES=1 timeout 125 python scripts/bench_strategies.py \
+       --prompt 768 --reps 1 --batch 32 --per-step 32 --gen 256 512 \
+       --only llada --json "$OUT/llada32.json" > "$OUT/llada32.log" 2>&1) &
   CUDA_VISIBLE_DEVICES=0 timeout 130 $q --out-dir "$OUT/q_none" \
       > "$OUT/q_none.log" 2>&1
+  wait
   timeout 130 $q --mesh model=2 --out-dir "$OUT/q_model2" \
       > "$OUT/q_model2.log" 2>&1
   timeout 110 $q --mesh data=2 --out-dir "$OUT/q_data2" \
