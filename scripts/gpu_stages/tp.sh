@@ -1,13 +1,13 @@
 # Stage 'tp' of scripts/bench_suite.sh (sourced there: OUT is set, the
 # working directory is the repository root). Run as
 #   bash scripts/bench_suite.sh OUT_DIR tp
-# tp (fifth session, 2 GPUs, <= 9 minutes): tensor parallelism made exact
+# tp (fifth session, 2 GPUs, <= 6.5 minutes): tensor parallelism made exact
 # (column-parallel output projections with all-gathers, key splits from the
 # global head count, the attention mass summed per head then over heads in
 # one order). The shipped model's answers without a mesh, under model=2 and
-# under data=2 for four strategies, compared token by token; then the
-# tensor-parallel step at LLaDA-8B shapes (random weights: every token a
-# near-tie, so "tokens = 1 GPU" is a strict test).
+# under data=2 for four strategies, compared token by token. The step times
+# at LLaDA-8B shapes are a separate call: bench_mesh.py (random weights:
+# every token a near-tie, so its "tokens = 1 GPU" is a strict test too).
 tp() {
   local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
       --strategies llada fast-dllm-dual flash-cache flash-dllm --no-progress"
@@ -28,6 +28,4 @@ tp() {
     python scripts/compare_runs.py "$OUT/q_none" "$OUT/q_$m" \
         > "$OUT/tokens_$m.log" 2>&1
   done
-  timeout 170 python scripts/bench_mesh.py "$OUT/mesh_tp.json" --reps 1 \
-      --skip-data > "$OUT/mesh_tp.log" 2>&1
 }
