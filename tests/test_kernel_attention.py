@@ -184,7 +184,7 @@ def test_a_row_does_not_depend_on_the_batch_it_runs_in(request, impl, dtype,
   same bits (output and mass). A split count chosen from the batch size
   changed the order of the key sums between the two calls, and so did an XLA
   merge of the splits compiled per shape; the mass sum over heads and row
-  tiles is a fixed chain of adds for the same reason."""
+  tiles is a fixed tree of adds for the same reason."""
   q, h, kh, d, s = 64, 4, 4, 64, 1024
   args, kw = _inputs(_key(request), b, q, h, kh, d, s, 0,
                      [1000] + [900] * (b - 1), [q] * b, dtype)
@@ -200,15 +200,47 @@ def test_a_row_does_not_depend_on_the_batch_it_runs_in(request, impl, dtype,
   assert kernel.default_splits(kh, q // 16, s, 64) > 1
 
 
-@pytest.mark.parametrize("kh,t", [(1, 1), (4, 3), (32, 3)])
-def test_ordered_sum_is_the_sum_over_heads_and_row_tiles(request, kh, t):
-  """The fixed-order tree equals jnp.sum exactly on integer-valued floats
-  (every partial sum exact) and to rounding on random ones, for a count of
-  partials that is not a power of two too."""
-  ints = jax.random.randint(_key(request), (3, kh, t, 70), -50, 50
+@pytest.mark.parametrize("n", [1, 3, 32, 96])
+def test_tree_sum_is_the_sum_along_one_axis(request, n):
+  """The fixed-order tree (the mass over row tiles, then over heads) equals
+  jnp.sum exactly on integer-valued floats (every partial sum exact) and to
+  rounding on random ones, for counts that are not powers of two too."""
+  ints = jax.random.randint(_key(request), (3, n, 4, 70), -50, 50
                             ).astype(jnp.float32)
-  np.testing.assert_array_equal(np.asarray(kernel._ordered_sum(ints)),
-                                np.asarray(jnp.sum(ints, axis=(1, 2))))
-  x = jax.random.uniform(_key(request), (3, kh, t, 70))
-  np.testing.assert_allclose(np.asarray(kernel._ordered_sum(x)),
-                             np.asarray(jnp.sum(x, axis=(1, 2))), rtol=1e-6)
+  for axis in (1, 2):
+    np.testing.assert_array_equal(np.asarray(reference.tree_sum(ints, axis)),
+                                  np.asarray(jnp.sum(ints, axis=axis)))
+  x = jax.random.uniform(_key(request), (3, n, 70))
+  np.testing.assert_allclose(np.asarray(reference.sum_heads(x)),
+                             np.asarray(jnp.sum(x, axis=1)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
+def test_a_head_shard_gives_its_heads_bits(request, monkeypatch, impl):
+  """What a device of a tensor-parallel mesh runs: the kernel on a slice of
+  the KV heads with the key splits of the global shapes (`splits_for`)
+  gives that slice of the one-device output and per-head mass, bit for
+  bit; `sum_heads` of the per-head mass is the default mass. With 8
+  programs a sequence, the shard's own default would take other splits."""
+  monkeypatch.setattr(kernel, "SPLIT_TARGET", 8)
+  b, q, h, kh, d, s = 2, 8, 8, 4, 64, 1024
+  args, kw = _inputs(_key(request), b, q, h, kh, d, s, 6, [1000, 700],
+                     [8, 5], jnp.float32)
+  splits = api.splits_for(args[0].shape, args[1].shape)
+  assert splits == 2
+  run = lambda a, **k: api.scheduled_attention(
+      *a, **{**kw, **k}, implementation=impl, num_splits=splits)
+  o, mass_BxKxS = run(args, head_mass=True)
+  np.testing.assert_array_equal(np.asarray(api.sum_heads(mass_BxKxS)),
+                                np.asarray(run(args)[1]))
+  g = h // kh
+  for k0, k1 in [(0, 2), (2, 4), (3, 4)]:
+    part = (args[0][:, :, k0 * g:k1 * g], args[1][:, :, k0:k1],
+            args[2][:, :, k0:k1], *args[3:])
+    new = {n: kw[n][:, :, k0:k1] for n in ("k_new_BxTxKxD", "v_new_BxTxKxD")}
+    o_part, mass_part = run(part, head_mass=True, **new)
+    np.testing.assert_array_equal(np.asarray(o_part),
+                                  np.asarray(o[:, :, k0 * g:k1 * g]))
+    np.testing.assert_array_equal(np.asarray(mass_part),
+                                  np.asarray(mass_BxKxS[:, k0:k1]))
+    assert api.splits_for(part[0].shape, part[1].shape) != splits

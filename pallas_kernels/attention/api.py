@@ -6,6 +6,8 @@ from pallas_kernels.attention import kernel, reference
 from pallas_kernels.common import resolve_implementation
 
 exclude_mask_from_positions = reference.exclude_mask_from_positions
+sum_heads = reference.sum_heads
+splits_for = kernel.splits_for
 
 
 def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
@@ -14,15 +16,18 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                         k_new_BxTxKxD=None, v_new_BxTxKxD=None,
                         inq_mask_BxQxT=None, exclude_BxS=None,
                         exclude_BxX=None, score_rows_BxQ=None,
+                        head_mass: bool = False,
                         implementation: str | None = None, **tiling):
   """Ragged GQA attention over cache[:k_len] minus exclusions plus new keys.
 
-  Returns (o_BxQxHxD, mass_BxS or None); see reference.scheduled_attention.
+  Returns (o_BxQxHxD, mass_BxS or None); see reference.scheduled_attention
+  (head_mass: mass_BxKxS per KV head, to be summed by `sum_heads`).
   Exclusions: boolean exclude_BxS (what the kernel reads), or a padded
   position list exclude_BxX (-1 = none), turned into the mask here.
   implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
   on GPU, reference elsewhere); unsupported shapes fall back to the
-  reference. tiling: block_r, block_k, num_splits, num_warps, num_stages.
+  reference. tiling: block_r, block_k, num_splits (see `splits_for`),
+  num_warps, num_stages.
   """
   impl = resolve_implementation(implementation)
   if exclude_BxX is not None:
@@ -31,7 +36,8 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   args = (q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B, q_len_B)
   kw = dict(scale=scale, k_new_BxTxKxD=k_new_BxTxKxD,
             v_new_BxTxKxD=v_new_BxTxKxD, inq_mask_BxQxT=inq_mask_BxQxT,
-            exclude_BxS=exclude_BxS, score_rows_BxQ=score_rows_BxQ)
+            exclude_BxS=exclude_BxS, score_rows_BxQ=score_rows_BxQ,
+            head_mass=head_mass)
   if impl != "reference":
     try:
       return kernel.scheduled_attention(

@@ -17,8 +17,9 @@ by log-sum-exp (`_combine_kernel`).
 
 Mass per key (optional): normalisation is only known once all keys are seen,
 so after the online softmax the program re-streams the K tiles (not V) and
-sums exp(s - lse) over its score rows; per (row tile, kv head) partials are
-reduced by XLA. With key splits the lse is global only after the split
+sums exp(s - lse) over its score rows; the per (row tile, kv head) partials
+are summed over row tiles, then over heads, each as a fixed tree of adds
+(`reference.tree_sum`). With key splits the lse is global only after the split
 combine, so the same body runs again as a mass-only call.
 """
 
@@ -29,6 +30,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.attention.reference import sum_heads, tree_sum
 
 NEG = -1e30  # finite "minus infinity": exp(NEG - NEG) never makes a NaN
 VALID, SCORE = 1, 2  # bits of the per-row info byte
@@ -168,6 +171,26 @@ def default_splits(kh, n_rt, s, block_k, target=None):
   return max(1, min(pl.cdiv(target, kh * n_rt), s // (4 * block_k)))
 
 
+def _default_block_r(rr):
+  """Rows per program for rr = Q * G rows of one (sequence, kv head)."""
+  return min(64, max(16, 1 << (rr - 1).bit_length()))
+
+
+def splits_for(q_shape, k_cache_shape, block_r=None, block_k=64):
+  """The key splits `scheduled_attention` picks by default for queries
+  [B, Q, H, D] over a cache [B, S, K, D].
+
+  Under tensor parallelism each device runs the kernel on its own heads;
+  given the global shapes, this is the count one device would take, and
+  passing it as num_splits keeps each row's key-sum order mesh-independent.
+  """
+  _, q, h, _ = q_shape
+  s, kh = k_cache_shape[1:3]
+  rr = q * (h // kh)
+  n_rt = pl.cdiv(rr, block_r or _default_block_r(rr))
+  return default_splits(kh, n_rt, s, block_k)
+
+
 def _rows(x_BxQx, g, rrp):
   """Repeats per-query values over the G folded heads, pads rows to rrp."""
   x = jnp.repeat(x_BxQx, g, axis=1)
@@ -178,7 +201,7 @@ def _rows(x_BxQx, g, rrp):
 
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_r", "block_k", "num_splits", "num_warps", "num_stages",
-    "interpret"))
+    "interpret", "head_mass"))
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxTxKxD=None,
                         v_new_BxTxKxD=None, inq_mask_BxQxT=None,
@@ -186,14 +209,15 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         block_r: int | None = None, block_k: int = 64,
                         num_splits: int | None = None,
                         num_warps: int | None = None, num_stages: int = 3,
-                        interpret: bool = False):
+                        interpret: bool = False, head_mass: bool = False):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
   num_splits: key-range splits per row tile (flash-decoding style), merged
   by log-sum-exp in `_combine_kernel`; None picks default_splits, which
   ignores the batch size so that a row's result does not depend on the
-  other rows.
+  other rows (pass `splits_for` of the global shapes when running on a shard
+  of the heads). head_mass: return the mass per KV head, mass_BxKxS.
   Raises NotImplementedError for shapes the Triton lowering can't tile.
   """
   b, q, h, d = q_BxQxHxD.shape
@@ -206,8 +230,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
     raise NotImplementedError(f"{t_new} in-query keys (at most 64)")
   g, f32 = h // kh, jnp.float32
   rr = q * g
-  if block_r is None:
-    block_r = min(64, max(16, 1 << (rr - 1).bit_length()))
+  block_r = block_r or _default_block_r(rr)
   n_rt = pl.cdiv(rr, block_r)
   rrp = n_rt * block_r
   splits = num_splits or default_splits(kh, n_rt, s, block_k)
@@ -309,25 +332,5 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   has_score = jnp.any((info_BxR.reshape(b, n_rt, block_r) & SCORE) != 0, -1)
   written = (has_score[:, None, :, None]
              & (jnp.arange(s) < k_len_B[:, None])[:, None, None, :])
-  return o_BxQxHxD, _ordered_sum(jnp.where(written, mass_part, 0.0))
-
-
-def _ordered_sum(x_BxKxTxS):
-  """Sums axes 1 and 2 as a balanced tree of adds in a fixed order.
-
-  XLA picks a reduction's tiling, and with it the order of the float adds,
-  from the whole array shape, so `jnp.sum` over these axes could give a row
-  different bits in a batch of another size. The partials (K x T, 96 at
-  LLaDA-8B shapes) are zero-padded to a power of two and halved log2 times:
-  a handful of HLO adds, where a 95-add chain (44cc9b6) preceded decode
-  benchmarks that no longer finished their compile in minutes on the H200
-  (suspected, not proven, BENCHMARKS.md).
-  """
-  b, kh, t, s = x_BxKxTxS.shape
-  parts = x_BxKxTxS.reshape(b, kh * t, s)
-  width = 1 << (kh * t - 1).bit_length()
-  parts = jnp.pad(parts, ((0, 0), (0, width - kh * t), (0, 0)))
-  while parts.shape[1] > 1:
-    half = parts.shape[1] // 2
-    parts = parts[:, :half] + parts[:, half:]
-  return parts[:, 0]
+  mass_BxKxS = tree_sum(jnp.where(written, mass_part, 0.0), axis=2)
+  return o_BxQxHxD, mass_BxKxS if head_mass else sum_heads(mass_BxKxS)

@@ -40,17 +40,50 @@ def exclude_mask_from_positions(exclude_BxX: jax.Array, s: int) -> jax.Array:
       True, mode="drop")
 
 
+def tree_sum(x: jax.Array, axis: int) -> jax.Array:
+  """Sums `axis` as a balanced tree of elementwise adds in a fixed order.
+
+  XLA picks a reduction's order of float adds from the whole array shape, so
+  `jnp.sum` could give a row other bits in a batch of another size, or a
+  head shard other bits than the unsplit array. Here element i is paired
+  with i + n/2 (zero-padded to a power of two n) until one is left: a
+  handful of HLO adds whatever the length, where a chain of 95 adds
+  (44cc9b6) preceded decode compiles that no longer finished in minutes on
+  the H200 (suspected, not proven, BENCHMARKS.md).
+  """
+  n = x.shape[axis]
+  width = 1 << max(0, n - 1).bit_length()
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, width - n)
+  x = jnp.pad(x, pad)
+  while x.shape[axis] > 1:
+    half = x.shape[axis] // 2
+    x = (jax.lax.slice_in_dim(x, 0, half, axis=axis)
+         + jax.lax.slice_in_dim(x, half, 2 * half, axis=axis))
+  return jnp.squeeze(x, axis)
+
+
+def sum_heads(mass_BxKxS: jax.Array) -> jax.Array:
+  """The attention mass summed over KV heads in one fixed order: callers
+  under tensor parallelism gather every head's mass first, so each device
+  (and one device alone) adds the same numbers in the same order."""
+  return tree_sum(mass_BxKxS, axis=1)
+
+
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxTxKxD=None,
                         v_new_BxTxKxD=None, inq_mask_BxQxT=None,
-                        exclude_BxS=None, score_rows_BxQ=None):
+                        exclude_BxS=None, score_rows_BxQ=None,
+                        head_mass: bool = False):
   """Ragged bidirectional GQA attention over a cache plus in-query keys.
 
   Query i < q_len_B[b] of sequence b attends to cache slots s < k_len_B[b]
   that `exclude_BxS` does not mark, and to in-query key t where
   inq_mask_BxQxT[b, i, t]. Rows i >= q_len and rows with no key give zeros.
   Returns (o_BxQxHxD, mass_BxS or None); mass_BxS[b, s] sums softmax
-  probabilities of cache key s over heads and over rows with score_rows_BxQ.
+  probabilities of cache key s over heads and over rows with score_rows_BxQ:
+  per KV head first, then over heads by `sum_heads`. head_mass: return the
+  per-head mass_BxKxS instead (to gather heads across devices first).
   Plain JAX: builds the full mask and materialises float32 scores.
   """
   b, q, h, d = q_BxQxHxD.shape
@@ -84,6 +117,6 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   if score_rows_BxQ is None:
     return o_BxQxHxD, None
   w_BxQ = (score_rows_BxQ & row_ok_BxQ).astype(f32)
-  mass_BxS = jnp.einsum("bkgqs,bq->bs", p_BxKxGxQxN[..., :s], w_BxQ,
-                        precision=hi)
-  return o_BxQxHxD, mass_BxS
+  mass_BxKxS = jnp.einsum("bkgqs,bq->bks", p_BxKxGxQxN[..., :s], w_BxQ,
+                          precision=hi)
+  return o_BxQxHxD, mass_BxKxS if head_mass else sum_heads(mass_BxKxS)
