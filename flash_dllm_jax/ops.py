@@ -26,17 +26,32 @@ from pallas_kernels.token_logprob import api as logprob_api
 
 
 def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
-           bias_F: jax.Array | None = None) -> jax.Array:
+           bias_F: jax.Array | None = None, *, gathered: bool = False
+           ) -> jax.Array:
   """x @ W (+ b) in x's dtype, accumulating in float32.
 
   XLA's dot: the Pallas small-M matmul wins only at M = 1 on the H200 and
   loses from M = 32 on, while decode steps run B x Q >= 16 rows.
+  gathered (under a mesh, for a kernel column-sharded over "model"): x is
+  all-gathered over "model" first and each device's output columns after,
+  rows staying on "data". Every element is then one full-length dot
+  product, as on one device; a row-sharded kernel would sum per-device
+  partial products by an all-reduce, in another order.
   """
+  mesh = parallel.active_mesh() if gathered else None
+  rows = P("data")
+  if mesh is not None:
+    x_NxE = jax.lax.with_sharding_constraint(x_NxE, rows)
   y = jnp.einsum("...e,ef->...f", x_NxE, kernel_ExF.astype(x_NxE.dtype),
                  preferred_element_type=jnp.float32)
+  if mesh is not None and y.shape[-1] % mesh.shape["model"] == 0:
+    # Computed on the kernel's column shard: never all-gather the weight.
+    y = jax.lax.with_sharding_constraint(
+        y, P("data", *[None] * (y.ndim - 2), "model"))
   if bias_F is not None:
     y = y + bias_F.astype(jnp.float32)
-  return y.astype(x_NxE.dtype)
+  y = y.astype(x_NxE.dtype)
+  return y if mesh is None else jax.lax.with_sharding_constraint(y, rows)
 
 
 def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
@@ -155,6 +170,11 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   in mass_rows_BxQ, the probability each cache slot receives. The kernel reads
   the cache in place and accumulates the mass without materialising scores;
   the reference materialises them.
+
+  Under a mesh the kernel runs per shard (rows on "data", heads on "model")
+  with the key splits one device would pick, and the mass of every KV head
+  is gathered over "model" before one fixed-order sum over heads: the same
+  bits on every mesh.
   """
   impl = _kernels(implementation)
   b, q = q_BxQxHxD.shape[:2]
@@ -175,19 +195,29 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                score_rows_BxQ=(mass_rows_BxQ, rows))
   named = {k: v for k, v in named.items() if v[0] is not None}
   mesh = parallel.active_mesh() if impl != "reference" else None
+  splits = attention_api.splits_for(q_BxQxHxD.shape, k_cache_BxSxKxD.shape)
 
   def attend(*arrays):
-    out, mass = attention_api.scheduled_attention(
-        scale=1.0, implementation=impl, **dict(zip(named, arrays)))
-    if mass is not None and mesh is not None:  # this shard's heads only
-      mass = jax.lax.psum(mass, "model")
-    return out, mass
+    out, mass_BxKxS = attention_api.scheduled_attention(
+        scale=1.0, implementation=impl, head_mass=True, num_splits=splits,
+        **dict(zip(named, arrays)))
+    if mass_BxKxS is not None and mesh is not None:  # this shard's heads
+      mass_BxKxS = jax.lax.all_gather(mass_BxKxS, "model", axis=1, tiled=True)
+    return out, mass_BxKxS
 
   if mesh is not None:
     attend = parallel.shard_map(
         attend, mesh, tuple(spec for _, spec in named.values()),
         (heads, rows if mass_rows_BxQ is not None else None))
-  return attend(*(x for x, _ in named.values()))
+  out_BxQxHxD, mass_BxKxS = attend(*(x for x, _ in named.values()))
+  if mass_BxKxS is None:
+    return out_BxQxHxD, None
+  if impl == "reference":  # partitioned by XLA, which would split a sum
+    # over sharded heads into per-device sums + all-reduce: computed per
+    # head on the head shards, then gathered.
+    mass_BxKxS = parallel.constrain(
+        parallel.constrain(mass_BxKxS, P("data", "model")), rows)
+  return out_BxQxHxD, attention_api.sum_heads(mass_BxKxS)
 
 
 def token_logprob(logits_BxRxV: jax.Array, tokens_BxR: jax.Array, *,

@@ -6,13 +6,17 @@ mesh and lets XLA's SPMD partitioner compile the unchanged decode loop:
   data   splits the batch: prompts, padding masks and PRNG keys are sharded
          along rows; rows are independent, so no communication but the loop's
          "all rows done?" reduction.
-  model  splits the weights tensor-parallel (Megatron style): q/k/v and
-         gate/up are column-sharded (whole attention heads and MLP columns
-         per device), attn_out and down are row-sharded, so each attention
-         and each MLP output is one all-reduce; the KV cache is sharded along
-         its heads, the embedding along the vocabulary (an exact lookup), and
-         norms and the vocabulary head are replicated (every device holds the
-         full logits, so sampling needs no communication).
+  model  splits the weights tensor-parallel by output columns: q/k/v and
+         gate/up give whole attention heads and MLP columns per device;
+         attn_out and down all-gather their input (heads, MLP columns) and
+         their output columns (`ops.linear(gathered=True)`). No float sum
+         crosses devices, so every element is the one-device dot product,
+         bit for bit (Megatron's row-sharded attn_out and down would add
+         per-device partial sums by an all-reduce, in another order). The
+         KV cache is sharded along its heads, the embedding along the
+         vocabulary (an exact lookup), and norms and the vocabulary head are
+         replicated (every device holds the full logits, so sampling needs
+         no communication).
 
 `param_spec` maps a parameter path to its PartitionSpec; `shard_params` and
 `checkpoint.load(mesh=...)` place weights with it; `use(mesh)` makes the mesh
@@ -40,11 +44,11 @@ CACHE_SPEC = P("data", None, "model", None)  # KV cache [B, S, K, D]
 HEADS_SPEC = CACHE_SPEC                      # q / k / v [B, Q, H or K, D]
 
 # Parameter path (the Flax tree keys joined by '/') -> spec. Kernels are
-# stored [in, out]: column-parallel layers split `out`, row-parallel `in`.
+# stored [in, out]; every projection is column-parallel (splits `out`).
 _RULES = [
-    (r"(q_proj|k_proj|v_proj|gate_proj|up_proj)/kernel$", P(None, "model")),
+    (r"(q_proj|k_proj|v_proj|attn_out|gate_proj|up_proj|down_proj)/kernel$",
+     P(None, "model")),
     (r"(q_proj|k_proj|v_proj)/bias$", P("model")),
-    (r"(attn_out|down_proj)/kernel$", P("model", None)),
     (r"^embed$", P("model", None)),
 ]
 

@@ -31,10 +31,12 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-  """y = x @ kernel (+ bias); kernel is stored [in, out]."""
+  """y = x @ kernel (+ bias); kernel is stored [in, out]. gathered: x and y
+  replicated over the mesh's "model" axis (see ops.linear)."""
 
   features: int
   use_bias: bool = False
+  gathered: bool = False
   param_dtype: jnp.dtype = jnp.float32
   kernel_init: Initializer = nn.initializers.variance_scaling(
       1.0, "fan_in", "normal")
@@ -47,7 +49,7 @@ class Linear(nn.Module):
     if self.use_bias:
       bias = self.param("bias", nn.initializers.normal(0.1), (self.features,),
                         self.param_dtype)
-    return ops.linear(x, kernel, bias)
+    return ops.linear(x, kernel, bias, gathered=self.gathered)
 
 
 def rope_angles(positions_BxQ: jax.Array, head_dim: int,

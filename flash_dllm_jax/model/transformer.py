@@ -53,8 +53,11 @@ class Block(nn.Module):
     cfg = self.config
     b, q, _ = x_BxQxE.shape
     h, k, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    dense = lambda n, f, bias=False: Linear(f, use_bias=bias, name=n,
-                                            param_dtype=self.param_dtype)
+    # Tensor parallelism shards every kernel by output columns; the two
+    # back to the residual stream gather their input and output (ops.linear).
+    dense = lambda n, f, bias=False, gathered=False: Linear(
+        f, use_bias=bias, gathered=gathered, name=n,
+        param_dtype=self.param_dtype)
 
     n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="attn_norm")(
         x_BxQxE)
@@ -91,14 +94,14 @@ class Block(nn.Module):
           implementation=self.implementation)
       if mass_BxS is not None:
         self.sow("intermediates", "attention_mass", mass_BxS)
-    x_BxQxE = x_BxQxE + dense("attn_out", cfg.d_model)(
+    x_BxQxE = x_BxQxE + dense("attn_out", cfg.d_model, gathered=True)(
         o_BxQxHxD.reshape(b, q, h * d))
 
     n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="mlp_norm")(
         x_BxQxE)
     gate_BxQxF = dense("gate_proj", cfg.mlp_hidden)(n_BxQxE)
     up_BxQxF = dense("up_proj", cfg.mlp_hidden)(n_BxQxE)
-    x_BxQxE = x_BxQxE + dense("down_proj", cfg.d_model)(
+    x_BxQxE = x_BxQxE + dense("down_proj", cfg.d_model, gathered=True)(
         nn.silu(gate_BxQxF) * up_BxQxF)
     return x_BxQxE, new_kv
 

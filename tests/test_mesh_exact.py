@@ -1,0 +1,157 @@
+"""Tensor parallelism gives one device's bits (forced host devices).
+
+Every projection is column-sharded and attn_out / down_proj gather their
+input and output, the attention kernel takes the key splits of the global
+head count, and the attention mass is summed per head, gathered and summed
+over heads in one fixed order: no float sum crosses devices. Checked on the
+forwards' bits and on the compiled program's collectives.
+"""
+
+import json
+
+import pytest
+
+from tests.test_mesh import PRELUDE, STRICT_CPU, _run
+
+
+BITWISE = PRELUDE + r'''
+import sys
+from pallas_kernels.attention import kernel
+from flash_dllm_jax.model import CachedExtras, KVCache
+arch, impl, dtype = sys.argv[1:4]
+# Few programs per sequence: one device picks 1 key split for its 4 KV
+# heads, a shard of 2 or 1 heads would pick 2 if it chose from its own.
+kernel.SPLIT_TARGET = 4
+config, params = tiny4(arch, head_dim=16, dtype=dtype)
+model = Transformer(config, implementation=impl)
+rng = np.random.default_rng(0)
+B, S, Q, K, D = 4, 512, 8, config.n_kv_heads, config.head_dim
+kv = lambda: tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), dtype)
+                   for _ in range(config.n_layers))
+cache = KVCache(kv(), kv())
+tokens = jnp.asarray(rng.integers(0, 300, (B, Q)), jnp.int32)
+slots = jnp.asarray(np.stack([rng.permutation(S)[:Q] for _ in range(B)]),
+                    jnp.int32)
+valid = jnp.asarray(rng.random((B, S)) > 0.2)
+rows = jnp.asarray(rng.random((B, Q)) > 0.3)
+verify = CachedExtras(write_cache=False, mass_rows_BxQ=rows,
+                      exclude_BxS=jnp.asarray(rng.random((B, S)) > 0.9),
+                      inq_mask_BxQxQ=jnp.asarray(rng.random((B, Q, Q)) > 0.5))
+
+def cached(p, tokens, slots, valid, cache, extras):
+  (logits, new), state = model.apply(
+      {"params": p}, tokens, slots, valid, cache=cache, slots_BxQ=slots,
+      extras=extras, mutable=["intermediates"])
+  return logits, new, state["intermediates"]
+
+def uncached(p, tokens, valid):
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+  return model.apply({"params": p}, tokens, positions, valid)[0]
+
+full = jnp.asarray(rng.integers(0, 300, (B, 24)), jnp.int32)
+left_pad = jnp.arange(24)[None, :] >= jnp.array([0, 5, 11, 2])[:, None]
+cases = {"cached": (cached, (tokens, slots, valid, cache,
+                             CachedExtras(mass_rows_BxQ=rows))),
+         "verify": (cached, (tokens, slots, valid, cache, verify)),
+         "uncached": (uncached, (full, left_pad))}
+for name, (fn, args) in cases.items():
+  one = jax.jit(fn)(params, *args)
+  leaves = jax.tree.leaves(one)
+  assert name == "uncached" or len(jax.tree.leaves(one[2])) == 2, one[2]
+  for spec in sys.argv[4].split(";"):
+    mesh = parallel.parse_mesh(spec)
+    with parallel.use(mesh):
+      got = jax.jit(fn)(parallel.shard_params(mesh, params), *args)
+    for a, b in zip(jax.tree.leaves(got), leaves, strict=True):
+      np.testing.assert_array_equal(a, b, f"{arch} {impl} {name} {spec}")
+  print(name, "equal on", sys.argv[4], flush=True)
+print("BITWISE-OK")
+'''
+
+
+# bfloat16, the dtype the GPU runs, under XLA:CPU's default flags; float32
+# under STRICT_CPU: the strict check, as bfloat16 rounding hides most
+# reorderings of a float32 sum.
+DTYPE_FLAGS = {"bfloat16": "", "float32": STRICT_CPU}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_FLAGS))
+@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
+    arch, impl, dtype):
+  """Logits, caches and attention mass of cached, verify (no cache write,
+  in-query keys, exclusions) and uncached forwards equal one device's bit
+  for bit on every mesh: each output element is one full-length dot
+  product, the kernel picks one device's key splits, and the mass is summed
+  per head, gathered and summed over heads in one fixed order."""
+  meshes = "model=2;model=4;data=2,model=2;data=4"
+  out = _run(BITWISE, arch, impl, dtype, meshes,
+             xla_flags=DTYPE_FLAGS[dtype])
+  assert "BITWISE-OK" in out, out
+
+
+COLLECTIVES = PRELUDE + r'''
+import json, re, sys
+from flash_dllm_jax.model import CachedExtras, KVCache
+config, params = tiny4("llada", head_dim=16, n_layers=2)
+B, S, Q = 4, 64, 8
+model = Transformer(config, implementation=sys.argv[1])
+extras = CachedExtras(mass_rows_BxQ=jnp.ones((B, Q), bool))
+
+def forward(p, tokens, slots, valid, cache):
+  (logits, new), state = model.apply(
+      {"params": p}, tokens, slots, valid, cache=cache, slots_BxQ=slots,
+      extras=extras, mutable=["intermediates"])
+  return logits, new, state
+
+mesh = parallel.parse_mesh("model=2")
+slots = jnp.broadcast_to(jnp.arange(Q), (B, Q))
+with parallel.use(mesh):
+  text = jax.jit(forward).lower(
+      parallel.shard_params(mesh, params), jnp.zeros((B, Q), jnp.int32), slots,
+      jnp.ones((B, S), bool), jax.device_put(
+          KVCache.zeros(config, B, S), jax.sharding.NamedSharding(
+              mesh, parallel.CACHE_SPEC))).compile().as_text()
+found = []
+for line in text.splitlines():
+  op = re.search(r"= (\(.*?\)|\S+) (all-reduce|all-gather|reduce-scatter|"
+                 r"all-to-all|collective-permute)(-start)?\(", line)
+  if op:
+    name = re.search(r'op_name="([^"]*)"', line)
+    found.append([op.group(2), [[int(n) for n in dims.split(",") if n]
+                                for dims in re.findall(r"\w+\[([\d,]*)\]",
+                                                       op.group(1))],
+                  name.group(1) if name else ""])
+weights = sorted({tuple(x.shape) for x in jax.tree.leaves(params)})
+print("COLLECTIVES", json.dumps(dict(found=found, weights=weights,
+                                     batch=B, layers=config.n_layers)))
+'''
+
+
+@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
+def test_tensor_parallel_gathers_activations_and_reduces_no_sum(impl):
+  """The compiled cached forward (2 layers, model=2) all-gathers only
+  activations and masses (each leading with the batch rows: never a weight),
+  among them attn_out's and down_proj's inputs and outputs, and all-reduces
+  nothing but the vocabulary-sharded embedding lookup (a value plus zeros:
+  exact)."""
+  out = _run(COLLECTIVES, impl)
+  info = json.loads(out.split("COLLECTIVES", 1)[1])
+  found, layers = info["found"], info["layers"]
+  weights = {tuple(w) for w in info["weights"]}
+  assert {kind for kind, _, _ in found} <= {"all-gather", "all-reduce"}, found
+  for kind, shapes, name in found:
+    if kind == "all-reduce":
+      assert "_take" in name and "layers_" not in name, (kind, shapes, name)
+    for shape in shapes:
+      assert tuple(shape) not in weights and shape[0] == info["batch"], (
+          kind, shape, name)
+  gathers = [name for kind, _, name in found if kind == "all-gather"]
+  for layer in range(layers):
+    for proj in ("attn_out", "down_proj"):
+      assert sum(f"layers_{layer}/{proj}/" in n for n in gathers) == 1, (
+          layer, proj, gathers)
+  # Per layer: heads into attn_out, its columns, MLP columns into down_proj,
+  # its columns, and the mass per head.
+  assert len(gathers) == 5 * layers, found
