@@ -11,12 +11,12 @@
 tp() {
   local q="python scripts/eval_quality.py --limit 128 --gen-lengths 128 \
       --strategies llada fast-dllm-dual flash-cache flash-dllm --no-progress"
-  # GPU 1 meanwhile: the LLaDA sampler's batch-32 step (stage cells' run
-  # failed on a sampler it did not need; its step is the same uncached
-  # forward whatever it commits, so 32 commits per step time it in 16 steps).
-  (CUDA_VISIBLE_DEVICES=1 timeout 125 python scripts/bench_strategies.py \
-       --prompt 768 --reps 1 --batch 32 --per-step 32 --gen 256 512 \
-       --only llada --json "$OUT/llada32.json" > "$OUT/llada32.log" 2>&1) &
+  # GPU 1 meanwhile: the GPU tests of the attention kernel, whose mass is
+  # now summed per head and then over heads (row-alone bits at batch 128).
+  (export CUDA_VISIBLE_DEVICES=1 JAX_PLATFORMS=cuda
+   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 170 python -m pytest -q -m gpu \
+       -p no:cacheprovider tests/test_kernel_attention.py \
+       tests/test_ops_attention.py > "$OUT/gpu_tests.log" 2>&1) &
   CUDA_VISIBLE_DEVICES=0 timeout 130 $q --out-dir "$OUT/q_none" \
       > "$OUT/q_none.log" 2>&1
   wait
