@@ -215,8 +215,11 @@ def test_tree_sum_is_the_sum_along_one_axis(request, n):
                              np.asarray(jnp.sum(x, axis=1)), rtol=1e-6)
 
 
-@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
-def test_a_head_shard_gives_its_heads_bits(request, monkeypatch, impl):
+@pytest.mark.parametrize("impl,dtype", [
+    ("pallas_interpret", jnp.float32), ("reference", jnp.float32),
+    pytest.param("pallas", jnp.float32, marks=pytest.mark.gpu),
+    pytest.param("pallas", jnp.bfloat16, marks=pytest.mark.gpu)])
+def test_a_head_shard_gives_its_heads_bits(request, monkeypatch, impl, dtype):
   """What a device of a tensor-parallel mesh runs: the kernel on a slice of
   the KV heads with the key splits of the global shapes (`splits_for`)
   gives that slice of the one-device output and per-head mass, bit for
@@ -225,7 +228,7 @@ def test_a_head_shard_gives_its_heads_bits(request, monkeypatch, impl):
   monkeypatch.setattr(kernel, "SPLIT_TARGET", 8)
   b, q, h, kh, d, s = 2, 8, 8, 4, 64, 1024
   args, kw = _inputs(_key(request), b, q, h, kh, d, s, 6, [1000, 700],
-                     [8, 5], jnp.float32)
+                     [8, 5], dtype)
   splits = api.splits_for(args[0].shape, args[1].shape)
   assert splits == 2
   run = lambda a, **k: api.scheduled_attention(
