@@ -195,3 +195,39 @@ def test_tokenizer_round_trip(tmp_path, train_problems, test_problems):
 
 def test_parallel_generation_draws_the_same_problems():
   assert sg.generate(41, 5, "train", workers=2) == sg.generate(41, 5, "train")
+
+
+def test_fast_integer_path_equals_the_general_evaluator():
+  """Flat integer expressions (what templates write) take a fast exact path;
+  its values, and its errors, are those of the ast + Fraction path."""
+  from fractions import Fraction
+  from flash_dllm_jax.data import gsm_format
+  rng = random.Random(0)
+  for _ in range(3000):
+    parts = [str(rng.choice([0, 1, 2, 7, 100, rng.randint(0, 999)]))]
+    for _ in range(rng.randint(0, 4)):
+      parts += [rng.choice("+-*/"), str(rng.choice([0, 1, 3, 4, 100,
+                                                   rng.randint(0, 999)]))]
+    expr = "".join(parts)
+    assert gsm_format._FLAT_INT_EXPR.fullmatch(expr)
+    try:
+      want = Fraction(eval(expr.replace("/", "*Fraction(1)/")))
+    except ZeroDivisionError:
+      with pytest.raises(ValueError, match="division by zero"):
+        evaluate(expr)
+      continue
+    assert evaluate(expr) == want, expr
+    fast = gsm_format._exact_int(expr)
+    assert fast == want and (type(fast) is int) == (want.denominator == 1)
+  for other in ("07+1", "1 + 2", "(1+2)*3", "-4*2", "2.5*2", "1e3"):
+    assert gsm_format._exact_int(other) is None  # the general path's cases
+  with pytest.raises(ValueError):
+    evaluate("07+1")  # as before: Python rejects leading zeros
+
+
+def test_draw_is_the_stream_and_attempts_are_other_problems():
+  assert [sg.draw("train", 3, i) for i in range(5)] == sg.generate(5, 3)
+  assert sg.draw("test", 1, 4) == sg.generate(5, 1, "test")[4]
+  again = [sg.draw("train", 3, 2, a)["question"] for a in range(1, 6)]
+  assert sg.draw("train", 3, 2)["question"] not in again
+  assert len(set(again)) == 5

@@ -21,6 +21,11 @@ FINAL = re.compile(r"^####\s*(\S+)\s*$")
 PLACEHOLDER = "@"  # where a step's calculation goes in its line of prose
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
         ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+# What templates write: unsigned integers joined by + - * / (no spaces or
+# parentheses). Such expressions take a fast exact path (`_exact_int`).
+_NUMBER = r"(?:0|[1-9][0-9]*)"  # no leading zeros: Python rejects "07"
+_FLAT_INT_EXPR = re.compile(rf"{_NUMBER}(?:[-+*/]{_NUMBER})*")
+_FLAT_TOKENS = re.compile(r"[0-9]+|[-+*/]")
 
 
 class Reject(Exception):
@@ -28,9 +33,38 @@ class Reject(Exception):
   the generator draws again."""
 
 
+def _exact_int(expr: str) -> Fraction | int | None:
+  """The exact value of a flat integer expression ('12*5/100+3'), with the
+  usual precedence (* and / before + and -, each left to right), as an int
+  when it is whole, else a Fraction; None for any other text (the general
+  path evaluates it). Exact arithmetic, so equal to that path's value."""
+  if _FLAT_INT_EXPR.fullmatch(expr) is None:
+    return None
+  tokens = _FLAT_TOKENS.findall(expr)
+  total: Fraction | int = 0
+  sign, term = 1, int(tokens[0])
+  for i in range(1, len(tokens), 2):
+    op, x = tokens[i], int(tokens[i + 1])
+    if op == "*":
+      term = term * x
+    elif op == "/":
+      if x == 0:
+        raise ValueError(f"division by zero in {expr!r}")
+      term = term // x if term % x == 0 else Fraction(term, x)
+    else:
+      total, sign, term = total + sign * term, 1 if op == "+" else -1, x
+  total = total + sign * term
+  if isinstance(total, Fraction) and total.denominator == 1:
+    return total.numerator
+  return total
+
+
 def evaluate(expr: str) -> Fraction:
   """Exact value of an arithmetic expression of numbers, + - * / and
   parentheses (GSM8K's calculator language). Raises ValueError otherwise."""
+  fast = _exact_int(expr)
+  if fast is not None:
+    return Fraction(fast)
   try:
     tree = ast.parse(expr.strip(), mode="eval")
   except SyntaxError:
@@ -115,10 +149,16 @@ class Solution:
   def step(self, text: str, expr: str, money: bool = False) -> int:
     if text.count(PLACEHOLDER) != 1:
       raise ValueError(f"step text needs exactly one {PLACEHOLDER!r}: {text!r}")
-    value = evaluate(expr)
-    if value.denominator != 1 or value <= 0:
+    value = _exact_int(expr)
+    if value is None:
+      value = evaluate(expr)
+    if not isinstance(value, int):
+      if value.denominator != 1:
+        raise Reject(f"{expr} = {value}")
+      value = value.numerator
+    if value <= 0:
       raise Reject(f"{expr} = {value}")
-    v = value.numerator
+    v = value
     calc = f"{expr} = {'$' if money else ''}<<{expr}={v}>>{v}"
     self.lines.append(text.replace(PLACEHOLDER, calc))
     self.values.append(v)

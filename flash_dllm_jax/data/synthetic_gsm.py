@@ -46,8 +46,8 @@ MIN_STEPS, MAX_STEPS = 2, 6
 _MAX_DRAWS = 500
 
 __all__ = ["ALL_TEMPLATES", "HELD_OUT_TEMPLATES", "SPLITS", "TRAIN_TEMPLATES",
-           "TEST_MIX", "check_solution", "generate", "held_out", "make_problem", "read_jsonl",
-           "write_jsonl"]
+           "TEST_MIX", "check_solution", "draw", "generate", "held_out",
+           "make_problem", "read_jsonl", "write_jsonl"]
 
 
 def make_problem(template: str, rng: random.Random,
@@ -92,22 +92,31 @@ def generate(n: int, seed: int = 0, split: str = "train",
   return _problems(split, seed, 0, n)
 
 
+_TRAIN_ORDER, _HELD_ORDER = sorted(TRAIN_TEMPLATES), sorted(HELD_OUT_TEMPLATES)
+
+
+def draw(split: str, seed: int, index: int, attempt: int = 0) -> dict:
+  """Problem `index` of a split's stream (attempt 0), or its `attempt`-th
+  replacement: an independent draw for callers that must skip a problem
+  (a held-out question, a row too long) and still have one at `index`."""
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+  # A string seed is hashed with SHA-512: stable across runs and platforms.
+  key = f"synthetic-gsm/{split}/{seed}/{index}"
+  rng = random.Random(f"{key}/{attempt}" if attempt else key)
+  if split == "train":
+    template, names = rng.choice(_TRAIN_ORDER), TRAIN_NAMES
+  elif split == "test":
+    template = rng.choices(_TRAIN_ORDER, weights=TEST_MIX)[0]
+    names = TRAIN_NAMES
+  else:
+    template, names = rng.choice(_HELD_ORDER), TEST_NAMES
+  return make_problem(template, rng, names)
+
+
 def _problems(split: str, seed: int, start: int, stop: int) -> list[dict]:
   """Problems start..stop-1 of a split's stream."""
-  train_names, held_names = sorted(TRAIN_TEMPLATES), sorted(HELD_OUT_TEMPLATES)
-  problems = []
-  for i in range(start, stop):
-    # A string seed is hashed with SHA-512: stable across runs and platforms.
-    rng = random.Random(f"synthetic-gsm/{split}/{seed}/{i}")
-    if split == "train":
-      template, names = rng.choice(train_names), TRAIN_NAMES
-    elif split == "test":
-      template = rng.choices(train_names, weights=TEST_MIX)[0]
-      names = TRAIN_NAMES
-    else:
-      template, names = rng.choice(held_names), TEST_NAMES
-    problems.append(make_problem(template, rng, names))
-  return problems
+  return [draw(split, seed, i) for i in range(start, stop)]
 
 
 def held_out(problems: list[dict], exclude: list[dict], n: int, seed: int,
