@@ -3,6 +3,8 @@
   python scripts/make_synthetic_gsm.py runs/synthetic_gsm --train 200000
   python scripts/train_tiny.py --data runs/synthetic_gsm --out runs/train_tiny
   python scripts/train_tiny.py --smoke          # a few CPU steps, tiny model
+  python scripts/train_tiny.py --data data/synthetic_gsm --stream ...
+      # fresh problems drawn while training (train.jsonl not needed)
 
 Default model: 8 layers, d_model 384, 6 heads of 64 (MHA, as LLaDA-8B),
 SwiGLU width 768, vocabulary 1024: 12.6M parameters, 25.2 MB of bfloat16
@@ -21,11 +23,18 @@ calls of at most 10 minutes each:
       --fit-to-time --max-minutes 14 --steps 100000 --stop-after-minutes 8
   (the same command again continues the fitted schedule to its end)
 
+--stream draws every batch fresh from the synthetic train stream
+(flash_dllm_jax/training/stream.py: batch s is problems s*B..s*B+B-1 of
+--data-seed, tokenized by --stream-workers processes ahead of the loop, no
+problem seen twice); the questions of --data's test.jsonl (and ood.jsonl)
+are never trained on. A resumed run continues the stream at its step.
+
 Outputs in OUT: metrics.jsonl, loss.png, checkpoints/step_*/ (resumable:
 rerun the same command) and model/ (the bfloat16 checkpoint to ship).
 """
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -43,6 +52,7 @@ from flash_dllm_jax.tokenizer import Tokenizer  # noqa: E402
 from flash_dllm_jax.training import checkpoints as ckpt  # noqa: E402
 from flash_dllm_jax.training.data import EOS_PAD, encode_problems  # noqa: E402
 from flash_dllm_jax.training.evaluate import solve_accuracy  # noqa: E402
+from flash_dllm_jax.training.stream import StreamBatches  # noqa: E402
 from flash_dllm_jax.training.train import (  # noqa: E402
     TrainConfig, scheduled_steps, train)
 
@@ -61,6 +71,18 @@ def _parser() -> argparse.ArgumentParser:
                   help="run dir (default runs/train_tiny[_smoke])")
   ap.add_argument("--smoke", action="store_true",
                   help="a few CPU steps of a tiny model on a small corpus")
+  ap.add_argument("--stream", action="store_true",
+                  help="train on fresh problems drawn while training (the "
+                  "train stream of --data-seed) instead of --data's "
+                  "train.jsonl; --data's test.jsonl (and ood.jsonl) "
+                  "questions are never drawn")
+  ap.add_argument("--data-seed", type=int, default=0,
+                  help="--stream: seed of the problem stream (0: its first "
+                  "problems are make_synthetic_gsm --seed 0's train split)")
+  ap.add_argument("--stream-workers", type=int,
+                  default=max(1, min(8, (os.cpu_count() or 2) - 2)),
+                  help="--stream: processes drawing batches ahead (0: in "
+                  "the training process)")
   ap.add_argument("--tokenizer", type=Path, default=None,
                   help="use this saved tokenizer instead of building one")
   ap.add_argument("--init-from", type=Path, default=None,
@@ -94,6 +116,9 @@ def _parser() -> argparse.ArgumentParser:
   t.add_argument("--stop-after-minutes", type=float, default=None,
                  help="pause (and save) after this wall time; rerun with the "
                       "same --out and arguments to continue the schedule")
+  t.add_argument("--stop-after-steps", type=int, default=None,
+                 help="pause (and save) after this many steps of this "
+                      "invocation; rerun to continue, as above")
   t.add_argument("--mesh", default=None,
                  help="data=D: split each batch over D devices (data "
                  "parallel); the same run as one device up to float order")
@@ -122,14 +147,23 @@ def main(argv=None):
   out = args.out or Path("runs/train_tiny_smoke" if args.smoke
                          else "runs/train_tiny")
   t0 = time.time()
+  held_out = []  # questions training must never see (--stream)
   if args.data is not None:
-    train_rows = synthetic_gsm.read_jsonl(args.data / "train.jsonl")
     test_rows = synthetic_gsm.read_jsonl(args.data / "test.jsonl")
+    held_out = [r["question"] for r in test_rows]
+    if (args.data / "ood.jsonl").is_file():
+      held_out += [r["question"] for r in
+                   synthetic_gsm.read_jsonl(args.data / "ood.jsonl")]
+    train_rows = (None if args.stream else
+                  synthetic_gsm.read_jsonl(args.data / "train.jsonl"))
   elif args.smoke:
     train_rows = synthetic_gsm.generate(512, 0, "train")
     test_rows = synthetic_gsm.generate(32, 1, "test")
+    held_out = [r["question"] for r in test_rows]
   else:
     ap.error("--data is required (make it with scripts/make_synthetic_gsm.py)")
+  if args.stream:
+    train_rows = None  # drawn while training
   init_from = None
   if args.init_from is not None:
     changed = [f"--{k.replace('_', '-')}" for k in MODEL_ARGS
@@ -147,7 +181,11 @@ def main(argv=None):
     tokenizer = init_tokenizer
   elif args.tokenizer:
     tokenizer = Tokenizer.from_dir(args.tokenizer)
-  else:
+  else:  # from the first 50,000 train problems (the stream's, if --stream)
+    if train_rows is None:
+      train_rows = synthetic_gsm.generate(
+          512 if args.data is None else 50000, args.data_seed, "train",
+          workers=max(1, args.stream_workers))
     tokenizer, _ = build_tokenizer(corpus_texts(train_rows[:50000]),
                                    args.vocab_size)
   config = ModelConfig(
@@ -159,10 +197,20 @@ def main(argv=None):
       max_seq_len=args.max_seq_len, dtype=args.dtype, **special_ids(tokenizer))
   if init_from is not None:
     config = init_config.replace(dtype=args.dtype)
-  rows = encode_problems(train_rows, tokenizer, args.seq_len)
+  if args.stream:
+    rows = StreamBatches(tokenizer, args.seq_len, args.batch_size, args.seed,
+                         args.data_seed, held_out, args.eos_pad,
+                         args.stream_workers)
+    rows.start(found[-1][0] if found else 0)  # draw while JAX compiles
+    what = (f"fresh problems (stream seed {args.data_seed}, "
+            f"{args.stream_workers} workers, {len(set(held_out))} held-out "
+            "questions excluded)")
+  else:
+    rows = encode_problems(train_rows, tokenizer, args.seq_len)
+    what = (f"{len(rows.tokens_MxN)} train rows ({rows.dropped} longer than "
+            f"{args.seq_len} dropped)")
   eval_rows = encode_problems(test_rows, tokenizer, args.seq_len)
-  print(f"{len(rows.tokens_MxN)} train rows ({rows.dropped} longer than "
-        f"{args.seq_len} dropped), {len(eval_rows.tokens_MxN)} eval rows; "
+  print(f"{what}, {len(eval_rows.tokens_MxN)} eval rows; "
         f"model {config.num_params() / 1e6:.2f}M params, "
         f"{config.num_params() * 2 / 1e6:.1f} MB in bf16; devices "
         f"{jax.devices()}; data ready in {time.time() - t0:.0f}s", flush=True)
@@ -174,13 +222,23 @@ def main(argv=None):
                    fit_to_time=args.fit_to_time,
                    implementation=args.implementation,
                    stop_after_minutes=args.stop_after_minutes,
+                   stop_after_steps=args.stop_after_steps,
                    eos_pad=args.eos_pad)
   t1 = time.time()
-  params, step = train(config, tokenizer, rows, out, tc, eval_rows,
-                       log=lambda s: print(s, flush=True), mesh=args.mesh,
-                       init_from=init_from)
+  try:
+    params, step = train(config, tokenizer, rows, out, tc, eval_rows,
+                         log=lambda s: print(s, flush=True), mesh=args.mesh,
+                         init_from=init_from)
+  finally:
+    if args.stream:
+      rows.close()
   print(f"trained to step {step} in {(time.time() - t1) / 60:.1f} min")
-  if args.stop_after_minutes is not None and step < scheduled_steps(out, tc):
+  if args.stream:
+    print(f"stream: {rows.replaced_held_out} held-out and "
+          f"{rows.replaced_long} too-long draws replaced in this invocation")
+  paused = (args.stop_after_minutes is not None
+            or args.stop_after_steps is not None)
+  if paused and step < scheduled_steps(out, tc):
     print(f"paused at step {step} of {scheduled_steps(out, tc)}: rerun the "
           "same command to continue; no model exported yet")
     return

@@ -105,12 +105,20 @@ class Batches:
 
   def __call__(self, step: int) -> dict[str, np.ndarray]:
     index_B = self.indices(step)
-    length_B = None
-    if self.eos_pad == "random":
-      rng = np.random.default_rng([self.seed, step, 1])
-      n = self.rows.tokens_MxN.shape[1]
-      length_B = rng.integers(self.rows.min_len_M[index_B], n + 1)
+    length_B = pad_lengths(self.rows.min_len_M[index_B],
+                           self.rows.tokens_MxN.shape[1], self.seed, step,
+                           self.eos_pad)
     return rows_batch(self.rows, index_B, length_B)
+
+
+def pad_lengths(min_len_B: np.ndarray, seq_len: int, seed: int, step: int,
+                eos_pad: str) -> np.ndarray | None:
+  """The valid length of each row of batch `step` (None: all of seq_len):
+  with 'random', uniform in [min_len, seq_len], drawn from (seed, step)."""
+  if eos_pad != "random":
+    return None
+  rng = np.random.default_rng([seed, step, 1])
+  return rng.integers(min_len_B, seq_len + 1)
 
 
 def rows_batch(rows: EncodedRows, index_B: np.ndarray,

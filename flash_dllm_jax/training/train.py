@@ -31,6 +31,7 @@ from flash_dllm_jax.model import init_params
 from flash_dllm_jax.tokenizer import Tokenizer
 from flash_dllm_jax.training import checkpoints as ckpt
 from flash_dllm_jax.training.data import Batches, EncodedRows, rows_batch
+from flash_dllm_jax.training.stream import StreamBatches
 from flash_dllm_jax.training.objective import DEFAULT_EPS, loss_fn
 
 
@@ -63,6 +64,9 @@ class TrainConfig:
   # the schedule: a rerun with the same OUT continues it (a fitted schedule
   # included), so one schedule can span several device calls.
   stop_after_minutes: float | None = None
+  # Likewise after this many steps of this invocation (tests, and splitting
+  # a run at a chosen step).
+  stop_after_steps: int | None = None
   # The model's ops implementation (flash_dllm_jax/ops.py): None uses the
   # GPU's fused (cuDNN) attention there; 'reference' the plain-JAX one.
   implementation: str | None = None
@@ -82,6 +86,8 @@ class TrainConfig:
                  f" {self.warmup_steps})")
     if self.stop_after_minutes is not None and self.stop_after_minutes < 0:
       bad.append(f"stop_after_minutes={self.stop_after_minutes} (needs >= 0)")
+    if self.stop_after_steps is not None and self.stop_after_steps <= 0:
+      bad.append(f"stop_after_steps={self.stop_after_steps} (needs > 0)")
     from pallas_kernels.common import IMPLEMENTATIONS
     if self.implementation not in (None, *IMPLEMENTATIONS):
       bad.append(f"implementation={self.implementation!r} (expected None or "
@@ -135,7 +141,8 @@ def _compiled_steps(config: ModelConfig, tc: TrainConfig):
   # Bookkeeping fields do not change the compiled steps.
   return make_steps(config, dataclasses.replace(
       tc, log_every=1, eval_every=1, ckpt_every=1, keep_ckpts=1,
-      max_minutes=None, fit_to_time=False, probe_steps=20))
+      max_minutes=None, fit_to_time=False, probe_steps=20,
+      stop_after_minutes=None, stop_after_steps=None))
 
 
 def fitted_steps(tc: TrainConfig, step: int, elapsed_s: float,
@@ -237,11 +244,16 @@ def plot_loss(log: list[dict], png: str | Path, title: str = "") -> None:
 
 
 def train(config: ModelConfig, tokenizer: Tokenizer | None,
-          rows: EncodedRows, out_dir: str | Path, tc: TrainConfig,
+          rows: EncodedRows | StreamBatches, out_dir: str | Path,
+          tc: TrainConfig,
           eval_rows: EncodedRows | None = None,
           log: Callable[[str], None] = print, mesh=None,
           init_from: dict | None = None) -> tuple[dict, int]:
   """Trains (or resumes) into `out_dir`; returns (float32 params, step).
+
+  rows: fixed training rows (epochs of permutations, `data.Batches`), or a
+  `stream.StreamBatches` of fresh problems (its batch size, seed and EOS
+  padding must be tc's).
 
   init_from: weights to start from instead of a random init (a warm start:
   fresh optimizer state and schedule); ignored when `out_dir` holds a
@@ -259,6 +271,13 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
     raise ValueError(f"training meshes split the batch only: need model=1 "
                      f"and data dividing batch_size {tc.batch_size}, got "
                      f"{dict(mesh.shape)}")
+  if isinstance(rows, StreamBatches) and (
+      rows.batch_size, rows.seed, rows.eos_pad) != (
+          tc.batch_size, tc.seed, tc.eos_pad):
+    raise ValueError(f"the stream's batch size, seed and eos_pad "
+                     f"({rows.batch_size}, {rows.seed}, {rows.eos_pad}) "
+                     f"differ from the TrainConfig's ({tc.batch_size}, "
+                     f"{tc.seed}, {tc.eos_pad})")
   place_batch = (lambda b: b) if mesh is None else (
       lambda b: {k: parallel.shard_rows(mesh, v) for k, v in b.items()})
   out = Path(out_dir)
@@ -292,7 +311,10 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
   state = TrainState(jnp.asarray(step, jnp.int32), params, opt_state)
   if mesh is not None:
     state = parallel.replicate(mesh, state)
-  batches = Batches(rows, tc.batch_size, tc.seed, tc.eos_pad)
+  if isinstance(rows, StreamBatches):
+    batches, rows = rows, rows.first_rows()
+  else:
+    batches = Batches(rows, tc.batch_size, tc.seed, tc.eos_pad)
   key, eval_key = jax.random.key(tc.seed + 1), jax.random.key(tc.seed + 2)
   # Fixed rows cut after their first EOS, so these losses measure the
   # solutions rather than the easy EOS padding; their gap is how well
@@ -321,6 +343,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
                          tokenizer, tc.keep_ckpts)
 
   start, pending, t_log, step_log = time.time(), [], time.time(), step
+  first_step = step
   last_saved, probe_from = step, None
   while step < tc.steps:
     state, metrics = train_step(state, place_batch(batches(step)), key)
@@ -360,8 +383,11 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
     elapsed = time.time() - start
     over_time = (tc.max_minutes is not None and not tc.fit_to_time
                  and elapsed > 60 * tc.max_minutes)
-    pause = (tc.stop_after_minutes is not None and not tc.fit_to_time
-             and step < tc.steps and elapsed > 60 * tc.stop_after_minutes)
+    pause = not tc.fit_to_time and step < tc.steps and (
+        (tc.stop_after_minutes is not None
+         and elapsed > 60 * tc.stop_after_minutes)
+        or (tc.stop_after_steps is not None
+            and step - first_step >= tc.stop_after_steps))
     if step % tc.ckpt_every == 0 or over_time or pause:
       save(step)
       last_saved = step
@@ -370,7 +396,8 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
       break
     if pause:
       log(f"pausing at step {step} of {tc.steps} (--stop-after-minutes "
-          f"{tc.stop_after_minutes}): rerun with the same OUT to continue")
+          f"{tc.stop_after_minutes}, --stop-after-steps "
+          f"{tc.stop_after_steps}): rerun with the same OUT to continue")
       break
   if last_saved != step:
     save(step)
