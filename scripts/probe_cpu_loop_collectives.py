@@ -17,13 +17,13 @@ its own first iteration.
 Found on this repository's CPU (jax 0.10.2, 2 cores), shipped model,
 first 64 problems' second bucket (58 rows), every run alike:
   --mesh model=2: iterations 0-3 exact, from iteration 4 on rows 0-2 (0-3
-    with the previous model's weights) differ, and differ from the same
+    with the previous shipped weights) differ, and differ from the same
     program's own iteration 0 on the same input;
   --mesh data=2: exact in all 8 iterations;
   model=2 cut to 4 layers fails from iteration 9, to 2 layers from 18, to
     1 layer not within 7: always after about 36 layer executions, i.e. about
-    140 all-gathers (or the time they take: 32 rows fail one iteration
-    later, 16 rows not within 6);
+    140 all-gathers (or the time they take: 32 rows fail from iteration 5,
+    16 rows not within 8);
   the same forward jitted alone, or the decode stepped from Python, is
   exact. A pure function that gives another result on the same input in a
   later loop iteration is a runtime fault (XLA:CPU's in-process

@@ -26,7 +26,7 @@ calls of at most 10 minutes each:
 --stream draws every batch fresh from the synthetic train stream
 (flash_dllm_jax/training/stream.py: batch s is problems s*B..s*B+B-1 of
 --data-seed, tokenized by --stream-workers processes ahead of the loop, no
-problem seen twice); the questions of --data's test.jsonl (and ood.jsonl)
+draw served twice, though two draws can share a question); the questions of --data's test.jsonl (and ood.jsonl)
 are never trained on. A resumed run continues the stream at its step.
 
 Outputs in OUT: metrics.jsonl, loss.png, checkpoints/step_*/ (resumable:
