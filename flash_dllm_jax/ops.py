@@ -2,7 +2,8 @@
 
 Model code calls these functions and never imports a kernel. Each picks a
 Pallas kernel where one exists for the backend and the shape measured faster
-(BENCHMARKS.md, "Kernels"), and the plain-JAX reference otherwise.
+(BENCHMARKS.md, "Kernels") or where its fixed summation order keeps a row's
+bits independent of batch and mesh, and the plain-JAX reference otherwise.
 
 `implementation`: None chooses by backend (Pallas on a GPU, reference
 elsewhere); 'reference', 'pallas' or 'pallas_interpret' (the kernel run by
@@ -22,6 +23,7 @@ from pallas_kernels.attention import reference as attention_reference
 from pallas_kernels.cache_update import api as cache_api
 from pallas_kernels.cache_update import reference as cache_reference
 from pallas_kernels.common import resolve_implementation
+from pallas_kernels.rms_norm import api as norm_api
 from pallas_kernels.token_logprob import api as logprob_api
 
 
@@ -52,6 +54,25 @@ def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
     y = y + bias_F.astype(jnp.float32)
   y = y.astype(x_NxE.dtype)
   return y if mesh is None else jax.lax.with_sharding_constraint(y, rows)
+
+
+def rms_norm(x_BxQxE: jax.Array, scale_E: jax.Array, *, eps: float,
+             implementation: str | None = None) -> jax.Array:
+  """scale * x / rms(x) over the last axis, in x's dtype (float32 inside).
+
+  On a GPU the kernel, whose sum over E runs in one order wherever the norm
+  lands: XLA's reduction followed its fusion, and one device and a
+  tensor-parallel mesh fused it differently (the first bits that moved
+  under model=2 on the H200). Under a mesh it runs per data shard on whole
+  rows (replicated over "model"), as on one device.
+  """
+  impl = _kernels(implementation)
+  norm = lambda x, scale: norm_api.rms_norm(x, scale, eps=eps,
+                                            implementation=impl)
+  mesh = parallel.active_mesh() if impl != "reference" else None
+  if mesh is not None:
+    norm = parallel.shard_map(norm, mesh, (P("data"), P()), P("data"))
+  return norm(x_BxQxE, scale_E)
 
 
 def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,

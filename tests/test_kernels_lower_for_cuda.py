@@ -17,6 +17,7 @@ import pytest
 from pallas_kernels.attention import kernel as attention
 from pallas_kernels.cache_update import kernel as cache_update
 from pallas_kernels.matmul import kernel as matmul
+from pallas_kernels.rms_norm import kernel as rms_norm
 from pallas_kernels.token_logprob import kernel as token_logprob
 
 S = jax.ShapeDtypeStruct
@@ -67,6 +68,13 @@ def test_rope_cache_write():
 def test_stream_matmul():
   calls = _custom_calls(lambda x, w: matmul.matmul(x, w),
                         S((16, 4096), BF16), S((4096, 12288), BF16))
+  _assert_triton_only(calls, 1)
+
+
+@pytest.mark.parametrize("n,e", [(4608, 4096), (144, 3584), (17, 384)])
+def test_rms_norm(n, e):
+  calls = _custom_calls(lambda x, s: rms_norm.rms_norm(x, s, eps=1e-5),
+                        S((n, e), BF16), S((e,), BF16))
   _assert_triton_only(calls, 1)
 
 

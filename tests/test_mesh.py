@@ -133,8 +133,8 @@ from flash_dllm_jax.model import CachedExtras, KVCache
 from flash_dllm_jax.sampling import LLaDASampler
 
 # 1. A cached forward through the Pallas kernels (interpreted) under each
-# mesh: kernels per shard via shard_map, caches sharded along heads, and the
-# one-device logits, caches and mass, bit for bit.
+# mesh: kernels (norms included) per shard via shard_map, caches sharded
+# along heads, and the one-device logits, caches and mass, bit for bit.
 config, params = tiny4("llada", head_dim=32, n_layers=1)
 rng = np.random.default_rng(0)
 B, S, Q, K = 4, 32, 8, config.n_kv_heads
@@ -164,7 +164,10 @@ for spec in sys.argv[1].split(";"):
   mapped.clear()
   with parallel.use(mesh):
     out = jax.jit(forward)(*args, cache)
-  assert len(mapped) == 2, (spec, mapped)  # rope + cache write, attention
+  # rope + cache write, attention, and the three norms of one layer's model
+  names = sorted(fn.__qualname__.split(".")[0] for fn in mapped)
+  assert names == ["cached_attention", "rms_norm", "rms_norm", "rms_norm",
+                   "rope_and_write"], (spec, names)
   np.testing.assert_array_equal(out[0], ref[0], spec)
   np.testing.assert_array_equal(out[2], ref[2], spec)
   for a, b in zip(jax.tree.leaves(out[1]), jax.tree.leaves(ref[1])):

@@ -19,15 +19,14 @@ class RMSNorm(nn.Module):
 
   eps: float
   param_dtype: jnp.dtype = jnp.float32
+  implementation: str | None = None  # see flash_dllm_jax/ops.py
 
   @nn.compact
   def __call__(self, x_NxE: jax.Array) -> jax.Array:
     scale_E = self.param("scale", nn.initializers.ones, (x_NxE.shape[-1],),
                          self.param_dtype)
-    x32 = x_NxE.astype(jnp.float32)
-    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True)
-                              + self.eps)
-    return x32.astype(x_NxE.dtype) * scale_E.astype(x_NxE.dtype)
+    return ops.rms_norm(x_NxE, scale_E, eps=self.eps,
+                        implementation=self.implementation)
 
 
 class Linear(nn.Module):

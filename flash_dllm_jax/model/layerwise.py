@@ -49,25 +49,27 @@ def layer(config: ModelConfig, params, index: int, x_BxQxE: jax.Array,
   return x_BxQxE, kv, None if masses is None else masses[0]
 
 
-def head(config: ModelConfig, params, x_BxRxE: jax.Array) -> jax.Array:
+def head(config: ModelConfig, params, x_BxRxE: jax.Array,
+         implementation: str | None = None) -> jax.Array:
   """Final norm and vocabulary head: logits_BxRxV in float32."""
   dtype = jnp.dtype(config.dtype)
-  x_BxRxE = RMSNorm(config.rms_norm_eps).apply(
+  x_BxRxE = RMSNorm(config.rms_norm_eps, implementation=implementation).apply(
       {"params": params["final_norm"]}, x_BxRxE)
   return jnp.einsum("bre,ev->brv", x_BxRxE, params["lm_head"].astype(dtype),
                     preferred_element_type=jnp.float32)
 
 
 def queries(config: ModelConfig, params, index: int, x_BxTxE: jax.Array,
-            positions_BxT: jax.Array) -> jax.Array:
+            positions_BxT: jax.Array, implementation: str | None = None
+            ) -> jax.Array:
   """The post-RoPE attention queries q_BxTxHxD that layer `index` computes
   for rows whose layer input is x_BxTxE (a pure function of it, so a past
   step's queries are recomputed from the stored layer inputs)."""
   cfg = config
   p = params[f"layers_{index}"]
   b, t, _ = x_BxTxE.shape
-  n_BxTxE = RMSNorm(cfg.rms_norm_eps).apply({"params": p["attn_norm"]},
-                                            x_BxTxE)
+  n_BxTxE = RMSNorm(cfg.rms_norm_eps, implementation=implementation).apply(
+      {"params": p["attn_norm"]}, x_BxTxE)
   q_BxTxHxD = Linear(cfg.n_heads * cfg.head_dim, use_bias=cfg.qkv_bias).apply(
       {"params": p["q_proj"]}, n_BxTxE).reshape(b, t, cfg.n_heads,
                                                 cfg.head_dim)

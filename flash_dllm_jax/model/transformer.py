@@ -59,8 +59,8 @@ class Block(nn.Module):
         f, use_bias=bias, gathered=gathered, name=n,
         param_dtype=self.param_dtype)
 
-    n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="attn_norm")(
-        x_BxQxE)
+    n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, self.implementation,
+                      name="attn_norm")(x_BxQxE)
     q_BxQxHxD = dense("q_proj", h * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, h, d)
     k_BxQxKxD = dense("k_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, k, d)
     v_BxQxKxD = dense("v_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, k, d)
@@ -97,8 +97,8 @@ class Block(nn.Module):
     x_BxQxE = x_BxQxE + dense("attn_out", cfg.d_model, gathered=True)(
         o_BxQxHxD.reshape(b, q, h * d))
 
-    n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="mlp_norm")(
-        x_BxQxE)
+    n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, self.implementation,
+                      name="mlp_norm")(x_BxQxE)
     gate_BxQxF = dense("gate_proj", cfg.mlp_hidden)(n_BxQxE)
     up_BxQxF = dense("up_proj", cfg.mlp_hidden)(n_BxQxE)
     x_BxQxE = x_BxQxE + dense("down_proj", cfg.d_model, gathered=True)(
@@ -155,8 +155,8 @@ class Transformer(nn.Module):
         new_v.append(kv[1])
     if logit_rows_BxR is not None:
       x_BxQxE = jnp.take_along_axis(x_BxQxE, logit_rows_BxR[..., None], axis=1)
-    x_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, name="final_norm")(
-        x_BxQxE)
+    x_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, self.implementation,
+                      name="final_norm")(x_BxQxE)
     head_init = nn.initializers.normal(self.head_init_scale / math.sqrt(
         cfg.d_model))
     head_ExV = self.param("lm_head", head_init, (cfg.d_model, cfg.vocab_size),

@@ -97,7 +97,7 @@ def forward(model: SequenceModel, tokens_BxN, slots_BxQ, mass_rows_BxQ,
       past_x = jnp.take_along_axis(old_h, at_BxQ[:, :t, None], axis=1)
       sim = drift_similarity(cfg, params, l, past_x, x_q[:, :t],
                              slots_BxQ[:, :t], pos_BxQ[:, :t], kv_old[0],
-                             kv[0], valid_BxN)
+                             kv[0], valid_BxN, impl)
       return kv, (out, mass, sim)
 
     kv = (cache.k[l], cache.v[l])
@@ -117,23 +117,25 @@ def forward(model: SequenceModel, tokens_BxN, slots_BxQ, mass_rows_BxQ,
     carried_B, full_input = full_B, (lambda out=out_full: out)
     full_B = full_B | (sim_B < gamma)
 
-  logits_BxRxV = layerwise.head(cfg, params, x_q[:, logit_rows])
+  logits_BxRxV = layerwise.head(cfg, params, x_q[:, logit_rows], impl)
   return LayerwiseOutput(logits_BxRxV, KVCache(tuple(ks), tuple(vs)),
                          tuple(new_hidden), attended_BxN,
                          jnp.stack(sims, axis=1), restart_B)
 
 
 def drift_similarity(config, params, index, past_x_BxTxE, x_BxTxE, slots_BxT,
-                     positions_BxT, k_past_BxSxKxD, k_BxSxKxD, valid_BxS):
+                     positions_BxT, k_past_BxSxKxD, k_BxSxKxD, valid_BxS,
+                     implementation=None):
   """[B] attention drift of layer `index` for the tracked rows (slot -1 =
   none): their previous attention (queries from the stored inputs, over the
   keys before this step's writes) against the current one; 1 without
   tracked rows."""
   p_past = layerwise.probabilities(layerwise.queries(
-      config, params, index, past_x_BxTxE, positions_BxT), k_past_BxSxKxD,
-                                   valid_BxS)
+      config, params, index, past_x_BxTxE, positions_BxT, implementation),
+                                   k_past_BxSxKxD, valid_BxS)
   p_now = layerwise.probabilities(layerwise.queries(
-      config, params, index, x_BxTxE, positions_BxT), k_BxSxKxD, valid_BxS)
+      config, params, index, x_BxTxE, positions_BxT, implementation),
+                                  k_BxSxKxD, valid_BxS)
   return head_cosine_mean(p_past, p_now, slots_BxT >= 0, valid_BxS)
 
 

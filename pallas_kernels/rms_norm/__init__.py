@@ -1,0 +1,1 @@
+"""RMSNorm per row: XLA reference and a fixed-order kernel."""
