@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
+from flash_dllm_jax.generate import GPU_COMPILER_OPTIONS  # noqa: E402
 from flash_dllm_jax.bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.sampling import (ElasticCacheSampler,  # noqa: E402
@@ -76,7 +77,18 @@ def main(argv=None):
   ap.add_argument("--split-target", type=int, default=None,
                   help="attention kernel: programs per sequence that pick its "
                   "key splits (default: kernel.SPLIT_TARGET)")
+  ap.add_argument("--gpu-option", action="append", default=[],
+                  metavar="KEY=VALUE", help="add to generate.GPU_COMPILER_"
+                  "OPTIONS for this run (e.g. xla_gpu_enable_cublaslt=true): "
+                  "the decode loops' XLA options, which XLA_FLAGS does not "
+                  "reach")
   args = ap.parse_args(argv)
+  for option in args.gpu_option:
+    key, sep, value = option.partition("=")
+    if not sep or not key.startswith("xla_gpu_"):
+      ap.error(f"--gpu-option {option!r}: expected xla_gpu_NAME=VALUE")
+    GPU_COMPILER_OPTIONS[key] = {"true": True, "false": False}.get(
+        value.lower(), int(value) if value.lstrip("-").isdigit() else value)
   if args.split_target is not None:
     if args.split_target < 1:
       ap.error("--split-target must be >= 1")

@@ -21,6 +21,26 @@ def test_bench_script_smoke(script, tmp_path):
   assert "| " in result.stdout and out.exists()
 
 
+def test_bench_strategies_gpu_option_reaches_the_decode_options():
+  """--gpu-option adds typed entries to generate.GPU_COMPILER_OPTIONS (the
+  dict the decode loops compile with) and rejects anything but xla_gpu_*."""
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import bench_strategies
+  from flash_dllm_jax.generate import GPU_COMPILER_OPTIONS as options
+  saved = dict(options)
+  try:
+    bench_strategies.main(["--smoke", "--only", "none", "--gpu-option",
+                           "xla_gpu_enable_cublaslt=true", "--gpu-option",
+                           "xla_gpu_autotune_level=0"])
+    assert options["xla_gpu_enable_cublaslt"] is True
+    assert options["xla_gpu_autotune_level"] == 0
+  finally:
+    options.clear()
+    options.update(saved)
+  with pytest.raises(SystemExit):
+    bench_strategies.main(["--smoke", "--gpu-option", "cublaslt=1"])
+
+
 def test_bench_kernels_smoke_with_tuning(tmp_path):
   """Rows carry the roofline columns; --tune times 2 tilings per kernel
   shape (interpret mode) and records default and best."""
@@ -145,3 +165,22 @@ def test_compare_runs_reports_identical_and_differing_answers(tmp_path,
   assert compare_runs.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
   assert "flash-dllm: 2/3 identical; differ: p1" in capsys.readouterr().out
   assert compare_runs.main([str(tmp_path / "a"), str(tmp_path / "a")]) == 0
+
+
+def test_compare_runs_fields_compare_the_whole_decode(tmp_path, capsys):
+  """Same text, another step count: equal by default, different under
+  --fields output steps; a missing field is one clear error."""
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import compare_runs
+  for side, steps in (("a", [3, 4]), ("b", [3, 5])):
+    run = tmp_path / side / "flash-cache"
+    run.mkdir(parents=True)
+    (run / "records.jsonl").write_text("".join(
+        json.dumps({"id": f"p{i}", "output": "x", "steps": s}) + "\n"
+        for i, s in enumerate(steps)))
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  assert compare_runs.main([a, b]) == 0
+  assert compare_runs.main([a, b, "--fields", "output", "steps"]) == 1
+  assert "flash-cache: 1/2 identical; differ: p1" in capsys.readouterr().out
+  with pytest.raises(SystemExit, match="no field 'token_ids'"):
+    compare_runs.main([a, b, "--fields", "token_ids"])
