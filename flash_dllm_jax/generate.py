@@ -164,6 +164,14 @@ GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False,
                         "xla_gpu_autotune_level": 0}
 
 
+def compiler_options(backend: str | None = None) -> dict | None:
+  """The decode loops' XLA options for `backend` (default: the current
+  one): CPU_COMPILER_OPTIONS, GPU_COMPILER_OPTIONS, or None (XLA's own)."""
+  backend = backend or jax.default_backend()
+  return {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS,
+          "cuda": GPU_COMPILER_OPTIONS}.get(backend)
+
+
 class _BatchInvariantJit:
   """`jax.jit(fn, static_argnames=...)`, compiled with CPU_COMPILER_OPTIONS on
   the CPU backend and GPU_COMPILER_OPTIONS on a GPU (others get XLA's
@@ -178,10 +186,9 @@ class _BatchInvariantJit:
   def _jitted(self):
     backend = jax.default_backend()  # chosen at call time, never at import
     if backend not in self._by_backend:
-      options = {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS,
-                 "cuda": GPU_COMPILER_OPTIONS}.get(backend)
       self._by_backend[backend] = jax.jit(
-          self._fn, static_argnames=self._static, compiler_options=options)
+          self._fn, static_argnames=self._static,
+          compiler_options=compiler_options(backend))
     return self._by_backend[backend]
 
   def __call__(self, *args, **kwargs):

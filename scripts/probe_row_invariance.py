@@ -56,9 +56,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from flash_dllm_jax import ops, parallel  # noqa: E402
-from flash_dllm_jax.generate import (CPU_COMPILER_OPTIONS,  # noqa: E402
-                                     GPU_COMPILER_OPTIONS,
-                                     bucket_groups, left_pad)
+from flash_dllm_jax.generate import (bucket_groups,  # noqa: E402
+                                     compiler_options, left_pad)
 from flash_dllm_jax.model.layers import Linear, RMSNorm  # noqa: E402
 from flash_dllm_jax.model.transformer import Block, Transformer  # noqa: E402
 from flash_dllm_jax.sampling import (DecodeState, flash_budget,  # noqa: E402
@@ -335,9 +334,7 @@ def main(argv=None):
   ids, valid, seeds = bucket_rows(tok, config, args.data, args.batch,
                                  args.limit, args.bucket_with)
   n = min(args.sub, len(ids))
-  opts = ({"cpu": CPU_COMPILER_OPTIONS}.get(jax.default_backend(),
-                                           GPU_COMPILER_OPTIONS)
-          if not args.cpu_ynnpack else None)
+  opts = compiler_options() if not args.cpu_ynnpack else None
   print(f"{args.strategy}: batch A {len(ids)} rows, B the first {n}"
         f"{' over ' + args.sub_mesh if args.sub_mesh else ''}; prompt "
         f"{ids.shape[1]}, gen {args.gen_length}; compiler options {opts}")

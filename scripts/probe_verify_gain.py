@@ -65,9 +65,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
-from flash_dllm_jax.generate import (CPU_COMPILER_OPTIONS,  # noqa: E402
-                                     GPU_COMPILER_OPTIONS, bucket_groups,
-                                     left_pad)
+from flash_dllm_jax.generate import (bucket_groups,  # noqa: E402
+                                     compiler_options, left_pad)
 from flash_dllm_jax.sampling import flash_verify  # noqa: E402
 from flash_dllm_jax.sampling.sequence_model import SequenceModel  # noqa: E402
 from flash_dllm_jax.sampling.state import DecodeState, advance  # noqa: E402
@@ -115,9 +114,7 @@ def traced_step(params, valid_BxN, state, *, config, sampler, prompt_len):
 
 @functools.lru_cache(maxsize=None)
 def _step_jit(backend):
-  options = {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS,
-             "cuda": GPU_COMPILER_OPTIONS}.get(backend)
-  return jax.jit(traced_step, compiler_options=options,
+  return jax.jit(traced_step, compiler_options=compiler_options(backend),
                  static_argnames=("config", "sampler", "prompt_len"))
 
 

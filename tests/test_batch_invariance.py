@@ -82,5 +82,6 @@ def test_decode_loops_compile_with_their_backends_options(monkeypatch,
   assert wrapped(1) == "ran"
   assert seen["static"] == ("a",)
   assert seen["options"] == (getattr(gen, want) if want else None)
+  assert gen.compiler_options() is seen["options"]  # what the probes use
   assert gen.GPU_COMPILER_OPTIONS == {"xla_gpu_enable_triton_gemm": False,
                                       "xla_gpu_autotune_level": 0}
