@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from flash_dllm_jax.generate import GPU_COMPILER_OPTIONS  # noqa: E402
-from flash_dllm_jax.bench import timing  # noqa: E402
+from flash_dllm_jax.bench import timing, tuning  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.sampling import (ElasticCacheSampler,  # noqa: E402
                                      FastDLLMSampler, LLaDASampler)
@@ -74,26 +73,13 @@ def main(argv=None):
   ap.add_argument("--reps", type=int, default=2)
   ap.add_argument("--smoke", action="store_true")
   ap.add_argument("--json", type=Path, default=None)
-  ap.add_argument("--split-target", type=int, default=None,
-                  help="attention kernel: programs per sequence that pick its "
-                  "key splits (default: kernel.SPLIT_TARGET)")
-  ap.add_argument("--gpu-option", action="append", default=[],
-                  metavar="KEY=VALUE", help="add to generate.GPU_COMPILER_"
-                  "OPTIONS for this run (e.g. xla_gpu_enable_cublaslt=true): "
-                  "the decode loops' XLA options, which XLA_FLAGS does not "
-                  "reach")
+  ap.add_argument("--steady", action="store_true",
+                  help="also decode with twice --per-step tokens per step: "
+                  "the time difference over the step difference is the "
+                  "steady step, without the first step's prefill")
+  tuning.add_args(ap)
   args = ap.parse_args(argv)
-  for option in args.gpu_option:
-    key, sep, value = option.partition("=")
-    if not sep or not key.startswith("xla_gpu_"):
-      ap.error(f"--gpu-option {option!r}: expected xla_gpu_NAME=VALUE")
-    GPU_COMPILER_OPTIONS[key] = {"true": True, "false": False}.get(
-        value.lower(), int(value) if value.lstrip("-").isdigit() else value)
-  if args.split_target is not None:
-    if args.split_target < 1:
-      ap.error("--split-target must be >= 1")
-    from pallas_kernels.attention import kernel as attention_kernel
-    attention_kernel.SPLIT_TARGET = args.split_target  # before any trace
+  tuning.apply(ap, args)  # before any trace
   t_start = time.perf_counter()  # progress lines: where a cut run was
   if args.smoke:
     cfg = ModelConfig.tiny("llada", dtype="bfloat16")
@@ -111,6 +97,8 @@ def main(argv=None):
         f"{args.per_step} tokens per step")
   rows = []
   for gen in args.gen:
+    doubled = strategies(gen, 2 * args.per_step, args.block, args.block_m,
+                         cfg.n_layers)
     for name, build in strategies(
         gen, args.per_step, args.block, args.block_m, cfg.n_layers).items():
       if args.only and name not in args.only:
@@ -121,6 +109,11 @@ def main(argv=None):
               f"{gen}: compile and decode", flush=True)
         ms_step, compile_s, steps, forwards = timing.time_decode(
             cfg, params, sampler, b, args.prompt, args.reps)
+        steady_ms = None
+        if args.steady:
+          ms2, _, steps2, _ = timing.time_decode(
+              cfg, params, doubled[name]()[0], b, args.prompt, args.reps)
+          steady_ms = (ms_step * steps - ms2 * steps2) / (steps - steps2) * 1e3
         n = args.prompt + gen
         # Each pass reads every weight once: a floor per pass, the second
         # pass counted as often as it ran (forwards - steps of the busiest row).
@@ -129,21 +122,26 @@ def main(argv=None):
         floor = pass_floor[0] + pass_floor[-1] * (forwards - steps) / steps
         rows.append(dict(strategy=name, batch=b, gen=gen, steps=steps,
                          forwards=forwards, ms_step=ms_step * 1e3,
+                         steady_ms_step=steady_ms,
                          floor_ms=floor * 1e3, compile_s=compile_s,
                          peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
         print(rows[-1], flush=True)  # a run cut short keeps what it measured
         if args.json:
           args.json.write_text(json.dumps(dict(
               copy_Bps=bw, matmul_flops=mm, rows=rows), indent=1))
-  print("\n| strategy | batch | gen | steps | forwards | ms/step | roofline "
-        "ms/step | roofline / measured | compile s | peak GB |")
-  print("|---|---|---|---|---|---|---|---|---|---|")
+  print("\n| strategy | batch | gen | steps | forwards | ms/step | steady "
+        "ms/step | roofline ms/step | roofline / measured (steady) | "
+        "compile s | peak GB |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
+    steady, of_steady = "–", ""
+    if r["steady_ms_step"] is not None:
+      steady = f"{r['steady_ms_step']:.2f}"
+      of_steady = f" ({r['floor_ms'] / r['steady_ms_step']:.0%})"
     print(f"| {r['strategy']} | {r['batch']} | {r['gen']} | {r['steps']} | "
-          f"{r['forwards']} | {r['ms_step']:.2f} | {r['floor_ms']:.2f} | "
-          f"{r['floor_ms'] / r['ms_step']:.0%} | {r['compile_s']:.1f} | "
-          f"{r['peak_gb']:.1f} |")
-
+          f"{r['forwards']} | {r['ms_step']:.2f} | {steady} | "
+          f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms_step']:.0%}"
+          f"{of_steady} | {r['compile_s']:.1f} | {r['peak_gb']:.1f} |")
 
 if __name__ == "__main__":
   main()

@@ -21,6 +21,19 @@ def test_bench_script_smoke(script, tmp_path):
   assert "| " in result.stdout and out.exists()
 
 
+def test_bench_strategies_steady_step_is_measured(tmp_path):
+  """--steady decodes a second schedule (twice the tokens per step) and
+  reports the time per extra step, without the first step's prefill."""
+  out = tmp_path / "steady.json"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "bench_strategies.py"),
+       "--smoke", "--steady", "--only", "flash-dllm", "--json", str(out)],
+      capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  (row,) = json.loads(out.read_text())["rows"]
+  assert row["steady_ms_step"] > 0 and row["steps"] == 8
+
+
 def test_bench_strategies_gpu_option_reaches_the_decode_options():
   """--gpu-option adds typed entries to generate.GPU_COMPILER_OPTIONS (the
   dict the decode loops compile with) and rejects anything but xla_gpu_*."""

@@ -1,0 +1,6 @@
+# Session 8, call 1: kernel profile of the Flash-dLLM step (gen 512, LLaDA-8B
+# shapes, random weights), batch 1 and 32, and of Flash-Cache at batch 32.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+python scripts/profile_step.py --only flash-dllm flash-cache --batch 32 1 \
+    --gen 512 --per-step 8 --keep-trace --out-dir "$OUT" 2>&1 | tee "$OUT/prof.log"
