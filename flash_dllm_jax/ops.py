@@ -183,6 +183,7 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                      v_new_BxQxKxD: jax.Array | None = None,
                      inq_mask_BxQxQ: jax.Array | None = None,
                      mass_rows_BxQ: jax.Array | None = None,
+                     mass_prefix: int | None = None,
                      implementation: str | None = None):
   """Pre-scaled queries over the valid, non-excluded cache slots, plus their
   own fresh keys where inq_mask_BxQxQ allows, in one softmax.
@@ -190,7 +191,9 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   Returns (o_BxQxHxD, mass_BxS or None): mass sums, over heads and the rows
   in mass_rows_BxQ, the probability each cache slot receives. The kernel reads
   the cache in place and accumulates the mass without materialising scores;
-  the reference materialises them.
+  the reference materialises them. mass_prefix: mass rows are among the
+  first mass_prefix queries (later ones are ignored), which lets the kernel
+  score those rows alone.
 
   Under a mesh the kernel runs per shard (rows on "data", heads on "model")
   with the key splits one device would pick, and the mass of every KV head
@@ -221,7 +224,7 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   def attend(*arrays):
     out, mass_BxKxS = attention_api.scheduled_attention(
         scale=1.0, implementation=impl, head_mass=True, num_splits=splits,
-        **dict(zip(named, arrays)))
+        score_prefix=mass_prefix, **dict(zip(named, arrays)))
     if mass_BxKxS is not None and mesh is not None:  # this shard's heads
       mass_BxKxS = jax.lax.all_gather(mass_BxKxS, "model", axis=1, tiled=True)
     return out, mass_BxKxS

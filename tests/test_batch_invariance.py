@@ -68,7 +68,8 @@ def test_decode_loops_compile_with_their_backends_options(monkeypatch,
                                                           backend, want):
   """The wrapper asks jax.jit for the backend's batch-invariance options
   (GPU: cuBLAS GEMMs without autotuning, which gave a row the same bits at
-  every probed row count on the H200 where XLA's defaults did not)."""
+  every probed row count on the H200 where XLA's defaults did not, and no
+  dot merger, whose choice depended on the row count)."""
   gen = importlib.import_module("flash_dllm_jax.generate")  # not the function
   seen = {}
 
@@ -84,4 +85,5 @@ def test_decode_loops_compile_with_their_backends_options(monkeypatch,
   assert seen["options"] == (getattr(gen, want) if want else None)
   assert gen.compiler_options() is seen["options"]  # what the probes use
   assert gen.GPU_COMPILER_OPTIONS == {"xla_gpu_enable_triton_gemm": False,
-                                      "xla_gpu_autotune_level": 0}
+                                      "xla_gpu_autotune_level": 0,
+                                      "xla_gpu_dot_merger_threshold_mb": 0}

@@ -153,6 +153,56 @@ def test_unsupported_shapes_fall_back(request):
   _check(args, kw, api.scheduled_attention(*args, **kw), jnp.float32)
 
 
+# (B, Q, H, K, D, S, T, k_lens, q_lens, splits, prefix): block_r covers
+# more rows than the prefix's folded rows, so the mass runs on its own tile,
+# except in the last case (70 folded rows; every tile is scored as before).
+PREFIX_CASES = {
+    "g1_one_split": (2, 40, 2, 2, 64, 90, 0, [90, 41], [40, 23], 1, 8),
+    "g1_splits_new": (2, 48, 2, 2, 64, 160, 12, [160, 77], [48, 30], 3, 16),
+    "g7_splits": (1, 12, 7, 1, 64, 150, 9, [101], [12], 2, 2),
+    "g7_prefix_wider_than_a_tile": (1, 12, 7, 1, 64, 150, 0, [150], [12], 1,
+                                    10),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
+                         ids=["f32", "bf16"])
+@pytest.mark.parametrize("name", list(PREFIX_CASES))
+def test_score_prefix_scores_the_first_queries_alone(request, name, dtype):
+  """score_prefix: the mass of the score rows among the first queries, as
+  the reference gives it, and score rows past the prefix are ignored."""
+  b, q, h, kh, d, s, t, k_lens, q_lens, splits, prefix = PREFIX_CASES[name]
+  args, kw = _inputs(_key(request), b, q, h, kh, d, s, t, k_lens, q_lens,
+                     dtype)
+  assert kernel._default_block_r(q * h // kh) > 16  # the prefix tile is smaller
+  kw["score_rows_BxQ"] = kw["score_rows_BxQ"].at[:, q - 1].set(True)
+  got = api.scheduled_attention(*args, **kw, score_prefix=prefix,
+                                implementation="pallas_interpret",
+                                block_k=16, num_splits=splits)
+  _check(args, dict(kw, score_prefix=prefix), got, dtype)
+  first = kw["score_rows_BxQ"] & (jnp.arange(q) < prefix)[None]
+  want = reference.scheduled_attention(*args, **dict(kw, score_rows_BxQ=first))
+  np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]),
+                             rtol=1e-4, atol=1e-4 if dtype == jnp.float32
+                             else 1e-2)
+  everything = reference.scheduled_attention(*args, **kw)[1]
+  assert not np.allclose(np.asarray(everything), np.asarray(want[1]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("prefix", [None, 16])
+def test_triton_score_prefix_at_llada_shapes(request, prefix):
+  """Flash-Cache's draft pass at LLaDA-8B's heads: 128 queries, the mass of
+  the first 16, one key split (the default at 32 heads)."""
+  args, kw = _inputs(_key(request), 3, 128, 32, 32, 128, 1280, 0,
+                     [1280, 900, 1], [128, 100, 128], jnp.bfloat16)
+  kw["score_rows_BxQ"] = jnp.arange(128)[None].repeat(3, 0) < 16
+  got = api.scheduled_attention(*args, **kw, score_prefix=prefix,
+                                implementation="pallas")
+  _check(args, dict(kw, score_prefix=prefix), got, jnp.bfloat16)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],

@@ -31,12 +31,15 @@ class CachedExtras:
     queries themselves re-encode).
   mass_rows_BxQ: query rows whose attention probabilities, summed over heads,
     are accumulated per key into the "attention_mass" intermediate.
+  mass_prefix: mass rows lie among the first mass_prefix queries (later ones
+    are ignored), so the kernel can score those rows alone.
   """
 
   write_cache: bool = struct.field(pytree_node=False, default=True)
   exclude_BxS: jax.Array | None = None
   inq_mask_BxQxQ: jax.Array | None = None
   mass_rows_BxQ: jax.Array | None = None
+  mass_prefix: int | None = struct.field(pytree_node=False, default=None)
 
 
 class Block(nn.Module):
@@ -91,6 +94,7 @@ class Block(nn.Module):
           exclude_BxS=extras.exclude_BxS, k_new_BxQxKxD=k_new_BxQxKxD,
           v_new_BxQxKxD=v_new_BxQxKxD, inq_mask_BxQxQ=extras.inq_mask_BxQxQ,
           mass_rows_BxQ=extras.mass_rows_BxQ if self.sow_mass else None,
+          mass_prefix=extras.mass_prefix,
           implementation=self.implementation)
       if mass_BxS is not None:
         self.sow("intermediates", "attention_mass", mass_BxS)

@@ -299,7 +299,8 @@ class FlashDLLMSampler:
     q_tokens_BxQ = jnp.take_along_axis(tokens_BxN, jnp.maximum(slots_BxQ, 0),
                                        axis=1)
     out = model.run(q_tokens_BxQ, slots_BxQ, cache, rows_BxR,
-                    extras=CachedExtras(mass_rows_BxQ=window_rows_BxQ),
+                    extras=CachedExtras(mass_rows_BxQ=window_rows_BxQ,
+                                        mass_prefix=self.block_m),
                     mass_from_layer=self.mass_from_layer)
     return out.logits, out.cache, self._mass(out.mass_BxS, b, n)
 

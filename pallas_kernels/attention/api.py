@@ -17,11 +17,13 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                         inq_mask_BxQxT=None, exclude_BxS=None,
                         exclude_BxX=None, score_rows_BxQ=None,
                         head_mass: bool = False,
+                        score_prefix: int | None = None,
                         implementation: str | None = None, **tiling):
   """Ragged GQA attention over cache[:k_len] minus exclusions plus new keys.
 
   Returns (o_BxQxHxD, mass_BxS or None); see reference.scheduled_attention
-  (head_mass: mass_BxKxS per KV head, to be summed by `sum_heads`).
+  (head_mass: mass_BxKxS per KV head, to be summed by `sum_heads`;
+  score_prefix: only the first score_prefix queries can be score rows).
   Exclusions: boolean exclude_BxS (what the kernel reads), or a padded
   position list exclude_BxX (-1 = none), turned into the mask here.
   implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
@@ -37,7 +39,7 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   kw = dict(scale=scale, k_new_BxTxKxD=k_new_BxTxKxD,
             v_new_BxTxKxD=v_new_BxTxKxD, inq_mask_BxQxT=inq_mask_BxQxT,
             exclude_BxS=exclude_BxS, score_rows_BxQ=score_rows_BxQ,
-            head_mass=head_mass)
+            head_mass=head_mass, score_prefix=score_prefix)
   if impl != "reference":
     try:
       return kernel.scheduled_attention(

@@ -154,12 +154,19 @@ def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, splits):
   out_lse_ref[...] = m + jnp.log(total)
 
 
-SPLIT_TARGET = 132  # programs one sequence should fill: the H200's SMs
+# Programs one sequence should fill before its keys are split. Splits cost a
+# float32 partial output per split and a merge; with 132 (one per H200 SM)
+# LLaDA-8B's Flash-dLLM step at batch 32 took 6 ms more than with none, at
+# batch 1 1.8 ms less (BENCHMARKS.md, "Strategies", eighth session). The
+# count may not depend on the batch (see default_splits), so this serves
+# batch 32: LLaDA-8B's queries (32 heads) are never split at 32; a sequence
+# with fewer programs (Dream's 4 KV heads at small Q) still is.
+SPLIT_TARGET = 32
 
 
 def default_splits(kh, n_rt, s, block_k, target=None):
-  """Key splits so one sequence alone runs about `target` programs (one per
-  H200 SM), each split keeping at least 4 key tiles.
+  """Key splits so one sequence alone runs about `target` programs, each
+  split keeping at least 4 key tiles.
 
   Deliberately blind to the batch size: the splits fix the order in which a
   row sums its keys, so a batch-dependent count would make a row's bf16
@@ -171,9 +178,12 @@ def default_splits(kh, n_rt, s, block_k, target=None):
   return max(1, min(pl.cdiv(target, kh * n_rt), s // (4 * block_k)))
 
 
+MAX_BLOCK_R = 64  # most rows per program (a benchmark may set it first)
+
+
 def _default_block_r(rr):
   """Rows per program for rr = Q * G rows of one (sequence, kv head)."""
-  return min(64, max(16, 1 << (rr - 1).bit_length()))
+  return min(MAX_BLOCK_R, max(16, 1 << (rr - 1).bit_length()))
 
 
 def splits_for(q_shape, k_cache_shape, block_r=None, block_k=64):
@@ -201,7 +211,7 @@ def _rows(x_BxQx, g, rrp):
 
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_r", "block_k", "num_splits", "num_warps", "num_stages",
-    "interpret", "head_mass"))
+    "interpret", "head_mass", "score_prefix"))
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxTxKxD=None,
                         v_new_BxTxKxD=None, inq_mask_BxQxT=None,
@@ -209,7 +219,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         block_r: int | None = None, block_k: int = 64,
                         num_splits: int | None = None,
                         num_warps: int | None = None, num_stages: int = 3,
-                        interpret: bool = False, head_mass: bool = False):
+                        interpret: bool = False, head_mass: bool = False,
+                        score_prefix: int | None = None):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
@@ -218,6 +229,10 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   ignores the batch size so that a row's result does not depend on the
   other rows (pass `splits_for` of the global shapes when running on a shard
   of the heads). head_mass: return the mass per KV head, mass_BxKxS.
+  score_prefix: score rows are among the first score_prefix queries (later
+  ones are ignored); when their folded rows fit a smaller tile than block_r,
+  the mass runs as its own call on that tile alone, so it does not re-score
+  every row of the first tile (Flash-Cache's window is its first queries).
   Raises NotImplementedError for shapes the Triton lowering can't tile.
   """
   b, q, h, d = q_BxQxHxD.shape
@@ -242,44 +257,56 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   valid_BxQ = jnp.arange(q)[None, :] < q_len_B[:, None]
   info_BxQ = valid_BxQ.astype(jnp.int8) * VALID
   if do_mass:
+    if score_prefix is not None:
+      score_rows_BxQ = score_rows_BxQ & (jnp.arange(q) < score_prefix)[None]
     info_BxQ += (valid_BxQ & score_rows_BxQ).astype(jnp.int8) * SCORE
   info_BxR = _rows(info_BxQ, g, rrp)
 
   bk = lambda z: (z // kh, z % kh)
-  row_blk = lambda n: pl.BlockSpec(
-      (None, None, block_r, n), lambda i, j, z: (*bk(z), i, 0))
-  cache_blk = pl.BlockSpec((None, s, None, d),
-                           lambda i, j, z: (z // kh, 0, z % kh, 0))
-  in_specs = [pl.BlockSpec((None,), lambda i, j, z: (z // kh,)), row_blk(d),
-              cache_blk, cache_blk,
-              pl.BlockSpec((None, block_r), lambda i, j, z: (z // kh, i))]
-  args = [k_len_B.astype(jnp.int32), q_BxKxRxD, k_cache_BxSxKxD,
-          v_cache_BxSxKxD, info_BxR]
-  if has_excl:
-    in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (z // kh, 0)))
-    args.append(exclude_BxS.astype(jnp.int8))
-  if has_new:
-    new_blk = pl.BlockSpec((None, t_new, None, d),
-                           lambda i, j, z: (z // kh, 0, z % kh, 0))
-    in_specs += [new_blk, new_blk, pl.BlockSpec(
-        (None, block_r, t_new), lambda i, j, z: (z // kh, i, 0))]
-    args += [k_new_BxTxKxD, v_new_BxTxKxD,
-             _rows(inq_mask_BxQxT.astype(jnp.int8), g, rrp)]
 
+  def specs(rows):
+    """Inputs and their blocks for programs of `rows` rows."""
+    cache_blk = pl.BlockSpec((None, s, None, d),
+                             lambda i, j, z: (z // kh, 0, z % kh, 0))
+    in_specs = [pl.BlockSpec((None,), lambda i, j, z: (z // kh,)),
+                pl.BlockSpec((None, None, rows, d),
+                             lambda i, j, z: (*bk(z), i, 0)),
+                cache_blk, cache_blk,
+                pl.BlockSpec((None, rows), lambda i, j, z: (z // kh, i))]
+    args = [k_len_B.astype(jnp.int32), q_BxKxRxD, k_cache_BxSxKxD,
+            v_cache_BxSxKxD, info_BxR]
+    if has_excl:
+      in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (z // kh, 0)))
+      args.append(exclude_BxS.astype(jnp.int8))
+    if has_new:
+      new_blk = pl.BlockSpec((None, t_new, None, d),
+                             lambda i, j, z: (z // kh, 0, z % kh, 0))
+      in_specs += [new_blk, new_blk, pl.BlockSpec(
+          (None, rows, t_new), lambda i, j, z: (z // kh, i, 0))]
+      args += [k_new_BxTxKxD, v_new_BxTxKxD,
+               _rows(inq_mask_BxQxT.astype(jnp.int8), g, rrp)]
+    return in_specs, args
+
+  in_specs, args = specs(block_r)
+  # A mass of the score prefix alone: one tile of mass_r rows per sequence.
+  mass_r = block_r if score_prefix is None else max(
+      16, 1 << (score_prefix * g - 1).bit_length())
+  prefix_mass = do_mass and mass_r < block_r
+  mass_r, n_mt = (mass_r, 1) if prefix_mass else (block_r, n_rt)
   mass_spec = pl.BlockSpec((None, None, None, s),
                            lambda i, j, z: (*bk(z), i, 0))
-  mass_shape = jax.ShapeDtypeStruct((b, kh, n_rt, s), f32)
-  call = functools.partial(
-      pl.pallas_call, grid=(n_rt, splits, b * kh), interpret=interpret,
+  mass_shape = jax.ShapeDtypeStruct((b, kh, n_mt, s), f32)
+  call = lambda rows, tiles: functools.partial(
+      pl.pallas_call, grid=(tiles, splits, b * kh), interpret=interpret,
       compiler_params=plgpu.CompilerParams(
-          num_warps=num_warps or (4 if block_r <= 64 else 8),
+          num_warps=num_warps or (4 if rows <= 64 else 8),
           num_stages=num_stages))
   body = functools.partial(
       _kernel, scale=scale, s=s, block_k=block_k, splits=splits,
       has_excl=has_excl, has_new=has_new, t_new=t_new)
 
   o_dtype = q_BxQxHxD.dtype if splits == 1 else f32
-  fused_mass = do_mass and splits == 1
+  fused_mass = do_mass and splits == 1 and not prefix_mass
   out_specs = [
       pl.BlockSpec((None, None, None, block_r, d),
                    lambda i, j, z: (j, *bk(z), i, 0)),
@@ -289,7 +316,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   if fused_mass:
     out_specs.append(mass_spec)
     out_shape.append(mass_shape)
-  outs = call(functools.partial(body, do_attn=True, do_mass=fused_mass),
+  outs = call(block_r, n_rt)(functools.partial(body, do_attn=True,
+                                               do_mass=fused_mass),
               in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
               name="scheduled_attention")(*args)
   o_P, lse_P = outs[0], outs[1]
@@ -322,14 +350,16 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   if fused_mass:
     mass_part = outs[2]
   else:
-    mass_part = call(
+    m_specs, m_args = specs(mass_r)
+    mass_part = call(mass_r, n_mt)(
         functools.partial(body, do_attn=False, do_mass=True),
-        in_specs=in_specs + [pl.BlockSpec(
-            (None, None, block_r), lambda i, j, z: (*bk(z), i))],
+        in_specs=m_specs + [pl.BlockSpec(
+            (None, None, mass_r), lambda i, j, z: (*bk(z), i))],
         out_specs=mass_spec, out_shape=mass_shape,
-        name="scheduled_attention_mass")(*args, lse_BxKxR)
+        name="scheduled_attention_mass")(*m_args, lse_BxKxR)
   # Partials exist only for row tiles holding a score row and slots < k_len.
-  has_score = jnp.any((info_BxR.reshape(b, n_rt, block_r) & SCORE) != 0, -1)
+  has_score = jnp.any((info_BxR[:, :n_mt * mass_r].reshape(
+      b, n_mt, mass_r) & SCORE) != 0, -1)
   written = (has_score[:, None, :, None]
              & (jnp.arange(s) < k_len_B[:, None])[:, None, None, :])
   mass_BxKxS = tree_sum(jnp.where(written, mass_part, 0.0), axis=2)

@@ -74,7 +74,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxTxKxD=None,
                         v_new_BxTxKxD=None, inq_mask_BxQxT=None,
                         exclude_BxS=None, score_rows_BxQ=None,
-                        head_mass: bool = False):
+                        head_mass: bool = False,
+                        score_prefix: int | None = None):
   """Ragged bidirectional GQA attention over a cache plus in-query keys.
 
   Query i < q_len_B[b] of sequence b attends to cache slots s < k_len_B[b]
@@ -84,6 +85,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   probabilities of cache key s over heads and over rows with score_rows_BxQ:
   per KV head first, then over heads by `sum_heads`. head_mass: return the
   per-head mass_BxKxS instead (to gather heads across devices first).
+  score_prefix: only the first score_prefix queries can be score rows.
   Plain JAX: builds the full mask and materialises float32 scores.
   """
   b, q, h, d = q_BxQxHxD.shape
@@ -116,6 +118,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   o_BxQxHxD = o_BxQxKxGxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
   if score_rows_BxQ is None:
     return o_BxQxHxD, None
+  if score_prefix is not None:
+    score_rows_BxQ = score_rows_BxQ & (jnp.arange(q) < score_prefix)[None]
   w_BxQ = (score_rows_BxQ & row_ok_BxQ).astype(f32)
   mass_BxKxS = jnp.einsum("bkgqs,bq->bks", p_BxKxGxQxN[..., :s], w_BxQ,
                           precision=hi)
