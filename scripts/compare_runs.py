@@ -7,6 +7,9 @@ Each directory holds run subdirectories (`eval_quality.py --out-dir`, or
 every run name present in both, prints how many problems have the same
 output text and lists the ids that differ; exits 1 if any run differs. Used
 to check that the mesh shape (or the batch) does not change the tokens.
+A run's name ends in a hash of its settings, --limit included; when no name
+is in both, runs pair by the name before that hash (one per side), and
+problems in both runs are compared.
 --fields compares those record fields instead, e.g. `--fields token_ids
 steps forwards`: the whole decode, not only the text up to EOS.
 """
@@ -32,14 +35,24 @@ def outputs(run_dir: Path, fields=("output",)) -> dict[str, list]:
 def compare(a: Path, b: Path, fields=("output",)
             ) -> list[tuple[str, int, int, list[str]]]:
   """(run name, problems in both, identical, differing ids) per shared run."""
-  runs = sorted(p.name for p in a.iterdir() if (p / "records.jsonl").exists()
-                and (b / p.name / "records.jsonl").exists())
-  if not runs:
+  listed = lambda d: sorted(p.name for p in d.iterdir()
+                            if (p / "records.jsonl").exists())
+  names_a, names_b = listed(a), listed(b)
+  pairs = [(n, n) for n in names_a if n in names_b]
+  if not pairs:  # the same strategies run with other settings hashes
+    stem = lambda n: n.rsplit("-", 1)[0]
+    by_stem = lambda names: {s: [n for n in names if stem(n) == s]
+                             for s in map(stem, names)}
+    sa, sb = by_stem(names_a), by_stem(names_b)
+    pairs = [(sa[s][0], sb[s][0]) for s in sorted(sa)
+             if s in sb and len(sa[s]) == len(sb[s]) == 1]
+  if not pairs:
     raise SystemExit(f"no run directory with records.jsonl in both {a} "
                      f"and {b}")
   table = []
-  for name in runs:
-    ra, rb = outputs(a / name, fields), outputs(b / name, fields)
+  for name_a, name_b in pairs:
+    ra, rb = outputs(a / name_a, fields), outputs(b / name_b, fields)
+    name = name_a if name_a == name_b else f"{name_a} ~ {name_b}"
     shared = sorted(set(ra) & set(rb))
     differ = [i for i in shared if ra[i] != rb[i]]
     table.append((name, len(shared), len(shared) - len(differ), differ))

@@ -197,3 +197,22 @@ def test_compare_runs_fields_compare_the_whole_decode(tmp_path, capsys):
   assert "flash-cache: 1/2 identical; differ: p1" in capsys.readouterr().out
   with pytest.raises(SystemExit, match="no field 'token_ids'"):
     compare_runs.main([a, b, "--fields", "token_ids"])
+
+
+def test_compare_runs_pairs_runs_of_other_settings_by_strategy(tmp_path,
+                                                               capsys):
+  """--limit 64 against --limit 128: other settings hashes, the same
+  strategies; the problems in both runs are compared."""
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import compare_runs
+  for side, name, n in (("a", "llada-d3c4b276", 4), ("b", "llada-d1b7bfc5", 2),
+                        ("a", "flash-dllm-fce5543f", 4),
+                        ("b", "flash-dllm-4a990630", 2)):
+    run = tmp_path / side / name
+    run.mkdir(parents=True)
+    (run / "records.jsonl").write_text("".join(
+        json.dumps({"id": f"p{i}", "output": "x"}) + "\n" for i in range(n)))
+  assert compare_runs.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+  out = capsys.readouterr().out
+  assert "llada-d3c4b276 ~ llada-d1b7bfc5: 2/2 identical" in out
+  assert "flash-dllm-fce5543f ~ flash-dllm-4a990630: 2/2 identical" in out
