@@ -20,7 +20,9 @@ so after the online softmax the program re-streams the K tiles (not V) and
 sums exp(s - lse) over its score rows; the per (row tile, kv head) partials
 are summed over row tiles, then over heads, each as a fixed tree of adds
 (`reference.tree_sum`). With key splits the lse is global only after the split
-combine, so the same body runs again as a mass-only call.
+combine, so the same body runs again as a mass-only call; it also does when
+the score rows are a short prefix of the queries (`score_prefix`), on one
+tile of just those rows.
 """
 
 import functools
