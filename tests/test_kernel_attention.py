@@ -234,20 +234,24 @@ def test_a_row_does_not_depend_on_the_batch_it_runs_in(request, impl, dtype,
   same bits (output and mass). A split count chosen from the batch size
   changed the order of the key sums between the two calls, and so did an XLA
   merge of the splits compiled per shape; the mass sum over heads and row
-  tiles is a fixed tree of adds for the same reason."""
+  tiles is a fixed tree of adds for the same reason. Also with the mass of
+  a score prefix on its own 16-row tile (block_r 32 here)."""
   q, h, kh, d, s = 64, 4, 4, 64, 1024
   args, kw = _inputs(_key(request), b, q, h, kh, d, s, 0,
                      [1000] + [900] * (b - 1), [q] * b, dtype)
-  run = lambda a, k: api.scheduled_attention(
-      *a, **k, implementation=impl, block_r=16)
-  batch = run(args, kw)
-  alone = run(tuple(x[:1] for x in args),
-              {k: v[:1] if hasattr(v, "shape") else v for k, v in kw.items()})
-  np.testing.assert_array_equal(np.asarray(alone[0], np.float32),
-                                np.asarray(batch[0][:1], np.float32))
-  np.testing.assert_array_equal(np.asarray(alone[1]), np.asarray(batch[1][:1]))
-  # The splits really are > 1 here, so the test exercises the combine.
-  assert kernel.default_splits(kh, q // 16, s, 64) > 1
+  for block_r, prefix in ((16, None), (32, 8)):
+    run = lambda a, k: api.scheduled_attention(
+        *a, **k, implementation=impl, block_r=block_r, score_prefix=prefix)
+    batch = run(args, kw)
+    alone = run(tuple(x[:1] for x in args),
+                {k: v[:1] if hasattr(v, "shape") else v
+                 for k, v in kw.items()})
+    np.testing.assert_array_equal(np.asarray(alone[0], np.float32),
+                                  np.asarray(batch[0][:1], np.float32))
+    np.testing.assert_array_equal(np.asarray(alone[1]),
+                                  np.asarray(batch[1][:1]))
+    # The splits really are > 1 here, so the test exercises the combine.
+    assert kernel.default_splits(kh, q // block_r, s, 64) > 1
 
 
 @pytest.mark.parametrize("n", [1, 3, 32, 96])
