@@ -32,11 +32,13 @@ def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
            ) -> jax.Array:
   """x @ W (+ b) in x's dtype, accumulating in float32.
 
-  Without a bias the product is asked for in x's dtype directly: XLA:GPU's
-  GEMMs accumulate in float32 and round once on output, what the float32
+  On a GPU, without a bias, the product is asked for in x's dtype directly:
+  cuBLAS accumulates in float32 and rounds once on output, what the float32
   product and a cast give, but without writing the float32 product and
   converting it in another kernel (LLaDA-8B's q/k/v: 3 converts a layer,
   2.3 ms of a 146 ms batch-32 step, and SwiGLU read float32 gate/up).
+  Elsewhere the product stays float32: XLA:CPU's bf16 dots on a tensor-
+  parallel shard gave other values than one device's (tests/test_mesh_exact).
 
   XLA's dot: the Pallas small-M matmul wins only at M = 1 on the H200 and
   loses from M = 32 on, while decode steps run B x Q >= 16 rows.
@@ -50,9 +52,9 @@ def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
   rows = P("data")
   if mesh is not None:
     x_NxE = jax.lax.with_sharding_constraint(x_NxE, rows)
+  direct = bias_F is None and jax.default_backend() == "gpu"
   y = jnp.einsum("...e,ef->...f", x_NxE, kernel_ExF.astype(x_NxE.dtype),
-                 preferred_element_type=(x_NxE.dtype if bias_F is None
-                                         else jnp.float32))
+                 preferred_element_type=x_NxE.dtype if direct else jnp.float32)
   if mesh is not None and y.shape[-1] % mesh.shape["model"] == 0:
     # Computed on the kernel's column shard: never all-gather the weight.
     y = jax.lax.with_sharding_constraint(
