@@ -37,8 +37,9 @@ def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
   product and a cast give, but without writing the float32 product and
   converting it in another kernel (LLaDA-8B's q/k/v: 3 converts a layer,
   2.3 ms of a 146 ms batch-32 step, and SwiGLU read float32 gate/up).
-  Elsewhere the product stays float32: XLA:CPU's bf16 dots on a tensor-
-  parallel shard gave other values than one device's (tests/test_mesh_exact).
+  Elsewhere, and under tensor parallelism, the product stays float32:
+  XLA:CPU's bf16 dots on a tensor-parallel shard gave other values than one
+  device's (tests/test_mesh_exact), and a GPU's were not checked there.
 
   XLA's dot: the Pallas small-M matmul wins only at M = 1 on the H200 and
   loses from M = 32 on, while decode steps run B x Q >= 16 rows.
@@ -52,7 +53,9 @@ def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
   rows = P("data")
   if mesh is not None:
     x_NxE = jax.lax.with_sharding_constraint(x_NxE, rows)
-  direct = bias_F is None and jax.default_backend() == "gpu"
+  sharded = parallel.active_mesh()
+  direct = (bias_F is None and jax.default_backend() == "gpu"
+            and (sharded is None or sharded.shape["model"] == 1))
   y = jnp.einsum("...e,ef->...f", x_NxE, kernel_ExF.astype(x_NxE.dtype),
                  preferred_element_type=x_NxE.dtype if direct else jnp.float32)
   if mesh is not None and y.shape[-1] % mesh.shape["model"] == 0:

@@ -385,3 +385,32 @@ def test_fused_attention_runs_per_shard_and_ignores_the_mesh():
   shard under every mesh (rows on data, heads on model: no sum crosses
   shards) and gives the one-device bits."""
   assert "FUSED-OK" in _run(FUSED_ATTENTION, xla_flags=STRICT_CPU)
+
+
+def test_linear_asks_for_bf16_products_only_on_a_gpu_without_model_shards():
+  """ops.linear's direct bf16 product (cuBLAS: float32 accumulation, one
+  rounding) is for GPUs, and not under tensor parallelism; CPUs and model
+  shards keep the float32 product and a cast."""
+  script = PRELUDE + r'''
+from flash_dllm_jax import ops
+x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 16), jnp.bfloat16)
+
+def product_dtypes(bias=None):
+  jaxpr = jax.jit(lambda x, w: ops.linear(x, w, bias)).trace(x, w).jaxpr
+  return [str(e.params["preferred_element_type"]) for e in jaxpr.eqns
+          if e.primitive.name == "dot_general"]
+
+seen = {"cpu": product_dtypes()}
+ops.jax.default_backend = lambda: "gpu"  # what the trace asks; runs on CPU
+seen["gpu"] = product_dtypes()
+seen["gpu bias"] = product_dtypes(jnp.zeros((16,), jnp.bfloat16))
+for spec in ("data=4", "data=2,model=2", "model=4"):
+  with parallel.use(parallel.parse_mesh(spec)):
+    seen["gpu " + spec] = product_dtypes()
+assert seen == {"cpu": ["float32"], "gpu": ["bfloat16"],
+                "gpu bias": ["float32"], "gpu data=4": ["bfloat16"],
+                "gpu data=2,model=2": ["float32"],
+                "gpu model=4": ["float32"]}, seen
+print("ok")
+'''
+  assert _run(script).strip().endswith("ok")
