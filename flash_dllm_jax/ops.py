@@ -49,13 +49,13 @@ def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
   product, as on one device; a row-sharded kernel would sum per-device
   partial products by an all-reduce, in another order.
   """
-  mesh = parallel.active_mesh() if gathered else None
+  active = parallel.active_mesh()
+  mesh = active if gathered else None
   rows = P("data")
   if mesh is not None:
     x_NxE = jax.lax.with_sharding_constraint(x_NxE, rows)
-  sharded = parallel.active_mesh()
   direct = (bias_F is None and jax.default_backend() == "gpu"
-            and (sharded is None or sharded.shape["model"] == 1))
+            and (active is None or active.shape["model"] == 1))
   y = jnp.einsum("...e,ef->...f", x_NxE, kernel_ExF.astype(x_NxE.dtype),
                  preferred_element_type=x_NxE.dtype if direct else jnp.float32)
   if mesh is not None and y.shape[-1] % mesh.shape["model"] == 0:
