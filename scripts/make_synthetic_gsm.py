@@ -8,7 +8,8 @@ annotations, last line "#### N") plus "template" and "steps". The test split
 uses another seed (--test-seed, default seed + 1) and another mix of the
 train templates, minus any question that occurs in train. The optional ood
 split (--ood) uses templates and names train never sees: a generalisation
-probe, not the quality target. Every answer is re-checked after writing.
+probe, not the quality target. --phrasing varied (default) rewords steps at
+random; the questions are the same under both phrasings. Every answer is re-checked after writing.
 """
 
 import argparse
@@ -20,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flash_dllm_jax.data.gsm_format import check_solution  # noqa: E402
-from flash_dllm_jax.data.synthetic_gsm import (read_jsonl,  # noqa: E402
-                                               write_splits)
+from flash_dllm_jax.data.synthetic_gsm import (  # noqa: E402
+    DEFAULT_PHRASING, PHRASINGS, read_jsonl, write_splits)
 
 
 def main(argv=None):
@@ -34,6 +35,10 @@ def main(argv=None):
                   help="seed of the test split (default: seed + 1)")
   ap.add_argument("--ood", type=int, default=0,
                   help="problems from held-out templates and names")
+  ap.add_argument("--phrasing", choices=PHRASINGS, default=DEFAULT_PHRASING,
+                  help="'varied' rewords steps at random (data/phrasing.py); "
+                  "'fixed' writes them as the templates state them (the "
+                  "corpus of the models trained before 2026-12)")
   ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1),
                   help="processes drawing the train split (same problems "
                   "for any number)")
@@ -44,7 +49,7 @@ def main(argv=None):
     ap.error("--test-seed must differ from --seed")
   t0 = time.time()
   info = write_splits(args.out_dir, args.train, args.test, args.seed,
-                      args.test_seed, args.ood, args.workers)
+                      args.test_seed, args.ood, args.workers, args.phrasing)
   for split in ("train", "test", "ood"):
     path = args.out_dir / f"{split}.jsonl"
     rows = read_jsonl(path) if info[split] else []

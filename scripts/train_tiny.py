@@ -79,6 +79,10 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument("--data-seed", type=int, default=0,
                   help="--stream: seed of the problem stream (0: its first "
                   "problems are make_synthetic_gsm --seed 0's train split)")
+  ap.add_argument("--phrasing", choices=synthetic_gsm.PHRASINGS,
+                  default=synthetic_gsm.DEFAULT_PHRASING,
+                  help="--stream (and --smoke): wording of the drawn "
+                  "solutions (flash_dllm_jax/data/phrasing.py)")
   ap.add_argument("--stream-workers", type=int,
                   default=max(1, min(8, (os.cpu_count() or 2) - 2)),
                   help="--stream: processes drawing batches ahead (0: in "
@@ -157,8 +161,9 @@ def main(argv=None):
     train_rows = (None if args.stream else
                   synthetic_gsm.read_jsonl(args.data / "train.jsonl"))
   elif args.smoke:
-    train_rows = synthetic_gsm.generate(512, 0, "train")
-    test_rows = synthetic_gsm.generate(32, 1, "test")
+    train_rows = synthetic_gsm.generate(512, 0, "train",
+                                        phrasing=args.phrasing)
+    test_rows = synthetic_gsm.generate(32, 1, "test", phrasing=args.phrasing)
     held_out = [r["question"] for r in test_rows]
   else:
     ap.error("--data is required (make it with scripts/make_synthetic_gsm.py)")
@@ -185,7 +190,7 @@ def main(argv=None):
     if train_rows is None:
       train_rows = synthetic_gsm.generate(
           512 if args.data is None else 50000, args.data_seed, "train",
-          workers=max(1, args.stream_workers))
+          workers=max(1, args.stream_workers), phrasing=args.phrasing)
     tokenizer, _ = build_tokenizer(corpus_texts(train_rows[:50000]),
                                    args.vocab_size)
   config = ModelConfig(
@@ -200,9 +205,10 @@ def main(argv=None):
   if args.stream:
     rows = StreamBatches(tokenizer, args.seq_len, args.batch_size, args.seed,
                          args.data_seed, held_out, args.eos_pad,
-                         args.stream_workers)
+                         args.stream_workers, phrasing=args.phrasing)
     rows.start(found[-1][0] if found else 0)  # draw while JAX compiles
     what = (f"fresh problems (stream seed {args.data_seed}, "
+            f"{args.phrasing} phrasing, "
             f"{args.stream_workers} workers, {len(set(held_out))} held-out "
             "questions excluded)")
   else:

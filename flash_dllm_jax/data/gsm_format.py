@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import re
 from fractions import Fraction
+from typing import Callable
 
 ANNOTATION = re.compile(r"<<([^<>=]+)=([^<>=]+)>>")
 FINAL = re.compile(r"^####\s*(\S+)\s*$")
@@ -143,7 +144,7 @@ class Solution:
   """
 
   def __init__(self):
-    self.lines: list[str] = []
+    self.steps: list[tuple[str, str, bool]] = []  # (text, expr, money)
     self.values: list[int] = []
 
   def step(self, text: str, expr: str, money: bool = False) -> int:
@@ -158,11 +159,9 @@ class Solution:
       value = value.numerator
     if value <= 0:
       raise Reject(f"{expr} = {value}")
-    v = value
-    calc = f"{expr} = {'$' if money else ''}<<{expr}={v}>>{v}"
-    self.lines.append(text.replace(PLACEHOLDER, calc))
-    self.values.append(v)
-    return v
+    self.steps.append((text, expr, money))
+    self.values.append(value)
+    return value
 
   @property
   def num_steps(self) -> int:
@@ -174,6 +173,17 @@ class Solution:
       raise ValueError("a solution needs at least one step")
     return self.values[-1]
 
-  def text(self) -> str:
-    """The GSM8K answer field: the step lines, then '#### N'."""
-    return "\n".join(self.lines + [f"#### {self.final}"])
+  def text(self, vary: Callable[[str, str], tuple[str, str]] | None = None,
+           ) -> str:
+    """The GSM8K answer field: the step lines, then '#### N'.
+
+    vary(text, expr) -> (text, expr) may rephrase a step before it is
+    written (same value: see `phrasing`); None writes the steps as stated.
+    """
+    lines = []
+    for (text, expr, money), v in zip(self.steps, self.values):
+      if vary is not None:
+        text, expr = vary(text, expr)
+      calc = f"{expr} = {'$' if money else ''}<<{expr}={v}>>{v}"
+      lines.append(text.replace(PLACEHOLDER, calc))
+    return "\n".join(lines + [f"#### {self.final}"])

@@ -9,8 +9,10 @@ come from a different seed stream and another mix of the same templates
 (TEST_MIX weights); write_splits drops any test question that also occurs in
 train, so the test set is held out. The "ood" split is a generalisation probe
 beyond that: HELD_OUT_TEMPLATES that train never uses, with TEST_NAMES that
-train never uses. Problem i of a split depends only on (split, seed, i):
-deterministic, and independent of how many problems are generated.
+train never uses. Problem i of a split depends only on (split, seed, i,
+phrasing): deterministic, and independent of how many problems are generated.
+Phrasing "varied" (the default) rewords steps at random (`phrasing`); its
+questions are those of "fixed", which writes every step as its template does.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Callable
 
 from flash_dllm_jax.data import templates_counting as counting
 from flash_dllm_jax.data import templates_money as money
+from flash_dllm_jax.data.phrasing import PHRASINGS, Varied, check_phrasing
 from flash_dllm_jax.data.gsm_format import Reject, Solution, check_solution
 from flash_dllm_jax.data.problem_kit import TEST_NAMES, TRAIN_NAMES, Draw
 
@@ -44,16 +47,21 @@ SPLITS = ("train", "test", "ood")
 TEST_MIX = (3, 1, 2, 1, 3, 2, 1, 2, 3, 1, 2, 3, 1)
 MIN_STEPS, MAX_STEPS = 2, 6
 _MAX_DRAWS = 500
+DEFAULT_PHRASING = "varied"
 
-__all__ = ["ALL_TEMPLATES", "HELD_OUT_TEMPLATES", "SPLITS", "TRAIN_TEMPLATES",
+__all__ = ["ALL_TEMPLATES", "DEFAULT_PHRASING", "HELD_OUT_TEMPLATES",
+           "PHRASINGS", "SPLITS", "TRAIN_TEMPLATES",
            "TEST_MIX", "check_solution", "draw", "generate", "held_out",
            "make_problem", "read_jsonl", "write_jsonl"]
 
 
-def make_problem(template: str, rng: random.Random,
-                 names=TRAIN_NAMES) -> dict:
+def make_problem(template: str, rng: random.Random, names=TRAIN_NAMES,
+                 phrasing: str = DEFAULT_PHRASING) -> dict:
   """One problem of `template` drawn from `rng` (redrawn until every step is
-  a positive integer and the step count is 2-6)."""
+  a positive integer and the step count is 2-6), its steps worded per
+  `phrasing` (the variants are drawn after the problem, so the question does
+  not depend on it)."""
+  check_phrasing(phrasing)
   if template not in ALL_TEMPLATES:
     raise ValueError(f"unknown template {template!r}; expected one of "
                      f"{sorted(ALL_TEMPLATES)}")
@@ -63,14 +71,15 @@ def make_problem(template: str, rng: random.Random,
     except Reject:
       continue
     if MIN_STEPS <= solution.num_steps <= MAX_STEPS:
-      return {"question": question, "answer": solution.text(),
+      vary = Varied(rng) if phrasing == "varied" else None
+      return {"question": question, "answer": solution.text(vary),
               "template": template, "steps": solution.num_steps}
   raise RuntimeError(f"template {template!r} found no valid problem in "
                      f"{_MAX_DRAWS} draws (a template bug)")
 
 
 def generate(n: int, seed: int = 0, split: str = "train",
-             workers: int = 1) -> list[dict]:
+             workers: int = 1, phrasing: str = DEFAULT_PHRASING) -> list[dict]:
   """`n` problems of `split`: 'train', 'test' (train templates in the
   TEST_MIX proportions) or 'ood' (held-out templates and names).
 
@@ -80,6 +89,7 @@ def generate(n: int, seed: int = 0, split: str = "train",
     raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
   if not isinstance(n, int) or n < 0:
     raise ValueError(f"n must be an int >= 0, got {n!r}")
+  check_phrasing(phrasing)
   if workers > 1 and n >= 2 * workers:
     import concurrent.futures
     import multiprocessing
@@ -87,15 +97,16 @@ def generate(n: int, seed: int = 0, split: str = "train",
     with concurrent.futures.ProcessPoolExecutor(
         workers, mp_context=multiprocessing.get_context("spawn")) as pool:
       parts = pool.map(_problems, [split] * workers, [seed] * workers,
-                       bounds[:-1], bounds[1:])
+                       bounds[:-1], bounds[1:], [phrasing] * workers)
       return [p for part in parts for p in part]
-  return _problems(split, seed, 0, n)
+  return _problems(split, seed, 0, n, phrasing)
 
 
 _TRAIN_ORDER, _HELD_ORDER = sorted(TRAIN_TEMPLATES), sorted(HELD_OUT_TEMPLATES)
 
 
-def draw(split: str, seed: int, index: int, attempt: int = 0) -> dict:
+def draw(split: str, seed: int, index: int, attempt: int = 0,
+         phrasing: str = DEFAULT_PHRASING) -> dict:
   """Problem `index` of a split's stream (attempt 0), or its `attempt`-th
   replacement: an independent draw for callers that must skip a problem
   (a held-out question, a row too long) and still have one at `index`."""
@@ -111,23 +122,24 @@ def draw(split: str, seed: int, index: int, attempt: int = 0) -> dict:
     names = TRAIN_NAMES
   else:
     template, names = rng.choice(_HELD_ORDER), TEST_NAMES
-  return make_problem(template, rng, names)
+  return make_problem(template, rng, names, phrasing)
 
 
-def _problems(split: str, seed: int, start: int, stop: int) -> list[dict]:
+def _problems(split: str, seed: int, start: int, stop: int,
+              phrasing: str = DEFAULT_PHRASING) -> list[dict]:
   """Problems start..stop-1 of a split's stream."""
-  return [draw(split, seed, i) for i in range(start, stop)]
+  return [draw(split, seed, i, phrasing=phrasing) for i in range(start, stop)]
 
 
 def held_out(problems: list[dict], exclude: list[dict], n: int, seed: int,
-             split: str) -> list[dict]:
+             split: str, phrasing: str = DEFAULT_PHRASING) -> list[dict]:
   """The first `n` problems of `split` whose question is not in `exclude`
   (drawing further indices of the same stream to replace dropped ones)."""
   seen = {p["question"] for p in exclude}
   kept = [p for p in problems if p["question"] not in seen]
   more = len(problems)
   while len(kept) < n:
-    extra = _problems(split, seed, more, more + n - len(kept))
+    extra = _problems(split, seed, more, more + n - len(kept), phrasing)
     more += len(extra)
     kept += [p for p in extra if p["question"] not in seen]
   return kept[:n]
@@ -152,23 +164,26 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 def write_splits(out_dir: str | Path, n_train: int, n_test: int,
                  seed: int = 0, test_seed: int | None = None,
-                 n_ood: int = 0, workers: int = 1) -> dict:
+                 n_ood: int = 0, workers: int = 1,
+                 phrasing: str = DEFAULT_PHRASING) -> dict:
   """Writes OUT/train.jsonl, OUT/test.jsonl (held out: no question of it
   occurs in train), OUT/ood.jsonl when n_ood > 0, and OUT/info.json;
   returns the info (sizes, seeds, template lists, duplicates dropped)."""
   out = Path(out_dir)
   test_seed = seed + 1 if test_seed is None else test_seed
-  train = generate(n_train, seed, "train", workers)
-  drawn = generate(n_test, test_seed, "test")
-  test = held_out(drawn, train, n_test, test_seed, "test")
+  train = generate(n_train, seed, "train", workers, phrasing)
+  drawn = generate(n_test, test_seed, "test", phrasing=phrasing)
+  test = held_out(drawn, train, n_test, test_seed, "test", phrasing)
   write_jsonl(out / "train.jsonl", train)
   write_jsonl(out / "test.jsonl", test)
   if n_ood:
-    write_jsonl(out / "ood.jsonl", generate(n_ood, test_seed, "ood"))
+    write_jsonl(out / "ood.jsonl",
+                generate(n_ood, test_seed, "ood", phrasing=phrasing))
   train_questions = {p["question"] for p in train}
   dropped = sum(p["question"] in train_questions for p in drawn)
   info = {"train": n_train, "test": n_test, "ood": n_ood, "seed": seed,
-          "test_seed": test_seed, "test_in_train_dropped": dropped,
+          "test_seed": test_seed, "phrasing": phrasing,
+          "test_in_train_dropped": dropped,
           "train_templates": sorted(TRAIN_TEMPLATES),
           "test_mix": dict(zip(sorted(TRAIN_TEMPLATES), TEST_MIX)),
           "ood_templates": sorted(HELD_OUT_TEMPLATES)}

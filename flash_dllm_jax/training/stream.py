@@ -1,13 +1,14 @@
 """Fresh training rows drawn while training runs: no draw served twice.
 
 `StreamBatches(...)(step)` is the batch of step s: problems s*B .. s*B+B-1
-of the synthetic train stream (`synthetic_gsm.draw('train', data_seed, i)`),
+of the synthetic train stream (`synthetic_gsm.draw('train', data_seed, i)`,
+worded per `phrasing`),
 tokenized into rows exactly as `data.encode_problems` makes them (user turn
 alternating by the problem's index i), with the EOS padding `data.Batches`
 draws for that step. A problem whose question is held out (`exclude`: the
 test questions) or whose row would not fit seq_len is replaced by its next
-`attempt` draw, so batch s depends only on (data_seed, s, batch size,
-seq_len, tokenizer, exclude, seed): a resumed run sees the batches it would
+`attempt` draw, so batch s depends only on (data_seed, phrasing, s, batch
+size, seq_len, tokenizer, exclude, seed): a resumed run sees the batches it would
 have seen, and no training row ever holds a held-out question. Distinct
 draws can still share a question (about 90% of the questions in a million
 draws are distinct; templates with small number ranges repeat more).
@@ -29,6 +30,7 @@ from typing import Iterable
 import numpy as np
 
 from flash_dllm_jax.data import synthetic_gsm
+from flash_dllm_jax.data.phrasing import check_phrasing
 from flash_dllm_jax.tokenizer import Tokenizer
 from flash_dllm_jax.training.data import (EOS_PAD, EncodedRows, pad_lengths,
                                           rows_batch, user_text)
@@ -126,10 +128,11 @@ class _RowMaker:
   """The rows of one batch (see the module docstring)."""
 
   def __init__(self, tokenizer: Tokenizer, seq_len: int, batch_size: int,
-               data_seed: int, exclude: frozenset[str]):
+               data_seed: int, exclude: frozenset[str], phrasing: str):
     self.encoder = RowEncoder(tokenizer)
     self.seq_len, self.batch_size = seq_len, batch_size
     self.data_seed, self.exclude = data_seed, exclude
+    self.phrasing = phrasing
 
   def rows(self, step: int) -> tuple[EncodedRows, int, int]:
     """(rows of batch `step`, held-out draws replaced, long rows replaced)."""
@@ -140,7 +143,8 @@ class _RowMaker:
     for j in range(b):
       index = step * b + j
       for attempt in range(1000):
-        problem = synthetic_gsm.draw("train", self.data_seed, index, attempt)
+        problem = synthetic_gsm.draw("train", self.data_seed, index, attempt,
+                                     self.phrasing)
         if problem["question"] in self.exclude:
           held += 1
           continue
@@ -183,7 +187,9 @@ class StreamBatches:
   def __init__(self, tokenizer: Tokenizer, seq_len: int, batch_size: int,
                seed: int = 0, data_seed: int = 0,
                exclude: Iterable[str] = (), eos_pad: str = "random",
-               workers: int = 0, prefetch: int | None = None):
+               workers: int = 0, prefetch: int | None = None,
+               phrasing: str = synthetic_gsm.DEFAULT_PHRASING):
+    check_phrasing(phrasing)
     if eos_pad not in EOS_PAD:
       raise ValueError(f"eos_pad must be one of {EOS_PAD}, got {eos_pad!r}")
     if batch_size <= 0 or seq_len <= 0 or workers < 0:
@@ -191,7 +197,7 @@ class StreamBatches:
                        f"{batch_size}, {seq_len}, {workers})")
     self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
     self.data_seed, self.eos_pad = data_seed, eos_pad
-    args = (seq_len, batch_size, data_seed, frozenset(exclude))
+    args = (seq_len, batch_size, data_seed, frozenset(exclude), phrasing)
     self._local = _RowMaker(tokenizer, *args)
     self.workers, self.prefetch = workers, prefetch or 8 * max(workers, 1)
     self._pool = None
