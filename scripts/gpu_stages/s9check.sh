@@ -7,6 +7,7 @@
 # continuous vs static batching's answers and tokens/s; then the five
 # strategies' token ids, steps and forwards with no mesh, model=2 and data=2.
 s9check() {
+  mkdir -p runs
   export XLA_PYTHON_CLIENT_MEM_FRACTION=0.2
   local s="flash-cache:block_m=32 flash-dllm:block_m=32 \
       flash-cache:block_m=64 flash-dllm:block_m=64 flash-cache:block_m=128 \
@@ -34,5 +35,5 @@ s9check() {
   tar -czf "$OUT/s9check.tgz" -C runs qw_192 qw_256 qw_192.log qw_256.log \
       continuous.json continuous.log q_none q_model2 q_data2 q_none.log \
       q_model2.log q_data2.log tokens_model2.log tokens_data2.log
-  tail -3 runs/tokens_*.log runs/continuous.log
+  tail -n 3 runs/tokens_*.log runs/continuous.log
 }
