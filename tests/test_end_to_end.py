@@ -1,5 +1,6 @@
 """convert_hf.py -> load -> generate, and the command line."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +52,11 @@ def test_cli_generates_with_the_default_checkpoint(capsys):
                    "--block-length", "8"]) == 0
   out = capsys.readouterr()
   assert ">>> What is 2 plus 3?" in out.out
-  assert "8 steps" in out.err
+  # A row stops once its answer is complete: at most steps = 8, one forward
+  # each (the LLaDA sampler).
+  report = re.search(r"\[llada, (\d+) steps, (\d+) forwards", out.err)
+  assert report is not None, out.err
+  assert 1 <= int(report[1]) <= 8 and report[1] == report[2]
 
 
 def test_cli_reports_bad_input(tmp_path, capsys):
