@@ -9,7 +9,8 @@ uses another seed (--test-seed, default seed + 1) and another mix of the
 train templates, minus any question that occurs in train. The optional ood
 split (--ood) uses templates and names train never sees: a generalisation
 probe, not the quality target. --phrasing varied (default) rewords steps at
-random; the questions are the same under both phrasings. Every answer is re-checked after writing.
+random; the questions are the same under both phrasings. Every answer is
+re-checked after writing.
 """
 
 import argparse
@@ -38,7 +39,7 @@ def main(argv=None):
   ap.add_argument("--phrasing", choices=PHRASINGS, default=DEFAULT_PHRASING,
                   help="'varied' rewords steps at random (data/phrasing.py); "
                   "'fixed' writes them as the templates state them (the "
-                  "corpus of the models trained before 2026-12)")
+                  "first shipped model's corpus)")
   ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1),
                   help="processes drawing the train split (same problems "
                   "for any number)")

@@ -34,6 +34,7 @@ _PURE_PRODUCT = re.compile(r"[0-9]+(?:\*[0-9]+)+")
 
 
 def check_phrasing(phrasing: str) -> str:
+  """`phrasing` itself, or one ValueError naming the accepted ones."""
   if phrasing not in PHRASINGS:
     raise ValueError(f"phrasing must be one of {PHRASINGS}, got {phrasing!r}")
   return phrasing

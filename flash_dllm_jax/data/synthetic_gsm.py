@@ -24,8 +24,8 @@ from typing import Callable
 
 from flash_dllm_jax.data import templates_counting as counting
 from flash_dllm_jax.data import templates_money as money
-from flash_dllm_jax.data.phrasing import PHRASINGS, Varied, check_phrasing
 from flash_dllm_jax.data.gsm_format import Reject, Solution, check_solution
+from flash_dllm_jax.data.phrasing import PHRASINGS, Varied, check_phrasing
 from flash_dllm_jax.data.problem_kit import TEST_NAMES, TRAIN_NAMES, Draw
 
 Template = Callable[[Draw], tuple[str, Solution]]

@@ -8,8 +8,8 @@ alternating by the problem's index i), with the EOS padding `data.Batches`
 draws for that step. A problem whose question is held out (`exclude`: the
 test questions) or whose row would not fit seq_len is replaced by its next
 `attempt` draw, so batch s depends only on (data_seed, phrasing, s, batch
-size, seq_len, tokenizer, exclude, seed): a resumed run sees the batches it would
-have seen, and no training row ever holds a held-out question. Distinct
+size, seq_len, tokenizer, exclude, seed): a resumed run sees the batches it
+would have seen, and no training row ever holds a held-out question. Distinct
 draws can still share a question (about 90% of the questions in a million
 draws are distinct; templates with small number ranges repeat more).
 
