@@ -13,7 +13,7 @@ s10quality() {
     for half in a b; do
       if [ $half = a ]; then args="llada flash-cache flash-dllm"
       else args="threshold fast-dllm-prefix fast-dllm-dual elastic-cache"; fi
-      (CUDA_VISIBLE_DEVICES=$gpu timeout 200 python scripts/eval_quality.py \
+      (CUDA_VISIBLE_DEVICES=$gpu timeout 150 python scripts/eval_quality.py \
            ${ckpt:+--checkpoint $ckpt} --limit ${LIMIT:-1000} --gen-lengths $len \
            --strategies $args --no-progress --out-dir runs/q10_${len}_$half \
            > runs/q10_${len}_$half.log 2>&1) &
