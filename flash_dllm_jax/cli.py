@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "checkpoints"
-                      / "synthetic-gsm-llada-12m")
+                      / "synthetic-gsm-llada-16m")
 
 # Sampler options exposed as flags: (flag, type, help).
 _OPTIONS = [

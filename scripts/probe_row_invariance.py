@@ -304,7 +304,7 @@ def probe(a, b, n, steps, pieces=True, log=print):
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--checkpoint",
-                  default=str(ROOT / "checkpoints/synthetic-gsm-llada-12m"))
+                  default=str(ROOT / "checkpoints/synthetic-gsm-llada-16m"))
   ap.add_argument("--data", default=str(ROOT / "data/synthetic_gsm"))
   ap.add_argument("--strategy", default="flash-cache")
   ap.add_argument("--batch", type=int, default=128)

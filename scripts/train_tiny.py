@@ -10,7 +10,8 @@ Default model: 8 layers, d_model 384, 6 heads of 64 (MHA, as LLaDA-8B),
 SwiGLU width 768, vocabulary 1024: 12.6M parameters, 25.2 MB of bfloat16
 values that orbax stores in about 19.7 MB (the shipped limit is 25 MB on
 disk). Depth over width, since the problems chain dependent calculations;
-the width is what the size budget leaves. Rows are 320 tokens (prompt <= 108
+the width is what the size budget leaves. The shipped model adds depth
+(--layers 10: 15.5M parameters, 24.4 MB on disk; its model card). Rows are 320 tokens (prompt <= 108
 and solution <= 176 tokens with digits split). Batch 256 x 6000 steps of
 AdamW (peak lr 1e-3, 200 warmup steps, cosine to 1e-4); measured on
 2026-11-30: 27.7 ms per step on two H200s (--mesh data=2), 67.3 ms on one.

@@ -150,7 +150,7 @@ def test_stream_draws_the_asked_phrasing():
   from flash_dllm_jax.training.stream import StreamBatches
   from pathlib import Path
   tok = Tokenizer.from_dir(Path(__file__).resolve().parents[1]
-                           / "checkpoints" / "synthetic-gsm-llada-12m")
+                           / "checkpoints" / "synthetic-gsm-llada-16m")
   got = {}
   for ph in phrasing.PHRASINGS:
     want = encode_problems([sg.draw("train", 3, i, phrasing=ph)

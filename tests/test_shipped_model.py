@@ -1,8 +1,8 @@
 """The shipped default checkpoint loads and solves held-out word problems.
 
-checkpoints/synthetic-gsm-llada-12m is the project's own LLaDA-format model
-(12.6M parameters) trained on the synthetic GSM corpus; its model card gives
-the training commands and its accuracy (95.1% / 94.5% on all 1000 held-out
+checkpoints/synthetic-gsm-llada-16m is the project's own LLaDA-format model
+(15.5M parameters) trained on the synthetic GSM corpus; its model card gives
+the training commands and its accuracy (95.7% / 96.0% on all 1000 held-out
 problems at gen 192 / 256 on an H200, LLaDA sampler). The problems below are held-out
 test problems 0, 1 and 4 (data/synthetic_gsm/test.jsonl; none of its
 questions occurs in the training stream). Decoding is greedy with the
@@ -27,9 +27,9 @@ SOLVED = (0, 1, 4)
 
 def test_default_checkpoint_is_the_trained_model():
   assert cli.DEFAULT_CHECKPOINT == (ROOT / "checkpoints"
-                                    / "synthetic-gsm-llada-12m")
+                                    / "synthetic-gsm-llada-16m")
   params, config, tokenizer = flash_dllm_jax.load(cli.DEFAULT_CHECKPOINT)
-  assert config.num_params() == 12_589_440 and tokenizer.vocab_size == 1024
+  assert config.num_params() == 15_540_096 and tokenizer.vocab_size == 1024
   size = sum(f.stat().st_size for f in cli.DEFAULT_CHECKPOINT.rglob("*")
              if f.is_file())
   assert size < 25e6, size

@@ -394,7 +394,7 @@ def test_row_encoder_reproduces_the_tokenizer():
   splits, and the tokenizer's ids on text with odd whitespace."""
   from flash_dllm_jax.training.stream import RowEncoder
   from tests.paths import ROOT
-  tok = Tokenizer.from_dir(ROOT / "checkpoints" / "synthetic-gsm-llada-12m")
+  tok = Tokenizer.from_dir(ROOT / "checkpoints" / "synthetic-gsm-llada-16m")
   enc = RowEncoder(tok)
   for split in sg.SPLITS:
     problems = sg.generate(300, 3, split)

@@ -14,7 +14,7 @@
 # through multi-digit products are a sequential computation.
 TRAIN10="python scripts/train_tiny.py --data data/synthetic_gsm --stream \
     --phrasing varied --stream-workers 8 --layers 10 \
-    --tokenizer checkpoints/synthetic-gsm-llada-12m --out runs/train10 \
+    --tokenizer checkpoints/synthetic-gsm-llada-16m --out runs/train10 \
     --mesh data=2 --seq-len 320 --fit-to-time --max-minutes 14.2 \
     --steps 100000 --eval-every 1000 --ckpt-every 100000"
 s10train_a() {
