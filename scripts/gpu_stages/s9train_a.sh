@@ -9,9 +9,11 @@
 # with phrasing "varied" (flash_dllm_jax/data/phrasing.py): each step has an
 # 85/10/5 opener choice and, for a pure sum or product, an 85/15 operand
 # order. The tokenizer is the shipped model's.
+# When it ran the tokenizer's directory was checkpoints/synthetic-gsm-llada-12m;
+# its tokenizer.json is byte for byte the one now in synthetic-gsm-llada-16m.
 TRAIN9="python scripts/train_tiny.py --data data/synthetic_gsm --stream \
     --phrasing varied --stream-workers 8 \
-    --tokenizer checkpoints/synthetic-gsm-llada-12m --out runs/train9 \
+    --tokenizer checkpoints/synthetic-gsm-llada-16m --out runs/train9 \
     --mesh data=2 --seq-len 320 --fit-to-time --max-minutes 14.2 \
     --steps 100000 --eval-every 1000 --ckpt-every 100000"
 s9train_a() {

@@ -5,6 +5,9 @@
 # model from its weights for the 7.6 of the 15 training minutes it
 # has not used, then the quality table of the result. OUT gets the model
 # and the tables; bring the model back with tar + split (files <= 16 MiB).
+# A record of the third session's run: the model it continued (the second
+# session's, then checkpoints/synthetic-gsm-llada-12m) is only in the git
+# history now, so this stage no longer runs as written.
 train() {
   python scripts/make_synthetic_gsm.py runs/synthetic_gsm --train 200000 \
       --test 1000 --ood 500 --seed 0 --workers 16 > "$OUT/train.log" 2>&1

@@ -15,8 +15,10 @@
 # train2b resumes the same schedule, data position and optimizer state.
 # Training wall time in all: 13.5 minutes plus train2b's compile.
 # The tokenizer is the shipped model's (the BPE of the seed-0 corpus).
+# When it ran the tokenizer's directory was checkpoints/synthetic-gsm-llada-12m;
+# its tokenizer.json is byte for byte the one now in synthetic-gsm-llada-16m.
 TRAIN2="python scripts/train_tiny.py --data data/synthetic_gsm --stream \
-    --stream-workers 8 --tokenizer checkpoints/synthetic-gsm-llada-12m \
+    --stream-workers 8 --tokenizer checkpoints/synthetic-gsm-llada-16m \
     --out runs/train2 --mesh data=2 --seq-len 320 --fit-to-time \
     --max-minutes 14.2 --steps 100000 --eval-every 1000 --ckpt-every 100000"
 train2a() {
