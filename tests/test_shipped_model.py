@@ -3,11 +3,12 @@
 checkpoints/synthetic-gsm-llada-16m is the project's own LLaDA-format model
 (15.5M parameters) trained on the synthetic GSM corpus; its model card gives
 the training commands and its accuracy (95.7% / 96.0% on all 1000 held-out
-problems at gen 192 / 256 on an H200, LLaDA sampler). The problems below are held-out
-test problems 0, 1 and 4 (data/synthetic_gsm/test.jsonl; none of its
-questions occurs in the training stream). Decoding is greedy with the
-command line's defaults, so the answers are deterministic; every `<<a op b=c>>` step of each worked
-solution must be right, not only the final number.
+problems at gen 192 / 256 on an H200, LLaDA sampler). The problems below are
+held-out test problems 0, 1 and 4 (data/synthetic_gsm/test.jsonl; none of
+its questions occurs in the training stream). Decoding is greedy with the
+command line's defaults, so the answers are deterministic; every
+`<<a op b=c>>` step of each worked solution must be right, not only the
+final number.
 """
 
 import json
