@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import flash_dllm_jax  # noqa: E402
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
 from flash_dllm_jax.eval.runner import answer_length  # noqa: E402
-from flash_dllm_jax.eval.strategies import build_sampler  # noqa: E402
+from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 
 
 def run(model, questions, sampler, slots, continuous):

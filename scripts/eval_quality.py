@@ -163,7 +163,7 @@ def main(argv=None) -> int:
   from flash_dllm_jax import parallel
   from flash_dllm_jax.checkpoint import load, load_config
   from flash_dllm_jax.eval import report, runner
-  from flash_dllm_jax.eval.strategies import build_sampler
+  from flash_dllm_jax.strategies import build_sampler
   from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
 
   t0 = time.perf_counter()

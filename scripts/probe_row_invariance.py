@@ -323,7 +323,7 @@ def main(argv=None):
   ap.add_argument("--json", help="write the report here")
   args = ap.parse_args(argv)
   from flash_dllm_jax.checkpoint import load
-  from flash_dllm_jax.eval.strategies import build_sampler
+  from flash_dllm_jax.strategies import build_sampler
   t0, dev, flags = time.time(), jax.devices()[0], os.environ.get("XLA_FLAGS")
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, "
         f"{jax.device_count()} x {dev.device_kind}; XLA_FLAGS={flags!r}; "

@@ -307,7 +307,7 @@ def tokens_per_step(model, probs, task, gen_length, block_m):
   """{strategy: tokens, steps, tok_per_step, accuracy, answers, steps_by}
   of flash-cache and flash-dllm through generate(), as the eval counts."""
   from flash_dllm_jax.eval.runner import answer_length
-  from flash_dllm_jax.eval.strategies import build_sampler
+  from flash_dllm_jax.strategies import build_sampler
   from flash_dllm_jax.generate import generate
   config = model[1]
   out = {}
@@ -419,7 +419,7 @@ def main(argv=None):
     if getattr(args, name) < low:
       ap.error(f"--{name.replace('_', '-')} must be >= {low}")
   from flash_dllm_jax.checkpoint import load
-  from flash_dllm_jax.eval.strategies import build_sampler
+  from flash_dllm_jax.strategies import build_sampler
   t0 = time.time()
   params, config, tok = model = load(args.checkpoint)
   task, probs = load_problems(tok, args.data, args.limit)

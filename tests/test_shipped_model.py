@@ -56,7 +56,7 @@ def test_answers_do_not_depend_on_the_other_prompts_lengths():
   problem 15 (Flash-dLLM, gen 128) when problem 32 (one bucket longer)
   shared its batch. generate decodes each prompt-length bucket as its own
   batch, so the answer equals the one decoded alone."""
-  from flash_dllm_jax.eval.strategies import build_sampler
+  from flash_dllm_jax.strategies import build_sampler
   rows = [json.loads(line) for line in TEST_SPLIT.read_text().splitlines()]
   model = flash_dllm_jax.load(cli.DEFAULT_CHECKPOINT)
   sampler = build_sampler("flash-dllm", "llada", {"gen_length": 128})

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
-from flash_dllm_jax.eval.strategies import (STRATEGIES, all_options,
-                                            strategies_taking)
+from flash_dllm_jax.strategies import (STRATEGIES, all_options,
+                                       strategies_taking)
 
 
 def _add_common(ap: argparse.ArgumentParser) -> None:
@@ -110,7 +110,7 @@ def _make_task(args):
 def _evaluate(args) -> int:
   from flash_dllm_jax.checkpoint import load, load_config
   from flash_dllm_jax.eval import report, runner
-  from flash_dllm_jax.eval.strategies import build_sampler
+  from flash_dllm_jax.strategies import build_sampler
 
   _positive("--batch-size", args.batch_size)
   from flash_dllm_jax import parallel
