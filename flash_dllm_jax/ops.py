@@ -196,6 +196,7 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                      inq_mask_BxQxQ: jax.Array | None = None,
                      mass_rows_BxQ: jax.Array | None = None,
                      mass_prefix: int | None = None,
+                     mass_score: str = "mass",
                      implementation: str | None = None):
   """Pre-scaled queries over the valid, non-excluded cache slots, plus their
   own fresh keys where inq_mask_BxQxQ allows, in one softmax.
@@ -205,7 +206,8 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   the cache in place and accumulates the mass without materialising scores;
   the reference materialises them. mass_prefix: mass rows are among the
   first mass_prefix queries (later ones are ignored), which lets the kernel
-  score those rows alone.
+  score those rows alone. mass_score "logit" sums the pre-softmax scaled q.k
+  per slot instead of probabilities (Flash-dLLM's ranking of decoded tokens).
 
   Under a mesh the kernel runs per shard (rows on "data", heads on "model")
   with the key splits one device would pick, and the mass of every KV head
@@ -236,7 +238,8 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   def attend(*arrays):
     out, mass_BxKxS = attention_api.scheduled_attention(
         scale=1.0, implementation=impl, head_mass=True, num_splits=splits,
-        score_prefix=mass_prefix, **dict(zip(named, arrays)))
+        score_prefix=mass_prefix, score=mass_score,
+        **dict(zip(named, arrays)))
     if mass_BxKxS is not None and mesh is not None:  # this shard's heads
       mass_BxKxS = jax.lax.all_gather(mass_BxKxS, "model", axis=1, tiled=True)
     return out, mass_BxKxS

@@ -93,6 +93,25 @@ def test_matches_reference(request, name, dtype):
   _check(args, kw, got, dtype)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
+                         ids=["f32", "bf16"])
+@pytest.mark.parametrize("name,prefix", [("g4_d128_new", None),
+                                         ("g7_d128_split", None),
+                                         ("g1_d128_long", 4)])
+def test_logit_score_matches_reference(request, name, prefix, dtype):
+  """score="logit": the summed pre-softmax q.k per key (Flash-dLLM's ranking
+  of decoded tokens), fused, after a split merge, and on a prefix tile."""
+  b, q, h, kh, d, s, t, k_lens, q_lens, block_k, splits = CASES[name]
+  args, kw = _inputs(_key(request), b, q, h, kh, d, s, t, k_lens, q_lens,
+                     dtype)
+  kw.update(score="logit", score_prefix=prefix)
+  got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
+                                block_k=block_k, num_splits=splits)
+  _check(args, kw, got, dtype)
+  mass = reference.scheduled_attention(*args, **dict(kw, score="mass"))[1]
+  assert (np.asarray(got[1]) < 0).any() and not np.allclose(got[1], mass)
+
+
 @pytest.mark.parametrize("excl,score,t", [(False, False, 0), (True, False, 8),
                                           (False, True, 8)])
 def test_optional_inputs(request, excl, score, t):
@@ -192,12 +211,14 @@ def test_score_prefix_scores_the_first_queries_alone(request, name, dtype):
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("prefix", [None, 16])
-def test_triton_score_prefix_at_llada_shapes(request, prefix):
+@pytest.mark.parametrize("score", ["mass", "logit"])
+def test_triton_score_prefix_at_llada_shapes(request, prefix, score):
   """Flash-Cache's draft pass at LLaDA-8B's heads: 128 queries, the mass of
   the first 16, one key split (the default at 32 heads)."""
   args, kw = _inputs(_key(request), 3, 128, 32, 32, 128, 1280, 0,
                      [1280, 900, 1], [128, 100, 128], jnp.bfloat16)
   kw["score_rows_BxQ"] = jnp.arange(128)[None].repeat(3, 0) < 16
+  kw["score"] = score
   got = api.scheduled_attention(*args, **kw, score_prefix=prefix,
                                 implementation="pallas")
   _check(args, dict(kw, score_prefix=prefix), got, jnp.bfloat16)

@@ -33,6 +33,8 @@ class CachedExtras:
     are accumulated per key into the "attention_mass" intermediate.
   mass_prefix: mass rows lie among the first mass_prefix queries (later ones
     are ignored), so the kernel can score those rows alone.
+  mass_score: "mass" accumulates softmax probabilities, "logit" the scaled
+    pre-softmax q.k (summed the same way).
   """
 
   write_cache: bool = struct.field(pytree_node=False, default=True)
@@ -40,6 +42,7 @@ class CachedExtras:
   inq_mask_BxQxQ: jax.Array | None = None
   mass_rows_BxQ: jax.Array | None = None
   mass_prefix: int | None = struct.field(pytree_node=False, default=None)
+  mass_score: str = struct.field(pytree_node=False, default="mass")
 
 
 class Block(nn.Module):
@@ -94,7 +97,7 @@ class Block(nn.Module):
           exclude_BxS=extras.exclude_BxS, k_new_BxQxKxD=k_new_BxQxKxD,
           v_new_BxQxKxD=v_new_BxQxKxD, inq_mask_BxQxQ=extras.inq_mask_BxQxQ,
           mass_rows_BxQ=extras.mass_rows_BxQ if self.sow_mass else None,
-          mass_prefix=extras.mass_prefix,
+          mass_prefix=extras.mass_prefix, mass_score=extras.mass_score,
           implementation=self.implementation)
       if mass_BxS is not None:
         self.sow("intermediates", "attention_mass", mass_BxS)

@@ -1,19 +1,34 @@
-"""Flash-Cache's query budget: which positions one step recomputes.
+"""Flash-Cache's query budget and answer end: which positions a step runs.
 
-Per row, a fixed number of query slots laid out as [window | extra | tracked]:
-  window  block_m open masked positions, best confidence (as last scored)
-          first, never-scored ones in position order;
-  extra   the next (mask_num - 1) * block_m open masks in that order,
-          refreshed but not decoded;
-  tracked newly committed positions, then the other real positions that drew
-          the most attention mass from the window in the previous step.
-Unused slots are -1.
+Per row, a fixed number of query slots laid out as [window | extra | tracked]
+(unused slots are -1):
+  window  block_m masked positions, the only ones decoded and verified:
+          "leftmost" (the reference) the leftmost masked positions, also
+          those past the answer's end (they get no confidence);
+          "confident" the open masks (before the end) best last confidence
+          first, never-scored ones after them in position order;
+  extra   the next (mask_num - 1) * block_m masks in that order, refreshed
+          (K/V rewritten) but not decoded;
+  tracked decoded positions in the reference's order: the last committed
+          batch (`last_BxN`), then the highest rank of the last step.
+
+The reference keeps every decoded position in one list, re-sorted after
+each step by that step's rank except the batch committed last, which stays
+at the end; the budget takes the list's tail. Only the tail's membership
+matters, so the list is kept as (rank_BxN, last_BxN). Before a row's first
+step its rank is the position itself: the list starts as the prompt in
+position order.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+WINDOWS = ("leftmost", "confident")
+STOPS = ("eos", "first")
+NOT_SCORED = -1.0  # last confidence of a mask that has never been scored
+_TIER = jnp.finfo(jnp.float32).max  # above any rank: the last batch
 
 
 def is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
@@ -22,41 +37,76 @@ def is_stop(tokens: jax.Array, stop_ids: tuple[int, ...]) -> jax.Array:
   return jnp.isin(tokens, jnp.asarray(stop_ids))
 
 
-def candidates(model, tokens_BxN: jax.Array, prompt_len: int):
-  """(open_BxN: masked positions still part of the answer; others_BxN: every
-  other real position — decoded tokens, and masks dropped after a stop token
-  — which may only be refreshed as tracked positions)."""
-  cfg = model.config
-  n = tokens_BxN.shape[1]
-  gen_BxN = jnp.arange(n)[None, :] >= prompt_len
-  masked_BxN = (tokens_BxN == cfg.mask_token_id) & gen_BxN
-  stop_BxN = is_stop(tokens_BxN, model.stop_ids) & gen_BxN
-  first_stop_B = jnp.where(stop_BxN.any(1), jnp.argmax(stop_BxN, 1), n)
-  open_BxN = masked_BxN & (jnp.arange(n)[None, :] < first_stop_B[:, None])
-  return open_BxN, model.valid_BxN & ~open_BxN
+def end_tokens(model, stop: str) -> tuple[int, ...]:
+  """The ids that fix the answer's end: EOS alone ("eos", the reference) or
+  every stop id (EOS and EOT, "first"); none without stop_at_eos."""
+  if not model.stop_ids:
+    return ()
+  return model.stop_ids if stop == "first" else (model.config.eos_token_id,)
 
 
-def select(rank_BxN, mass_BxN, new_BxN, open_BxN, decoded_BxN, *,
-           window: int, extra: int, tracked: int) -> jax.Array:
-  """slots_BxQ (-1 = unused), Q = window + extra + tracked.
+def update_end(end_B, n: int, slots_BxK, tokens_BxK, committed_BxK, ids,
+               stop: str):
+  """The answer end after one commit batch (slots -1 = none; end N = none).
 
-  rank_BxN: last confidence of each masked position (negative if never
-  scored); mass_BxN: attention mass from the last window; new_BxN: positions
-  committed in the last step (tracked first).
+  "eos": fixed by the first batch that commits an end token, one past the
+  largest such slot in it, then never moved (the reference). "first": one
+  past the first end token committed so far (it can only move left).
   """
-  mask_key_BxN = jnp.where(open_BxN, -rank_BxN, jnp.inf)
-  mask_order_BxN = jnp.argsort(mask_key_BxN, axis=1, stable=True)
-  n_open_B = open_BxN.sum(1)
+  hit_BxK = committed_BxK & is_stop(tokens_BxK, ids) & (slots_BxK >= 0)
+  if stop == "first":
+    first_B = jnp.min(jnp.where(hit_BxK, slots_BxK + 1, end_B[:, None]),
+                      axis=1)
+    return jnp.minimum(end_B, first_B)
+  last_B = jnp.max(jnp.where(hit_BxK, slots_BxK + 1, -1), axis=1)
+  return jnp.where(jnp.any(hit_BxK, axis=1) & (end_B >= n), last_B, end_B)
+
+
+def select(masked_BxN, decoded_BxN, end_B, conf_BxN, rank_BxN, last_BxN, *,
+           window_rule: str, window: int, extra: int, tracked: int):
+  """slots_BxQ, Q = window + extra + tracked (see the module docstring).
+
+  masked_BxN: undecoded generated positions; decoded_BxN: prompt and
+  committed positions; end_B: the answer end (N if none); conf_BxN: last
+  confidence of masks (NOT_SCORED if never); rank_BxN / last_BxN: the
+  reference's order of decoded positions.
+  """
+  n = masked_BxN.shape[1]
+  pos_N = jnp.arange(n)
+  if window_rule == "leftmost":
+    pool_BxN = masked_BxN
+    key_BxN = jnp.where(pool_BxN, pos_N[None, :].astype(jnp.float32), jnp.inf)
+  else:
+    pool_BxN = masked_BxN & (pos_N[None, :] < end_B[:, None])
+    key_BxN = jnp.where(pool_BxN, -conf_BxN, jnp.inf)
+  order_BxN = jnp.argsort(key_BxN, axis=1, stable=True)
+  n_pool_B = pool_BxN.sum(1)
   take = lambda order, count, k, start=0: jnp.where(
       jnp.arange(start, start + k)[None, :] < count[:, None],
       _pad_take(order, start, k), -1)
-  window_BxW = take(mask_order_BxN, n_open_B, window)
-  extra_BxX = take(mask_order_BxN, n_open_B, extra, start=window)
-  track_key_BxN = jnp.where(decoded_BxN,
-                            -jnp.where(new_BxN, jnp.inf, mass_BxN), jnp.inf)
-  track_order_BxN = jnp.argsort(track_key_BxN, axis=1, stable=True)
+  window_BxW = take(order_BxN, n_pool_B, window)
+  extra_BxX = take(order_BxN, n_pool_B, extra, start=window)
+  track_key_BxN = jnp.where(decoded_BxN, order_key(rank_BxN, last_BxN),
+                            -jnp.inf)
+  track_order_BxN = jnp.argsort(-track_key_BxN, axis=1, stable=True)
   tracked_BxT = take(track_order_BxN, decoded_BxN.sum(1), tracked)
   return jnp.concatenate([window_BxW, extra_BxX, tracked_BxT], axis=1)
+
+
+def order_key(rank_BxN, last_BxN):
+  """Larger = later in the reference's list of decoded positions."""
+  return jnp.where(last_BxN, _TIER, rank_BxN)
+
+
+def recent_key(decoded_BxN, drafted_BxN, rank_BxN, last_BxN):
+  """The verify pass's order after the draft commits (drafted_BxN): those
+  last, then the list as it was; -inf for positions not decoded."""
+  return jnp.where(drafted_BxN, jnp.inf, jnp.where(
+      decoded_BxN, order_key(rank_BxN, last_BxN), -jnp.inf))
+
+
+def initial_rank(b: int, n: int) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(n, dtype=jnp.float32), (b, n))
 
 
 def _pad_take(order_BxN: jax.Array, start: int, k: int) -> jax.Array:

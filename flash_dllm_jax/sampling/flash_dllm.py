@@ -2,15 +2,17 @@
 
 Every step pushes a fixed budget of query positions per row through the whole
 model against a KV cache that covers the full sequence (flash_budget.py):
-block_m window masks to decode, (mask_num - 1) * block_m further masks to
-refresh, and track_num * block_m tracked positions (new commits first, then
-by attention mass). Their fresh K/V overwrite their slots; everything else
-is read from the cache. The first step runs every position (a prefill) so
-the cache starts complete. The window is decoded with the confidence
-threshold (at least one commit per step); masked positions after a committed
-stop token are dropped.
-With `verify`, a second pass checks up to block_m // 2 of the remaining
-window drafts (flash_verify.py, which also defines the pass for Dream).
+the block_m-position window to decode, (mask_num - 1) * block_m further masks
+to refresh, and track_num * block_m tracked decoded positions. Their fresh
+K/V overwrite their slots; everything else is read from the cache. A row's
+first step runs every position (a prefill) so its cache starts complete.
+The window is decoded with the confidence threshold (at least one commit per
+step). The first commit batch holding EOS fixes the answer's end after the
+largest such position; nothing at or after the end is decoded, and a row is
+finished once no mask remains before it. With `verify`, a second pass checks
+up to block_m // 2 of the remaining window drafts (flash_verify.py, which
+also defines the pass for Dream). The defaults are the reference's rules;
+`window`, `stop` and `rank` name the project's alternatives.
 """
 
 from __future__ import annotations
@@ -28,47 +30,53 @@ from flash_dllm_jax.sampling import (checks, flash_budget, flash_verify,
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
-NOT_SCORED = -1.0  # rank of masked positions that have never been scored
+NOT_SCORED = flash_budget.NOT_SCORED
 
 
 @struct.dataclass
 class FlashCacheAux:
   """Per-row bookkeeping carried through the loop.
 
-  cache: KV of every slot. rank_BxN: last confidence of each masked position
-  (NOT_SCORED if never scored). mass_BxN: attention mass each slot drew from
-  the window in the last step. new_BxN: positions committed in the last step.
-  committed_at_BxN: the step each generated position was committed (-1 for
-  the prompt and for masks), which orders the verify pass's recent tokens.
-  fresh_B: rows whose next step is a prefill (a new request in the slot).
+  cache: KV of every slot. rank_BxN / last_BxN: the reference's order of
+  decoded positions (flash_budget.py): the last step's rank of every slot
+  (summed window q.k, or attention mass) and the batch committed last.
+  conf_BxN: last confidence of each masked position (NOT_SCORED if never
+  scored; the "confident" window). end_B: one past the answer's end token,
+  N while none is committed. fresh_B: rows whose next step is a prefill (a
+  new request in the slot).
   """
 
   cache: KVCache
   rank_BxN: jax.Array
-  mass_BxN: jax.Array
-  new_BxN: jax.Array
-  committed_at_BxN: jax.Array
+  last_BxN: jax.Array
+  conf_BxN: jax.Array
+  end_B: jax.Array
   fresh_B: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
 class FlashDLLMSampler:
-  """Flash-Cache decoding; defaults follow the reference GSM8K script.
+  """Flash-Cache decoding; defaults follow the reference (VILA-Lab
+  Flash-dLLM `generate_with_Flash_dLLM` and its GSM8K script).
 
+  window / stop / rank: the reference's rules by default; the alternatives
+    are the project's (flash_budget.py): window "confident", stop "first"
+    (the first committed EOS or EOT ends the answer), rank "mass" (softmax
+    attention mass instead of summed q.k ranks the decoded positions).
+  rank_from_layer: layers from this one on add to the rank (the reference's
+    `block_idx > 1`).
   recompute_all: run every position uncached each step instead (the
-  exactness reference: with a budget covering the whole sequence the cached
-  run must equal it).
+    exactness reference: with a budget covering the whole sequence the cached
+    run must equal it).
   verify / gamma: Flash-Verify and its acceptance level (0.8 for GSM8K and
-  MBPP in the reference scripts, 0.85 for MATH and HumanEval).
+    MBPP in the reference scripts, 0.85 for MATH and HumanEval).
   forced_commits: benchmark schedule: commit exactly this many window
     positions per step (most confident first) whatever their confidence, and
     run the verify pass without accepting anything, so step counts do not
     depend on (random) weights.
   max_refills: under continuous batching, at most this many slots take a new
     request per loop step, and such a step prefills those rows alone (None:
-    any number, and a step with new requests prefills every row). Default 4:
-    on an H200 (32 slots) it gave 1.09-1.21x the tokens/s of static batches
-    where None gave 0.81-0.92x (BENCHMARKS.md, "Continuous batching").
+    any number, and a step with new requests prefills every row).
   """
 
   gen_length: int = 256
@@ -76,9 +84,12 @@ class FlashDLLMSampler:
   track_num: int = 4
   mask_num: int = 4
   threshold: float = 0.9
-  mass_from_layer: int = 2
+  rank_from_layer: int = 2
   verify: bool = False
   gamma: float = 0.8
+  window: str = "leftmost"
+  stop: str = "eos"
+  rank: str = "score"
   recompute_all: bool = False
   forced_commits: int | None = None
   max_refills: int | None = 4
@@ -93,6 +104,12 @@ class FlashDLLMSampler:
       errors.append(f"threshold must be in (0, 1], got {self.threshold}")
     if not 0 < self.gamma <= 1:
       errors.append(f"gamma must be in (0, 1], got {self.gamma}")
+    for name, allowed in (("window", flash_budget.WINDOWS),
+                          ("stop", flash_budget.STOPS),
+                          ("rank", ("score", "mass"))):
+      if getattr(self, name) not in allowed:
+        errors.append(f"{name} must be one of {', '.join(allowed)}, got "
+                      f"{getattr(self, name)!r}")
     if self.verify and self.recompute_all:
       errors.append("recompute_all (the uncached exactness reference) cannot "
                     "be combined with verify, which reads the cache")
@@ -108,9 +125,9 @@ class FlashDLLMSampler:
     if self.verify and self.block_m < 2:
       errors.append("verify needs block_m >= 2 (it checks block_m // 2 "
                     "candidates)")
-    if not isinstance(self.mass_from_layer, int) or self.mass_from_layer < 0:
-      errors.append(f"mass_from_layer must be an int >= 0, got "
-                    f"{self.mass_from_layer!r}")
+    if not isinstance(self.rank_from_layer, int) or self.rank_from_layer < 0:
+      errors.append(f"rank_from_layer must be an int >= 0, got "
+                    f"{self.rank_from_layer!r}")
     if errors:
       raise ValueError("invalid Flash-dLLM arguments: " + "; ".join(errors))
 
@@ -126,36 +143,46 @@ class FlashDLLMSampler:
   def query_budget(self) -> int:
     return self.block_m * (1 + self.track_num) + self.extra_masks
 
+  @property
+  def _scored(self) -> int:
+    """Query rows whose logits are read: the window, plus the extra masks'
+    for the "confident" window (it ranks masks by their last confidence)."""
+    return self.block_m + (self.extra_masks if self.window == "confident"
+                           else 0)
+
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
     checks.check_fits(prompt_len, self.gen_length, max_seq_len)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
     b, n = tokens_BxN.shape
     return FlashCacheAux(cache=model.empty_cache(),
-                         rank_BxN=jnp.full((b, n), NOT_SCORED, jnp.float32),
-                         mass_BxN=jnp.zeros((b, n), jnp.float32),
-                         new_BxN=jnp.zeros((b, n), bool),
-                         committed_at_BxN=jnp.full((b, n), -1, jnp.int32),
+                         rank_BxN=flash_budget.initial_rank(b, n),
+                         last_BxN=jnp.zeros((b, n), bool),
+                         conf_BxN=jnp.full((b, n), NOT_SCORED, jnp.float32),
+                         end_B=jnp.full((b,), n, jnp.int32),
                          fresh_B=jnp.ones((b,), bool))
 
   def reset_rows(self, aux: FlashCacheAux, rows_B: jax.Array) -> FlashCacheAux:
     """Forgets the rows' bookkeeping when a new request takes their slot; the
     cache needs no reset since their next step (a prefill) rewrites it."""
+    b, n = aux.rank_BxN.shape
     r_Bx1 = rows_B[:, None]
     return aux.replace(
-        rank_BxN=jnp.where(r_Bx1, NOT_SCORED, aux.rank_BxN),
-        mass_BxN=jnp.where(r_Bx1, 0.0, aux.mass_BxN),
-        new_BxN=aux.new_BxN & ~r_Bx1,
-        committed_at_BxN=jnp.where(r_Bx1, -1, aux.committed_at_BxN),
+        rank_BxN=jnp.where(r_Bx1, flash_budget.initial_rank(b, n),
+                           aux.rank_BxN),
+        last_BxN=aux.last_BxN & ~r_Bx1,
+        conf_BxN=jnp.where(r_Bx1, NOT_SCORED, aux.conf_BxN),
+        end_B=jnp.where(rows_B, n, aux.end_B),
         fresh_B=aux.fresh_B | rows_B)
 
-  # Query selection (flash_budget.py) -----------------------------------------
-  def _select(self, aux, open_BxN, decoded_BxN):
-    """slots_BxQ (-1 = unused) laid out as [window | extra masks | tracked]."""
-    w, x = self.block_m, self.extra_masks
-    return flash_budget.select(
-        aux.rank_BxN, aux.mass_BxN, aux.new_BxN, open_BxN, decoded_BxN,
-        window=w, extra=x, tracked=self.query_budget - w - x)
+  def finished(self, model: SequenceModel, tokens_BxN: jax.Array,
+               aux: FlashCacheAux, prompt_len: int) -> jax.Array:
+    """[B] bool: no mask remains before the answer's end."""
+    n = tokens_BxN.shape[1]
+    pos_N = jnp.arange(n)
+    masked_BxN = (tokens_BxN == model.config.mask_token_id) & (
+        pos_N[None, :] >= prompt_len)
+    return ~jnp.any(masked_BxN & (pos_N[None, :] < aux.end_B[:, None]), 1)
 
   # One step ------------------------------------------------------------------
   def propose(self, model: SequenceModel, state: DecodeState,
@@ -170,10 +197,14 @@ class FlashDLLMSampler:
     tokens_BxN, aux = state.tokens_BxN, state.aux
     b, n = tokens_BxN.shape
     w, x = self.block_m, self.extra_masks
-    open_BxN, decoded_BxN = flash_budget.candidates(model, tokens_BxN,
-                                                     prompt_len)
-    slots_BxQ = self._select(aux, open_BxN, decoded_BxN)
-    scored_BxR = slots_BxQ[:, :w + x]
+    masked_BxN = (tokens_BxN == model.config.mask_token_id) & (
+        jnp.arange(n)[None, :] >= prompt_len)
+    decoded_BxN = model.valid_BxN & ~masked_BxN
+    slots_BxQ = flash_budget.select(
+        masked_BxN, decoded_BxN, aux.end_B, aux.conf_BxN, aux.rank_BxN,
+        aux.last_BxN, window_rule=self.window, window=w, extra=x,
+        tracked=self.query_budget - w - x)
+    scored_BxR = slots_BxQ[:, :self._scored]
     # Dream predicts position i from row i - 1 (config.logits_shift).
     pred_BxR = jnp.where(scored_BxR >= 0,
                          scored_BxR - model.config.logits_shift, -1)
@@ -182,7 +213,7 @@ class FlashDLLMSampler:
 
     if self.recompute_all:
       logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
-      cache, mass_BxN = aux.cache, aux.mass_BxN  # no cache, no mass
+      cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
     else:
       prefill = lambda: self._prefill(model, tokens_BxN, slots_BxQ, pred_BxR,
                                       aux.cache)
@@ -199,52 +230,59 @@ class FlashDLLMSampler:
 
       which = jnp.where(jnp.all(aux.fresh_B), 0,
                         jnp.where(jnp.any(aux.fresh_B), 1, 2))
-      logits_BxRxV, cache, mass_BxN = jax.lax.switch(
+      logits_BxRxV, cache, rank_BxN = jax.lax.switch(
           which, [prefill, mixed, flash])
 
     x0_BxR, conf_BxR = parallel_rules.confidence(logits_BxRxV)
-    real_BxR = scored_BxR >= 0
-    is_stop_BxR = flash_budget.is_stop(x0_BxR, model.stop_ids) & real_BxR
-    # Window positions after a predicted stop token get no confidence.
-    first_stop_B = jnp.min(jnp.where(is_stop_BxR[:, :w], scored_BxR[:, :w], n),
-                           axis=1)
-    conf_w_BxW = jnp.where(scored_BxR[:, :w] > first_stop_B[:, None], 0.0,
+    window_BxW = scored_BxR[:, :w]
+    real_BxW = window_BxW >= 0
+    drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
+    ids = flash_budget.end_tokens(model, self.stop)
+    conf_w_BxW = jnp.where(window_BxW >= aux.end_B[:, None], 0.0,
                            conf_BxR[:, :w])
+    if self.stop == "first":  # nothing after a stop this step predicts
+      stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
+      first_B = jnp.min(jnp.where(stop_BxW, window_BxW, n), axis=1)
+      conf_w_BxW = jnp.where(window_BxW > first_B[:, None], 0.0, conf_w_BxW)
     if self.forced_commits is not None:
       commit_BxW = parallel_rules.fixed_commit(
-          conf_w_BxW, real_BxR[:, :w],
-          jnp.full((b,), self.forced_commits, jnp.int32))
+          conf_w_BxW, real_BxW, jnp.full((b,), self.forced_commits, jnp.int32))
     else:
-      commit_BxW = parallel_rules.threshold_commit(
-          conf_w_BxW, real_BxR[:, :w], self.threshold)
+      commit_BxW = parallel_rules.threshold_commit(conf_w_BxW, real_BxW,
+                                                   self.threshold)
     rows_Bx1 = jnp.arange(b)[:, None]
-    drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
-    commit_slots_BxW = jnp.where(commit_BxW, scored_BxR[:, :w], n)
+    commit_slots_BxW = jnp.where(commit_BxW, window_BxW, n)
     tokens_BxN = tokens_BxN.at[rows_Bx1, commit_slots_BxW].set(
         drafts_BxW, mode="drop")
-    forwards_B = jnp.ones((b,), jnp.int32)
+    end_B = flash_budget.update_end(aux.end_B, n, window_BxW, drafts_BxW,
+                                    commit_BxW, ids, self.stop)
+    drafted_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, commit_slots_BxW].set(
+        True, mode="drop")
+    last_BxN, forwards_B = drafted_BxN, jnp.ones((b,), jnp.int32)
     plan = p_BxC = keep_BxC = None
-    committed_at_BxN = aux.committed_at_BxN.at[rows_Bx1, commit_slots_BxW].set(
-        state.step, mode="drop")
     if self.verify:
+      eligible_BxW = real_BxW & ~commit_BxW & (
+          window_BxW < aux.end_B[:, None])
+      recent_BxN = flash_budget.recent_key(decoded_BxN, drafted_BxN,
+                                           aux.rank_BxN, aux.last_BxN)
       v = flash_verify.verify(
-          model, tokens_BxN, committed_at_BxN, scored_BxR[:, :w], drafts_BxW,
-          conf_w_BxW, commit_BxW, cache, block_m=self.block_m,
-          gamma=self.gamma, accept_none=self.forced_commits is not None)
+          model, tokens_BxN, recent_BxN, window_BxW, drafts_BxW, conf_w_BxW,
+          eligible_BxW, end_B, cache, block_m=self.block_m, gamma=self.gamma,
+          accept_none=self.forced_commits is not None)
       plan, p_BxC, keep_BxC = v.plan, v.p_BxC, v.keep_BxC
       verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)
       tokens_BxN = tokens_BxN.at[rows_Bx1, verified_BxC].set(
           v.drafts_BxC, mode="drop")
-      committed_at_BxN = committed_at_BxN.at[rows_Bx1, verified_BxC].set(
-          state.step, mode="drop")
-      commit_slots_BxW = jnp.concatenate([commit_slots_BxW, verified_BxC], 1)
+      end_B = flash_budget.update_end(end_B, n, v.slots_BxC, v.drafts_BxC,
+                                      keep_BxC, ids, self.stop)
+      last_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, verified_BxC].set(
+          True, mode="drop")
       forwards_B = forwards_B + (plan.S_B > 0)
-    new_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, commit_slots_BxW].set(
-        True, mode="drop")
-    rank_BxN = aux.rank_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
+    real_BxR = scored_BxR >= 0
+    conf_BxN = aux.conf_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
                                ].set(conf_BxR, mode="drop")
-    aux = FlashCacheAux(cache=cache, rank_BxN=rank_BxN, mass_BxN=mass_BxN,
-                        new_BxN=new_BxN, committed_at_BxN=committed_at_BxN,
+    aux = FlashCacheAux(cache=cache, rank_BxN=rank_BxN, last_BxN=last_BxN,
+                        conf_BxN=conf_BxN, end_B=end_B,
                         fresh_B=jnp.zeros_like(aux.fresh_B))
     return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC)
 
@@ -260,8 +298,9 @@ class FlashDLLMSampler:
                                           slots_BxQ[:, :w], n)].set(
                                               True, mode="drop")
     out = model.run(tokens_BxN, all_BxN, cache, rows_BxR,
-                    extras=CachedExtras(mass_rows_BxQ=window_BxN),
-                    mass_from_layer=self.mass_from_layer)
+                    extras=CachedExtras(mass_rows_BxQ=window_BxN,
+                                        mass_score=self._mass_score),
+                    mass_from_layer=self.rank_from_layer)
     return out.logits, out.cache, self._mass(out.mass_BxS, b, n)
 
   def _prefill_rows(self, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
@@ -300,9 +339,14 @@ class FlashDLLMSampler:
                                        axis=1)
     out = model.run(q_tokens_BxQ, slots_BxQ, cache, rows_BxR,
                     extras=CachedExtras(mass_rows_BxQ=window_rows_BxQ,
-                                        mass_prefix=self.block_m),
-                    mass_from_layer=self.mass_from_layer)
+                                        mass_prefix=self.block_m,
+                                        mass_score=self._mass_score),
+                    mass_from_layer=self.rank_from_layer)
     return out.logits, out.cache, self._mass(out.mass_BxS, b, n)
+
+  @property
+  def _mass_score(self) -> str:
+    return "logit" if self.rank == "score" else "mass"
 
   def _mass(self, mass_BxS, b, n):
     if mass_BxS is None:  # every layer is below mass_from_layer

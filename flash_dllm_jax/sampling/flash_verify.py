@@ -1,10 +1,13 @@
 """Flash-Verify: the model checks its own drafts in a second, small pass.
 
 After the draft (Flash-Cache) forward commits its confident tokens, up to
-block_m // 2 of the remaining window candidates, in draft-confidence order,
-are verified. The verify pass holds 2 * block_m query rows per sequence:
-  recent  the most recently committed tokens (re-encoded), filling the rows
-          the others leave (2*block_m - 2*S for LLaDA),
+block_m // 2 of the remaining window candidates before the answer's end, in
+draft-confidence order, are verified. The verify pass holds 2 * block_m
+query rows per sequence:
+  recent  the tail of the reference's list of decoded positions (the step's
+          draft commits, then the list as flash_budget keeps it),
+          re-encoded, filling the rows the others leave (2*block_m - 2*S
+          for LLaDA),
   draft   the S candidates holding their draft tokens,
   mask    the S candidates holding [MASK],
 attending to every cache slot except the query slots, plus each other:
@@ -182,29 +185,24 @@ class Verified(NamedTuple):
   drafts_BxC: jax.Array
 
 
-def verify(model, tokens_BxN, committed_at_BxN, window_BxW, drafts_BxW,
-           conf_BxW, committed_BxW, cache, *, block_m: int, gamma: float,
-           accept_none: bool = False) -> Verified:
-  """Picks the candidates (the best block_m // 2 uncommitted window drafts)
-  and the recent tokens (by committed_at_BxN, the step each generated
-  position was committed), runs the pass and applies the acceptance rule
-  (accept_none: run it, keep nothing — the benchmark schedule)."""
+def verify(model, tokens_BxN, recent_key_BxN, window_BxW, drafts_BxW,
+           conf_BxW, eligible_BxW, end_B, cache, *, block_m: int,
+           gamma: float, accept_none: bool = False) -> Verified:
+  """Picks the candidates (the block_m // 2 most confident eligible window
+  drafts), runs the pass over the recent tokens (recent_key_BxN, larger =
+  more recent) and applies the acceptance rule; probabilities of candidates
+  at or past the answer end (end_B) are 0, as in the reference.
+  accept_none: run the pass, keep nothing (the benchmark schedule)."""
   cfg = model.config
-  b, n = tokens_BxN.shape
+  b = tokens_BxN.shape[0]
   c = block_m // 2
-  remaining_BxW = (window_BxW >= 0) & ~committed_BxW
-  order_BxW = jnp.argsort(jnp.where(remaining_BxW, -conf_BxW, jnp.inf),
+  order_BxW = jnp.argsort(jnp.where(eligible_BxW, -conf_BxW, jnp.inf),
                           axis=1, stable=True)[:, :c]
-  n_cand_B = jnp.minimum(remaining_BxW.sum(1), c)
+  n_cand_B = jnp.minimum(eligible_BxW.sum(1), c)
   real_BxC = jnp.arange(c)[None, :] < n_cand_B[:, None]
   cand_slots_BxC = jnp.where(
       real_BxC, jnp.take_along_axis(window_BxW, order_BxW, 1), -1)
   cand_drafts_BxC = jnp.take_along_axis(drafts_BxW, order_BxW, 1)
-  decoded_BxN = model.valid_BxN & (tokens_BxN != cfg.mask_token_id)
-  recent_key_BxN = jnp.where(
-      decoded_BxN,
-      committed_at_BxN.astype(jnp.float32) * n + jnp.arange(n)[None, :],
-      -jnp.inf)
   the_plan = plan(tokens_BxN, recent_key_BxN, cand_slots_BxC, cand_drafts_BxC,
                   n_cand_B, block_m, cfg.mask_token_id, cfg.logits_shift)
 
@@ -217,6 +215,7 @@ def verify(model, tokens_BxN, committed_at_BxN, window_BxW, drafts_BxW,
 
   p_BxC = jax.lax.cond(jnp.any(the_plan.S_B > 0), run_pass,
                        lambda: jnp.zeros((b, c), jnp.float32))
+  p_BxC = jnp.where(cand_slots_BxC >= end_B[:, None], 0.0, p_BxC)
   keep_BxC = accept(p_BxC, the_plan.S_B, gamma)
   if accept_none:
     # Never true (probabilities are >= 0) but data-dependent, so XLA cannot

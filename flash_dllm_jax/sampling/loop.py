@@ -5,7 +5,7 @@ Both call the same `step_fn`; tests check they give the same tokens.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -58,6 +58,16 @@ class Sampler(Protocol):
     aux, and the forward passes spent (an int or [B])."""
 
 
+@runtime_checkable
+class EndsRows(Protocol):
+  """A sampler that decides itself when a row's answer is complete (instead
+  of "no mask before the first stop token")."""
+
+  def finished(self, model: SequenceModel, tokens_BxN: jax.Array, aux,
+               prompt_len: int) -> jax.Array:
+    """[B] bool."""
+
+
 def make_step(sampler: Sampler, model: SequenceModel, prompt_len: int,
               stop_ids: tuple[int, ...]) -> StepFn:
   """One decoding step: the sampler proposes tokens, `advance` commits them."""
@@ -66,7 +76,11 @@ def make_step(sampler: Sampler, model: SequenceModel, prompt_len: int,
     keys_Bx2 = jax.vmap(jax.random.split)(state.rng_B)
     tokens_BxN, aux, forwards = sampler.propose(model, state, keys_Bx2[:, 1],
                                                 prompt_len)
+    complete = None
+    if isinstance(sampler, EndsRows):
+      complete = lambda t: sampler.finished(model, t, aux, prompt_len)
     return advance(state, tokens_BxN, aux, forwards, prompt_len,
-                   model.config.mask_token_id, stop_ids, keys_Bx2[:, 0])
+                   model.config.mask_token_id, stop_ids, keys_Bx2[:, 0],
+                   complete=complete)
 
   return step_fn

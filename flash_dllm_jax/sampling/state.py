@@ -63,13 +63,19 @@ def answer_complete(gen_BxG: jax.Array, mask_id: int,
 
 def advance(state: DecodeState, proposed_BxN: jax.Array, aux,
             forwards: int | jax.Array, prompt_len: int, mask_id: int,
-            stop_ids: tuple[int, ...], rng_B: jax.Array) -> DecodeState:
+            stop_ids: tuple[int, ...], rng_B: jax.Array,
+            complete=None) -> DecodeState:
   """Commits a step's tokens for the rows still running; frozen rows keep
-  theirs, so finishing early never changes a row's tokens."""
+  theirs, so finishing early never changes a row's tokens. complete: the
+  sampler's own test of a finished row (tokens_BxN -> [B] bool), else
+  `answer_complete`."""
   active_B = ~state.done_B
   tokens_BxN = jnp.where(active_B[:, None], proposed_BxN, state.tokens_BxN)
-  done_B = state.done_B | answer_complete(tokens_BxN[:, prompt_len:], mask_id,
-                                          stop_ids)
+  if complete is None:
+    complete_B = answer_complete(tokens_BxN[:, prompt_len:], mask_id, stop_ids)
+  else:
+    complete_B = complete(tokens_BxN)
+  done_B = state.done_B | complete_B
   return DecodeState(tokens_BxN=tokens_BxN, step=state.step + 1,
                      done_B=done_B,
                      forwards_B=state.forwards_B + forwards * active_B,

@@ -18,12 +18,14 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                         exclude_BxX=None, score_rows_BxQ=None,
                         head_mass: bool = False,
                         score_prefix: int | None = None,
+                        score: str = "mass",
                         implementation: str | None = None, **tiling):
   """Ragged GQA attention over cache[:k_len] minus exclusions plus new keys.
 
   Returns (o_BxQxHxD, mass_BxS or None); see reference.scheduled_attention
   (head_mass: mass_BxKxS per KV head, to be summed by `sum_heads`;
-  score_prefix: only the first score_prefix queries can be score rows).
+  score_prefix: only the first score_prefix queries can be score rows;
+  score: "mass" or "logit", what is summed per key).
   Exclusions: boolean exclude_BxS (what the kernel reads), or a padded
   position list exclude_BxX (-1 = none), turned into the mask here.
   implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
@@ -40,6 +42,9 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
             v_new_BxTxKxD=v_new_BxTxKxD, inq_mask_BxQxT=inq_mask_BxQxT,
             exclude_BxS=exclude_BxS, score_rows_BxQ=score_rows_BxQ,
             head_mass=head_mass, score_prefix=score_prefix)
+  if score not in ("mass", "logit"):
+    raise ValueError(f"score must be 'mass' or 'logit', got {score!r}")
+  kw["score"] = score
   if impl != "reference":
     try:
       return kernel.scheduled_attention(

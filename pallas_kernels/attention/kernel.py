@@ -46,7 +46,7 @@ def _dot_t(a, b):
 
 
 def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
-            do_attn, do_mass):
+            do_attn, do_mass, score):
   refs = list(refs)
   klen_ref, q_ref, k_ref, v_ref, info_ref = refs[:5]
   del refs[:5]
@@ -121,13 +121,15 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     lse = lse_in_ref[...]
 
   if do_mass:
-    score = row_ok & ((info & SCORE) != 0)
-    m_t0 = jnp.where(jnp.max(score.astype(jnp.int32)) > 0, t0, t1)
+    score_rows = row_ok & ((info & SCORE) != 0)
+    m_t0 = jnp.where(jnp.max(score_rows.astype(jnp.int32)) > 0, t0, t1)
 
     def mass_body(t, carry):
       rows, _, k, mask = key_tile(t)
-      mask &= score[:, None]
-      p = jnp.where(mask, jnp.exp(_dot_t(q, k) * scale - lse[:, None]), 0.0)
+      mask &= score_rows[:, None]
+      s_RxN = _dot_t(q, k) * scale
+      p = jnp.where(mask, s_RxN if score == "logit"
+                    else jnp.exp(s_RxN - lse[:, None]), 0.0)
       plgpu.store(mass_ref.at[rows], jnp.sum(p, axis=0),
                   mask=t * block_k + jnp.arange(block_k) < s)
       return carry  # yield the carried value: Triton can't yield a literal
@@ -213,7 +215,7 @@ def _rows(x_BxQx, g, rrp):
 
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_r", "block_k", "num_splits", "num_warps", "num_stages",
-    "interpret", "head_mass", "score_prefix"))
+    "interpret", "head_mass", "score_prefix", "score"))
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxTxKxD=None,
                         v_new_BxTxKxD=None, inq_mask_BxQxT=None,
@@ -222,7 +224,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         num_splits: int | None = None,
                         num_warps: int | None = None, num_stages: int = 3,
                         interpret: bool = False, head_mass: bool = False,
-                        score_prefix: int | None = None):
+                        score_prefix: int | None = None, score: str = "mass"):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
@@ -235,6 +237,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   ones are ignored); when their folded rows fit a smaller tile than block_r,
   the mass runs as its own call on that tile alone, so it does not re-score
   every row of the first tile (Flash-Cache's window is its first queries).
+  score: what is summed per key, "mass" (softmax probability) or "logit"
+  (the pre-softmax scaled q.k, no normalisation needed).
   Raises NotImplementedError for shapes the Triton lowering can't tile.
   """
   b, q, h, d = q_BxQxHxD.shape
@@ -305,7 +309,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
           num_stages=num_stages))
   body = functools.partial(
       _kernel, scale=scale, s=s, block_k=block_k, splits=splits,
-      has_excl=has_excl, has_new=has_new, t_new=t_new)
+      has_excl=has_excl, has_new=has_new, t_new=t_new, score=score)
 
   o_dtype = q_BxQxHxD.dtype if splits == 1 else f32
   fused_mass = do_mass and splits == 1 and not prefix_mass

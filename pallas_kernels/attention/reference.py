@@ -75,7 +75,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         v_new_BxTxKxD=None, inq_mask_BxQxT=None,
                         exclude_BxS=None, score_rows_BxQ=None,
                         head_mass: bool = False,
-                        score_prefix: int | None = None):
+                        score_prefix: int | None = None,
+                        score: str = "mass"):
   """Ragged bidirectional GQA attention over a cache plus in-query keys.
 
   Query i < q_len_B[b] of sequence b attends to cache slots s < k_len_B[b]
@@ -86,6 +87,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   per KV head first, then over heads by `sum_heads`. head_mass: return the
   per-head mass_BxKxS instead (to gather heads across devices first).
   score_prefix: only the first score_prefix queries can be score rows.
+  score: "mass" sums softmax probabilities; "logit" sums the scaled
+  pre-softmax q.k of each (score row, head) instead (Flash-dLLM's ranking).
   Plain JAX: builds the full mask and materialises float32 scores.
   """
   b, q, h, d = q_BxQxHxD.shape
@@ -121,6 +124,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   if score_prefix is not None:
     score_rows_BxQ = score_rows_BxQ & (jnp.arange(q) < score_prefix)[None]
   w_BxQ = (score_rows_BxQ & row_ok_BxQ).astype(f32)
+  if score == "logit":
+    p_BxKxGxQxN = jnp.where(mask, s_BxKxGxQxN, 0.0)
   mass_BxKxS = jnp.einsum("bkgqs,bq->bks", p_BxKxGxQxN[..., :s], w_BxQ,
                           precision=hi)
   return o_BxQxHxD, mass_BxKxS if head_mass else sum_heads(mass_BxKxS)

@@ -1,0 +1,142 @@
+"""VILA-Lab Flash-dLLM's decode loop (`generate_with_Flash_dLLM`) restated in
+plain Python, one sequence at a time: the test oracle of FlashDLLMSampler.
+
+Written from reading the reference's bookkeeping: the list `full_pos` of
+positions (decoded ones first), `num_decoded`, `predicted_length` fixed by
+the first commit batch holding EOS, the window as the next `block_m` list
+entries, the tracked tail of the list re-sorted each step by the summed
+window q.k (from layer 2 on) except the batch committed last, and the verify
+pass's rows [T recent | S drafts | S masks] with its mask pattern. The
+forward itself is the project's cached forward (tested elsewhere against
+transformers), so this checks the loop's rules alone. Without the reference's
+EOS tail: the sequence is prompt + gen_length.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from flash_dllm_jax.model import CachedExtras
+from flash_dllm_jax.sampling import parallel_rules, select
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+
+
+def _forward(model, x, query, cache, logit_rows, *, score_rows=0, extras=None,
+             width=None, from_layer=2):
+  """Cached forward of positions `query` (padded to width with -1)."""
+  slots = np.full(width or len(query), -1, np.int32)
+  slots[:len(query)] = query
+  rows = np.zeros(max(len(logit_rows), 1), np.int32)
+  rows[:len(logit_rows)] = logit_rows
+  if extras is None:
+    extras = CachedExtras(
+        mass_rows_BxQ=jnp.asarray(np.arange(len(slots)) < score_rows)[None],
+        mass_score="logit")
+  out = model.run(jnp.asarray(x[np.maximum(slots, 0)])[None],
+                  jnp.asarray(slots)[None], cache, jnp.asarray(rows)[None],
+                  extras=extras, mass_from_layer=from_layer)
+  score = None if out.mass_BxS is None else np.asarray(out.mass_BxS[0])
+  return out.logits, out.cache, score
+
+
+def decode(config, params, prompt, *, gen_length, block_m, track_num,
+           mask_num, threshold, verify=False, gamma=0.8, budget,
+           rank_from_layer=2):
+  """(gen tokens with masks left as mask_id, steps, forwards) of one prompt."""
+  mask_id, eos_id = config.mask_token_id, config.eos_token_id
+  p = len(prompt)
+  n = p + gen_length
+  model = SequenceModel.for_batch(config, params, jnp.ones((1, n), bool),
+                                  stop_ids=config.stop_token_ids)
+  x = np.array(list(prompt) + [mask_id] * gen_length, np.int32)
+  x_draft = x.copy()
+  full_pos = list(range(n))
+  num_decoded, predicted_length, eos_fixed = p, n, False
+  window = full_pos[p:p + block_m]
+  tracked = full_pos[:p] + full_pos[p + block_m:n]
+  cache, width = model.empty_cache(), n
+  steps = forwards = 0
+  while True:
+    logits, cache, score = _forward(model, x, window + tracked, cache,
+                                    list(range(len(window))),
+                                    score_rows=len(window), width=width,
+                                    from_layer=rank_from_layer)
+    width = budget
+    x0, conf = (np.asarray(a[0, :len(window)])
+                for a in parallel_rules.confidence(logits))
+    forwards += 1
+    conf = np.where(eos_fixed & (np.array(window) >= predicted_length), 0.0,
+                    conf)
+    length_num = int(np.sum(np.array(window) < predicted_length))
+    order = np.argsort(-conf, kind="stable")
+    keep = max(int(np.sum(conf >= threshold)), 1)
+    x_draft[window] = x0
+    full_pos[num_decoded:num_decoded + len(window)] = list(
+        np.array(window)[order])
+    new = full_pos[num_decoded:num_decoded + keep]
+    x[new] = x0[order][:keep]
+    num_decoded += keep
+    if not eos_fixed and np.any(x[new] == eos_id):
+      predicted_length = max(q for q in new if x[q] == eos_id) + 1
+      eos_fixed = True
+    last_keep = keep
+    if verify:
+      s = min(max(length_num - keep, 0), block_m // 2)
+      t = 2 * block_m - 2 * s
+      cands = full_pos[num_decoded:num_decoded + s]
+      recent = full_pos[max(num_decoded - t, 0):num_decoded]
+      keep_v = 0
+      if s:
+        keep_v = _verify(model, x, x_draft, recent, cands, cache, block_m,
+                         gamma, predicted_length if eos_fixed else n)
+        forwards += 1
+      new = cands[:keep_v]
+      x[new] = x_draft[new]
+      num_decoded += keep_v
+      if not eos_fixed and np.any(x[new] == eos_id):
+        predicted_length = max(q for q in new if x[q] == eos_id) + 1
+        eos_fixed = True
+      last_keep = keep_v
+    steps += 1
+    if not any(q < predicted_length for q in full_pos[num_decoded:]):
+      return x[p:], steps, forwards
+    head = full_pos[:num_decoded - last_keep]
+    full_pos[:num_decoded - last_keep] = [
+        head[i] for i in np.argsort(score[head], kind="stable")]
+    window = full_pos[num_decoded:num_decoded + block_m]
+    track_start = max(0, num_decoded - track_num * block_m)
+    track_end = min(n, num_decoded + block_m * mask_num)
+    tracked = (full_pos[track_start:num_decoded]
+               + full_pos[num_decoded + block_m:track_end])
+
+
+def _verify(model, x, x_draft, recent, cands, cache, block_m, gamma, end):
+  """The reference's verify pass: how many candidates it accepts."""
+  t, s = len(recent), len(cands)
+  q = 2 * block_m
+  rows = recent + cands + cands
+  tokens = np.concatenate([x[recent], x_draft[cands], x[cands]])
+  inq = np.ones((q, q), bool)
+  i = np.arange(s)
+  inq[:t, t:t + s] = False
+  inq[t:t + s, t:t + s] = i[:, None] >= i[None, :]
+  inq[t:t + s, t + s:t + 2 * s] = i[:, None] < i[None, :]
+  inq[t + s:t + 2 * s, t:t + s] = i[:, None] > i[None, :]
+  inq[t + s:t + 2 * s, t + s:t + 2 * s] = i[:, None] <= i[None, :]
+  used = np.arange(q) < len(rows)
+  inq &= used[:, None] & used[None, :]
+  exclude = np.zeros(len(x), bool)
+  exclude[rows] = True
+  extras = CachedExtras(write_cache=False,
+                        exclude_BxS=jnp.asarray(exclude)[None],
+                        inq_mask_BxQxQ=jnp.asarray(inq)[None])
+  slots = np.full(q, -1, np.int32)
+  slots[:len(rows)] = rows
+  out = model.run(jnp.asarray(np.pad(tokens, (0, q - len(tokens))))[None],
+                  jnp.asarray(slots)[None], cache,
+                  jnp.asarray(t + s + i)[None], extras=extras)
+  p = np.asarray(select.prob_of(out.logits,
+                                jnp.asarray(x_draft[cands])[None])[0])
+  p = np.where(np.array(cands) >= end, 0.0, p)
+  return int(np.sum(np.cumprod(p) >= gamma))

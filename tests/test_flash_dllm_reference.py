@@ -1,0 +1,45 @@
+"""FlashDLLMSampler's default rules equal the reference's loop, restated in
+tests/flash_dllm_reference.py: tokens, steps and forwards, verify on and
+off, one prompt and a left-padded batch (each row against its oracle run
+alone)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flash_dllm_jax.generate import decode_jit, left_pad
+from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+from tests import flash_dllm_reference
+from tests.test_sampling import random_prompts, tiny
+
+OPTS = dict(gen_length=24, block_m=4, track_num=2, mask_num=2,
+            rank_from_layer=0)  # the tiny model has 2 layers
+
+
+@pytest.mark.parametrize("verify,threshold,gamma,eos_boost", [
+    (False, 0.6, 0.8, 1.2), (True, 0.9, 0.4, 1.2), (True, 0.8, 0.3, 0.0)])
+@pytest.mark.parametrize("lengths", [[9], [9, 14, 11]])
+def test_compiled_loop_equals_the_reference_loop(verify, threshold, gamma,
+                                                 eos_boost, lengths):
+  config, params = tiny("llada", eos_boost=eos_boost)
+  sampler = FlashDLLMSampler(**OPTS, threshold=threshold, verify=verify,
+                             gamma=gamma)
+  prompts = random_prompts(31, lengths)
+  ids, valid = left_pad(prompts, config.pad_token_id)
+  rng_B = jax.vmap(jax.random.key)(jnp.arange(len(prompts), dtype=jnp.uint32))
+  gen, forwards, _, steps_B = decode_jit(
+      params, jnp.asarray(ids), jnp.asarray(valid), rng_B, config=config,
+      sampler=sampler)
+  ends = 0
+  for b, prompt in enumerate(prompts):
+    want, steps, fwd = flash_dllm_reference.decode(
+        config, params, prompt, **OPTS, threshold=threshold, verify=verify,
+        gamma=gamma, budget=sampler.query_budget)
+    np.testing.assert_array_equal(np.asarray(gen[b]), np.where(
+        want == config.mask_token_id, config.pad_token_id, want))
+    assert int(steps_B[b]) == steps and int(forwards[b]) == fwd
+    ends += int(np.any(want == config.eos_token_id))
+    assert steps < OPTS["gen_length"]  # several commits per step
+  if eos_boost:
+    assert ends  # an answer end was fixed and honoured
