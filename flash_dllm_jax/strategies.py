@@ -59,12 +59,6 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              fixed={"recompute_all": False, "verify": True,
                     "window": "confident"},
              help="Flash-dLLM decoding the most confident open masks"),
-    Strategy("flash-dllm-first", FlashDLLMSampler,
-             fixed={"recompute_all": False, "verify": True, "stop": "first"},
-             help="Flash-dLLM whose answer ends at the first EOS or EOT"),
-    Strategy("flash-dllm-mass", FlashDLLMSampler,
-             fixed={"recompute_all": False, "verify": True, "rank": "mass"},
-             help="Flash-dLLM tracking by attention mass, not summed q.k"),
     Strategy("elastic-cache", ElasticCacheSampler, archs=("llada", "dream"),
              fixed={"recompute_all": False},
              help="Elastic-Cache: sliding window, per-layer attention-drift "

@@ -9,8 +9,8 @@ import pytest
 
 from flash_dllm_jax.generate import (decode_jit, decode_tokens, generate,
                                      left_pad)
-from flash_dllm_jax.sampling.flash_dllm import (FlashCacheAux,
-                                                FlashDLLMSampler)
+from flash_dllm_jax.sampling import flash_budget
+from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from tests.test_sampling import random_prompts, tiny
 
 UNLIMITED = dict(gen_length=24, block_m=4, track_num=40, mask_num=7,
@@ -96,25 +96,45 @@ def test_verify_terminates_and_counts_both_passes(eos_boost):
   assert (out.forwards_B <= 2 * out.steps).all()
 
 
-def test_query_selection_follows_the_budget():
-  """window = best-ranked open masks, then never-scored ones in order; extra
-  masks next; tracked = newly committed first, then by attention mass."""
-  sampler = FlashDLLMSampler(gen_length=8, block_m=2, track_num=1,
-                             mask_num=2)
+@pytest.mark.parametrize("rule,window,extra", [
+    ("leftmost", [2, 4], [5, 8]), ("confident", [5, 4], [2, 8])])
+def test_query_selection_follows_the_budget(rule, window, extra):
+  """leftmost: the first masks in position order, past the end too;
+  confident: open masks by last confidence, never-scored ones after them in
+  position order. Tracked: the last committed batch, then the best rank."""
   n = 10
-  # positions 0-1 prompt, 2-9 generation; 3 and 6 decoded (6 just now)
-  open_BxN = jnp.array([[0, 0, 1, 0, 1, 1, 0, 1, 1, 1]], bool)
-  others_BxN = ~open_BxN
-  rank = jnp.full((1, n), -1.0).at[0, 5].set(0.7).at[0, 8].set(0.2)
-  mass = jnp.zeros((1, n)).at[0, 1].set(5.0).at[0, 3].set(1.0)
-  new = jnp.zeros((1, n), bool).at[0, 6].set(True)
-  aux = FlashCacheAux(cache=None, rank_BxN=rank, mass_BxN=mass, new_BxN=new,
-                      committed_at_BxN=jnp.full((1, n), -1),
-                      fresh_B=jnp.zeros((1,), bool))
-  slots = np.asarray(sampler._select(aux, open_BxN, others_BxN))[0]
-  assert slots[:2].tolist() == [5, 8]        # window: best last confidence
-  assert slots[2:4].tolist() == [2, 4]       # extra: never scored, in order
-  assert slots[4:6].tolist() == [6, 1]       # tracked: new, then most mass
+  # positions 0-1 prompt, 2-9 generation; 3, 6 and 7 decoded (6 last batch)
+  masked_BxN = jnp.array([[0, 0, 1, 0, 1, 1, 0, 0, 1, 1]], bool)
+  decoded_BxN = ~masked_BxN
+  end_B = jnp.array([9])  # position 9 is past the answer's end
+  conf = jnp.full((1, n), -1.0).at[0, 5].set(0.7).at[0, 4].set(0.2)
+  rank = jnp.zeros((1, n)).at[0, 1].set(5.0).at[0, 3].set(1.0)
+  last = jnp.zeros((1, n), bool).at[0, 6].set(True)
+  slots = np.asarray(flash_budget.select(
+      masked_BxN, decoded_BxN, end_B, conf, rank, last, window_rule=rule,
+      window=2, extra=2, tracked=3))[0]
+  assert slots[:2].tolist() == window
+  assert slots[2:4].tolist() == extra
+  assert slots[4:].tolist() == [6, 1, 3]
+
+
+def test_answer_end_follows_the_first_eos_batch():
+  """"eos": the first batch holding EOS fixes the end one past its largest
+  EOS; later EOS commits do not move it. "first": the first stop token."""
+  n, eos, eot = 12, 7, 8
+  slots = jnp.array([[3, 5, 9, -1]])
+  toks = jnp.array([[eos, 1, eos, eos]])
+  every = jnp.ones((1, 4), bool)
+  end = flash_budget.update_end(jnp.array([n]), n, slots, toks, every, (eos,),
+                                "eos")
+  assert end.tolist() == [10]
+  again = flash_budget.update_end(end, n, jnp.array([[1]]), jnp.array([[eos]]),
+                                  jnp.ones((1, 1), bool), (eos,), "eos")
+  assert again.tolist() == [10]
+  first = flash_budget.update_end(jnp.array([n]), n, slots,
+                                  jnp.array([[1, eot, eos, 1]]), every,
+                                  (eos, eot), "first")
+  assert first.tolist() == [6]
 
 
 def test_dream_batch_invariance_and_termination():
@@ -129,8 +149,10 @@ def test_dream_batch_invariance_and_termination():
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(block_m=0), "block_m"), (dict(threshold=0.0), "threshold"),
-    (dict(track_num=-1), "track_num"), (dict(mass_from_layer=-2),
-                                        "mass_from_layer"),
+    (dict(track_num=-1), "track_num"), (dict(rank_from_layer=-2),
+                                        "rank_from_layer"),
+    (dict(window="best"), "window"), (dict(stop="eot"), "stop"),
+    (dict(rank="max"), "rank"),
     (dict(gamma=0.0), "gamma"), (dict(verify=True, block_m=1), "block_m >= 2"),
     (dict(verify=True, recompute_all=True), "cannot be combined")])
 def test_bad_arguments(kwargs, message):

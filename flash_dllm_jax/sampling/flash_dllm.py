@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from flash_dllm_jax.model import CachedExtras, KVCache
-from flash_dllm_jax.sampling import (checks, flash_budget, flash_verify,
-                                     parallel_rules)
+from flash_dllm_jax.model import KVCache
+from flash_dllm_jax.sampling import (checks, flash_budget, flash_forward,
+                                     flash_verify, parallel_rules)
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -215,15 +215,16 @@ class FlashDLLMSampler:
       logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
       cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
     else:
-      prefill = lambda: self._prefill(model, tokens_BxN, slots_BxQ, pred_BxR,
-                                      aux.cache)
-      flash = lambda: self._flash(model, tokens_BxN, slots_BxQ, pred_BxR,
-                                  window_rows_BxQ, aux.cache)
+      prefill = lambda: flash_forward.prefill(self, model, tokens_BxN, slots_BxQ,
+                                            pred_BxR, aux.cache)
+      flash = lambda: flash_forward.flash(self, model, tokens_BxN, slots_BxQ,
+                                        pred_BxR, window_rows_BxQ, aux.cache)
 
       def mixed():  # new requests in some slots: each row takes its own pass
         if self.max_refills is not None:
-          return self._prefill_rows(model, tokens_BxN, slots_BxQ, pred_BxR,
-                                    aux.fresh_B, flash())
+          return flash_forward.prefill_rows(
+              self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
+              flash())
         pick = lambda a, b_: jnp.where(
             aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
         return jax.tree.map(pick, prefill(), flash())
@@ -285,73 +286,6 @@ class FlashDLLMSampler:
                         conf_BxN=conf_BxN, end_B=end_B,
                         fresh_B=jnp.zeros_like(aux.fresh_B))
     return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC)
-
-  def _prefill(self, model, tokens_BxN, slots_BxQ, pred_BxR, cache):
-    """A row's first step: every position, so its cache starts complete."""
-    b, n = tokens_BxN.shape
-    w = self.block_m
-    all_BxN = jnp.broadcast_to(jnp.arange(n), (b, n))
-    # Predicting rows sit at their own positions in an all-position query.
-    rows_BxR = jnp.maximum(pred_BxR, 0)
-    window_BxN = jnp.zeros((b, n), bool).at[
-        jnp.arange(b)[:, None], jnp.where(slots_BxQ[:, :w] >= 0,
-                                          slots_BxQ[:, :w], n)].set(
-                                              True, mode="drop")
-    out = model.run(tokens_BxN, all_BxN, cache, rows_BxR,
-                    extras=CachedExtras(mass_rows_BxQ=window_BxN,
-                                        mass_score=self._mass_score),
-                    mass_from_layer=self.rank_from_layer)
-    return out.logits, out.cache, self._mass(out.mass_BxS, b, n)
-
-  def _prefill_rows(self, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
-                    flashed):
-    """Prefills the (at most max_refills) fresh rows alone and puts their
-    logits, mass and whole cache rows over the flash pass's `flashed`."""
-    logits_BxRxV, cache, mass_BxN = flashed
-    b = tokens_BxN.shape[0]
-    idx_F = jnp.argsort(~fresh_B, stable=True)[:min(self.max_refills, b)]
-    dest_F = jnp.where(fresh_B[idx_F], idx_F, b)  # b: not fresh, dropped
-    rows = dataclasses.replace(model, positions_BxN=model.positions_BxN[idx_F],
-                               valid_BxN=model.valid_BxN[idx_F])
-    empty = KVCache.zeros(model.config, len(idx_F), tokens_BxN.shape[1],
-                          cache.k[0].dtype)
-    logits_F, cache_F, mass_F = self._prefill(
-        rows, tokens_BxN[idx_F], slots_BxQ[idx_F], pred_BxR[idx_F], empty)
-    put = lambda full, part: full.at[dest_F].set(part.astype(full.dtype),
-                                                 mode="drop")
-    cache = KVCache(k=tuple(map(put, cache.k, cache_F.k)),
-                    v=tuple(map(put, cache.v, cache_F.v)))
-    return put(logits_BxRxV, logits_F), cache, put(mass_BxN, mass_F)
-
-  def _flash(self, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
-             cache):
-    b, n = tokens_BxN.shape
-    r = pred_BxR.shape[1]
-    rows_BxR = jnp.broadcast_to(jnp.arange(r), (b, r))
-    if model.config.logits_shift:
-      # Append the predicting rows (position i - 1 of each scored position);
-      # a slot that appears twice is written twice with the same K/V.
-      rows_BxR = rows_BxR + slots_BxQ.shape[1]
-      slots_BxQ = jnp.concatenate([slots_BxQ, pred_BxR], axis=1)
-      window_rows_BxQ = jnp.concatenate(
-          [window_rows_BxQ, jnp.zeros((b, r), bool)], axis=1)
-    q_tokens_BxQ = jnp.take_along_axis(tokens_BxN, jnp.maximum(slots_BxQ, 0),
-                                       axis=1)
-    out = model.run(q_tokens_BxQ, slots_BxQ, cache, rows_BxR,
-                    extras=CachedExtras(mass_rows_BxQ=window_rows_BxQ,
-                                        mass_prefix=self.block_m,
-                                        mass_score=self._mass_score),
-                    mass_from_layer=self.rank_from_layer)
-    return out.logits, out.cache, self._mass(out.mass_BxS, b, n)
-
-  @property
-  def _mass_score(self) -> str:
-    return "logit" if self.rank == "score" else "mass"
-
-  def _mass(self, mass_BxS, b, n):
-    if mass_BxS is None:  # every layer is below mass_from_layer
-      return jnp.zeros((b, n), jnp.float32)
-    return mass_BxS
 
 
 class StepTrace(NamedTuple):

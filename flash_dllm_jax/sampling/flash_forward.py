@@ -1,0 +1,87 @@
+"""Flash-Cache's forward passes: a row's prefill and the budgeted step.
+
+Both return (logits [B, R, V] of the predicting rows, the cache after the
+pass, rank_BxN): the rank sums, over layers from sampler.rank_from_layer,
+what each key draws from the window rows (q.k or attention mass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from flash_dllm_jax.model import CachedExtras, KVCache
+
+
+def _score(sampler) -> str:
+  return "logit" if sampler.rank == "score" else "mass"
+
+
+def prefill(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, cache):
+  """A row's first step: every position, so its cache starts complete."""
+  b, n = tokens_BxN.shape
+  w = sampler.block_m
+  all_BxN = jnp.broadcast_to(jnp.arange(n), (b, n))
+  # Predicting rows sit at their own positions in an all-position query.
+  rows_BxR = jnp.maximum(pred_BxR, 0)
+  window_BxN = jnp.zeros((b, n), bool).at[
+      jnp.arange(b)[:, None], jnp.where(slots_BxQ[:, :w] >= 0,
+                                        slots_BxQ[:, :w], n)].set(
+                                            True, mode="drop")
+  out = model.run(tokens_BxN, all_BxN, cache, rows_BxR,
+                  extras=CachedExtras(mass_rows_BxQ=window_BxN,
+                                      mass_score=_score(sampler)),
+                  mass_from_layer=sampler.rank_from_layer)
+  return out.logits, out.cache, _mass(out.mass_BxS, b, n)
+
+
+def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
+                 flashed):
+  """Prefills the (at most max_refills) fresh rows alone and puts their
+  logits, mass and whole cache rows over the flash pass's `flashed`."""
+  logits_BxRxV, cache, mass_BxN = flashed
+  b = tokens_BxN.shape[0]
+  idx_F = jnp.argsort(~fresh_B, stable=True)[:min(sampler.max_refills, b)]
+  dest_F = jnp.where(fresh_B[idx_F], idx_F, b)  # b: not fresh, dropped
+  rows = dataclasses.replace(model, positions_BxN=model.positions_BxN[idx_F],
+                             valid_BxN=model.valid_BxN[idx_F])
+  empty = KVCache.zeros(model.config, len(idx_F), tokens_BxN.shape[1],
+                        cache.k[0].dtype)
+  logits_F, cache_F, mass_F = prefill(
+      sampler, rows, tokens_BxN[idx_F], slots_BxQ[idx_F], pred_BxR[idx_F],
+      empty)
+  put = lambda full, part: full.at[dest_F].set(part.astype(full.dtype),
+                                               mode="drop")
+  cache = KVCache(k=tuple(map(put, cache.k, cache_F.k)),
+                  v=tuple(map(put, cache.v, cache_F.v)))
+  return put(logits_BxRxV, logits_F), cache, put(mass_BxN, mass_F)
+
+
+def flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
+          cache):
+  """A budgeted step: the query slots against the cache."""
+  b, n = tokens_BxN.shape
+  r = pred_BxR.shape[1]
+  rows_BxR = jnp.broadcast_to(jnp.arange(r), (b, r))
+  if model.config.logits_shift:
+    # Append the predicting rows (position i - 1 of each scored position);
+    # a slot that appears twice is written twice with the same K/V.
+    rows_BxR = rows_BxR + slots_BxQ.shape[1]
+    slots_BxQ = jnp.concatenate([slots_BxQ, pred_BxR], axis=1)
+    window_rows_BxQ = jnp.concatenate(
+        [window_rows_BxQ, jnp.zeros((b, r), bool)], axis=1)
+  q_tokens_BxQ = jnp.take_along_axis(tokens_BxN, jnp.maximum(slots_BxQ, 0),
+                                     axis=1)
+  out = model.run(q_tokens_BxQ, slots_BxQ, cache, rows_BxR,
+                  extras=CachedExtras(mass_rows_BxQ=window_rows_BxQ,
+                                      mass_prefix=sampler.block_m,
+                                      mass_score=_score(sampler)),
+                  mass_from_layer=sampler.rank_from_layer)
+  return out.logits, out.cache, _mass(out.mass_BxS, b, n)
+
+
+def _mass(mass_BxS, b, n):
+  if mass_BxS is None:  # every layer is below rank_from_layer
+    return jnp.zeros((b, n), jnp.float32)
+  return mass_BxS
