@@ -24,7 +24,7 @@ frac_roofline above 1 are possible and not a bug.
 
 --tune: for each shape also times up to --tune-limit tilings of the Pallas
 kernel (attention: block_r, block_k, num_splits, num_warps; matmul: block_m,
-block_n, block_e, split_e, num_warps; see flash_dllm_jax/bench/
+block_n, block_e, split_e, num_warps; see flash_dllm_bench/
 kernel_bench.py), prints each and writes a "tuning" section: {op: {shape:
 {"default", "best", "xla_us", "gain", "all"}}}. Budget ~0.5-1 s per config on
 an H200. --ops picks attention (no mass), attention+mass, cache, matmul;
@@ -45,10 +45,10 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from flash_dllm_jax.bench import kernel_bench as kt  # noqa: E402
-from flash_dllm_jax.bench.kernel_bench import (  # noqa: E402
+from flash_dllm_bench import kernel_bench as kt  # noqa: E402
+from flash_dllm_bench.kernel_bench import (  # noqa: E402
     copy_bandwidth, max_err, stateless, timeit)
-from flash_dllm_jax.bench.timing import matmul_rate  # noqa: E402
+from flash_dllm_bench.timing import matmul_rate  # noqa: E402
 from pallas_kernels.attention import api as attn_api  # noqa: E402
 from pallas_kernels.attention import kernel as attn_kernel  # noqa: E402
 from pallas_kernels.cache_update import api as cache_api  # noqa: E402

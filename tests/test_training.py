@@ -17,17 +17,17 @@ import pytest
 
 import flash_dllm_jax as fdj
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.data import synthetic_gsm as sg
-from flash_dllm_jax.data.tokenizer_builder import build_tokenizer, corpus_texts
+from flash_dllm_data import synthetic_gsm as sg
+from flash_dllm_data.tokenizer_builder import build_tokenizer, corpus_texts
 from flash_dllm_jax.model import Transformer, init_params
-from flash_dllm_jax.training import checkpoints as ckpt
+from flash_dllm_train import checkpoints as ckpt
 from flash_dllm_jax.tokenizer import Tokenizer
-from flash_dllm_jax.training.data import (Batches, encode_problems,
+from flash_dllm_train.data import (Batches, encode_problems,
                                           pad_lengths, rows_batch)
-from flash_dllm_jax.training.objective import (diffusion_draws, loss_fn,
+from flash_dllm_train.objective import (diffusion_draws, loss_fn,
                                                masked_diffusion_loss,
                                                noise_tokens)
-from flash_dllm_jax.training.train import TrainConfig, make_optimizer, \
+from flash_dllm_train.train import TrainConfig, make_optimizer, \
     make_steps, train
 
 SEQ = 48
@@ -164,7 +164,7 @@ def test_a_few_steps_lower_the_loss(setup):
   optimizer = make_optimizer(tc)
   train_step, eval_step = make_steps(config, tc)
   params = init_params(config, jax.random.key(0), param_dtype="float32")
-  from flash_dllm_jax.training.train import TrainState
+  from flash_dllm_train.train import TrainState
   state = TrainState(jnp.int32(0), params, optimizer.init(params))
   batch = rows_batch(rows, np.arange(8))
   before = float(eval_step(state.params, batch, jax.random.key(9))["loss"])
@@ -207,7 +207,7 @@ def test_checkpoints_load_generate_and_resume(setup, tmp_path, capsys):
 
 
 def test_fit_to_time_shortens_the_schedule_after_warmup_probe(setup, tmp_path):
-  from flash_dllm_jax.training.train import fitted_steps
+  from flash_dllm_train.train import fitted_steps
   tc = TrainConfig(steps=1000, warmup_steps=10, max_minutes=1.0,
                    fit_to_time=True, probe_steps=3)
   # 57 s of the minute left for steps of 0.1 s, after 5 s spent: 520 more.
@@ -235,8 +235,8 @@ def test_a_fitted_schedule_continues_across_invocations(setup, tmp_path,
   """stop_after_minutes pauses a run (after the fit) and saves it; a rerun
   with the same OUT and the same arguments continues the fitted schedule
   instead of refitting or falling back to `steps`."""
-  from flash_dllm_jax.training import train as train_module
-  from flash_dllm_jax.training.train import scheduled_steps
+  from flash_dllm_train import train as train_module
+  from flash_dllm_train.train import scheduled_steps
   fits = iter([9, 12])  # a second fit (a refit on resume) would say 12
   monkeypatch.setattr(train_module, "fitted_steps", lambda *a: next(fits))
   tok, config, rows, _ = setup
@@ -263,10 +263,10 @@ import jax, numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
 assert len(jax.devices()) == 4
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.data import synthetic_gsm as sg
-from flash_dllm_jax.data.tokenizer_builder import build_tokenizer, corpus_texts
-from flash_dllm_jax.training.data import encode_problems
-from flash_dllm_jax.training.train import TrainConfig, train
+from flash_dllm_data import synthetic_gsm as sg
+from flash_dllm_data.tokenizer_builder import build_tokenizer, corpus_texts
+from flash_dllm_train.data import encode_problems
+from flash_dllm_train.train import TrainConfig, train
 problems = [p for p in sg.generate(200, 0) if p["steps"] == 2]
 tok, ids = build_tokenizer(corpus_texts(problems), vocab_size=512)
 config = ModelConfig.tiny("llada", vocab_size=512, **ids)
@@ -392,7 +392,7 @@ def test_row_encoder_reproduces_the_tokenizer():
   """RowEncoder (cached pieces between digits, the chat template rendered
   once) gives encode_problems' rows, on the train, test and unseen-name ood
   splits, and the tokenizer's ids on text with odd whitespace."""
-  from flash_dllm_jax.training.stream import RowEncoder
+  from flash_dllm_train.stream import RowEncoder
   from tests.paths import ROOT
   tok = Tokenizer.from_dir(ROOT / "checkpoints" / "synthetic-gsm-llada-16m")
   enc = RowEncoder(tok)
@@ -414,7 +414,7 @@ def test_stream_batches_are_fresh_deterministic_and_held_out(setup):
   encode_problems does, with Batches' EOS padding draws; a held-out
   question is replaced by another draw; worker processes give the same
   batches as the calling process, in order or after a jump."""
-  from flash_dllm_jax.training.stream import StreamBatches
+  from flash_dllm_train.stream import StreamBatches
   tok = setup[0]
   problems = [sg.draw("train", 4, i) for i in range(24)]
   want = encode_problems(problems, tok, 400)  # index i alternates the turn
@@ -451,7 +451,7 @@ def test_resume_is_bitwise(setup, tmp_path, source):
   """N steps straight and N/2 + N/2 in two invocations (the second resumed
   from the first's checkpoint) end with the same float32 params and
   optimizer state, bit for bit (one device)."""
-  from flash_dllm_jax.training.stream import StreamBatches
+  from flash_dllm_train.stream import StreamBatches
   tok, config, rows, _ = setup
   tc = TrainConfig(steps=6, batch_size=4, warmup_steps=2, log_every=1,
                    eval_every=100, ckpt_every=100)

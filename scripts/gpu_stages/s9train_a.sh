@@ -6,7 +6,7 @@
 #
 # Ninth session (issue 6): the same model, schedule and time budget as the
 # sixth session's train2a/train2b, but the stream's solutions are worded
-# with phrasing "varied" (flash_dllm_jax/data/phrasing.py): each step has an
+# with phrasing "varied" (flash_dllm_data/phrasing.py): each step has an
 # 85/10/5 opener choice and, for a pure sum or product, an 85/15 operand
 # order. The tokenizer is the shipped model's.
 # When it ran the tokenizer's directory was checkpoints/synthetic-gsm-llada-12m;
