@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Does XLA:CPU give the same forward in every iteration of a while loop
-under a mesh of forced host devices? (Sixth session: it does not.)
+under a mesh of forced host devices?
 
   XLA_FLAGS=--xla_force_host_platform_device_count=2 \\
-      python scripts/probe_cpu_loop_collectives.py --batch 58 --iters 6
+      python tools/probe_cpu_loop_collectives.py --batch 58 --iters 6
 
 One compiled `lax.while_loop` runs the shipped model's uncached forward
 (SequenceModel.logits, the LLaDA sampler's forward) --iters times on the
@@ -12,24 +12,9 @@ followed by gen-length masks, and stores each iteration's argmax tokens.
 The same program runs on one device and under --mesh. A correct runtime
 gives identical rows in every iteration. Printed per iteration: the rows
 whose argmax differs from one device's, and whether each run agrees with
-its own first iteration.
-
-Found on this repository's CPU (jax 0.10.2, 2 cores), shipped model,
-first 64 problems' second bucket (58 rows), every run alike:
-  --mesh model=2: iterations 0-3 exact, from iteration 4 on rows 0-2 (0-3
-    with the previous shipped weights) differ, and differ from the same
-    program's own iteration 0 on the same input;
-  --mesh data=2: exact in all 8 iterations;
-  model=2 cut to 4 layers fails from iteration 9, to 2 layers from 18, to
-    1 layer not within 7: always after about 36 layer executions, i.e. about
-    140 all-gathers (or the time they take: 32 rows fail from iteration 5,
-    16 rows not within 8);
-  the same forward jitted alone, or the decode stepped from Python, is
-  exact. A pure function that gives another result on the same input in a
-  later loop iteration is a runtime fault (XLA:CPU's in-process
-  collectives in a while loop), not a sharding or rounding effect: it is
-  why the shipped model's model=2 decodes on the CPU garble the first rows
-  of a large batch (3-4 of 64 answers changed).
+its own first iteration. What it finds on a 2-core host is in BENCHMARKS.md
+("Multi-GPU"): a runtime fault of XLA:CPU's in-process collectives, not a
+sharding or rounding effect.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Does a row's matmul result depend on how many rows share the matmul?
 
-  python scripts/probe_batch_invariance.py            # every flag set below
-  python scripts/probe_batch_invariance.py --sets 3 6   # the 3rd and 6th only
-  python scripts/probe_batch_invariance.py --child    # one set, XLA_FLAGS as set
+  python tools/probe_batch_invariance.py            # every flag set below
+  python tools/probe_batch_invariance.py --sets 3 6   # the 3rd and 6th only
+  python tools/probe_batch_invariance.py --child    # one set, XLA_FLAGS as set
 
 On a GPU, XLA picks a GEMM algorithm (split-K, cuBLAS or Triton tiles) per
 shape, so the bfloat16 result of row 0 of x @ W can change with M, the rows

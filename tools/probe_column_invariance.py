@@ -1,6 +1,6 @@
 """Does a GEMM column's result depend on how many columns share the GEMM?
 
-  python scripts/probe_column_invariance.py        # XLA flags of the decode loops
+  python tools/probe_column_invariance.py        # XLA flags of the decode loops
 
 Tensor parallelism splits a weight's output columns between devices, so each
 device computes x @ W[:, shard] where one GPU computes x @ W. If XLA's GEMM
