@@ -45,7 +45,7 @@ def child() -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  dot = jax.jit(lambda x, w: jnp.einsum("me,en->mn", x, w,
+  dot = jax.jit(lambda x, w: jnp.einsum("me,eo->mo", x, w,
                                         preferred_element_type=jnp.float32
                                         ).astype(x.dtype))
   out = {}

@@ -34,7 +34,7 @@ def main() -> None:
   options = GPU_COMPILER_OPTIONS if jax.default_backend() == "gpu" else None
 
   def dot(x, w):
-    return jnp.einsum("me,en->mn", x, w, preferred_element_type=jnp.float32
+    return jnp.einsum("me,eo->mo", x, w, preferred_element_type=jnp.float32
                       ).astype(x.dtype)
 
   compiled = {}
