@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# BENCHMARKS.md "Batch invariance" and "Continuous batching" (2 GPUs, about
-# 5 minutes): the GEMM row and column probes, continuous against static
+# BENCHMARKS.md "Batch invariance" and "Continuous batching" (2 GPUs): the GEMM row and column probes, continuous against static
 # batching, and the shipped model's token ids, steps and forwards under
 # --mesh model=2 and data=2 against one GPU's.
 source "$(dirname "$0")/common.sh"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # BENCHMARKS.md "Quality": every strategy on all 1000 held-out synthetic
 # problems at gen 192 and 256, and the Flash windows 32-128; four
-# processes per GPU, a fifth of its memory each (about 5 minutes on 2 GPUs).
+# processes per GPU, a fifth of its memory each.
 #   CHECKPOINT=DIR LIMIT=N bash benchmarks/quality.sh OUT_DIR
 # (defaults: the shipped model, 1000 problems).
 source "$(dirname "$0")/common.sh"

@@ -2,7 +2,7 @@
 # BENCHMARKS.md "Training": the shipped model's exact recipe (model card of
 # checkpoints/synthetic-gsm-llada-16m) on 2 GPUs, in two device calls on the
 # SAME warm machine (the paused optimizer state stays on it):
-#   bash benchmarks/training.sh OUT_DIR a    # trains 7.6 minutes and pauses
+#   bash benchmarks/training.sh OUT_DIR a    # trains part of the schedule, pauses
 #   bash benchmarks/training.sh OUT_DIR b    # resumes, finishes, exports
 # OUT gets the logs, metrics.jsonl, loss.png and the exported model as
 # model.tar.* (cat model.tar.* | tar -x).

@@ -13,9 +13,8 @@ would have seen, and no training row ever holds a held-out question. Distinct
 draws can still share a question (about 90% of the questions in a million
 draws are distinct; templates with small number ranges repeat more).
 
-Speed: a row costs about 40 us to draw and 25 us to tokenize on one core
-(`RowEncoder`, which reproduces the tokenizer's ids from cached pieces and
-is checked against it on the first row of every batch). workers > 0 draw
+Rows are tokenized by `RowEncoder`, which reproduces the tokenizer's ids from cached pieces and
+is checked against it on the first row of every batch. workers > 0 draw
 batches ahead in that many spawned processes (one batch a task, `prefetch`
 steps ahead); workers=0 draws in the calling process.
 """

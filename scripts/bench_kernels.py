@@ -7,7 +7,7 @@
       --ops attention --seq-lens 2048 [--list]            # tiling search
 
 (Not under pytest, so tests/conftest.py's JAX_PLATFORMS=cpu default doesn't
-apply.) One --quick run on an H200 (jax 0.11.2) took ~2 min.
+apply.)
 
 For each op and shape: median time (block_until_ready over many reps), bytes
 the op must move at least, achieved GB/s, that as a fraction of an elementwise
@@ -18,16 +18,14 @@ Roofline columns: FLOPs (attention 4·B·Q·H·(S+T)·D for QK and PV, plus
 SwiGLU; cache write 0), roofline_us = max(bytes / copy rate, FLOPs / bf16
 matmul rate measured in the same run), frac_roofline = roofline_us /
 kernel_us and bound ("mem"/"flop"). The copy rate is an elementwise read +
-write; read-dominated kernels can beat it (a 2026-11-29 H200 run measured
-LLaDA B=32 attention at 1.2-1.3x the copy rate), so frac_copy_bw and
-frac_roofline above 1 are possible and not a bug.
+write; read-dominated kernels can beat it (BENCHMARKS.md, "Kernels"), so
+frac_copy_bw and frac_roofline above 1 are possible and not a bug.
 
 --tune: for each shape also times up to --tune-limit tilings of the Pallas
 kernel (attention: block_r, block_k, num_splits, num_warps; matmul: block_m,
 block_n, block_e, split_e, num_warps; see flash_dllm_bench/
 kernel_bench.py), prints each and writes a "tuning" section: {op: {shape:
-{"default", "best", "xla_us", "gain", "all"}}}. Budget ~0.5-1 s per config on
-an H200. --ops picks attention (no mass), attention+mass, cache, matmul;
+{"default", "best", "xla_us", "gain", "all"}}}. --ops picks attention (no mass), attention+mass, cache, matmul;
 filters (--models, --batches, --seq-lens, --queries, --ms, --match,
 --shapes-limit, --skip-done) restrict the sweep; --list prints the selection
 and exits.

@@ -1,6 +1,6 @@
 """Markdown tables for BENCHMARKS.md from bench_kernels.py JSON files.
 
-One table per op (rows in file order) and a tally of the issue's targets:
+One table per op (rows in file order) and a tally of the kernel targets:
 kernel >= 1.5x the best XLA composition, and >= 70% of the copy bandwidth
 measured in the same process where the op is memory-bound.
 

@@ -14,9 +14,7 @@ the width is what the size budget leaves. The shipped model adds depth
 (--layers 10: 15.5M parameters, 24.4 MB on disk; its model card). Rows are
 320 tokens (prompt <= 108 and solution <= 176 tokens with digits split).
 Batch 256 x 6000 steps of AdamW (peak lr 1e-3, 200 warmup steps, cosine
-to 1e-4); measured on 2026-11-30: 27.7 ms per step on two H200s (--mesh
-data=2), 67.3 ms on one (19.3 ms for 8 layers and 23.8 ms for 10 by
-2026-12-01, BENCHMARKS "Training the shipped model").
+to 1e-4); step times are in BENCHMARKS.md ("Training").
 --max-minutes stops (and saves) at that wall time; with --fit-to-time the
 cosine schedule is fitted to it instead. --stop-after-minutes pauses (and
 saves) without changing the schedule, so one schedule can span two device
