@@ -36,5 +36,6 @@ eye. Each letter has one meaning everywhere:
   M  rows of a 2-D operand that are not batch rows: a matmul's rows
      (B * Q flattened), a training set's rows
 
-Digits name fixed sizes (``top2_BxGx2``, ``ref_1xNxV``).
+Digits name fixed sizes (``top2_BxGx2``, ``ref_1xNxV``); a digit after a
+letter divides it (``freqs_BxQxD2``: D / 2 rotary frequencies).
 """

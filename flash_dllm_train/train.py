@@ -30,70 +30,12 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.tokenizer import Tokenizer
 from flash_dllm_train import checkpoints as ckpt
+from flash_dllm_train import run_log
 from flash_dllm_train.data import Batches, EncodedRows, rows_batch
 from flash_dllm_train.stream import StreamBatches
-from flash_dllm_train.objective import DEFAULT_EPS, loss_fn
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """Optimisation and bookkeeping settings of one run."""
-
-  steps: int = 6000
-  batch_size: int = 256
-  lr: float = 1e-3
-  warmup_steps: int = 200
-  min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
-  weight_decay: float = 0.1
-  b1: float = 0.9
-  b2: float = 0.95
-  grad_clip: float = 1.0
-  eps: float = DEFAULT_EPS
-  seed: int = 0
-  log_every: int = 50
-  eval_every: int = 250
-  ckpt_every: int = 1000
-  keep_ckpts: int = 2
-  eos_pad: str = "random"  # see data.py
-  max_minutes: float | None = None  # stop (and save) after this wall time
-  # With max_minutes: time the first warmup steps, then shorten `steps` so
-  # the whole cosine schedule fits the time (warmup is unaffected).
-  fit_to_time: bool = False
-  probe_steps: int = 20
-  # Stop this invocation (and save) after this wall time without touching
-  # the schedule: a rerun with the same OUT continues it (a fitted schedule
-  # included), so one schedule can span several device calls.
-  stop_after_minutes: float | None = None
-  # Likewise after this many steps of this invocation (tests, and splitting
-  # a run at a chosen step).
-  stop_after_steps: int | None = None
-  # The model's ops implementation (flash_dllm_jax/ops.py): None uses the
-  # GPU's fused (cuDNN) attention there; 'reference' the plain-JAX one.
-  implementation: str | None = None
-
-  def __post_init__(self):
-    bad = [f"{k}={getattr(self, k)!r}" for k in
-           ("steps", "batch_size", "log_every", "eval_every", "ckpt_every")
-           if not isinstance(getattr(self, k), int) or getattr(self, k) <= 0]
-    if not 0 <= self.warmup_steps < self.steps:
-      bad.append(f"warmup_steps={self.warmup_steps} (needs 0 <= it < steps)")
-    if self.lr <= 0 or not 0 < self.eps < 1:
-      bad.append(f"lr={self.lr}, eps={self.eps} (need lr > 0, 0 < eps < 1)")
-    if self.fit_to_time and (self.max_minutes is None
-                             or self.probe_steps + 1 >= self.warmup_steps):
-      bad.append("fit_to_time needs max_minutes and probe_steps + 1 < "
-                 f"warmup_steps (got {self.max_minutes}, {self.probe_steps},"
-                 f" {self.warmup_steps})")
-    if self.stop_after_minutes is not None and self.stop_after_minutes < 0:
-      bad.append(f"stop_after_minutes={self.stop_after_minutes} (needs >= 0)")
-    if self.stop_after_steps is not None and self.stop_after_steps <= 0:
-      bad.append(f"stop_after_steps={self.stop_after_steps} (needs > 0)")
-    from pallas_kernels.common import IMPLEMENTATIONS
-    if self.implementation not in (None, *IMPLEMENTATIONS):
-      bad.append(f"implementation={self.implementation!r} (expected None or "
-                 f"one of {IMPLEMENTATIONS})")
-    if bad:
-      raise ValueError("invalid TrainConfig: " + ", ".join(bad))
+from flash_dllm_train.config import TrainConfig, make_optimizer, \
+    make_schedule
+from flash_dllm_train.objective import loss_fn
 
 
 def _warm_start(like: dict, given: dict) -> dict:
@@ -112,23 +54,6 @@ def _warm_start(like: dict, given: dict) -> dict:
   return traverse_util.unflatten_dict(
       {k: jnp.asarray(flat_given[k], jnp.float32) for k in flat_like},
       sep="/")
-
-
-def make_schedule(tc: TrainConfig) -> optax.Schedule:
-  """Linear warmup from 0 to lr, then cosine decay to lr * min_lr_ratio."""
-  return optax.warmup_cosine_decay_schedule(
-      0.0, tc.lr, tc.warmup_steps, decay_steps=tc.steps,
-      end_value=tc.lr * tc.min_lr_ratio)
-
-
-def make_optimizer(tc: TrainConfig) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW; weight decay on matrices only (not
-  on norm scales)."""
-  return optax.chain(
-      optax.clip_by_global_norm(tc.grad_clip),
-      optax.adamw(make_schedule(tc), b1=tc.b1, b2=tc.b2,
-                  weight_decay=tc.weight_decay,
-                  mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p)))
 
 
 class TrainState(struct.PyTreeNode):
@@ -184,63 +109,6 @@ def make_steps(config: ModelConfig, tc: TrainConfig):
     return objective(params, batch, key)[1]
 
   return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
-
-
-def scheduled_steps(out_dir: str | Path, tc: TrainConfig) -> int:
-  """The schedule's total steps: the count a fit_to_time run fitted (its
-  last "fit" row in OUT/metrics.jsonl) or tc.steps."""
-  fitted = _fitted_steps(Path(out_dir), 1 << 62)
-  return fitted if tc.fit_to_time and fitted is not None else tc.steps
-
-
-def _fitted_steps(out: Path, upto: int) -> int | None:
-  """steps of the last "fit" row in OUT/metrics.jsonl up to step `upto`."""
-  fits = [r["steps"] for r in _read_log(out / "metrics.jsonl", upto)
-          if r.get("kind") == "fit"]
-  return fits[-1] if fits else None
-
-
-def _read_log(path: Path, upto: int) -> list[dict]:
-  """metrics.jsonl entries with step <= upto (a resumed run drops the rest)."""
-  if not path.is_file():
-    return []
-  rows = []
-  for line in path.read_text().splitlines():
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError:
-      continue  # a half-written last line
-    if row.get("step", upto + 1) <= upto:
-      rows.append(row)
-  return rows
-
-
-def plot_loss(log: list[dict], png: str | Path, title: str = "") -> None:
-  """Loss (left) and masked-token accuracy (right): the running training
-  batches, and fixed train / held-out rows scored on their solutions."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  curves = (("train", "train batches (with EOS padding)"),
-            ("eval_train", "train rows, solution tokens"),
-            ("eval_test", "held-out rows, solution tokens"))
-  fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-  for kind, label in curves:
-    rows = [r for r in log if r["kind"] == kind]
-    if rows:
-      steps = [r["step"] for r in rows]
-      ax_loss.plot(steps, [r["loss"] for r in rows], label=label)
-      ax_acc.plot(steps, [r["masked_acc"] for r in rows], label=label)
-  ax_loss.set(xlabel="step", ylabel="masked-diffusion loss", yscale="log")
-  ax_acc.set(xlabel="step", ylabel="masked-token accuracy")
-  for ax in (ax_loss, ax_acc):
-    ax.grid(alpha=0.3)
-    if ax.lines:
-      ax.legend()
-  fig.suptitle(title or "masked-diffusion training")
-  fig.tight_layout()
-  fig.savefig(png, dpi=120)
-  plt.close(fig)
 
 
 def train(config: ModelConfig, tokenizer: Tokenizer | None,
@@ -301,7 +169,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
       raise ValueError(f"{found[-1][1]} has a different tokenizer; resume "
                        "with the tokenizer saved there")
     log(f"resuming from {found[-1][1]} at step {step}")
-    fitted = _fitted_steps(out, step)
+    fitted = run_log.fitted_in_log(out, step)
     if tc.fit_to_time and fitted is not None:
       tc = dataclasses.replace(tc, steps=fitted, fit_to_time=False)
       log(f"continuing the schedule fitted to {fitted} steps")
@@ -329,7 +197,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
       eval_batches[name] = place_batch(
           rows_batch(source, index, source.min_len_M[index]))
   log_path = out / "metrics.jsonl"
-  history = _read_log(log_path, step)
+  history = run_log.read_log(log_path, step)
   log_path.write_text("".join(json.dumps(r) + "\n" for r in history))
   log_file = open(log_path, "a")
 
@@ -402,7 +270,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
   if last_saved != step:
     save(step)
   log_file.close()
-  plot_loss(history, out / "loss.png",
+  run_log.plot_loss(history, out / "loss.png",
             f"{config.n_layers} layers, d_model {config.d_model}, "
             f"{config.num_params() / 1e6:.1f}M params")
   return jax.device_get(state.params), step

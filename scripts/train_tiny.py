@@ -55,7 +55,8 @@ from flash_dllm_train.data import EOS_PAD, encode_problems  # noqa: E402
 from flash_dllm_train.evaluate import solve_accuracy  # noqa: E402
 from flash_dllm_train.stream import StreamBatches  # noqa: E402
 from flash_dllm_train.train import (  # noqa: E402
-    TrainConfig, scheduled_steps, train)
+    TrainConfig, train)
+from flash_dllm_train.run_log import scheduled_steps  # noqa: E402
 
 MODEL_ARGS = ("layers", "d_model", "heads", "kv_heads", "mlp_hidden",
               "vocab_size", "rope_theta", "max_seq_len")
