@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from flash_dllm_jax.bench import timing  # noqa: E402
+from flash_dllm_bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import Transformer  # noqa: E402
 from flash_dllm_jax.sampling import LLaDASampler, DreamSampler  # noqa: E402

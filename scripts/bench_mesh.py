@@ -11,7 +11,7 @@ strategy commits --per-step tokens per step, as in bench_strategies.py):
 Each mesh row also reports whether its tokens equal the 1-GPU tokens (bf16
 tensor parallelism sums in another order, so near-ties may flip).
 
-  python scripts/bench_mesh.py benchmarks/results/mesh.json   # 2 GPUs
+  python scripts/bench_mesh.py OUT/mesh.json   # 2 GPUs
   python scripts/bench_mesh.py --smoke /tmp/mesh.json         # tiny model
   (--smoke on CPU: XLA_FLAGS=--xla_force_host_platform_device_count=2)
 """
@@ -31,7 +31,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench_strategies import strategies  # noqa: E402
-from flash_dllm_jax.bench import timing  # noqa: E402
+from flash_dllm_bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 
 

@@ -1,10 +1,10 @@
 """Markdown tables for BENCHMARKS.md from bench_kernels.py JSON files.
 
-One table per op (rows in file order) and a tally of the issue's targets:
+One table per op (rows in file order) and a tally of the kernel targets:
 kernel >= 1.5x the best XLA composition, and >= 70% of the copy bandwidth
 measured in the same process where the op is memory-bound.
 
-  python scripts/bench_report.py benchmarks/results/2026-11-30-h200-kernels-*.json
+  python scripts/bench_report.py benchmarks/results/kernels/2026-11-30-h200/*.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flash_dllm_jax.bench.kernel_bench import tuning_table  # noqa: E402
+from flash_dllm_bench.kernel_bench import tuning_table  # noqa: E402
 
 COLS = ("shape", "kernel µs", "best XLA µs", "speedup", "GB/s", "× copy BW",
         "TFLOP/s", "× roofline", "bound", "max err", "XLA path")

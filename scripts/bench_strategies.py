@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from flash_dllm_jax.bench import timing, tuning  # noqa: E402
+from flash_dllm_bench import timing, tuning  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.sampling import (ElasticCacheSampler,  # noqa: E402
                                      FastDLLMSampler, LLaDASampler)

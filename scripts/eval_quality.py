@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 6's quality table: accuracy and tokens per step of every decoding
+"""The quality table of BENCHMARKS.md: accuracy and tokens per step of every decoding
 strategy at two generation lengths on the held-out synthetic GSM split, in
 one process (imports, model and data load once; each strategy compiles per
 generation length and prompt-length bucket).

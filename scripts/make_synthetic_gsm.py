@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flash_dllm_jax.data.gsm_format import check_solution  # noqa: E402
-from flash_dllm_jax.data.synthetic_gsm import (  # noqa: E402
+from flash_dllm_data.gsm_format import check_solution  # noqa: E402
+from flash_dllm_data.synthetic_gsm import (  # noqa: E402
     DEFAULT_PHRASING, PHRASINGS, read_jsonl, write_splits)
 
 

@@ -1,18 +1,13 @@
 #!/usr/bin/env python
-"""Why does Flash-Verify add so few tokens per step?
+"""Where do Flash-Verify's tokens come from?
 
-On the shipped model Flash-dLLM (Flash-Cache + Flash-Verify) decodes only a
-little faster per step than Flash-Cache alone. This probe shows where the
-verify pass's candidates go, step by step:
+Flash-dLLM is Flash-Cache plus a verify pass. This probe shows, step by
+step on the shipped model, where the verify pass's candidates go and how
+many answer tokens it supplies (BENCHMARKS.md, "Quality"):
 
   python scripts/probe_verify_gain.py               # 32 problems, block_m 16
   python scripts/probe_verify_gain.py --block-m 64 --json out/v64.json \
       --records out/v64.jsonl
-
-CPU (2 cores), shipped model, gen 192, 32 problems: 80 s at block_m 16 and
-130 s at block_m 64 (the stepped probe 28 s / 46 s, the rest loading and the
-two generate() runs, compiles included); up to 1.8x that with the cores
-shared.
 
 Rows: the first --limit problems of --data's test.jsonl, chat template,
 prompt-length buckets and seeds as in the eval (one static batch per

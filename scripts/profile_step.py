@@ -3,7 +3,7 @@
 The set-up of bench_strategies.py (random bf16 weights at the LLaDA-8B
 geometry, forced schedule), one decode traced with jax.profiler, and the
 trace's device kernels summed by category and by name per loop step
-(flash_dllm_jax/bench/trace_summary.py). The first loop step is the prefill;
+(flash_dllm_bench/trace_summary.py). The first loop step is the prefill;
 the per-step busy times of the other steps are reported apart from it.
 
   python scripts/profile_step.py --only flash-dllm --batch 1 32 --gen 512 \\
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from flash_dllm_jax.bench import timing, trace_summary, tuning  # noqa: E402
+from flash_dllm_bench import timing, trace_summary, tuning  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -14,9 +14,7 @@ the width is what the size budget leaves. The shipped model adds depth
 (--layers 10: 15.5M parameters, 24.4 MB on disk; its model card). Rows are
 320 tokens (prompt <= 108 and solution <= 176 tokens with digits split).
 Batch 256 x 6000 steps of AdamW (peak lr 1e-3, 200 warmup steps, cosine
-to 1e-4); measured on 2026-11-30: 27.7 ms per step on two H200s (--mesh
-data=2), 67.3 ms on one (19.3 ms for 8 layers and 23.8 ms for 10 by
-2026-12-01, BENCHMARKS "Training the shipped model").
+to 1e-4); step times are in BENCHMARKS.md ("Training").
 --max-minutes stops (and saves) at that wall time; with --fit-to-time the
 cosine schedule is fitted to it instead. --stop-after-minutes pauses (and
 saves) without changing the schedule, so one schedule can span two device
@@ -27,7 +25,7 @@ calls of at most 10 minutes each:
   (the same command again continues the fitted schedule to its end)
 
 --stream draws every batch fresh from the synthetic train stream
-(flash_dllm_jax/training/stream.py: batch s is problems s*B..s*B+B-1 of
+(flash_dllm_train/stream.py: batch s is problems s*B..s*B+B-1 of
 --data-seed, tokenized by --stream-workers processes ahead of the loop, no
 draw served twice, though two draws can share a question); the questions of --data's test.jsonl (and ood.jsonl)
 are never trained on. A resumed run continues the stream at its step.
@@ -48,16 +46,17 @@ import jax  # noqa: E402
 
 from flash_dllm_jax.checkpoint import load  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
-from flash_dllm_jax.data import synthetic_gsm  # noqa: E402
-from flash_dllm_jax.data.tokenizer_builder import (  # noqa: E402
+from flash_dllm_data import synthetic_gsm  # noqa: E402
+from flash_dllm_data.tokenizer_builder import (  # noqa: E402
     build_tokenizer, corpus_texts, special_ids)
 from flash_dllm_jax.tokenizer import Tokenizer  # noqa: E402
-from flash_dllm_jax.training import checkpoints as ckpt  # noqa: E402
-from flash_dllm_jax.training.data import EOS_PAD, encode_problems  # noqa: E402
-from flash_dllm_jax.training.evaluate import solve_accuracy  # noqa: E402
-from flash_dllm_jax.training.stream import StreamBatches  # noqa: E402
-from flash_dllm_jax.training.train import (  # noqa: E402
-    TrainConfig, scheduled_steps, train)
+from flash_dllm_train import checkpoints as ckpt  # noqa: E402
+from flash_dllm_train.data import EOS_PAD, encode_problems  # noqa: E402
+from flash_dllm_train.evaluate import solve_accuracy  # noqa: E402
+from flash_dllm_train.stream import StreamBatches  # noqa: E402
+from flash_dllm_train.train import (  # noqa: E402
+    TrainConfig, train)
+from flash_dllm_train.run_log import scheduled_steps  # noqa: E402
 
 MODEL_ARGS = ("layers", "d_model", "heads", "kv_heads", "mlp_hidden",
               "vocab_size", "rope_theta", "max_seq_len")
@@ -85,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
   ap.add_argument("--phrasing", choices=synthetic_gsm.PHRASINGS,
                   default=synthetic_gsm.DEFAULT_PHRASING,
                   help="--stream (and --smoke): wording of the drawn "
-                  "solutions (flash_dllm_jax/data/phrasing.py)")
+                  "solutions (flash_dllm_data/phrasing.py)")
   ap.add_argument("--stream-workers", type=int,
                   default=max(1, min(8, (os.cpu_count() or 2) - 2)),
                   help="--stream: processes drawing batches ahead (0: in "

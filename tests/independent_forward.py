@@ -16,37 +16,37 @@ def _rms(x, w, eps):
   return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w
 
 
-def _rope(x_BxExHxD, pos_BxE, theta):
-  d = x_BxExHxD.shape[-1]
+def _rope(x_BxNxHxD, pos_BxN, theta):
+  d = x_BxNxHxD.shape[-1]
   inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float32) / d)
-  ang = pos_BxE[..., None].astype(jnp.float32) * inv
+  ang = pos_BxN[..., None].astype(jnp.float32) * inv
   ang = jnp.concatenate([ang, ang], -1)[:, :, None, :]
-  rot = jnp.concatenate([-x_BxExHxD[..., d // 2:], x_BxExHxD[..., :d // 2]], -1)
-  return x_BxExHxD * jnp.cos(ang) + rot * jnp.sin(ang)
+  rot = jnp.concatenate([-x_BxNxHxD[..., d // 2:], x_BxNxHxD[..., :d // 2]], -1)
+  return x_BxNxHxD * jnp.cos(ang) + rot * jnp.sin(ang)
 
 
-def forward(params, config, tokens_BxE, positions_BxE, attend_BxExE, rows_BxR):
+def forward(params, config, tokens_BxN, positions_BxN, attend_BxNxN, rows_BxR):
   """Logits [B, R, V] (float32) of rows, row i attending to key j iff
-  attend_BxExE[b, i, j]."""
+  attend_BxNxN[b, i, j]."""
   c = config
   p32 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
-  mm = lambda a, w: jnp.einsum("bef,fg->beg", a, w, precision=HI)
-  b, e = tokens_BxE.shape
-  x = p32["embed"][tokens_BxE]
+  mm = lambda a, w: jnp.einsum("bne,eo->bno", a, w, precision=HI)
+  b, n = tokens_BxN.shape
+  x = p32["embed"][tokens_BxN]
   for layer in range(c.n_layers):
     p = p32[f"layers_{layer}"]
     h = _rms(x, p["attn_norm"]["scale"], c.rms_norm_eps)
     proj = lambda n: mm(h, p[n]["kernel"]) + (p[n]["bias"] if "bias" in p[n] else 0)
-    q = proj("q_proj").reshape(b, e, c.n_heads, c.head_dim)
-    k = proj("k_proj").reshape(b, e, c.n_kv_heads, c.head_dim)
-    v = proj("v_proj").reshape(b, e, c.n_kv_heads, c.head_dim)
-    q, k = _rope(q, positions_BxE, c.rope_theta), _rope(k, positions_BxE, c.rope_theta)
+    q = proj("q_proj").reshape(b, n, c.n_heads, c.head_dim)
+    k = proj("k_proj").reshape(b, n, c.n_kv_heads, c.head_dim)
+    v = proj("v_proj").reshape(b, n, c.n_kv_heads, c.head_dim)
+    q, k = _rope(q, positions_BxN, c.rope_theta), _rope(k, positions_BxN, c.rope_theta)
     g = c.n_heads // c.n_kv_heads
     k, v = jnp.repeat(k, g, axis=2), jnp.repeat(v, g, axis=2)
-    s = jnp.einsum("bihd,bjhd->bhij", q, k, precision=HI) / np.sqrt(c.head_dim)
-    s = jnp.where(attend_BxExE[:, None], s, -jnp.inf)
+    s = jnp.einsum("bnhd,bshd->bhns", q, k, precision=HI) / np.sqrt(c.head_dim)
+    s = jnp.where(attend_BxNxN[:, None], s, -jnp.inf)
     a = jax.nn.softmax(s, -1)
-    o = jnp.einsum("bhij,bjhd->bihd", a, v, precision=HI).reshape(b, e, -1)
+    o = jnp.einsum("bhns,bshd->bnhd", a, v, precision=HI).reshape(b, n, -1)
     x = x + mm(o, p["attn_out"]["kernel"])
     h = _rms(x, p["mlp_norm"]["scale"], c.rms_norm_eps)
     x = x + mm(jax.nn.silu(mm(h, p["gate_proj"]["kernel"]))
@@ -70,8 +70,8 @@ def verify_pass(params, config, tokens_BxN, positions_BxN, valid_BxN,
   b, n = tokens_BxN.shape
   q = slots_BxQ.shape[1]
   real_BxQ = slots_BxQ >= 0
-  tokens_BxE = jnp.concatenate([tokens_BxN, tokens_BxQ], 1)
-  pos_BxE = jnp.concatenate([positions_BxN, jnp.take_along_axis(
+  tokens_ext = jnp.concatenate([tokens_BxN, tokens_BxQ], 1)
+  pos_ext = jnp.concatenate([positions_BxN, jnp.take_along_axis(
       positions_BxN, jnp.maximum(slots_BxQ, 0), 1)], 1)
   ctx_ok_BxN = valid_BxN & ~exclude_BxS
   attend = jnp.zeros((b, n + q, n + q), bool)
@@ -80,4 +80,4 @@ def verify_pass(params, config, tokens_BxN, positions_BxN, valid_BxN,
   attend = attend.at[:, n:, n:].set(inq_BxQxQ)
   # rows of unused slots see key 0 (no empty softmax)
   attend = attend.at[:, n:, 0].set(attend[:, n:, 0] | ~real_BxQ)
-  return forward(params, config, tokens_BxE, pos_BxE, attend, n + rows_BxR)
+  return forward(params, config, tokens_ext, pos_ext, attend, n + rows_BxR)

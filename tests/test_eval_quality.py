@@ -1,4 +1,4 @@
-"""scripts/eval_quality.py: issue 6's quality table over strategies x lengths."""
+"""scripts/eval_quality.py: the quality table over strategies x lengths."""
 
 import importlib.util
 import json

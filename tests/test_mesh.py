@@ -28,7 +28,7 @@ MESHES = ["data=1,model=4", "data=2,model=2", "data=4,model=1"]
 
 # XLA:CPU flags under which float32 forwards are compared bit for bit.
 # Exact tensor parallelism needs a GEMM that computes a column the same way
-# whatever the number of columns beside it (scripts/probe_column_invariance.py)
+# whatever the number of columns beside it (tools/probe_column_invariance.py)
 # and elementwise code that rounds the same way in every program. XLA:CPU
 # (jax 0.10) has neither by default in float32: its YNNPACK GEMM sums narrow
 # column shards in another order, and LLVM contracts a*b + c*d into an FMA

@@ -85,8 +85,8 @@ def test_left_padded_batch_matches_unpadded_rows(converted):
     valid_BxN[b, n - len(row):] = True
   ours_BxNxV = our_logits(params, config, tokens_BxN, valid_BxN)
   for b, row in enumerate(rows):
-    ref_1xLxV = hf_fixtures.oracle_logits(oracle, row[None])
-    assert max_rel_err(ours_BxNxV[b, n - len(row):], ref_1xLxV[0]) <= (
+    ref_1xNxV = hf_fixtures.oracle_logits(oracle, row[None])
+    assert max_rel_err(ours_BxNxV[b, n - len(row):], ref_1xNxV[0]) <= (
         MAX_REL_ERR)
   # Without the padding mask the padded rows would differ.
   unmasked_BxNxV = our_logits(params, config, tokens_BxN)

@@ -14,9 +14,9 @@ import random
 import numpy as np
 import pytest
 
-from flash_dllm_jax.data import phrasing
-from flash_dllm_jax.data import synthetic_gsm as sg
-from flash_dllm_jax.data.gsm_format import (PLACEHOLDER, Solution,
+from flash_dllm_data import phrasing
+from flash_dllm_data import synthetic_gsm as sg
+from flash_dllm_data.gsm_format import (PLACEHOLDER, Solution,
                                             annotations, check_solution,
                                             evaluate)
 
@@ -146,8 +146,8 @@ def test_varied_is_deterministic_and_bad_phrasing_is_refused():
 
 def test_stream_draws_the_asked_phrasing():
   from flash_dllm_jax.tokenizer import Tokenizer
-  from flash_dllm_jax.training.data import encode_problems
-  from flash_dllm_jax.training.stream import StreamBatches
+  from flash_dllm_train.data import encode_problems
+  from flash_dllm_train.stream import StreamBatches
   from pathlib import Path
   tok = Tokenizer.from_dir(Path(__file__).resolve().parents[1]
                            / "checkpoints" / "synthetic-gsm-llada-16m")

@@ -81,7 +81,7 @@ def test_bench_kernels_smoke_with_tuning(tmp_path):
 def test_bench_params_match_init_params_in_shape_dtype_and_scale():
   import jax
   import jax.numpy as jnp
-  from flash_dllm_jax.bench.timing import bench_params
+  from flash_dllm_bench.timing import bench_params
   from flash_dllm_jax.config import ModelConfig
   from flash_dllm_jax.model import init_params
   config = ModelConfig.tiny("llada", dtype="bfloat16")

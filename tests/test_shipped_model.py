@@ -18,7 +18,7 @@ import numpy as np
 
 import flash_dllm_jax
 from flash_dllm_jax import cli
-from flash_dllm_jax.data.gsm_format import check_solution
+from flash_dllm_data.gsm_format import check_solution
 from flash_dllm_jax.eval.tasks.gsm8k import extract_answer, target_of
 
 ROOT = Path(__file__).resolve().parents[1]

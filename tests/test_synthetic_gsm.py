@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.data import synthetic_gsm as sg
-from flash_dllm_jax.data.gsm_format import (Solution, annotations,
+from flash_dllm_data import synthetic_gsm as sg
+from flash_dllm_data.gsm_format import (Solution, annotations,
                                             check_solution, evaluate)
-from flash_dllm_jax.data.problem_kit import TEST_NAMES, TRAIN_NAMES
-from flash_dllm_jax.data.tokenizer_builder import (SPECIAL_TOKENS,
+from flash_dllm_data.problem_kit import TEST_NAMES, TRAIN_NAMES
+from flash_dllm_data.tokenizer_builder import (SPECIAL_TOKENS,
                                                    build_tokenizer,
                                                    corpus_texts)
 from flash_dllm_jax.eval.tasks.gsm8k import extract_answer, target_of
@@ -201,7 +201,7 @@ def test_fast_integer_path_equals_the_general_evaluator():
   """Flat integer expressions (what templates write) take a fast exact path;
   its values, and its errors, are those of the ast + Fraction path."""
   from fractions import Fraction
-  from flash_dllm_jax.data import gsm_format
+  from flash_dllm_data import gsm_format
   rng = random.Random(0)
   for _ in range(3000):
     parts = [str(rng.choice([0, 1, 2, 7, 100, rng.randint(0, 999)]))]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flash_dllm_jax.bench import trace_summary
+from flash_dllm_bench import trace_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 

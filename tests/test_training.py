@@ -16,31 +16,16 @@ import numpy as np
 import pytest
 
 import flash_dllm_jax as fdj
-from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.data import synthetic_gsm as sg
-from flash_dllm_jax.data.tokenizer_builder import build_tokenizer, corpus_texts
 from flash_dllm_jax.model import Transformer, init_params
-from flash_dllm_jax.training import checkpoints as ckpt
-from flash_dllm_jax.tokenizer import Tokenizer
-from flash_dllm_jax.training.data import (Batches, encode_problems,
-                                          pad_lengths, rows_batch)
-from flash_dllm_jax.training.objective import (diffusion_draws, loss_fn,
-                                               masked_diffusion_loss,
-                                               noise_tokens)
-from flash_dllm_jax.training.train import TrainConfig, make_optimizer, \
-    make_steps, train
+from flash_dllm_train import checkpoints as ckpt
+from flash_dllm_train.data import Batches, rows_batch
+from flash_dllm_train.objective import (diffusion_draws, loss_fn,
+                                        masked_diffusion_loss, noise_tokens)
+from flash_dllm_train.config import TrainConfig, make_optimizer
+from flash_dllm_train.train import make_steps, train
+from tests.training_setup import setup  # noqa: F401 (a fixture)
 
 SEQ = 48
-
-
-@pytest.fixture(scope="module")
-def setup():
-  """A tokenizer, a tiny float32 config and training rows of short problems."""
-  problems = [p for p in sg.generate(400, 0) if p["steps"] == 2]
-  tok, ids = build_tokenizer(corpus_texts(problems), vocab_size=512)
-  config = ModelConfig.tiny("llada", vocab_size=512, **ids)
-  rows = encode_problems(problems, tok, 128)
-  return tok, config, rows, problems
 
 
 def _toy_batch(config, b=3, n=SEQ, seed=0):
@@ -164,7 +149,7 @@ def test_a_few_steps_lower_the_loss(setup):
   optimizer = make_optimizer(tc)
   train_step, eval_step = make_steps(config, tc)
   params = init_params(config, jax.random.key(0), param_dtype="float32")
-  from flash_dllm_jax.training.train import TrainState
+  from flash_dllm_train.train import TrainState
   state = TrainState(jnp.int32(0), params, optimizer.init(params))
   batch = rows_batch(rows, np.arange(8))
   before = float(eval_step(state.params, batch, jax.random.key(9))["loss"])
@@ -207,7 +192,7 @@ def test_checkpoints_load_generate_and_resume(setup, tmp_path, capsys):
 
 
 def test_fit_to_time_shortens_the_schedule_after_warmup_probe(setup, tmp_path):
-  from flash_dllm_jax.training.train import fitted_steps
+  from flash_dllm_train.train import fitted_steps
   tc = TrainConfig(steps=1000, warmup_steps=10, max_minutes=1.0,
                    fit_to_time=True, probe_steps=3)
   # 57 s of the minute left for steps of 0.1 s, after 5 s spent: 520 more.
@@ -235,8 +220,8 @@ def test_a_fitted_schedule_continues_across_invocations(setup, tmp_path,
   """stop_after_minutes pauses a run (after the fit) and saves it; a rerun
   with the same OUT and the same arguments continues the fitted schedule
   instead of refitting or falling back to `steps`."""
-  from flash_dllm_jax.training import train as train_module
-  from flash_dllm_jax.training.train import scheduled_steps
+  from flash_dllm_train import train as train_module
+  from flash_dllm_train.run_log import scheduled_steps
   fits = iter([9, 12])  # a second fit (a refit on resume) would say 12
   monkeypatch.setattr(train_module, "fitted_steps", lambda *a: next(fits))
   tok, config, rows, _ = setup
@@ -263,10 +248,10 @@ import jax, numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
 assert len(jax.devices()) == 4
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.data import synthetic_gsm as sg
-from flash_dllm_jax.data.tokenizer_builder import build_tokenizer, corpus_texts
-from flash_dllm_jax.training.data import encode_problems
-from flash_dllm_jax.training.train import TrainConfig, train
+from flash_dllm_data import synthetic_gsm as sg
+from flash_dllm_data.tokenizer_builder import build_tokenizer, corpus_texts
+from flash_dllm_train.data import encode_problems
+from flash_dllm_train.train import TrainConfig, train
 problems = [p for p in sg.generate(200, 0) if p["steps"] == 2]
 tok, ids = build_tokenizer(corpus_texts(problems), vocab_size=512)
 config = ModelConfig.tiny("llada", vocab_size=512, **ids)
@@ -386,129 +371,3 @@ def test_train_tiny_script_warm_starts_from_a_model_dir(tmp_path, capsys):
     script.main(base + ["--out", str(tmp_path / "c"), "--layers", "3",
                         "--init-from", str(tmp_path / "a" / "model")])
   assert "drop --layers" in capsys.readouterr().err
-
-
-def test_row_encoder_reproduces_the_tokenizer():
-  """RowEncoder (cached pieces between digits, the chat template rendered
-  once) gives encode_problems' rows, on the train, test and unseen-name ood
-  splits, and the tokenizer's ids on text with odd whitespace."""
-  from flash_dllm_jax.training.stream import RowEncoder
-  from tests.paths import ROOT
-  tok = Tokenizer.from_dir(ROOT / "checkpoints" / "synthetic-gsm-llada-16m")
-  enc = RowEncoder(tok)
-  for split in sg.SPLITS:
-    problems = sg.generate(300, 3, split)
-    rows = encode_problems(problems, tok, 400)
-    for i, p in enumerate(problems):
-      ids, prompt_len = enc.row(p, i)
-      assert prompt_len == rows.prompt_len_M[i]
-      assert ids == rows.tokens_MxN[i, :rows.min_len_M[i] - 1].tolist()
-    enc.check(problems[1], 1)
-  for text in ("a  1", "x \n 2 y", "  3", "$5.", "it's 4", "1\n\n2", "end  ",
-               "Q: 7?\nA:", "5 ", "h\u00e9llo 9 w\u00f6rld", "a\t\t8", ""):
-    assert enc.encode(text) == tok.encode(text), text
-
-
-def test_stream_batches_are_fresh_deterministic_and_held_out(setup):
-  """Batch s holds problems s*B..s*B+B-1 of the train stream, tokenized as
-  encode_problems does, with Batches' EOS padding draws; a held-out
-  question is replaced by another draw; worker processes give the same
-  batches as the calling process, in order or after a jump."""
-  from flash_dllm_jax.training.stream import StreamBatches
-  tok = setup[0]
-  problems = [sg.draw("train", 4, i) for i in range(24)]
-  want = encode_problems(problems, tok, 400)  # index i alternates the turn
-  plain = StreamBatches(tok, 400, 8, seed=1, data_seed=4)
-  for step in (0, 2):
-    got = plain(step)
-    ref = rows_batch(want, np.arange(8 * step, 8 * step + 8),
-                     pad_lengths(want.min_len_M[8 * step:8 * step + 8], 400,
-                                 1, step, "random"))
-    for k in got:
-      np.testing.assert_array_equal(got[k], ref[k])
-  exclude = [problems[9]["question"], "not a question of the stream"]
-  local = StreamBatches(tok, 400, 8, seed=1, data_seed=4, exclude=exclude)
-  b1 = local(1)
-  assert local.replaced_held_out == 1
-  np.testing.assert_array_equal(b1["tokens_BxN"][0], want.tokens_MxN[8])
-  np.testing.assert_array_equal(b1["tokens_BxN"][2:], want.tokens_MxN[10:16])
-  replaced = tok.decode(b1["tokens_BxN"][1], skip_special_tokens=False)
-  assert problems[9]["question"] not in replaced
-  assert sg.draw("train", 4, 9, 1)["question"] in replaced
-  with StreamBatches(tok, 400, 8, seed=1, data_seed=4, exclude=exclude,
-                     workers=1, prefetch=3) as pooled:
-    pooled.start(1)
-    for step in (1, 2, 3, 7, 2):  # in order, a jump ahead, one back
-      a, b = pooled(step), local(step)
-      for k in a:
-        np.testing.assert_array_equal(a[k], b[k])
-  with pytest.raises(ValueError, match="batch size, seed and eos_pad"):
-    train(setup[1], tok, plain, "/nonexistent", TrainConfig(batch_size=4))
-
-
-@pytest.mark.parametrize("source", ["rows", "stream"])
-def test_resume_is_bitwise(setup, tmp_path, source):
-  """N steps straight and N/2 + N/2 in two invocations (the second resumed
-  from the first's checkpoint) end with the same float32 params and
-  optimizer state, bit for bit (one device)."""
-  from flash_dllm_jax.training.stream import StreamBatches
-  tok, config, rows, _ = setup
-  tc = TrainConfig(steps=6, batch_size=4, warmup_steps=2, log_every=1,
-                   eval_every=100, ckpt_every=100)
-
-  def data():
-    if source == "rows":
-      return rows
-    return StreamBatches(tok, 256, 4, seed=0, data_seed=2)
-
-  straight, step = train(config, tok, data(), tmp_path / "a", tc,
-                         log=lambda s: None)
-  assert step == 6
-  half = dataclasses.replace(tc, stop_after_steps=3)
-  _, step = train(config, tok, data(), tmp_path / "b", half,
-                  log=lambda s: None)
-  assert step == 3 and [s for s, _ in ckpt.list_checkpoints(
-      tmp_path / "b")] == [3]
-  resumed, step = train(config, tok, data(), tmp_path / "b", half,
-                        log=lambda s: None)
-  assert step == 6
-  for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  like = make_optimizer(tc).init(straight)
-  states = [ckpt.restore_checkpoint(ckpt.list_checkpoints(tmp_path / d)[-1][1],
-                                    like) for d in ("a", "b")]
-  assert states[0][0] == states[1][0] == 6
-  for a, b in zip(jax.tree.leaves(states[0][2]), jax.tree.leaves(states[1][2])):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  log = [json.loads(line) for line in
-         (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
-  ref = [json.loads(line) for line in
-         (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
-  drop = ("ms_per_step",)
-  assert [{k: v for k, v in r.items() if k not in drop} for r in log] == \
-      [{k: v for k, v in r.items() if k not in drop} for r in ref]
-
-
-def test_train_tiny_script_streams_and_resumes_exactly(tmp_path, capsys):
-  """train_tiny --stream: a run paused by --stop-after-steps and rerun
-  ends where the uninterrupted run ends (its last float32 checkpoint)."""
-  import importlib.util
-  from tests.paths import ROOT
-  spec = importlib.util.spec_from_file_location(
-      "train_tiny", ROOT / "scripts" / "train_tiny.py")
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
-  base = ["--smoke", "--stream", "--stream-workers", "1", "--eval-problems",
-          "0", "--seq-len", "256"]
-  script.main(base + ["--out", str(tmp_path / "a")])
-  assert "fresh problems (stream seed 0" in capsys.readouterr().out
-  script.main(base + ["--out", str(tmp_path / "b"), "--stop-after-steps",
-                      "3"])
-  assert "paused at step 3 of 6" in capsys.readouterr().out
-  script.main(base + ["--out", str(tmp_path / "b"), "--stop-after-steps",
-                      "3"])
-  assert "resuming" in capsys.readouterr().out
-  a, b = (fdj.load(ckpt.checkpoint_dir(tmp_path / d, 6) / "model")[0]
-          for d in ("a", "b"))
-  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterable
 
+import jax
+
 
 class RecordStore:
   """records: {problem id: record} of what the JSONL already holds."""
@@ -111,3 +113,10 @@ def merge_shards(run_dir: str | Path, count: int) -> RecordStore:
       merged.append(r for r in RecordStore(path).records.values()
                     if r["id"] not in merged.records)
   return merged
+
+
+def peak_memory_bytes() -> int | None:
+  """The first local device's peak bytes in use so far (None where the
+  backend keeps no memory stats, e.g. the CPU)."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use")

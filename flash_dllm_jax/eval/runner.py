@@ -36,7 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from flash_dllm_jax import parallel
-from flash_dllm_jax.bench.timing import peak_memory_bytes
+from flash_dllm_jax.eval.records import peak_memory_bytes
 from flash_dllm_jax.eval import report
 from flash_dllm_jax.eval.records import RecordStore, merge_shards, open_run, \
     shard_name

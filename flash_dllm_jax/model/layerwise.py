@@ -88,11 +88,11 @@ def probabilities(q_BxTxHxD: jax.Array, k_BxSxKxD: jax.Array,
   never writes out (it only accumulates the summed mass)."""
   b, t, h, d = q_BxTxHxD.shape
   k = k_BxSxKxD.shape[2]
-  q_BxTxKxGxD = q_BxTxHxD.reshape(b, t, k, h // k, d)
-  s_BxTxKxGxS = jnp.einsum("btkgd,bskd->btkgs", q_BxTxKxGxD, k_BxSxKxD,
+  q_BxTxKxJxD = q_BxTxHxD.reshape(b, t, k, h // k, d)
+  s_BxTxKxJxS = jnp.einsum("btkjd,bskd->btkjs", q_BxTxKxJxD, k_BxSxKxD,
                            preferred_element_type=jnp.float32)
-  s_BxTxKxGxS = s_BxTxKxGxS / math.sqrt(d)
+  s_BxTxKxJxS = s_BxTxKxJxS / math.sqrt(d)
   valid = key_valid_BxS[:, None, None, None, :]
-  s_BxTxKxGxS = jnp.where(valid, s_BxTxKxGxS, -jnp.inf)
-  p_BxTxKxGxS = jax.nn.softmax(s_BxTxKxGxS, axis=-1)
-  return jnp.where(valid, p_BxTxKxGxS, 0.0).reshape(b, t, h, -1)
+  s_BxTxKxJxS = jnp.where(valid, s_BxTxKxJxS, -jnp.inf)
+  p_BxTxKxJxS = jax.nn.softmax(s_BxTxKxJxS, axis=-1)
+  return jnp.where(valid, p_BxTxKxJxS, 0.0).reshape(b, t, h, -1)

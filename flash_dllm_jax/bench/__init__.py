@@ -1,1 +1,0 @@
-"""Timing helpers shared by scripts/bench_*.py (GPU measurements)."""

@@ -1,9 +1,0 @@
-"""Training the project's own small dLLM with LLaDA's masked-diffusion loss.
-
-  objective.py    the loss (t ~ U(eps, 1), 1/t-weighted masked CE)
-  data.py         fixed-length SFT rows (prompt | solution, EOT, EOS pad)
-  stream.py       fresh rows drawn by worker processes while training
-  train.py        AdamW + warmup/cosine, jitted donated step, resume
-  checkpoints.py  resumable training checkpoints, the bf16 export
-  evaluate.py     decode held-out problems and score them
-"""
