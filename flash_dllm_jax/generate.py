@@ -24,7 +24,10 @@ PROMPT_BUCKET = 32  # prompts are left-padded to a multiple of this (fewer compi
 class GenerateOutput(NamedTuple):
   """texts[b]: the answer up to its first stop token, special tokens removed.
   tokens_BxG: generated ids (masks left after a stop token become pad).
-  forwards_B: model forward passes spent on each row.
+  forwards_B: model forward passes spent on each row: a Flash-dLLM step with
+    a verify pass counts 2, a classifier-free-guidance step counts 2 (the
+    conditional and the unconditional pass; LLaDA's reference counts its one
+    call on the doubled batch as one NFE).
   steps: decoding steps the loop ran, summed over the batches of different
     prompt-length buckets (each bucket decodes as its own batch).
   steps_B: decoding steps each row ran (a row stops once complete).
