@@ -9,7 +9,8 @@ window q.k (from layer 2 on) except the batch committed last, and the verify
 pass's rows [T recent | S drafts | S masks] with its mask pattern. The
 forward itself is the project's cached forward (tested elsewhere against
 transformers), so this checks the loop's rules alone. Without the reference's
-EOS tail: the sequence is prompt + gen_length.
+EOS tail: the sequence is prompt + gen_length. Dream (no reference) applies
+the same rules with its logit shift, as FlashDLLMSampler does.
 """
 
 from __future__ import annotations
@@ -22,19 +23,19 @@ from flash_dllm_jax.sampling import parallel_rules, select
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 
-def _forward(model, x, query, cache, logit_rows, *, score_rows=0, extras=None,
-             width=None, from_layer=2):
-  """Cached forward of positions `query` (padded to width with -1)."""
-  slots = np.full(width or len(query), -1, np.int32)
+def _forward(model, x, query, cache, logit_rows, *, score_rows, width,
+             from_layer, appended=()):
+  """Cached forward of positions `query` padded to width with -1, then the
+  `appended` positions (Dream's predicting rows)."""
+  slots = np.full(width + len(appended), -1, np.int32)
   slots[:len(query)] = query
-  rows = np.zeros(max(len(logit_rows), 1), np.int32)
-  rows[:len(logit_rows)] = logit_rows
-  if extras is None:
-    extras = CachedExtras(
-        mass_rows_BxQ=jnp.asarray(np.arange(len(slots)) < score_rows)[None],
-        mass_score="logit")
+  slots[width:] = appended
+  extras = CachedExtras(
+      mass_rows_BxQ=jnp.asarray(np.arange(len(slots)) < score_rows)[None],
+      mass_score="logit")
   out = model.run(jnp.asarray(x[np.maximum(slots, 0)])[None],
-                  jnp.asarray(slots)[None], cache, jnp.asarray(rows)[None],
+                  jnp.asarray(slots)[None], cache,
+                  jnp.asarray(np.asarray(logit_rows, np.int32))[None],
                   extras=extras, mass_from_layer=from_layer)
   score = None if out.mass_BxS is None else np.asarray(out.mass_BxS[0])
   return out.logits, out.cache, score
@@ -57,11 +58,20 @@ def decode(config, params, prompt, *, gen_length, block_m, track_num,
   tracked = full_pos[:p] + full_pos[p + block_m:n]
   cache, width = model.empty_cache(), n
   steps = forwards = 0
+  shift = config.logits_shift  # Dream reads position i from row i - 1
   while True:
-    logits, cache, score = _forward(model, x, window + tracked, cache,
-                                    list(range(len(window))),
+    query = window + tracked
+    if not shift:
+      rows, appended = list(range(len(window))), ()
+    elif width == n:  # the prefill: every position is in the query
+      rows, appended = [query.index(q - 1) for q in window], ()
+    else:
+      rows = [width + i for i in range(len(window))]
+      appended = [q - 1 for q in window]
+    logits, cache, score = _forward(model, x, query, cache, rows,
                                     score_rows=len(window), width=width,
-                                    from_layer=rank_from_layer)
+                                    from_layer=rank_from_layer,
+                                    appended=appended)
     width = budget
     x0, conf = (np.asarray(a[0, :len(window)])
                 for a in parallel_rules.confidence(logits))
@@ -83,13 +93,12 @@ def decode(config, params, prompt, *, gen_length, block_m, track_num,
     last_keep = keep
     if verify:
       s = min(max(length_num - keep, 0), block_m // 2)
-      t = 2 * block_m - 2 * s
       cands = full_pos[num_decoded:num_decoded + s]
-      recent = full_pos[max(num_decoded - t, 0):num_decoded]
       keep_v = 0
       if s:
-        keep_v = _verify(model, x, x_draft, recent, cands, cache, block_m,
-                         gamma, predicted_length if eos_fixed else n)
+        keep_v = _verify(model, x, x_draft, full_pos[:num_decoded], cands,
+                         cache, block_m, gamma,
+                         predicted_length if eos_fixed else n)
         forwards += 1
       new = cands[:keep_v]
       x[new] = x_draft[new]
@@ -111,31 +120,47 @@ def decode(config, params, prompt, *, gen_length, block_m, track_num,
                + full_pos[num_decoded + block_m:track_end])
 
 
-def _verify(model, x, x_draft, recent, cands, cache, block_m, gamma, end):
-  """The reference's verify pass: how many candidates it accepts."""
-  t, s = len(recent), len(cands)
-  q = 2 * block_m
+def _verify(model, x, x_draft, decoded_tail, cands, cache, block_m, gamma,
+            end):
+  """The reference's verify pass: how many candidates it accepts. Dream
+  reads candidate i from a row at c_i - 1 seeing what mask row i sees; one
+  is added per candidate unless c_i - 1 = c_{i-1} (whose draft row is that
+  row), and each added row takes a recent row's place."""
+  s = len(cands)
+  shift = model.config.logits_shift
+  need = [bool(shift) and not (i and cands[i - 1] == cands[i] - 1)
+          for i in range(s)]
+  t = 2 * block_m - 2 * s - sum(need)
+  recent = decoded_tail[len(decoded_tail) - t:] if t else []
+  t = len(recent)
+  q = t + (3 if shift else 2) * s
   rows = recent + cands + cands
-  tokens = np.concatenate([x[recent], x_draft[cands], x[cands]])
-  inq = np.ones((q, q), bool)
+  tokens = list(x[recent]) + list(x_draft[cands]) + list(x[cands])
   i = np.arange(s)
+  inq = np.ones((q, q), bool)
   inq[:t, t:t + s] = False
   inq[t:t + s, t:t + s] = i[:, None] >= i[None, :]
   inq[t:t + s, t + s:t + 2 * s] = i[:, None] < i[None, :]
   inq[t + s:t + 2 * s, t:t + s] = i[:, None] > i[None, :]
   inq[t + s:t + 2 * s, t + s:t + 2 * s] = i[:, None] <= i[None, :]
-  used = np.arange(q) < len(rows)
-  inq &= used[:, None] & used[None, :]
+  score_rows = list(t + s + i)
+  if shift:  # predictor rows: mask view i's visibility, seen by no row
+    for k, c in enumerate(cands):
+      prev = [j for j in range(k) if cands[j] == c - 1]
+      rows.append(c - 1)
+      tokens.append(x_draft[c - 1] if prev else x[c - 1])
+    inq[t + 2 * s:, :] = inq[t + s:t + 2 * s, :]
+    inq[:, t + 2 * s:] = False
+    score_rows = list(t + 2 * s + i)
   exclude = np.zeros(len(x), bool)
-  exclude[rows] = True
+  exclude[recent + cands] = True
   extras = CachedExtras(write_cache=False,
                         exclude_BxS=jnp.asarray(exclude)[None],
                         inq_mask_BxQxQ=jnp.asarray(inq)[None])
-  slots = np.full(q, -1, np.int32)
-  slots[:len(rows)] = rows
-  out = model.run(jnp.asarray(np.pad(tokens, (0, q - len(tokens))))[None],
-                  jnp.asarray(slots)[None], cache,
-                  jnp.asarray(t + s + i)[None], extras=extras)
+  out = model.run(jnp.asarray(np.array(tokens, np.int32))[None],
+                  jnp.asarray(np.array(rows, np.int32))[None], cache,
+                  jnp.asarray(np.array(score_rows, np.int32))[None],
+                  extras=extras)
   p = np.asarray(select.prob_of(out.logits,
                                 jnp.asarray(x_draft[cands])[None])[0])
   p = np.where(np.array(cands) >= end, 0.0, p)

@@ -17,12 +17,14 @@ OPTS = dict(gen_length=24, block_m=4, track_num=2, mask_num=2,
             rank_from_layer=0)  # the tiny model has 2 layers
 
 
-@pytest.mark.parametrize("verify,threshold,gamma,eos_boost", [
-    (False, 0.6, 0.8, 1.2), (True, 0.9, 0.4, 1.2), (True, 0.8, 0.3, 0.0)])
+@pytest.mark.parametrize("arch,verify,threshold,gamma,eos_boost", [
+    ("llada", False, 0.6, 0.8, 1.2), ("llada", True, 0.9, 0.4, 1.2),
+    ("llada", True, 0.8, 0.3, 0.0), ("dream", False, 0.6, 0.8, 1.2),
+    ("dream", True, 0.8, 0.3, 1.2)])
 @pytest.mark.parametrize("lengths", [[9], [9, 14, 11]])
-def test_compiled_loop_equals_the_reference_loop(verify, threshold, gamma,
-                                                 eos_boost, lengths):
-  config, params = tiny("llada", eos_boost=eos_boost)
+def test_compiled_loop_equals_the_reference_loop(arch, verify, threshold,
+                                                 gamma, eos_boost, lengths):
+  config, params = tiny(arch, eos_boost=eos_boost)
   sampler = FlashDLLMSampler(**OPTS, threshold=threshold, verify=verify,
                              gamma=gamma)
   prompts = random_prompts(31, lengths)
