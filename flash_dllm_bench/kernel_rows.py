@@ -87,8 +87,8 @@ def attention_rows(bench, cfg, sweep, variants):
     k_len = jnp.full((batch,), s, jnp.int32)
     q_len = jnp.full((batch,), q, jnp.int32)
     scale = d ** -0.5
-    kw = dict(scale=scale, k_new_BxTxKxD=kn, v_new_BxTxKxD=vn,
-              inq_mask_BxQxT=inq, exclude_BxS=excl)
+    kw = dict(scale=scale, k_new_BxIxKxD=kn, v_new_BxIxKxD=vn,
+              inq_mask_BxQxI=inq, exclude_BxS=excl)
 
     def kern(with_mass, fn=attn_api.scheduled_attention, **tiling):
       f = functools.partial(fn, **kw, **tiling)
@@ -204,7 +204,7 @@ def matmul_rows(bench, cfg, sweep):
           if swiglu else None)
     res = (jax.random.normal(ks[3], (mm, n), jnp.bfloat16)
            if name == "down+res" else None)
-    kw = dict(w_up_ExN=wu, residual_MxN=res)
+    kw = dict(w_up_ExO=wu, residual_MxO=res)
     run = lambda fn, **more: bench.timeit(
         stateless(functools.partial(fn, **kw, **more)), None, x, w)
     t_k, o_k = run(mm_api.matmul, implementation=bench.impl)

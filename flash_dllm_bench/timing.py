@@ -89,11 +89,13 @@ def forward_flops(cfg, b: int, q: int, s: int, head_rows: int = 0) -> float:
   return b * (per_token * q + attention + head)
 
 
-def decode_runner(cfg, params, sampler, b: int, prompt_len: int, mesh=None):
+def decode_runner(cfg, params, sampler, b: int, prompt_len: int, mesh=None,
+                  implementation=None):
   """A function that runs one compiled decode of b random prompts (every
   position decoded, no stop at EOS) and returns (gen_BxG, forwards_B, steps,
   steps_B). mesh: a parallel.parse_mesh mesh (or spec) to decode on; params
-  and rows are placed on it first."""
+  and rows are placed on it first. implementation: as generate's (a
+  string or an ops.Kernels)."""
   from flash_dllm_jax import parallel
   from flash_dllm_jax.generate import decode_jit
   prompt = jax.random.randint(jax.random.key(3), (b, prompt_len), 0,
@@ -109,13 +111,14 @@ def decode_runner(cfg, params, sampler, b: int, prompt_len: int, mesh=None):
   def go():
     with parallel.use(mesh):
       return decode_jit(params, prompt, valid, rng, config=cfg,
-                        sampler=sampler, stop_at_eos=False)
+                        sampler=sampler, stop_at_eos=False,
+                        implementation=implementation)
 
   return go
 
 
 def time_decode(cfg, params, sampler, b: int, prompt_len: int, reps: int,
-                mesh=None, outputs: list | None = None):
+                mesh=None, outputs: list | None = None, implementation=None):
   """Times one compiled decode of b random prompts (`decode_runner`).
 
   outputs: a list that receives the decode's result
@@ -123,7 +126,8 @@ def time_decode(cfg, params, sampler, b: int, prompt_len: int, reps: int,
   Returns (seconds per loop step, compile seconds, loop steps, most
   forwards of a row).
   """
-  go = decode_runner(cfg, params, sampler, b, prompt_len, mesh)
+  go = decode_runner(cfg, params, sampler, b, prompt_len, mesh,
+                     implementation)
   t0 = time.perf_counter()
   out = jax.block_until_ready(go())
   if outputs is not None:

@@ -1,6 +1,6 @@
 """Benchmark options that change how the decode loops compile: XLA options
-for GPUs and the attention kernel's tiling rules. Applied before the first
-trace; they are process-wide, so only benchmark scripts set them."""
+for GPUs (process-wide, set before the first trace) and the attention
+kernel's tiling rules (a `Kernels` the benchmark decodes with)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,18 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                   "reach")
   ap.add_argument("--split-target", type=int, default=None,
                   help="attention kernel: programs per sequence that pick its "
-                  "key splits (default: kernel.SPLIT_TARGET)")
+                  "key splits (default: Tiling().split_target)")
   ap.add_argument("--attention-max-block-r", type=int, default=None,
                   help="attention kernel: most rows (query x folded head) "
-                  "per program (default: kernel.MAX_BLOCK_R)")
+                  "per program (default: Tiling().max_block_r)")
 
 
-def apply(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-  """Validates the options (ap.error on a bad one) and sets them."""
+def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
+  """Validates the options (ap.error on a bad one), adds the XLA options and
+  returns the kernel choice to decode with (`implementation=`)."""
   from flash_dllm_jax.generate import GPU_COMPILER_OPTIONS
-  from pallas_kernels.attention import kernel as attention_kernel
+  from flash_dllm_jax.ops import Kernels
+  from pallas_kernels.attention.api import Tiling
   options = {}
   for option in args.gpu_option:
     key, sep, value = option.partition("=")
@@ -38,7 +40,7 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
   if r is not None and (r < 16 or r & (r - 1)):
     ap.error(f"--attention-max-block-r must be a power of two >= 16, got {r}")
   GPU_COMPILER_OPTIONS.update(options)
-  if args.split_target is not None:
-    attention_kernel.SPLIT_TARGET = args.split_target
-  if r is not None:
-    attention_kernel.MAX_BLOCK_R = r
+  default = Tiling()
+  return Kernels(attention=Tiling(
+      split_target=args.split_target or default.split_target,
+      max_block_r=r or default.max_block_r))

@@ -161,12 +161,11 @@ CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 # over 9 x 144 rows differed from 17 x 144 (H200, 2026-11-30: 1-2 of 128
 # answers changed under data=2). cuBLAS without autotuning gave a row the
 # same bits at every probed M, LLaDA-8B's shapes included, where either flag
-# alone did not (BENCHMARKS.md, "Batch invariance"): measured, not a promise
-# from XLA. It cost 15% at batch 1 and saved 6% at batch 32 in the step.
-# XLA's dot merger joined k_proj and v_proj into one GEMM by concatenating
-# their weights in every layer of every pass (LLaDA-8B: 67 MB, ~31 us each;
-# 2 ms of a 15 ms batch-1 step, profile_step.py), and only below a size, so
-# the GEMM shapes also depended on the number of rows: off.
+# alone did not (BENCHMARKS.md, "Batch invariance", with its cost in the
+# step): measured, not a promise from XLA. XLA's dot merger joined k_proj
+# and v_proj into one GEMM by concatenating their weights in every layer of
+# every pass, and only below a size, so the GEMM shapes also depended on the
+# number of rows: off.
 GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False,
                         "xla_gpu_autotune_level": 0,
                         "xla_gpu_dot_merger_threshold_mb": 0}

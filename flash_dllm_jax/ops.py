@@ -7,10 +7,13 @@ bits independent of batch and mesh, and the plain-JAX reference otherwise.
 
 `implementation`: None chooses by backend (Pallas on a GPU, reference
 elsewhere); 'reference', 'pallas' or 'pallas_interpret' (the kernel run by
-the Pallas interpreter, how CPU tests exercise the kernel path) force one.
+the Pallas interpreter, how CPU tests exercise the kernel path) force one;
+a `Kernels` adds kernel settings to that choice.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +22,6 @@ from jax.sharding import PartitionSpec as P
 
 from flash_dllm_jax import parallel
 from pallas_kernels.attention import api as attention_api
-from pallas_kernels.attention import reference as attention_reference
 from pallas_kernels.cache_update import api as cache_api
 from pallas_kernels.cache_update import reference as cache_reference
 from pallas_kernels.common import resolve_implementation
@@ -27,16 +29,16 @@ from pallas_kernels.rms_norm import api as norm_api
 from pallas_kernels.token_logprob import api as logprob_api
 
 
-def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
-           bias_F: jax.Array | None = None, *, gathered: bool = False
+def linear(x_MxE: jax.Array, kernel_ExO: jax.Array,
+           bias_O: jax.Array | None = None, *, gathered: bool = False
            ) -> jax.Array:
   """x @ W (+ b) in x's dtype, accumulating in float32.
 
   On a GPU, without a bias, the product is asked for in x's dtype directly:
   cuBLAS accumulates in float32 and rounds once on output, what the float32
   product and a cast give, but without writing the float32 product and
-  converting it in another kernel (LLaDA-8B's q/k/v: 3 converts a layer,
-  2.3 ms of a 146 ms batch-32 step, and SwiGLU read float32 gate/up).
+  converting it in another kernel (3 converts a layer for q/k/v, and SwiGLU
+  reading float32 gate/up).
   Elsewhere, and under tensor parallelism, the product stays float32:
   XLA:CPU's bf16 dots on a tensor-parallel shard gave other values than one
   device's (tests/test_mesh_exact), and a GPU's were not checked there.
@@ -53,18 +55,18 @@ def linear(x_NxE: jax.Array, kernel_ExF: jax.Array,
   mesh = active if gathered else None
   rows = P("data")
   if mesh is not None:
-    x_NxE = jax.lax.with_sharding_constraint(x_NxE, rows)
-  direct = (bias_F is None and jax.default_backend() == "gpu"
+    x_MxE = jax.lax.with_sharding_constraint(x_MxE, rows)
+  direct = (bias_O is None and jax.default_backend() == "gpu"
             and (active is None or active.shape["model"] == 1))
-  y = jnp.einsum("...e,ef->...f", x_NxE, kernel_ExF.astype(x_NxE.dtype),
-                 preferred_element_type=x_NxE.dtype if direct else jnp.float32)
+  y = jnp.einsum("...e,eo->...o", x_MxE, kernel_ExO.astype(x_MxE.dtype),
+                 preferred_element_type=x_MxE.dtype if direct else jnp.float32)
   if mesh is not None and y.shape[-1] % mesh.shape["model"] == 0:
     # Computed on the kernel's column shard: never all-gather the weight.
     y = jax.lax.with_sharding_constraint(
         y, P("data", *[None] * (y.ndim - 2), "model"))
-  if bias_F is not None:
-    y = y + bias_F.astype(jnp.float32)
-  y = y.astype(x_NxE.dtype)
+  if bias_O is not None:
+    y = y + bias_O.astype(jnp.float32)
+  y = y.astype(x_MxE.dtype)
   return y if mesh is None else jax.lax.with_sharding_constraint(y, rows)
 
 
@@ -103,48 +105,17 @@ def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   'pallas_interpret', the plain-JAX reference.
   """
   if _kernels(implementation) != "pallas":
-    return attention_reference.masked_attention(
-        q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, scale=scale)
-  attend = lambda q, k, v, valid: fused_attention(q, k, v, valid, scale=scale)
+    return attention_api.masked_attention(
+        q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, scale=scale,
+        implementation="reference")
+  attend = lambda q, k, v, valid: attention_api.masked_attention(
+      q, k, v, valid, scale=scale, implementation="fused")
   mesh = parallel.active_mesh()
   if mesh is not None:
     heads = parallel.HEADS_SPEC
     attend = parallel.shard_map(attend, mesh,
                                 (heads, heads, heads, P("data")), heads)
   return attend(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS)
-
-
-def fused_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, *,
-                    scale: float, xla_impl: str | None = None) -> jax.Array:
-  """`jax.nn.dot_product_attention` with the reference's semantics: a row
-  with no valid key averages all values uniformly (finite, as the reference
-  models' additive mask gives).
-
-  xla_impl: its `implementation`; None asks for cuDNN for 16-bit inputs
-  (cuDNN takes no float32) and falls back to XLA's composition when JAX
-  refuses the shapes. cuDNN wants the mask as a full [B, 1, Q, S] bias.
-  """
-  b, q = q_BxQxHxD.shape[:2]
-  s = k_BxSxKxD.shape[1]
-  any_valid_B = jnp.any(key_valid_BxS, axis=-1)
-  mask_Bx1xQxS = jnp.broadcast_to(
-      (key_valid_BxS | ~any_valid_B[:, None])[:, None, None, :], (b, 1, q, s))
-  attend = lambda impl: jax.nn.dot_product_attention(
-      q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, mask=mask_Bx1xQxS, scale=scale,
-      implementation=impl)
-  if xla_impl is None and q_BxQxHxD.dtype in (jnp.bfloat16, jnp.float16):
-    try:
-      o_BxQxHxD = attend("cudnn")
-    except (ValueError, NotImplementedError, RuntimeError):
-      o_BxQxHxD = attend("xla")
-  else:
-    o_BxQxHxD = attend(xla_impl or "xla")
-  g = q_BxQxHxD.shape[2] // k_BxSxKxD.shape[2]
-  uniform_Bx1xHxD = jnp.repeat(
-      jnp.mean(v_BxSxKxD.astype(jnp.float32), axis=1, keepdims=True), g,
-      axis=2)
-  return jnp.where(any_valid_B[:, None, None, None], o_BxQxHxD,
-                   uniform_Bx1xHxD.astype(o_BxQxHxD.dtype))
 
 
 def write_cache(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
@@ -155,8 +126,26 @@ def write_cache(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
       parallel.CACHE_SPEC)
 
 
-def _kernels(implementation: str | None) -> str:
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """A kernel choice with settings, accepted wherever `implementation` is:
+  name as `implementation` (None: by backend) and the attention kernel's
+  tiling rules (benchmarks sweep them; static, so part of the jit key)."""
+
+  name: str | None = None
+  attention: attention_api.Tiling = attention_api.Tiling()
+
+
+def _kernels(implementation: "str | Kernels | None") -> str:
+  if isinstance(implementation, Kernels):
+    implementation = implementation.name
   return resolve_implementation(implementation)
+
+
+def _tiling(implementation) -> attention_api.Tiling:
+  if isinstance(implementation, Kernels):
+    return implementation.attention
+  return attention_api.Tiling()
 
 
 def rope_and_write(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
@@ -226,19 +215,22 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                v_cache_BxSxKxD=(v_cache_BxSxKxD, heads),
                k_len_B=(jnp.full((b,), s, jnp.int32), rows),
                q_len_B=(jnp.full((b,), q, jnp.int32), rows),
-               k_new_BxTxKxD=(k_new_BxQxKxD, heads),
-               v_new_BxTxKxD=(v_new_BxQxKxD, heads),
-               inq_mask_BxQxT=(inq_mask_BxQxQ, rows),
+               k_new_BxIxKxD=(k_new_BxQxKxD, heads),
+               v_new_BxIxKxD=(v_new_BxQxKxD, heads),
+               inq_mask_BxQxI=(inq_mask_BxQxQ, rows),
                exclude_BxS=(exclude, rows),
                score_rows_BxQ=(mass_rows_BxQ, rows))
   named = {k: v for k, v in named.items() if v[0] is not None}
   mesh = parallel.active_mesh() if impl != "reference" else None
-  splits = attention_api.splits_for(q_BxQxHxD.shape, k_cache_BxSxKxD.shape)
+  tiling = _tiling(implementation)
+  splits = attention_api.splits_for(q_BxQxHxD.shape, k_cache_BxSxKxD.shape,
+                                    tiling=tiling)
 
   def attend(*arrays):
     out, mass_BxKxS = attention_api.scheduled_attention(
         scale=1.0, implementation=impl, head_mass=True, num_splits=splits,
         score_prefix=mass_prefix, score=mass_score,
+        tiling=tiling,
         **dict(zip(named, arrays)))
     if mass_BxKxS is not None and mesh is not None:  # this shard's heads
       mass_BxKxS = jax.lax.all_gather(mass_BxKxS, "model", axis=1, tiled=True)

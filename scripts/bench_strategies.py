@@ -58,7 +58,7 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
           gen_length=gen, block_m=block_m, forced_commits=k, verify=True),
           lambda p: 8 * block_m, lambda p: 2 * block_m),
       "elastic-cache": lambda: (ElasticCacheSampler(
-          gen_length=gen, window=block_m, tokens_per_iter=k),
+          gen_length=gen, window=block_m, forced_commits=k),
           lambda p: layers + 2 * block_m),
   }
 
@@ -82,7 +82,7 @@ def main(argv=None):
                   "steady step, without the first step's prefill")
   tuning.add_args(ap)
   args = ap.parse_args(argv)
-  tuning.apply(ap, args)  # before any trace
+  kernels = tuning.apply(ap, args)  # before any trace
   t_start = time.perf_counter()  # progress lines: where a cut run was
   if args.smoke:
     cfg = ModelConfig.tiny("llada", dtype="bfloat16")
@@ -111,11 +111,13 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t_start:.0f} s] {name} batch {b} gen "
               f"{gen}: compile and decode", flush=True)
         ms_step, compile_s, steps, forwards = timing.time_decode(
-            cfg, params, sampler, b, args.prompt, args.reps)
+            cfg, params, sampler, b, args.prompt, args.reps,
+            implementation=kernels)
         steady_ms = None
         if args.steady:
           ms2, _, steps2, _ = timing.time_decode(
-              cfg, params, doubled[name]()[0], b, args.prompt, args.reps)
+              cfg, params, doubled[name]()[0], b, args.prompt, args.reps,
+              implementation=kernels)
           steady_ms = (ms_step * steps - ms2 * steps2) / (steps - steps2) * 1e3
         n = args.prompt + gen
         # Each pass reads every weight once: a floor per pass, the second

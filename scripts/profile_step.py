@@ -58,7 +58,7 @@ def main(argv=None):
   ap.add_argument("--label", default="", help="added to report headings")
   tuning.add_args(ap)
   args = ap.parse_args(argv)
-  tuning.apply(ap, args)  # before any trace
+  kernels = tuning.apply(ap, args)  # before any trace
   args.out_dir.mkdir(parents=True, exist_ok=True)
   if args.smoke:
     cfg = ModelConfig.tiny("llada", dtype="bfloat16")
@@ -78,7 +78,8 @@ def main(argv=None):
   for name in args.only:
     sampler = built[name]()[0]
     for b in args.batch:
-      go = timing.decode_runner(cfg, params, sampler, b, args.prompt)
+      go = timing.decode_runner(cfg, params, sampler, b, args.prompt,
+                                implementation=kernels)
       t0 = time.perf_counter()
       out = jax.block_until_ready(go())
       compile_s = time.perf_counter() - t0

@@ -299,7 +299,7 @@ def _check_recomputed_from(config, params, model, old, trace, b, r):
     (dict(track_num=0), "track_num must be a positive int"),
     (dict(gamma=float("nan")), "gamma must be a real number"),
     (dict(threshold=0.0), "threshold must be in"),
-    (dict(tokens_per_iter=17), r"tokens_per_iter must be None or an int in"),
+    (dict(forced_commits=17), r"forced_commits must be None or an int in"),
     (dict(refresh_every=0), "refresh_every must be None or a positive int"),
 ])
 def test_bad_arguments(kwargs, message):
@@ -310,7 +310,7 @@ def test_bad_arguments(kwargs, message):
 
 def test_forced_schedule_commits_a_fixed_number_per_step():
   config, params = tiny("llada")
-  sampler = ElasticCacheSampler(gen_length=24, window=4, tokens_per_iter=3)
+  sampler = ElasticCacheSampler(gen_length=24, window=4, forced_commits=3)
   out = generate(params, random_prompts(28, [5, 9]), config=config,
                  sampler=sampler, stop_at_eos=False)
   assert out.steps == 8 and (out.forwards_B == 8).all()

@@ -42,9 +42,9 @@ def _inputs(key, b, q, h, kh, d, s, t, k_lens, q_lens, dtype, excl=True,
   poison = lambda x: jnp.where(dead_BxS[..., None, None], jnp.nan, x)
   kw = dict(scale=d ** -0.5, exclude_BxS=exclude_BxS)
   if t:
-    kw.update(k_new_BxTxKxD=rnd(ks[2], (b, t, kh, d)),
-              v_new_BxTxKxD=rnd(ks[3], (b, t, kh, d)),
-              inq_mask_BxQxT=jax.random.bernoulli(ks[4], t_frac, (b, q, t)))
+    kw.update(k_new_BxIxKxD=rnd(ks[2], (b, t, kh, d)),
+              v_new_BxIxKxD=rnd(ks[3], (b, t, kh, d)),
+              inq_mask_BxQxI=jax.random.bernoulli(ks[4], t_frac, (b, q, t)))
   if score:
     kw["score_rows_BxQ"] = jax.random.bernoulli(ks[5], 0.6, (b, q))
   args = (q_BxQxHxD, poison(rnd(ks[6], (b, s, kh, d))),
@@ -126,7 +126,7 @@ def test_fully_masked_rows_are_zero(request):
   """No cache keys and no in-query keys for some rows: zeros, not NaN."""
   args, kw = _inputs(_key(request), 2, 4, 4, 1, 64, 32, 6, [0, 0], [4, 2],
                      jnp.bfloat16, t_frac=0.0)
-  kw["inq_mask_BxQxT"] = kw["inq_mask_BxQxT"].at[0, 1, 2].set(True)
+  kw["inq_mask_BxQxI"] = kw["inq_mask_BxQxI"].at[0, 1, 2].set(True)
   got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
                                 block_k=16, num_splits=2)
   _check(args, kw, got, jnp.bfloat16)
@@ -294,17 +294,17 @@ def test_tree_sum_is_the_sum_along_one_axis(request, n):
     ("pallas_interpret", jnp.float32), ("reference", jnp.float32),
     pytest.param("pallas", jnp.float32, marks=pytest.mark.gpu),
     pytest.param("pallas", jnp.bfloat16, marks=pytest.mark.gpu)])
-def test_a_head_shard_gives_its_heads_bits(request, monkeypatch, impl, dtype):
+def test_a_head_shard_gives_its_heads_bits(request, impl, dtype):
   """What a device of a tensor-parallel mesh runs: the kernel on a slice of
   the KV heads with the key splits of the global shapes (`splits_for`)
   gives that slice of the one-device output and per-head mass, bit for
   bit; `sum_heads` of the per-head mass is the default mass. With 8
   programs a sequence, the shard's own default would take other splits."""
-  monkeypatch.setattr(kernel, "SPLIT_TARGET", 8)
+  tiling = api.Tiling(split_target=8)
   b, q, h, kh, d, s = 2, 8, 8, 4, 64, 1024
   args, kw = _inputs(_key(request), b, q, h, kh, d, s, 6, [1000, 700],
                      [8, 5], dtype)
-  splits = api.splits_for(args[0].shape, args[1].shape)
+  splits = api.splits_for(args[0].shape, args[1].shape, tiling=tiling)
   assert splits == 2
   run = lambda a, **k: api.scheduled_attention(
       *a, **{**kw, **k}, implementation=impl, num_splits=splits)
@@ -315,10 +315,11 @@ def test_a_head_shard_gives_its_heads_bits(request, monkeypatch, impl, dtype):
   for k0, k1 in [(0, 2), (2, 4), (3, 4)]:
     part = (args[0][:, :, k0 * g:k1 * g], args[1][:, :, k0:k1],
             args[2][:, :, k0:k1], *args[3:])
-    new = {n: kw[n][:, :, k0:k1] for n in ("k_new_BxTxKxD", "v_new_BxTxKxD")}
+    new = {n: kw[n][:, :, k0:k1] for n in ("k_new_BxIxKxD", "v_new_BxIxKxD")}
     o_part, mass_part = run(part, head_mass=True, **new)
     np.testing.assert_array_equal(np.asarray(o_part),
                                   np.asarray(o[:, :, k0 * g:k1 * g]))
     np.testing.assert_array_equal(np.asarray(mass_part),
                                   np.asarray(mass_BxKxS[:, k0:k1]))
-    assert api.splits_for(part[0].shape, part[1].shape) != splits
+    assert api.splits_for(part[0].shape, part[1].shape,
+                          tiling=tiling) != splits

@@ -26,8 +26,8 @@ def _inputs(request, m, e, n, dtype, swiglu, residual):
   rnd = lambda k, shape, sc=1.0: (
       sc * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
   x = rnd(ks[0], (m, e))
-  kw = dict(w_up_ExN=rnd(ks[2], (e, n), e ** -0.5) if swiglu else None,
-            residual_MxN=rnd(ks[3], (m, n)) if residual else None)
+  kw = dict(w_up_ExO=rnd(ks[2], (e, n), e ** -0.5) if swiglu else None,
+            residual_MxO=rnd(ks[3], (m, n)) if residual else None)
   return x, rnd(ks[1], (e, n), e ** -0.5), kw
 
 

@@ -47,8 +47,8 @@ def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s, splits):
 
   def run(qq, kc, vc, kl, ql, kn, vn, inq, excl, score):
     return attention.scheduled_attention(
-        qq, kc, vc, kl, ql, scale=d ** -0.5, k_new_BxTxKxD=kn,
-        v_new_BxTxKxD=vn, inq_mask_BxQxT=inq, exclude_BxS=excl,
+        qq, kc, vc, kl, ql, scale=d ** -0.5, k_new_BxIxKxD=kn,
+        v_new_BxIxKxD=vn, inq_mask_BxQxI=inq, exclude_BxS=excl,
         score_rows_BxQ=score, num_splits=splits)
 
   # attention (+ mass), then the merge and a mass-only pass with splits

@@ -16,14 +16,15 @@ from tests.test_mesh import PRELUDE, STRICT_CPU, _run
 
 BITWISE = PRELUDE + r'''
 import sys
-from pallas_kernels.attention import kernel
+from pallas_kernels.attention.api import Tiling
 from flash_dllm_jax.model import CachedExtras, KVCache
+from flash_dllm_jax.ops import Kernels
 arch, impl, dtype = sys.argv[1:4]
 # Few programs per sequence: one device picks 1 key split for its 4 KV
 # heads, a shard of 2 or 1 heads would pick 2 if it chose from its own.
-kernel.SPLIT_TARGET = 4
 config, params = tiny4(arch, head_dim=16, dtype=dtype)
-model = Transformer(config, implementation=impl)
+model = Transformer(config, implementation=Kernels(
+    impl, attention=Tiling(split_target=4)))
 rng = np.random.default_rng(0)
 B, S, Q, K, D = 4, 512, 8, config.n_kv_heads, config.head_dim
 kv = lambda: tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), dtype)

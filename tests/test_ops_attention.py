@@ -1,4 +1,4 @@
-"""ops.attention: the fused (cuDNN-capable) path equals the reference."""
+"""The fused (cuDNN-capable) attention equals the reference."""
 
 import jax
 import jax.numpy as jnp
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from flash_dllm_jax import ops
+from pallas_kernels.attention import fused
 from pallas_kernels.attention.reference import masked_attention
 
 
@@ -28,7 +29,7 @@ def test_fused_attention_matches_the_reference(h, k, d, dtype, tol):
   q_, k_, v_, valid = _inputs(h * 10 + d, 4, 24, 24, h, k, d, dtype)
   scale = d ** -0.5
   want = masked_attention(q_, k_, v_, valid, scale=scale)
-  got = ops.fused_attention(q_, k_, v_, valid, scale=scale, xla_impl="xla")
+  got = fused.fused_attention(q_, k_, v_, valid, scale=scale, xla_impl="xla")
   assert got.dtype == want.dtype and got.shape == want.shape
   np.testing.assert_allclose(np.asarray(got, np.float32),
                              np.asarray(want, np.float32), atol=tol, rtol=tol)

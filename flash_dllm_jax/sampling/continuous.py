@@ -6,7 +6,7 @@ so the batch stays full until the queue runs dry, with no host round trip.
 A sampler's `max_refills` caps the loads per iteration (a slot over the cap
 idles one iteration), so a step prefills at most that many new rows.
 A request's result never depends on its neighbours, so it equals the result
-of decoding it alone. Samplers opt in with `reset_rows(aux, rows_B)`.
+of decoding it alone. Samplers opt in by being `loop.Refillable`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.sampling.loop import Sampler, make_step
+from flash_dllm_jax.sampling.loop import Refillable, Sampler, make_step
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState, fill_after_stop
 
@@ -30,36 +30,36 @@ class QueueState:
   valid_BxN: key validity of each slot's current request (left padding).
   request_B: which request each slot holds (EMPTY once the queue is dry).
   next_request: the first request not yet loaded.
-  gen_QxG, forwards_Q, steps_Q: results of finished requests.
+  gen_UxG, forwards_U, steps_U: results of finished requests.
   """
 
   decode: DecodeState
   valid_BxN: jax.Array
   request_B: jax.Array
   next_request: jax.Array
-  gen_QxG: jax.Array
-  forwards_Q: jax.Array
-  steps_Q: jax.Array
+  gen_UxG: jax.Array
+  forwards_U: jax.Array
+  steps_U: jax.Array
 
 
-def _load(state: QueueState, rows_B, requests_B, prompts_QxP, valid_QxP,
-          rng_Q, gen_length: int, mask_id: int, sampler) -> QueueState:
+def _load(state: QueueState, rows_B, requests_B, prompts_UxP, valid_UxP,
+          rng_U, gen_length: int, mask_id: int, sampler) -> QueueState:
   """Puts requests_B into the slots marked by rows_B (EMPTY: leave idle)."""
   has_B = rows_B & (requests_B != EMPTY)
   idx_B = jnp.maximum(requests_B, 0)
   b = rows_B.shape[0]
   new_tokens_BxN = jnp.concatenate(
-      [prompts_QxP[idx_B], jnp.full((b, gen_length), mask_id,
-                                    prompts_QxP.dtype)], axis=1)
+      [prompts_UxP[idx_B], jnp.full((b, gen_length), mask_id,
+                                    prompts_UxP.dtype)], axis=1)
   new_valid_BxN = jnp.concatenate(
-      [valid_QxP[idx_B], jnp.ones((b, gen_length), bool)], axis=1)
+      [valid_UxP[idx_B], jnp.ones((b, gen_length), bool)], axis=1)
   d = state.decode
   decode = d.replace(
       tokens_BxN=jnp.where(has_B[:, None], new_tokens_BxN, d.tokens_BxN),
       done_B=jnp.where(rows_B, ~has_B, d.done_B),
       forwards_B=jnp.where(rows_B, 0, d.forwards_B),
       steps_B=jnp.where(rows_B, 0, d.steps_B),
-      rng_B=_where_keys(has_B, rng_Q[idx_B], d.rng_B),
+      rng_B=_where_keys(has_B, rng_U[idx_B], d.rng_B),
       aux=sampler.reset_rows(d.aux, has_B))
   return state.replace(
       decode=decode,
@@ -75,23 +75,23 @@ def _where_keys(pick_B, a_B, b_B):
   return jax.random.wrap_key_data(data)
 
 
-def decode_queue(params, prompts_QxP: jax.Array, valid_QxP: jax.Array,
-                 rng_Q: jax.Array, *, config: ModelConfig, sampler: Sampler,
+def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
+                 rng_U: jax.Array, *, config: ModelConfig, sampler: Sampler,
                  batch_size: int, stop_at_eos: bool = True,
                  implementation: str | None = None):
   """Decodes Q requests through batch_size slots in one compiled loop.
 
-  Returns (gen_QxG, forwards_Q, steps_Q, loop_steps). Jit it with config,
+  Returns (gen_UxG, forwards_U, steps_U, loop_steps). Jit it with config,
   sampler, batch_size, stop_at_eos and implementation static.
   """
-  if not hasattr(sampler, "reset_rows"):
+  if not isinstance(sampler, Refillable):
     raise ValueError(f"{type(sampler).__name__} does not support continuous "
                      "batching (it needs reset_rows)")
-  q, p = prompts_QxP.shape
+  q, p = prompts_UxP.shape
   b, g, mask_id = batch_size, sampler.gen_length, config.mask_token_id
   stop_ids = config.stop_token_ids if stop_at_eos else ()
-  start = DecodeState.start(jnp.zeros((b, p), prompts_QxP.dtype), g, mask_id,
-                            rng_Q[jnp.zeros((b,), jnp.int32)])
+  start = DecodeState.start(jnp.zeros((b, p), prompts_UxP.dtype), g, mask_id,
+                            rng_U[jnp.zeros((b,), jnp.int32)])
   placeholder = SequenceModel.for_batch(
       config, params, jnp.ones((b, p + g), bool), implementation)
   start = start.replace(aux=sampler.init_aux(placeholder, start.tokens_BxN))
@@ -99,39 +99,39 @@ def decode_queue(params, prompts_QxP: jax.Array, valid_QxP: jax.Array,
   state = QueueState(
       decode=start, valid_BxN=jnp.ones((b, p + g), bool),
       request_B=jnp.full((b,), EMPTY), next_request=jnp.minimum(b, q),
-      gen_QxG=jnp.full((q, g), mask_id, prompts_QxP.dtype),
-      forwards_Q=jnp.zeros((q,), jnp.int32), steps_Q=jnp.zeros((q,), jnp.int32))
-  state = _load(state, jnp.ones((b,), bool), first_B, prompts_QxP, valid_QxP,
-                rng_Q, g, mask_id, sampler)
+      gen_UxG=jnp.full((q, g), mask_id, prompts_UxP.dtype),
+      forwards_U=jnp.zeros((q,), jnp.int32), steps_U=jnp.zeros((q,), jnp.int32))
+  state = _load(state, jnp.ones((b,), bool), first_B, prompts_UxP, valid_UxP,
+                rng_U, g, mask_id, sampler)
 
   def body(state: QueueState) -> QueueState:
     model = SequenceModel.for_batch(config, params, state.valid_BxN,
                                     implementation, stop_ids)
     decode = make_step(sampler, model, p, stop_ids)(state.decode)
     finished_B = decode.done_B & (state.request_B != EMPTY)
-    slot_Q = jnp.where(finished_B, state.request_B, q)
+    slot_U = jnp.where(finished_B, state.request_B, q)
     gen_BxG = fill_after_stop(decode.tokens_BxN[:, p:], mask_id,
                               config.pad_token_id)
     state = state.replace(
         decode=decode,
-        gen_QxG=state.gen_QxG.at[slot_Q].set(gen_BxG, mode="drop"),
-        forwards_Q=state.forwards_Q.at[slot_Q].set(decode.forwards_B,
+        gen_UxG=state.gen_UxG.at[slot_U].set(gen_BxG, mode="drop"),
+        forwards_U=state.forwards_U.at[slot_U].set(decode.forwards_B,
                                                    mode="drop"),
-        steps_Q=state.steps_Q.at[slot_Q].set(decode.steps_B, mode="drop"))
+        steps_U=state.steps_U.at[slot_U].set(decode.steps_B, mode="drop"))
     # Free: just finished, or left idle by the refill cap (or a dry queue).
     free_B = finished_B | (state.request_B == EMPTY)
     order_B = jnp.cumsum(free_B) - 1
     wanted_B = state.next_request + order_B
     load_B = free_B & (order_B < refills) & (wanted_B < q)
     requests_B = jnp.where(load_B, wanted_B, EMPTY)
-    state = _load(state, free_B, requests_B, prompts_QxP, valid_QxP,
-                  rng_Q, g, mask_id, sampler)
+    state = _load(state, free_B, requests_B, prompts_UxP, valid_UxP,
+                  rng_U, g, mask_id, sampler)
     return state.replace(next_request=state.next_request + load_B.sum())
 
-  refills = getattr(sampler, "max_refills", None) or b
+  refills = sampler.max_refills or b
   max_steps = q * sampler.num_steps
   state = jax.lax.while_loop(
       lambda s: ((jnp.any(s.request_B != EMPTY) | (s.next_request < q))
                  & (s.decode.step < max_steps)),
       body, state)
-  return state.gen_QxG, state.forwards_Q, state.steps_Q, state.decode.step
+  return state.gen_UxG, state.forwards_U, state.steps_U, state.decode.step

@@ -77,7 +77,7 @@ class StepTrace(NamedTuple):
 class ElasticCacheSampler:
   """Elastic-Cache decoding (greedy); defaults follow the reference.
 
-  tokens_per_iter: commit exactly this many window positions per step (most
+  forced_commits: commit exactly this many window positions per step (most
     confident first) instead of the threshold: the reference's top-k mode,
     also the benchmarks' forced schedule.
   block_caching: False queries every open mask each step (not only the
@@ -95,7 +95,7 @@ class ElasticCacheSampler:
   track_num: int = 1
   gamma: float = 0.9
   threshold: float = 0.9
-  tokens_per_iter: int | None = None
+  forced_commits: int | None = None
   block_caching: bool = True
   refresh_every: int | None = None
   recompute_all: bool = False
@@ -115,10 +115,10 @@ class ElasticCacheSampler:
     if not (isinstance(self.threshold, (int, float))
             and 0 < self.threshold <= 1):
       errors.append(f"threshold must be in (0, 1], got {self.threshold!r}")
-    k = self.tokens_per_iter
+    k = self.forced_commits
     if k is not None and not (pos_int(k) and pos_int(self.window)
                               and k <= self.window):
-      errors.append(f"tokens_per_iter must be None or an int in [1, window], "
+      errors.append(f"forced_commits must be None or an int in [1, window], "
                     f"got {k!r}")
     if self.refresh_every is not None and not pos_int(self.refresh_every):
       errors.append(f"refresh_every must be None or a positive int, got "
@@ -175,12 +175,12 @@ class ElasticCacheSampler:
     b, n = tokens_BxN.shape
     w, m, L = self.window, self.mask_budget, cfg.n_layers
     open_BxN, others_BxN = _candidates(model, tokens_BxN, prompt_len)
-    masks_BxM = _first(open_BxN, m)
-    window_BxW = masks_BxM[:, :w]
-    pred_BxM = jnp.where(masks_BxM >= 0, masks_BxM - cfg.logits_shift, -1)
-    slots_BxQ = jnp.concatenate([aux.tracked_BxT, aux.new_BxW, pred_BxM], 1)
+    masks_BxA = _first(open_BxN, m)
+    window_BxW = masks_BxA[:, :w]
+    pred_BxA = jnp.where(masks_BxA >= 0, masks_BxA - cfg.logits_shift, -1)
+    slots_BxQ = jnp.concatenate([aux.tracked_BxT, aux.new_BxW, pred_BxA], 1)
     if self.recompute_all:
-      logits_BxWxV = model.logits(tokens_BxN, jnp.maximum(pred_BxM[:, :w], 0))
+      logits_BxWxV = model.logits(tokens_BxN, jnp.maximum(pred_BxA[:, :w], 0))
       sim_BxL = jnp.full((b, L), jnp.nan)
       restart_B = jnp.zeros((b,), jnp.int32)
     else:
@@ -189,9 +189,9 @@ class ElasticCacheSampler:
 
     x0_BxW, conf_BxW = parallel_rules.confidence(logits_BxWxV)
     real_BxW = window_BxW >= 0
-    if self.tokens_per_iter is not None:
+    if self.forced_commits is not None:
       commit_BxW = parallel_rules.fixed_commit(
-          conf_BxW, real_BxW, jnp.full((b,), self.tokens_per_iter, jnp.int32))
+          conf_BxW, real_BxW, jnp.full((b,), self.forced_commits, jnp.int32))
     else:
       commit_BxW = parallel_rules.threshold_commit(conf_BxW, real_BxW,
                                                    self.threshold)

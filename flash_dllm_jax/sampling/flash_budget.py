@@ -85,12 +85,12 @@ def select(masked_BxN, decoded_BxN, end_B, conf_BxN, rank_BxN, last_BxN, *,
       jnp.arange(start, start + k)[None, :] < count[:, None],
       _pad_take(order, start, k), -1)
   window_BxW = take(order_BxN, n_pool_B, window)
-  extra_BxX = take(order_BxN, n_pool_B, extra, start=window)
+  extra_BxA = take(order_BxN, n_pool_B, extra, start=window)
   track_key_BxN = jnp.where(decoded_BxN, order_key(rank_BxN, last_BxN),
                             -jnp.inf)
   track_order_BxN = jnp.argsort(-track_key_BxN, axis=1, stable=True)
   tracked_BxT = take(track_order_BxN, decoded_BxN.sum(1), tracked)
-  return jnp.concatenate([window_BxW, extra_BxX, tracked_BxT], axis=1)
+  return jnp.concatenate([window_BxW, extra_BxA, tracked_BxT], axis=1)
 
 
 def order_key(rank_BxN, last_BxN):

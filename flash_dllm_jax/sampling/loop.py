@@ -59,6 +59,17 @@ class Sampler(Protocol):
 
 
 @runtime_checkable
+class Refillable(Protocol):
+  """A sampler whose slots can take a new request inside the loop
+  (continuous batching): it forgets a slot's bookkeeping on demand."""
+
+  max_refills: int | None
+
+  def reset_rows(self, aux, rows_B: jax.Array):
+    """aux with the rows marked by rows_B [B] reset for a new request."""
+
+
+@runtime_checkable
 class EndsRows(Protocol):
   """A sampler that decides itself when a row's answer is complete (instead
   of "no mask before the first stop token")."""

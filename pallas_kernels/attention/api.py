@@ -2,19 +2,38 @@
 
 import jax
 
-from pallas_kernels.attention import kernel, reference
+from pallas_kernels.attention import fused, kernel, reference
 from pallas_kernels.common import resolve_implementation
 
 exclude_mask_from_positions = reference.exclude_mask_from_positions
 sum_heads = reference.sum_heads
 splits_for = kernel.splits_for
+Tiling = kernel.Tiling
+
+
+def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
+                     v_BxSxKxD: jax.Array, key_valid_BxS: jax.Array, *,
+                     scale: float, implementation: str = "reference"):
+  """Bidirectional GQA attention of all queries over all valid keys.
+
+  implementation: 'fused' (`fused.fused_attention`: cuDNN where it applies,
+  else XLA's composition) or 'reference' (float32 scores materialised).
+  """
+  if implementation == "fused":
+    return fused.fused_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD,
+                                 key_valid_BxS, scale=scale)
+  if implementation != "reference":
+    raise ValueError(f"implementation must be 'fused' or 'reference', got "
+                     f"{implementation!r}")
+  return reference.masked_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD,
+                                    key_valid_BxS, scale=scale)
 
 
 def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                         v_cache_BxSxKxD: jax.Array, k_len_B: jax.Array,
                         q_len_B: jax.Array, *, scale: float,
-                        k_new_BxTxKxD=None, v_new_BxTxKxD=None,
-                        inq_mask_BxQxT=None, exclude_BxS=None,
+                        k_new_BxIxKxD=None, v_new_BxIxKxD=None,
+                        inq_mask_BxQxI=None, exclude_BxS=None,
                         exclude_BxX=None, score_rows_BxQ=None,
                         head_mass: bool = False,
                         score_prefix: int | None = None,
@@ -31,15 +50,15 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
   on GPU, reference elsewhere); unsupported shapes fall back to the
   reference. tiling: block_r, block_k, num_splits (see `splits_for`),
-  num_warps, num_stages.
+  num_warps, num_stages, and `tiling` (a Tiling: the defaults' rules).
   """
   impl = resolve_implementation(implementation)
   if exclude_BxX is not None:
     ex = exclude_mask_from_positions(exclude_BxX, k_cache_BxSxKxD.shape[1])
     exclude_BxS = ex if exclude_BxS is None else exclude_BxS | ex
   args = (q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B, q_len_B)
-  kw = dict(scale=scale, k_new_BxTxKxD=k_new_BxTxKxD,
-            v_new_BxTxKxD=v_new_BxTxKxD, inq_mask_BxQxT=inq_mask_BxQxT,
+  kw = dict(scale=scale, k_new_BxIxKxD=k_new_BxIxKxD,
+            v_new_BxIxKxD=v_new_BxIxKxD, inq_mask_BxQxI=inq_mask_BxQxI,
             exclude_BxS=exclude_BxS, score_rows_BxQ=score_rows_BxQ,
             head_mass=head_mass, score_prefix=score_prefix)
   if score not in ("mass", "logit"):

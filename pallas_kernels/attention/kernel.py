@@ -1,8 +1,8 @@
 """Pallas (Triton) scheduled attention: ragged cache + in-query keys, one pass.
 
-Layout: the G query heads of kv head k are folded into the row axis, so a
+Layout: the J query heads of kv head k are folded into the row axis, so a
 program owns R rows of the flattened (query, group) axis of one (sequence, kv
-head) and every K/V tile it streams serves all G heads. Grid (row tile, key
+head) and every K/V tile it streams serves all J heads. Grid (row tile, key
 split, sequence * kv head); row tiles vary fastest so neighbouring programs
 share K/V tiles in L2. Each program runs one online softmax over
   1. the in-query keys (k_new, T <= 64, per-row boolean mask), split 0 only,
@@ -25,6 +25,7 @@ the score rows are a short prefix of the queries (`score_prefix`), on one
 tile of just those rows.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -158,39 +159,52 @@ def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, splits):
   out_lse_ref[...] = m + jnp.log(total)
 
 
-# Programs one sequence should fill before its keys are split. Splits cost a
-# float32 partial output per split and a merge; with 132 (one per H200 SM)
-# LLaDA-8B's Flash-dLLM step at batch 32 took 6 ms more than with none, at
-# batch 1 1.8 ms less (BENCHMARKS.md, "Strategies", eighth session). The
-# count may not depend on the batch (see default_splits), so this serves
-# batch 32: LLaDA-8B's queries (32 heads) are never split at 32; a sequence
-# with fewer programs (Dream's 4 KV heads at small Q) still is.
-SPLIT_TARGET = 32
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+  """How `scheduled_attention` tiles by default (static: part of the jit key).
+
+  split_target: programs one sequence should fill before its keys are split
+    (see default_splits). Splits cost a float32 partial output per split and
+    a merge; the count may not depend on the batch, so the default serves
+    batch 32: LLaDA-8B's queries (32 heads) are never split at 32, a sequence
+    with fewer programs (Dream's 4 KV heads at small Q) still is
+    (BENCHMARKS.md, "Strategy steps").
+  max_block_r: most rows (query x folded head) per program, a power of two.
+  """
+
+  split_target: int = 32
+  max_block_r: int = 64
+
+  def __post_init__(self):
+    if not isinstance(self.split_target, int) or self.split_target < 1:
+      raise ValueError(f"split_target must be an int >= 1, got "
+                       f"{self.split_target!r}")
+    r = self.max_block_r
+    if not isinstance(r, int) or r < 16 or r & (r - 1):
+      raise ValueError(f"max_block_r must be a power of two >= 16, got {r!r}")
 
 
-def default_splits(kh, n_rt, s, block_k, target=None):
+DEFAULT_TILING = Tiling()
+
+
+def default_splits(kh, n_rt, s, block_k, target=DEFAULT_TILING.split_target):
   """Key splits so one sequence alone runs about `target` programs, each
   split keeping at least 4 key tiles.
 
   Deliberately blind to the batch size: the splits fix the order in which a
   row sums its keys, so a batch-dependent count would make a row's bf16
   result (and near-tied tokens) depend on how many rows share the call.
-  target None: SPLIT_TARGET, which a benchmark may set before its first
-  trace (bench_strategies.py --split-target).
   """
-  target = SPLIT_TARGET if target is None else target
   return max(1, min(pl.cdiv(target, kh * n_rt), s // (4 * block_k)))
 
 
-MAX_BLOCK_R = 64  # most rows per program (a benchmark may set it first)
+def _default_block_r(rr, max_r=DEFAULT_TILING.max_block_r):
+  """Rows per program for rr = Q * J rows of one (sequence, kv head)."""
+  return min(max_r, max(16, 1 << (rr - 1).bit_length()))
 
 
-def _default_block_r(rr):
-  """Rows per program for rr = Q * G rows of one (sequence, kv head)."""
-  return min(MAX_BLOCK_R, max(16, 1 << (rr - 1).bit_length()))
-
-
-def splits_for(q_shape, k_cache_shape, block_r=None, block_k=64):
+def splits_for(q_shape, k_cache_shape, block_r=None, block_k=64,
+               tiling: Tiling = DEFAULT_TILING):
   """The key splits `scheduled_attention` picks by default for queries
   [B, Q, H, D] over a cache [B, S, K, D].
 
@@ -201,12 +215,12 @@ def splits_for(q_shape, k_cache_shape, block_r=None, block_k=64):
   _, q, h, _ = q_shape
   s, kh = k_cache_shape[1:3]
   rr = q * (h // kh)
-  n_rt = pl.cdiv(rr, block_r or _default_block_r(rr))
-  return default_splits(kh, n_rt, s, block_k)
+  n_rt = pl.cdiv(rr, block_r or _default_block_r(rr, tiling.max_block_r))
+  return default_splits(kh, n_rt, s, block_k, tiling.split_target)
 
 
 def _rows(x_BxQx, g, rrp):
-  """Repeats per-query values over the G folded heads, pads rows to rrp."""
+  """Repeats per-query values over the J folded heads, pads rows to rrp."""
   x = jnp.repeat(x_BxQx, g, axis=1)
   pad = [(0, 0)] * x.ndim
   pad[1] = (0, rrp - x.shape[1])
@@ -215,21 +229,23 @@ def _rows(x_BxQx, g, rrp):
 
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_r", "block_k", "num_splits", "num_warps", "num_stages",
-    "interpret", "head_mass", "score_prefix", "score"))
+    "interpret", "head_mass", "score_prefix", "score", "tiling"))
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
-                        q_len_B, *, scale: float, k_new_BxTxKxD=None,
-                        v_new_BxTxKxD=None, inq_mask_BxQxT=None,
+                        q_len_B, *, scale: float, k_new_BxIxKxD=None,
+                        v_new_BxIxKxD=None, inq_mask_BxQxI=None,
                         exclude_BxS=None, score_rows_BxQ=None,
                         block_r: int | None = None, block_k: int = 64,
                         num_splits: int | None = None,
                         num_warps: int | None = None, num_stages: int = 3,
                         interpret: bool = False, head_mass: bool = False,
-                        score_prefix: int | None = None, score: str = "mass"):
+                        score_prefix: int | None = None, score: str = "mass",
+                        tiling: Tiling = DEFAULT_TILING):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
   num_splits: key-range splits per row tile (flash-decoding style), merged
-  by log-sum-exp in `_combine_kernel`; None picks default_splits, which
+  by log-sum-exp in `_combine_kernel`; None picks default_splits (with
+  tiling.split_target; tiling.max_block_r bounds a None block_r), which
   ignores the batch size so that a row's result does not depend on the
   other rows (pass `splits_for` of the global shapes when running on a shard
   of the heads). head_mass: return the mass per KV head, mass_BxKxS.
@@ -243,18 +259,19 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   """
   b, q, h, d = q_BxQxHxD.shape
   s, kh = k_cache_BxSxKxD.shape[1:3]
-  has_new, has_excl = k_new_BxTxKxD is not None, exclude_BxS is not None
-  t_new = k_new_BxTxKxD.shape[1] if has_new else 0
+  has_new, has_excl = k_new_BxIxKxD is not None, exclude_BxS is not None
+  t_new = k_new_BxIxKxD.shape[1] if has_new else 0
   if d < 16 or d & (d - 1) or h % kh or block_k < 16 or block_k & (block_k - 1):
     raise NotImplementedError(f"unsupported head_dim {d} / heads {h}, {kh}")
   if t_new > 64:
     raise NotImplementedError(f"{t_new} in-query keys (at most 64)")
   g, f32 = h // kh, jnp.float32
   rr = q * g
-  block_r = block_r or _default_block_r(rr)
+  block_r = block_r or _default_block_r(rr, tiling.max_block_r)
   n_rt = pl.cdiv(rr, block_r)
   rrp = n_rt * block_r
-  splits = num_splits or default_splits(kh, n_rt, s, block_k)
+  splits = num_splits or default_splits(kh, n_rt, s, block_k,
+                                        tiling.split_target)
   do_mass = score_rows_BxQ is not None
 
   q_BxKxRxD = q_BxQxHxD.reshape(b, q, kh, g, d).transpose(0, 2, 1, 3, 4)
@@ -289,8 +306,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                              lambda i, j, z: (z // kh, 0, z % kh, 0))
       in_specs += [new_blk, new_blk, pl.BlockSpec(
           (None, rows, t_new), lambda i, j, z: (z // kh, i, 0))]
-      args += [k_new_BxTxKxD, v_new_BxTxKxD,
-               _rows(inq_mask_BxQxT.astype(jnp.int8), g, rrp)]
+      args += [k_new_BxIxKxD, v_new_BxIxKxD,
+               _rows(inq_mask_BxQxI.astype(jnp.int8), g, rrp)]
     return in_specs, args
 
   in_specs, args = specs(block_r)

@@ -1,7 +1,7 @@
 """Plain-JAX bidirectional attention with a key-validity mask and GQA.
 
 Shapes follow flash_dllm_jax/shapes.py: B batch, Q queries, S keys, H query
-heads, K key/value heads, G = H // K, D head dim.
+heads, K key/value heads, J = H // K, D head dim.
 """
 
 import jax
@@ -16,20 +16,20 @@ def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   Invalid keys get the most negative finite float32 rather than -inf, so a row
   whose keys are all invalid yields a finite (uniform) average instead of NaN,
   as the additive `(1 - m) * finfo.min` mask of the reference models does.
-  Query head h reads key/value head h // G (repeat_interleave grouping).
+  Query head h reads key/value head h // J (repeat_interleave grouping).
   """
   b, q, h, d = q_BxQxHxD.shape
   k = k_BxSxKxD.shape[2]
-  q_BxQxKxGxD = q_BxQxHxD.reshape(b, q, k, h // k, d)
-  s_BxKxGxQxS = jnp.einsum("bqkgd,bskd->bkgqs", q_BxQxKxGxD, k_BxSxKxD,
+  q_BxQxKxJxD = q_BxQxHxD.reshape(b, q, k, h // k, d)
+  s_BxKxJxQxS = jnp.einsum("bqkjd,bskd->bkjqs", q_BxQxKxJxD, k_BxSxKxD,
                            preferred_element_type=jnp.float32) * scale
   valid = key_valid_BxS[:, None, None, None, :]
-  s_BxKxGxQxS = jnp.where(valid, s_BxKxGxQxS, jnp.finfo(jnp.float32).min)
-  p_BxKxGxQxS = jax.nn.softmax(s_BxKxGxQxS, axis=-1)
-  o_BxQxKxGxD = jnp.einsum("bkgqs,bskd->bqkgd",
-                           p_BxKxGxQxS.astype(v_BxSxKxD.dtype), v_BxSxKxD,
+  s_BxKxJxQxS = jnp.where(valid, s_BxKxJxQxS, jnp.finfo(jnp.float32).min)
+  p_BxKxJxQxS = jax.nn.softmax(s_BxKxJxQxS, axis=-1)
+  o_BxQxKxJxD = jnp.einsum("bkjqs,bskd->bqkjd",
+                           p_BxKxJxQxS.astype(v_BxSxKxD.dtype), v_BxSxKxD,
                            preferred_element_type=jnp.float32)
-  return o_BxQxKxGxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
+  return o_BxQxKxJxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
 
 
 def exclude_mask_from_positions(exclude_BxX: jax.Array, s: int) -> jax.Array:
@@ -71,8 +71,8 @@ def sum_heads(mass_BxKxS: jax.Array) -> jax.Array:
 
 
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
-                        q_len_B, *, scale: float, k_new_BxTxKxD=None,
-                        v_new_BxTxKxD=None, inq_mask_BxQxT=None,
+                        q_len_B, *, scale: float, k_new_BxIxKxD=None,
+                        v_new_BxIxKxD=None, inq_mask_BxQxI=None,
                         exclude_BxS=None, score_rows_BxQ=None,
                         head_mass: bool = False,
                         score_prefix: int | None = None,
@@ -81,7 +81,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
 
   Query i < q_len_B[b] of sequence b attends to cache slots s < k_len_B[b]
   that `exclude_BxS` does not mark, and to in-query key t where
-  inq_mask_BxQxT[b, i, t]. Rows i >= q_len and rows with no key give zeros.
+  inq_mask_BxQxI[b, i, t]. Rows i >= q_len and rows with no key give zeros.
   Returns (o_BxQxHxD, mass_BxS or None); mass_BxS[b, s] sums softmax
   probabilities of cache key s over heads and over rows with score_rows_BxQ:
   per KV head first, then over heads by `sum_heads`. head_mass: return the
@@ -101,31 +101,31 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   keys_BxNxKxD = jnp.where(key_ok_BxS[..., None, None], k_cache_BxSxKxD, 0)
   vals_BxNxKxD = jnp.where(key_ok_BxS[..., None, None], v_cache_BxSxKxD, 0)
   mask_BxQxN = row_ok_BxQ[:, :, None] & key_ok_BxS[:, None, :]
-  if k_new_BxTxKxD is not None:
-    keys_BxNxKxD = jnp.concatenate([keys_BxNxKxD, k_new_BxTxKxD], axis=1)
-    vals_BxNxKxD = jnp.concatenate([vals_BxNxKxD, v_new_BxTxKxD], axis=1)
-    inq_BxQxT = inq_mask_BxQxT & row_ok_BxQ[:, :, None]
-    mask_BxQxN = jnp.concatenate([mask_BxQxN, inq_BxQxT], axis=2)
-  q_BxQxKxGxD = q_BxQxHxD.reshape(b, q, kh, h // kh, d)
-  s_BxKxGxQxN = jnp.einsum("bqkgd,bnkd->bkgqn", q_BxQxKxGxD, keys_BxNxKxD,
+  if k_new_BxIxKxD is not None:
+    keys_BxNxKxD = jnp.concatenate([keys_BxNxKxD, k_new_BxIxKxD], axis=1)
+    vals_BxNxKxD = jnp.concatenate([vals_BxNxKxD, v_new_BxIxKxD], axis=1)
+    inq_BxQxI = inq_mask_BxQxI & row_ok_BxQ[:, :, None]
+    mask_BxQxN = jnp.concatenate([mask_BxQxN, inq_BxQxI], axis=2)
+  q_BxQxKxJxD = q_BxQxHxD.reshape(b, q, kh, h // kh, d)
+  s_BxKxJxQxN = jnp.einsum("bqkjd,bnkd->bkjqn", q_BxQxKxJxD, keys_BxNxKxD,
                            preferred_element_type=f32, precision=hi) * scale
   mask = mask_BxQxN[:, None, None]
-  s_BxKxGxQxN = jnp.where(mask, s_BxKxGxQxN, -jnp.inf)
-  m = jnp.max(s_BxKxGxQxN, axis=-1, keepdims=True)
+  s_BxKxJxQxN = jnp.where(mask, s_BxKxJxQxN, -jnp.inf)
+  m = jnp.max(s_BxKxJxQxN, axis=-1, keepdims=True)
   m = jnp.where(jnp.isfinite(m), m, 0.0)
-  p_BxKxGxQxN = jnp.where(mask, jnp.exp(s_BxKxGxQxN - m), 0.0)
-  l = jnp.sum(p_BxKxGxQxN, axis=-1, keepdims=True)
-  p_BxKxGxQxN = p_BxKxGxQxN / jnp.where(l > 0, l, 1.0)
-  o_BxQxKxGxD = jnp.einsum("bkgqn,bnkd->bqkgd", p_BxKxGxQxN,
+  p_BxKxJxQxN = jnp.where(mask, jnp.exp(s_BxKxJxQxN - m), 0.0)
+  l = jnp.sum(p_BxKxJxQxN, axis=-1, keepdims=True)
+  p_BxKxJxQxN = p_BxKxJxQxN / jnp.where(l > 0, l, 1.0)
+  o_BxQxKxJxD = jnp.einsum("bkjqn,bnkd->bqkjd", p_BxKxJxQxN,
                            vals_BxNxKxD.astype(f32), precision=hi)
-  o_BxQxHxD = o_BxQxKxGxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
+  o_BxQxHxD = o_BxQxKxJxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
   if score_rows_BxQ is None:
     return o_BxQxHxD, None
   if score_prefix is not None:
     score_rows_BxQ = score_rows_BxQ & (jnp.arange(q) < score_prefix)[None]
   w_BxQ = (score_rows_BxQ & row_ok_BxQ).astype(f32)
   if score == "logit":
-    p_BxKxGxQxN = jnp.where(mask, s_BxKxGxQxN, 0.0)
-  mass_BxKxS = jnp.einsum("bkgqs,bq->bks", p_BxKxGxQxN[..., :s], w_BxQ,
+    p_BxKxJxQxN = jnp.where(mask, s_BxKxJxQxN, 0.0)
+  mass_BxKxS = jnp.einsum("bkjqs,bq->bks", p_BxKxJxQxN[..., :s], w_BxQ,
                           precision=hi)
   return o_BxQxHxD, mass_BxKxS if head_mass else sum_heads(mass_BxKxS)

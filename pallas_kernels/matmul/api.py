@@ -6,8 +6,8 @@ from pallas_kernels.common import resolve_implementation
 from pallas_kernels.matmul import kernel, reference
 
 
-def matmul(x_MxE: jax.Array, w_ExN: jax.Array, *, w_up_ExN=None,
-           residual_MxN=None, implementation: str | None = None,
+def matmul(x_MxE: jax.Array, w_ExO: jax.Array, *, w_up_ExO=None,
+           residual_MxO=None, implementation: str | None = None,
            **tiling) -> jax.Array:
   """x @ W (or silu(x @ W) * (x @ W_up)) + residual, float32 accumulation.
 
@@ -18,10 +18,10 @@ def matmul(x_MxE: jax.Array, w_ExN: jax.Array, *, w_up_ExN=None,
   impl = resolve_implementation(implementation)
   if impl != "reference":
     try:
-      return kernel.matmul(x_MxE, w_ExN, w_up_ExN=w_up_ExN,
-                           residual_MxN=residual_MxN,
+      return kernel.matmul(x_MxE, w_ExO, w_up_ExO=w_up_ExO,
+                           residual_MxO=residual_MxO,
                            interpret=impl == "pallas_interpret", **tiling)
     except NotImplementedError:
       pass
-  return reference.matmul(x_MxE, w_ExN, w_up_ExN=w_up_ExN,
-                          residual_MxN=residual_MxN)
+  return reference.matmul(x_MxE, w_ExO, w_up_ExO=w_up_ExO,
+                          residual_MxO=residual_MxO)

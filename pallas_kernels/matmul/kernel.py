@@ -75,7 +75,7 @@ def default_split(m, n, e, block_m, block_n, block_e, target=264):
 @functools.partial(jax.jit, static_argnames=(
     "block_m", "block_n", "block_e", "split_e", "num_warps", "num_stages",
     "interpret"))
-def matmul(x_MxE, w_ExN, *, w_up_ExN=None, residual_MxN=None,
+def matmul(x_MxE, w_ExO, *, w_up_ExO=None, residual_MxO=None,
            block_m: int | None = None, block_n: int = 64, block_e: int = 128,
            split_e: int | None = None, num_warps: int = 4,
            num_stages: int | None = None, interpret: bool = False):
@@ -86,23 +86,23 @@ def matmul(x_MxE, w_ExN, *, w_up_ExN=None, residual_MxN=None,
   Raises NotImplementedError for M > 256 or non power-of-two tiles.
   """
   m, e = x_MxE.shape
-  n = w_ExN.shape[1]
-  if m > 256 or w_ExN.shape[0] != e:
-    raise NotImplementedError(f"x {x_MxE.shape} @ w {w_ExN.shape}: M <= 256")
+  n = w_ExO.shape[1]
+  if m > 256 or w_ExO.shape[0] != e:
+    raise NotImplementedError(f"x {x_MxE.shape} @ w {w_ExO.shape}: M <= 256")
   bm = block_m or min(64, max(16, next_pow2(m)))
   if not all(is_pow2(t) and t >= 16 for t in (bm, block_n, block_e)):
     raise NotImplementedError("tiles must be powers of two >= 16")
   splits = split_e or default_split(m, n, e, bm, block_n, block_e)
   if num_stages is None:
     per_stage = (bm * block_e + block_e * block_n * (
-        1 + (w_up_ExN is not None))) * x_MxE.dtype.itemsize
+        1 + (w_up_ExO is not None))) * x_MxE.dtype.itemsize
     num_stages = max(1, min(4, (180 << 10) // per_stage))
-  swiglu, residual = w_up_ExN is not None, residual_MxN is not None
+  swiglu, residual = w_up_ExO is not None, residual_MxO is not None
   final = splits == 1
   full = lambda a: pl.BlockSpec(a.shape, lambda i, j, k: (0,) * a.ndim)
-  args = [x_MxE, w_ExN] + ([w_up_ExN] if swiglu else [])
+  args = [x_MxE, w_ExO] + ([w_up_ExO] if swiglu else [])
   if residual and final:
-    args.append(residual_MxN)
+    args.append(residual_MxO)
   if final:
     out_shape = [jax.ShapeDtypeStruct((m, n), x_MxE.dtype)]
     out_specs = [pl.BlockSpec((m, n), lambda i, j, k: (0, 0))]
@@ -127,5 +127,5 @@ def matmul(x_MxE, w_ExN, *, w_up_ExN=None, residual_MxN=None,
   if swiglu:
     y = jax.nn.silu(y) * jnp.sum(outs[1], axis=0)
   if residual:
-    y = y + residual_MxN.astype(jnp.float32)
+    y = y + residual_MxO.astype(jnp.float32)
   return y.astype(x_MxE.dtype)
