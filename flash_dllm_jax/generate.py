@@ -15,6 +15,7 @@ from flash_dllm_jax.sampling import (DecodeState, DreamSampler, LLaDASampler,
                                      Sampler, make_step, run_compiled,
                                      run_python)
 from flash_dllm_jax.sampling import continuous
+from flash_dllm_jax.sampling.loop import tail_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import fill_after_stop
 
@@ -129,19 +130,19 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   trace it inside `parallel.use(mesh)`). Returns (gen_BxG, forwards_B,
   steps, steps_B). implementation: kernel choice (flash_dllm_jax/ops.py)."""
   b, p = prompt_BxP.shape
-  valid_BxN = jnp.concatenate(
-      [valid_BxP, jnp.ones((b, sampler.gen_length), bool)], axis=1)
+  g = sampler.gen_length
+  g_all = g + tail_length(sampler)
+  valid_BxN = jnp.concatenate([valid_BxP, jnp.ones((b, g_all), bool)], axis=1)
   stop_ids = config.stop_token_ids if stop_at_eos else ()
   model = SequenceModel.for_batch(config, params, valid_BxN,
                                   implementation, stop_ids=stop_ids)
   step_fn = make_step(sampler, model, p, stop_ids)
-  state = DecodeState.start(prompt_BxP, sampler.gen_length,
-                            config.mask_token_id, rng_B)
+  state = DecodeState.start(prompt_BxP, g_all, config.mask_token_id, rng_B)
   state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
   run = run_compiled if compiled else run_python
   state = run(step_fn, state, sampler.num_steps)
-  gen_BxG = fill_after_stop(state.tokens_BxN[:, p:], config.mask_token_id,
-                            config.pad_token_id)
+  gen_BxG = fill_after_stop(state.tokens_BxN[:, p:p + g],
+                            config.mask_token_id, config.pad_token_id)
   return gen_BxG, state.forwards_B, state.step, state.steps_B
 
 

@@ -9,8 +9,9 @@ window q.k (from layer 2 on) except the batch committed last, and the verify
 pass's rows [T recent | S drafts | S masks] with its mask pattern. The
 forward itself is the project's cached forward (tested elsewhere against
 transformers), so this checks the loop's rules alone. Without the reference's
-EOS tail: the sequence is prompt + gen_length. Dream (no reference) applies
-the same rules with its logit shift, as FlashDLLMSampler does.
+EOS tail unless asked for (eos_tail: EOS tokens after the generation up to
+the 128-key tiles, keys ending at the last tile). Dream (no reference)
+applies the same rules with its logit shift, as FlashDLLMSampler does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 
 def _forward(model, x, query, cache, logit_rows, *, score_rows, width,
-             from_layer, appended=()):
+             from_layer, appended=(), exclude=None):
   """Cached forward of positions `query` padded to width with -1, then the
   `appended` positions (Dream's predicting rows)."""
   slots = np.full(width + len(appended), -1, np.int32)
@@ -32,7 +33,7 @@ def _forward(model, x, query, cache, logit_rows, *, score_rows, width,
   slots[width:] = appended
   extras = CachedExtras(
       mass_rows_BxQ=jnp.asarray(np.arange(len(slots)) < score_rows)[None],
-      mass_score="logit")
+      mass_score="logit", exclude_BxS=jnp.asarray(exclude)[None])
   out = model.run(jnp.asarray(x[np.maximum(slots, 0)])[None],
                   jnp.asarray(slots)[None], cache,
                   jnp.asarray(np.asarray(logit_rows, np.int32))[None],
@@ -43,19 +44,24 @@ def _forward(model, x, query, cache, logit_rows, *, score_rows, width,
 
 def decode(config, params, prompt, *, gen_length, block_m, track_num,
            mask_num, threshold, verify=False, gamma=0.8, budget,
-           rank_from_layer=2):
+           rank_from_layer=2, eos_tail=False):
   """(gen tokens with masks left as mask_id, steps, forwards) of one prompt."""
   mask_id, eos_id = config.mask_token_id, config.eos_token_id
   p = len(prompt)
-  n = p + gen_length
+  n = keys = p + gen_length
+  if eos_tail:  # EOS up to the 128-key tiles; keys end before the last
+    keys = (p + gen_length) // 128 * 128 + 128
+    n = (p + gen_length + block_m) // 128 * 128 + 128
   model = SequenceModel.for_batch(config, params, jnp.ones((1, n), bool),
                                   stop_ids=config.stop_token_ids)
-  x = np.array(list(prompt) + [mask_id] * gen_length, np.int32)
+  exclude = np.arange(n) >= keys
+  x = np.array(list(prompt) + [mask_id] * gen_length
+               + [eos_id] * (n - p - gen_length), np.int32)
   x_draft = x.copy()
   full_pos = list(range(n))
-  num_decoded, predicted_length, eos_fixed = p, n, False
+  num_decoded, predicted_length, eos_fixed = p, p + gen_length, False
   window = full_pos[p:p + block_m]
-  tracked = full_pos[:p] + full_pos[p + block_m:n]
+  tracked = full_pos[:p] + full_pos[p + block_m:keys]
   cache, width = model.empty_cache(), n
   steps = forwards = 0
   shift = config.logits_shift  # Dream reads position i from row i - 1
@@ -71,14 +77,15 @@ def decode(config, params, prompt, *, gen_length, block_m, track_num,
     logits, cache, score = _forward(model, x, query, cache, rows,
                                     score_rows=len(window), width=width,
                                     from_layer=rank_from_layer,
-                                    appended=appended)
+                                    appended=appended, exclude=exclude)
     width = budget
     x0, conf = (np.asarray(a[0, :len(window)])
                 for a in parallel_rules.confidence(logits))
     forwards += 1
     conf = np.where(eos_fixed & (np.array(window) >= predicted_length), 0.0,
                     conf)
-    length_num = int(np.sum(np.array(window) < predicted_length))
+    length_num = (int(np.sum(np.array(window) < predicted_length))
+                  if eos_fixed else len(window))
     order = np.argsort(-conf, kind="stable")
     keep = max(int(np.sum(conf >= threshold)), 1)
     x_draft[window] = x0
@@ -98,7 +105,7 @@ def decode(config, params, prompt, *, gen_length, block_m, track_num,
       if s:
         keep_v = _verify(model, x, x_draft, full_pos[:num_decoded], cands,
                          cache, block_m, gamma,
-                         predicted_length if eos_fixed else n)
+                         predicted_length if eos_fixed else n + 1, exclude)
         forwards += 1
       new = cands[:keep_v]
       x[new] = x_draft[new]
@@ -109,19 +116,19 @@ def decode(config, params, prompt, *, gen_length, block_m, track_num,
       last_keep = keep_v
     steps += 1
     if not any(q < predicted_length for q in full_pos[num_decoded:]):
-      return x[p:], steps, forwards
+      return x[p:p + gen_length], steps, forwards
     head = full_pos[:num_decoded - last_keep]
     full_pos[:num_decoded - last_keep] = [
         head[i] for i in np.argsort(score[head], kind="stable")]
     window = full_pos[num_decoded:num_decoded + block_m]
     track_start = max(0, num_decoded - track_num * block_m)
-    track_end = min(n, num_decoded + block_m * mask_num)
+    track_end = min(keys, num_decoded + block_m * mask_num)
     tracked = (full_pos[track_start:num_decoded]
                + full_pos[num_decoded + block_m:track_end])
 
 
 def _verify(model, x, x_draft, decoded_tail, cands, cache, block_m, gamma,
-            end):
+            end, keyless):
   """The reference's verify pass: how many candidates it accepts. Dream
   reads candidate i from a row at c_i - 1 seeing what mask row i sees; one
   is added per candidate unless c_i - 1 = c_{i-1} (whose draft row is that
@@ -152,7 +159,7 @@ def _verify(model, x, x_draft, decoded_tail, cands, cache, block_m, gamma,
     inq[t + 2 * s:, :] = inq[t + s:t + 2 * s, :]
     inq[:, t + 2 * s:] = False
     score_rows = list(t + 2 * s + i)
-  exclude = np.zeros(len(x), bool)
+  exclude = keyless.copy()
   exclude[recent + cands] = True
   extras = CachedExtras(write_cache=False,
                         exclude_BxS=jnp.asarray(exclude)[None],

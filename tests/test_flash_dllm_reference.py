@@ -17,16 +17,26 @@ OPTS = dict(gen_length=24, block_m=4, track_num=2, mask_num=2,
             rank_from_layer=0)  # the tiny model has 2 layers
 
 
-@pytest.mark.parametrize("arch,verify,threshold,gamma,eos_boost", [
-    ("llada", False, 0.6, 0.8, 1.2), ("llada", True, 0.9, 0.4, 1.2),
-    ("llada", True, 0.8, 0.3, 0.0), ("dream", False, 0.6, 0.8, 1.2),
-    ("dream", True, 0.8, 0.3, 1.2)])
-@pytest.mark.parametrize("lengths", [[9], [9, 14, 11]])
+BATCH = [9, 14, 11]  # left-padded: each row against its oracle run alone
+
+
+@pytest.mark.parametrize("arch,verify,threshold,gamma,eos_boost,tail,lengths", [
+    ("llada", False, 0.6, 0.8, 1.2, False, [9]),
+    ("llada", False, 0.6, 0.8, 1.2, False, BATCH),
+    ("llada", True, 0.9, 0.4, 1.2, False, [9]),
+    ("llada", True, 0.9, 0.4, 1.2, False, BATCH),
+    ("llada", True, 0.8, 0.3, 0.0, False, BATCH),
+    ("dream", False, 0.6, 0.8, 1.2, False, BATCH),
+    ("dream", True, 0.8, 0.3, 1.2, False, BATCH),
+    ("llada", False, 0.6, 0.8, 0.0, True, [9]),
+    ("llada", True, 0.8, 0.3, 1.2, True, BATCH)])
 def test_compiled_loop_equals_the_reference_loop(arch, verify, threshold,
-                                                 gamma, eos_boost, lengths):
+                                                 gamma, eos_boost, tail,
+                                                 lengths):
+  """eos_tail: the reference's EOS-filled tail up to its 128-key tiles."""
   config, params = tiny(arch, eos_boost=eos_boost)
   sampler = FlashDLLMSampler(**OPTS, threshold=threshold, verify=verify,
-                             gamma=gamma)
+                             gamma=gamma, eos_tail=tail)
   prompts = random_prompts(31, lengths)
   ids, valid = left_pad(prompts, config.pad_token_id)
   rng_B = jax.vmap(jax.random.key)(jnp.arange(len(prompts), dtype=jnp.uint32))
@@ -37,11 +47,11 @@ def test_compiled_loop_equals_the_reference_loop(arch, verify, threshold,
   for b, prompt in enumerate(prompts):
     want, steps, fwd = flash_dllm_reference.decode(
         config, params, prompt, **OPTS, threshold=threshold, verify=verify,
-        gamma=gamma, budget=sampler.query_budget)
+        gamma=gamma, budget=sampler.query_budget, eos_tail=tail)
     np.testing.assert_array_equal(np.asarray(gen[b]), np.where(
         want == config.mask_token_id, config.pad_token_id, want))
     assert int(steps_B[b]) == steps and int(forwards[b]) == fwd
     ends += int(np.any(want == config.eos_token_id))
     assert steps < OPTS["gen_length"]  # several commits per step
-  if eos_boost:
+  if eos_boost and not tail:
     assert ends  # an answer end was fixed and honoured

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.sampling.loop import Refillable, Sampler, make_step
+from flash_dllm_jax.sampling.loop import (Refillable, Sampler, make_step,
+                                          tail_length)
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState, fill_after_stop
 
@@ -89,20 +90,22 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
                      "batching (it needs reset_rows)")
   q, p = prompts_UxP.shape
   b, g, mask_id = batch_size, sampler.gen_length, config.mask_token_id
+  g_all = g + tail_length(sampler)  # positions after the prompt
   stop_ids = config.stop_token_ids if stop_at_eos else ()
-  start = DecodeState.start(jnp.zeros((b, p), prompts_UxP.dtype), g, mask_id,
+  start = DecodeState.start(jnp.zeros((b, p), prompts_UxP.dtype), g_all,
+                            mask_id,
                             rng_U[jnp.zeros((b,), jnp.int32)])
   placeholder = SequenceModel.for_batch(
-      config, params, jnp.ones((b, p + g), bool), implementation)
+      config, params, jnp.ones((b, p + g_all), bool), implementation)
   start = start.replace(aux=sampler.init_aux(placeholder, start.tokens_BxN))
   first_B = jnp.where(jnp.arange(b) < q, jnp.arange(b), EMPTY)
   state = QueueState(
-      decode=start, valid_BxN=jnp.ones((b, p + g), bool),
+      decode=start, valid_BxN=jnp.ones((b, p + g_all), bool),
       request_B=jnp.full((b,), EMPTY), next_request=jnp.minimum(b, q),
       gen_UxG=jnp.full((q, g), mask_id, prompts_UxP.dtype),
       forwards_U=jnp.zeros((q,), jnp.int32), steps_U=jnp.zeros((q,), jnp.int32))
   state = _load(state, jnp.ones((b,), bool), first_B, prompts_UxP, valid_UxP,
-                rng_U, g, mask_id, sampler)
+                rng_U, g_all, mask_id, sampler)
 
   def body(state: QueueState) -> QueueState:
     model = SequenceModel.for_batch(config, params, state.valid_BxN,
@@ -110,7 +113,7 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
     decode = make_step(sampler, model, p, stop_ids)(state.decode)
     finished_B = decode.done_B & (state.request_B != EMPTY)
     slot_U = jnp.where(finished_B, state.request_B, q)
-    gen_BxG = fill_after_stop(decode.tokens_BxN[:, p:], mask_id,
+    gen_BxG = fill_after_stop(decode.tokens_BxN[:, p:p + g], mask_id,
                               config.pad_token_id)
     state = state.replace(
         decode=decode,
@@ -125,7 +128,7 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
     load_B = free_B & (order_B < refills) & (wanted_B < q)
     requests_B = jnp.where(load_B, wanted_B, EMPTY)
     state = _load(state, free_B, requests_B, prompts_UxP, valid_UxP,
-                  rng_U, g, mask_id, sampler)
+                  rng_U, g_all, mask_id, sampler)
     return state.replace(next_request=state.next_request + load_B.sum())
 
   refills = sampler.max_refills or b

@@ -22,6 +22,8 @@ position order.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -45,9 +47,66 @@ def end_tokens(model, stop: str) -> tuple[int, ...]:
   return model.stop_ids if stop == "first" else (model.config.eos_token_id,)
 
 
+TAIL_KEYS = 128  # the reference's key tiles: its sequence runs on to them
+
+
+class Regions(NamedTuple):
+  """A step's view of the sequence (see `regions`).
+
+  tokens_BxN: the tokens, the EOS tail filled in for rows at their prefill;
+  undecoded_BxN: masks of the generation and tail positions not committed;
+  decoded_BxN: prompt and committed positions; exclude_BxS: slots no query
+  attends to (None: none); extra_end_B: extra masks lie before it; gen_end:
+  the first position after the generation region.
+  """
+
+  tokens_BxN: jax.Array
+  undecoded_BxN: jax.Array
+  decoded_BxN: jax.Array
+  exclude_BxS: jax.Array | None
+  extra_end_B: jax.Array
+  gen_end: int
+
+
+def regions(model, tokens_BxN, prompt_len: int, gen_length: int, block_m: int,
+            eos_tail: bool, tail_done_BxN, fresh_B) -> Regions:
+  """Without the tail the sequence is prompt + generation. With it, as the
+  reference lays a row out (P its real prompt length): EOS tokens after the
+  generation up to ((P + G + block_m) // 128 + 1) * 128 positions, the keys
+  ending at (P + G) // 128 * 128 + 128; tail positions are undecoded until
+  committed, queries beyond the keys attend but are never attended to."""
+  b, n = tokens_BxN.shape
+  pos_N = jnp.arange(n)
+  gen_end = prompt_len + gen_length
+  masked_BxN = (tokens_BxN == model.config.mask_token_id) & (
+      pos_N[None, :] >= prompt_len) & (pos_N[None, :] < gen_end)
+  if not eos_tail:
+    return Regions(tokens_BxN, masked_BxN, model.valid_BxN & ~masked_BxN,
+                   None, jnp.full((b,), n, jnp.int32), gen_end)
+  p_B = model.valid_BxN[:, :prompt_len].sum(1)
+  start_B = prompt_len - p_B  # the row's first real position
+  keys_end_B = start_B + (p_B + gen_length) // TAIL_KEYS * TAIL_KEYS + TAIL_KEYS
+  row_end_B = start_B + ((p_B + gen_length + block_m) // TAIL_KEYS + 1
+                         ) * TAIL_KEYS
+  tail_BxN = (pos_N[None, :] >= gen_end) & (pos_N[None, :] < row_end_B[:, None])
+  tokens_BxN = jnp.where(fresh_B[:, None] & tail_BxN,
+                         model.config.eos_token_id, tokens_BxN)
+  undecoded_BxN = masked_BxN | (tail_BxN & ~tail_done_BxN)
+  inside_BxN = model.valid_BxN & (pos_N[None, :] < row_end_B[:, None])
+  return Regions(tokens_BxN, undecoded_BxN, inside_BxN & ~undecoded_BxN,
+                 pos_N[None, :] >= keys_end_B[:, None], keys_end_B, gen_end)
+
+
+def effective_end(end_B, n: int, gen_end: int):
+  """The answer's end: one past its end token, the generation's end while
+  none is committed (end_B = N + 1)."""
+  return jnp.where(end_B > n, gen_end, end_B)
+
+
 def update_end(end_B, n: int, slots_BxK, tokens_BxK, committed_BxK, ids,
                stop: str):
-  """The answer end after one commit batch (slots -1 = none; end N = none).
+  """The answer end after one commit batch (slots -1 = none; end N + 1 =
+  none yet).
 
   "eos": fixed by the first batch that commits an end token, one past the
   largest such slot in it, then never moved (the reference). "first": one
@@ -59,17 +118,18 @@ def update_end(end_B, n: int, slots_BxK, tokens_BxK, committed_BxK, ids,
                       axis=1)
     return jnp.minimum(end_B, first_B)
   last_B = jnp.max(jnp.where(hit_BxK, slots_BxK + 1, -1), axis=1)
-  return jnp.where(jnp.any(hit_BxK, axis=1) & (end_B >= n), last_B, end_B)
+  return jnp.where(jnp.any(hit_BxK, axis=1) & (end_B > n), last_B, end_B)
 
 
 def select(masked_BxN, decoded_BxN, end_B, conf_BxN, rank_BxN, last_BxN, *,
-           window_rule: str, window: int, extra: int, tracked: int):
+           window_rule: str, window: int, extra: int, tracked: int,
+           extra_end_B=None):
   """slots_BxQ, Q = window + extra + tracked (see the module docstring).
 
-  masked_BxN: undecoded generated positions; decoded_BxN: prompt and
-  committed positions; end_B: the answer end (N if none); conf_BxN: last
-  confidence of masks (NOT_SCORED if never); rank_BxN / last_BxN: the
-  reference's order of decoded positions.
+  masked_BxN: undecoded positions; decoded_BxN: prompt and committed
+  positions; end_B: the answer's effective end; conf_BxN: last confidence of
+  masks (NOT_SCORED if never); rank_BxN / last_BxN: the reference's order of
+  decoded positions; extra_end_B: extra masks lie before it (the keys' end).
   """
   n = masked_BxN.shape[1]
   pos_N = jnp.arange(n)
@@ -86,6 +146,8 @@ def select(masked_BxN, decoded_BxN, end_B, conf_BxN, rank_BxN, last_BxN, *,
       _pad_take(order, start, k), -1)
   window_BxW = take(order_BxN, n_pool_B, window)
   extra_BxA = take(order_BxN, n_pool_B, extra, start=window)
+  if extra_end_B is not None:
+    extra_BxA = jnp.where(extra_BxA < extra_end_B[:, None], extra_BxA, -1)
   track_key_BxN = jnp.where(decoded_BxN, order_key(rank_BxN, last_BxN),
                             -jnp.inf)
   track_order_BxN = jnp.argsort(-track_key_BxN, axis=1, stable=True)

@@ -18,40 +18,16 @@ also defines the pass for Dream). The defaults are the reference's rules;
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
-from flax import struct
 
-from flash_dllm_jax.model import KVCache
 from flash_dllm_jax.sampling import (checks, flash_budget, flash_forward,
                                      flash_verify, parallel_rules)
+from flash_dllm_jax.sampling.flash_state import FlashCacheAux, StepTrace
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
 NOT_SCORED = flash_budget.NOT_SCORED
-
-
-@struct.dataclass
-class FlashCacheAux:
-  """Per-row bookkeeping carried through the loop.
-
-  cache: KV of every slot. rank_BxN / last_BxN: the reference's order of
-  decoded positions (flash_budget.py): the last step's rank of every slot
-  (summed window q.k, or attention mass) and the batch committed last.
-  conf_BxN: last confidence of each masked position (NOT_SCORED if never
-  scored; the "confident" window). end_B: one past the answer's end token,
-  N while none is committed. fresh_B: rows whose next step is a prefill (a
-  new request in the slot).
-  """
-
-  cache: KVCache
-  rank_BxN: jax.Array
-  last_BxN: jax.Array
-  conf_BxN: jax.Array
-  end_B: jax.Array
-  fresh_B: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +41,9 @@ class FlashDLLMSampler:
     attention mass instead of summed q.k ranks the decoded positions).
   rank_from_layer: layers from this one on add to the rank (the reference's
     `block_idx > 1`).
+  eos_tail: lay the sequence out as the reference does, EOS tokens after
+    the generation up to its 128-key tiles (flash_budget.regions), to
+    reproduce its decodes; not the default, as it changes answers.
   recompute_all: run every position uncached each step instead (the
     exactness reference: with a budget covering the whole sequence the cached
     run must equal it).
@@ -87,6 +66,7 @@ class FlashDLLMSampler:
   rank_from_layer: int = 2
   verify: bool = False
   gamma: float = 0.8
+  eos_tail: bool = False
   window: str = "leftmost"
   stop: str = "eos"
   rank: str = "score"
@@ -133,7 +113,12 @@ class FlashDLLMSampler:
 
   @property
   def num_steps(self) -> int:
-    return self.gen_length  # at least one commit per step
+    return self.gen_length + self.tail_length  # a commit per step at least
+
+  @property
+  def tail_length(self) -> int:
+    """Positions kept after the generation (the EOS tail's longest)."""
+    return flash_budget.TAIL_KEYS + self.block_m if self.eos_tail else 0
 
   @property
   def extra_masks(self) -> int:
@@ -151,7 +136,8 @@ class FlashDLLMSampler:
                            else 0)
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
-    checks.check_fits(prompt_len, self.gen_length, max_seq_len)
+    checks.check_fits(prompt_len, self.gen_length + self.tail_length,
+                      max_seq_len)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
     b, n = tokens_BxN.shape
@@ -159,7 +145,8 @@ class FlashDLLMSampler:
                          rank_BxN=flash_budget.initial_rank(b, n),
                          last_BxN=jnp.zeros((b, n), bool),
                          conf_BxN=jnp.full((b, n), NOT_SCORED, jnp.float32),
-                         end_B=jnp.full((b,), n, jnp.int32),
+                         end_B=jnp.full((b,), n + 1, jnp.int32),
+                         tail_done_BxN=jnp.zeros((b, n), bool),
                          fresh_B=jnp.ones((b,), bool))
 
   def reset_rows(self, aux: FlashCacheAux, rows_B: jax.Array) -> FlashCacheAux:
@@ -172,17 +159,24 @@ class FlashDLLMSampler:
                            aux.rank_BxN),
         last_BxN=aux.last_BxN & ~r_Bx1,
         conf_BxN=jnp.where(r_Bx1, NOT_SCORED, aux.conf_BxN),
-        end_B=jnp.where(rows_B, n, aux.end_B),
+        end_B=jnp.where(rows_B, n + 1, aux.end_B),
+        tail_done_BxN=aux.tail_done_BxN & ~r_Bx1,
         fresh_B=aux.fresh_B | rows_B)
+
+  def _regions(self, model, tokens_BxN, prompt_len, aux, fresh_B):
+    return flash_budget.regions(model, tokens_BxN, prompt_len,
+                                self.gen_length, self.block_m, self.eos_tail,
+                                aux.tail_done_BxN, fresh_B)
 
   def finished(self, model: SequenceModel, tokens_BxN: jax.Array,
                aux: FlashCacheAux, prompt_len: int) -> jax.Array:
-    """[B] bool: no mask remains before the answer's end."""
+    """[B] bool: nothing before the answer's end is undecoded."""
     n = tokens_BxN.shape[1]
-    pos_N = jnp.arange(n)
-    masked_BxN = (tokens_BxN == model.config.mask_token_id) & (
-        pos_N[None, :] >= prompt_len)
-    return ~jnp.any(masked_BxN & (pos_N[None, :] < aux.end_B[:, None]), 1)
+    r = self._regions(model, tokens_BxN, prompt_len, aux,
+                      jnp.zeros_like(aux.fresh_B))
+    end_B = flash_budget.effective_end(aux.end_B, n, r.gen_end)
+    return ~jnp.any(r.undecoded_BxN & (jnp.arange(n)[None, :]
+                                       < end_B[:, None]), 1)
 
   # One step ------------------------------------------------------------------
   def propose(self, model: SequenceModel, state: DecodeState,
@@ -194,16 +188,17 @@ class FlashDLLMSampler:
                  prompt_len: int) -> "StepTrace":
     """One step, with the verify pass's plan and probabilities exposed so
     tests can check them against an independent forward."""
-    tokens_BxN, aux = state.tokens_BxN, state.aux
-    b, n = tokens_BxN.shape
+    aux = state.aux
+    b, n = state.tokens_BxN.shape
     w, x = self.block_m, self.extra_masks
-    masked_BxN = (tokens_BxN == model.config.mask_token_id) & (
-        jnp.arange(n)[None, :] >= prompt_len)
-    decoded_BxN = model.valid_BxN & ~masked_BxN
+    r = self._regions(model, state.tokens_BxN, prompt_len, aux, aux.fresh_B)
+    tokens_BxN, decoded_BxN, exclude_BxS = (r.tokens_BxN, r.decoded_BxN,
+                                            r.exclude_BxS)
+    end_B = aux.end_B  # N + 1 until an end token commits: no limit
     slots_BxQ = flash_budget.select(
-        masked_BxN, decoded_BxN, aux.end_B, aux.conf_BxN, aux.rank_BxN,
+        r.undecoded_BxN, decoded_BxN, end_B, aux.conf_BxN, aux.rank_BxN,
         aux.last_BxN, window_rule=self.window, window=w, extra=x,
-        tracked=self.query_budget - w - x)
+        tracked=self.query_budget - w - x, extra_end_B=r.extra_end_B)
     scored_BxR = slots_BxQ[:, :self._scored]
     # Dream predicts position i from row i - 1 (config.logits_shift).
     pred_BxR = jnp.where(scored_BxR >= 0,
@@ -215,16 +210,17 @@ class FlashDLLMSampler:
       logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
       cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
     else:
-      prefill = lambda: flash_forward.prefill(self, model, tokens_BxN, slots_BxQ,
-                                            pred_BxR, aux.cache)
-      flash = lambda: flash_forward.flash(self, model, tokens_BxN, slots_BxQ,
-                                        pred_BxR, window_rows_BxQ, aux.cache)
+      prefill = lambda: flash_forward.prefill(
+          self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.cache, exclude_BxS)
+      flash = lambda: flash_forward.flash(
+          self, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
+          aux.cache, exclude_BxS)
 
       def mixed():  # new requests in some slots: each row takes its own pass
         if self.max_refills is not None:
           return flash_forward.prefill_rows(
               self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
-              flash())
+              flash(), exclude_BxS)
         pick = lambda a, b_: jnp.where(
             aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
         return jax.tree.map(pick, prefill(), flash())
@@ -239,7 +235,7 @@ class FlashDLLMSampler:
     real_BxW = window_BxW >= 0
     drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
     ids = flash_budget.end_tokens(model, self.stop)
-    conf_w_BxW = jnp.where(window_BxW >= aux.end_B[:, None], 0.0,
+    conf_w_BxW = jnp.where(window_BxW >= end_B[:, None], 0.0,
                            conf_BxR[:, :w])
     if self.stop == "first":  # nothing after a stop this step predicts
       stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
@@ -255,45 +251,38 @@ class FlashDLLMSampler:
     commit_slots_BxW = jnp.where(commit_BxW, window_BxW, n)
     tokens_BxN = tokens_BxN.at[rows_Bx1, commit_slots_BxW].set(
         drafts_BxW, mode="drop")
-    end_B = flash_budget.update_end(aux.end_B, n, window_BxW, drafts_BxW,
-                                    commit_BxW, ids, self.stop)
+    new_end_B = flash_budget.update_end(aux.end_B, n, window_BxW, drafts_BxW,
+                                        commit_BxW, ids, self.stop)
     drafted_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, commit_slots_BxW].set(
         True, mode="drop")
     last_BxN, forwards_B = drafted_BxN, jnp.ones((b,), jnp.int32)
     plan = p_BxC = keep_BxC = None
     if self.verify:
-      eligible_BxW = real_BxW & ~commit_BxW & (
-          window_BxW < aux.end_B[:, None])
+      eligible_BxW = real_BxW & ~commit_BxW & (window_BxW < end_B[:, None])
       recent_BxN = flash_budget.recent_key(decoded_BxN, drafted_BxN,
                                            aux.rank_BxN, aux.last_BxN)
       v = flash_verify.verify(
           model, tokens_BxN, recent_BxN, window_BxW, drafts_BxW, conf_w_BxW,
-          eligible_BxW, end_B, cache, block_m=self.block_m, gamma=self.gamma,
-          accept_none=self.forced_commits is not None)
+          eligible_BxW, new_end_B, cache, block_m=self.block_m,
+          gamma=self.gamma, accept_none=self.forced_commits is not None,
+          exclude_BxS=exclude_BxS)
       plan, p_BxC, keep_BxC = v.plan, v.p_BxC, v.keep_BxC
       verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)
       tokens_BxN = tokens_BxN.at[rows_Bx1, verified_BxC].set(
           v.drafts_BxC, mode="drop")
-      end_B = flash_budget.update_end(end_B, n, v.slots_BxC, v.drafts_BxC,
-                                      keep_BxC, ids, self.stop)
+      new_end_B = flash_budget.update_end(new_end_B, n, v.slots_BxC,
+                                          v.drafts_BxC, keep_BxC, ids,
+                                          self.stop)
       last_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, verified_BxC].set(
           True, mode="drop")
       forwards_B = forwards_B + (plan.S_B > 0)
     real_BxR = scored_BxR >= 0
     conf_BxN = aux.conf_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
                                ].set(conf_BxR, mode="drop")
+    tail_BxN = jnp.arange(n)[None, :] >= r.gen_end
     aux = FlashCacheAux(cache=cache, rank_BxN=rank_BxN, last_BxN=last_BxN,
-                        conf_BxN=conf_BxN, end_B=end_B,
+                        conf_BxN=conf_BxN, end_B=new_end_B,
+                        tail_done_BxN=aux.tail_done_BxN | (
+                            tail_BxN & (drafted_BxN | last_BxN)),
                         fresh_B=jnp.zeros_like(aux.fresh_B))
     return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC)
-
-
-class StepTrace(NamedTuple):
-  """What one step did; plan / p / keep are None without verification."""
-
-  tokens_BxN: jax.Array
-  aux: FlashCacheAux
-  forwards_B: jax.Array
-  plan: flash_verify.VerifyPlan | None
-  p_BxC: jax.Array | None
-  keep_BxC: jax.Array | None

@@ -3,6 +3,7 @@
 Both return (logits [B, R, V] of the predicting rows, the cache after the
 pass, rank_BxN): the rank sums, over layers from sampler.rank_from_layer,
 what each key draws from the window rows (q.k or attention mass).
+exclude_BxS: slots no query attends to (the EOS tail past its keys).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ def _score(sampler) -> str:
   return "logit" if sampler.rank == "score" else "mass"
 
 
-def prefill(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, cache):
+def prefill(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, cache,
+            exclude_BxS=None):
   """A row's first step: every position, so its cache starts complete."""
   b, n = tokens_BxN.shape
   w = sampler.block_m
@@ -31,13 +33,14 @@ def prefill(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, cache):
                                             True, mode="drop")
   out = model.run(tokens_BxN, all_BxN, cache, rows_BxR,
                   extras=CachedExtras(mass_rows_BxQ=window_BxN,
+                                      exclude_BxS=exclude_BxS,
                                       mass_score=_score(sampler)),
                   mass_from_layer=sampler.rank_from_layer)
   return out.logits, out.cache, _mass(out.mass_BxS, b, n)
 
 
 def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
-                 flashed):
+                 flashed, exclude_BxS=None):
   """Prefills the (at most max_refills) fresh rows alone and puts their
   logits, mass and whole cache rows over the flash pass's `flashed`."""
   logits_BxRxV, cache, mass_BxN = flashed
@@ -50,7 +53,7 @@ def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
                         cache.k[0].dtype)
   logits_F, cache_F, mass_F = prefill(
       sampler, rows, tokens_BxN[idx_F], slots_BxQ[idx_F], pred_BxR[idx_F],
-      empty)
+      empty, None if exclude_BxS is None else exclude_BxS[idx_F])
   put = lambda full, part: full.at[dest_F].set(part.astype(full.dtype),
                                                mode="drop")
   cache = KVCache(k=tuple(map(put, cache.k, cache_F.k)),
@@ -59,7 +62,7 @@ def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
 
 
 def flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
-          cache):
+          cache, exclude_BxS=None):
   """A budgeted step: the query slots against the cache."""
   b, n = tokens_BxN.shape
   r = pred_BxR.shape[1]
@@ -76,6 +79,7 @@ def flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
   out = model.run(q_tokens_BxQ, slots_BxQ, cache, rows_BxR,
                   extras=CachedExtras(mass_rows_BxQ=window_rows_BxQ,
                                       mass_prefix=sampler.block_m,
+                                      exclude_BxS=exclude_BxS,
                                       mass_score=_score(sampler)),
                   mass_from_layer=sampler.rank_from_layer)
   return out.logits, out.cache, _mass(out.mass_BxS, b, n)

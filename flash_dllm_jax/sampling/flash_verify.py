@@ -187,12 +187,14 @@ class Verified(NamedTuple):
 
 def verify(model, tokens_BxN, recent_key_BxN, window_BxW, drafts_BxW,
            conf_BxW, eligible_BxW, end_B, cache, *, block_m: int,
-           gamma: float, accept_none: bool = False) -> Verified:
+           gamma: float, accept_none: bool = False,
+           exclude_BxS=None) -> Verified:
   """Picks the candidates (the block_m // 2 most confident eligible window
   drafts), runs the pass over the recent tokens (recent_key_BxN, larger =
   more recent) and applies the acceptance rule; probabilities of candidates
   at or past the answer end (end_B) are 0, as in the reference.
-  accept_none: run the pass, keep nothing (the benchmark schedule)."""
+  accept_none: run the pass, keep nothing (the benchmark schedule).
+  exclude_BxS: further slots hidden from the pass (the tail past its keys)."""
   cfg = model.config
   b = tokens_BxN.shape[0]
   c = block_m // 2
@@ -206,10 +208,14 @@ def verify(model, tokens_BxN, recent_key_BxN, window_BxW, drafts_BxW,
   the_plan = plan(tokens_BxN, recent_key_BxN, cand_slots_BxC, cand_drafts_BxC,
                   n_cand_B, block_m, cfg.mask_token_id, cfg.logits_shift)
 
+  hidden_BxS = the_plan.exclude_BxS
+  if exclude_BxS is not None:
+    hidden_BxS = hidden_BxS | exclude_BxS
+
   def run_pass():
     out = model.run(the_plan.tokens_BxQ, the_plan.slots_BxQ, cache,
                     the_plan.score_rows_BxC, extras=CachedExtras(
-                        write_cache=False, exclude_BxS=the_plan.exclude_BxS,
+                        write_cache=False, exclude_BxS=hidden_BxS,
                         inq_mask_BxQxQ=the_plan.inq_BxQxQ))
     return select.prob_of(out.logits, cand_drafts_BxC)
 

@@ -70,6 +70,19 @@ class Refillable(Protocol):
 
 
 @runtime_checkable
+class KeepsTail(Protocol):
+  """A sampler that decodes positions after the generation region (the
+  reference Flash-dLLM's EOS tail); they are not part of the answer."""
+
+  tail_length: int
+
+
+def tail_length(sampler) -> int:
+  """Positions after the generation a decode of `sampler` allocates."""
+  return sampler.tail_length if isinstance(sampler, KeepsTail) else 0
+
+
+@runtime_checkable
 class EndsRows(Protocol):
   """A sampler that decides itself when a row's answer is complete (instead
   of "no mask before the first stop token")."""
