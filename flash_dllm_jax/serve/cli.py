@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -65,8 +66,12 @@ def main(args: argparse.Namespace) -> int:
   from flash_dllm_jax.serve.service import Service, Settings
   from flash_dllm_jax.strategies import build_sampler
 
-  logging.basicConfig(level=logging.INFO,
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter(
+      "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+  log.addHandler(handler)
+  log.setLevel(logging.INFO)
+  log.propagate = False
   options = {k: getattr(args, k) for k in all_options()
              if getattr(args, k) is not None}
   name = args.served_model_name or args.checkpoint.resolve().name
@@ -111,6 +116,11 @@ def main(args: argparse.Namespace) -> int:
       timeout_graceful_shutdown=args.shutdown_timeout))
   threading.Thread(target=compile_engines, name="dllm-compile",
                    daemon=True).start()
+  # uvicorn re-raises the signal it shut down for once it has restored the
+  # handlers it found: make those no-ops, so the scheduler stops cleanly
+  # below and the exit status is ours.
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: None)
   server.run()
   if "service" in holder:
     holder["service"].scheduler.stop()
