@@ -144,8 +144,9 @@ def test_streaming_equals_whole_answer(server):
   assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
-def _stream_raw(url, body) -> list[str]:
-  """The content deltas of one SSE stream, read with httpx."""
+def _stream_raw(url, body, ids=None) -> list[str]:
+  """The content deltas of one SSE stream, read with httpx (the chunks'
+  token ids are appended to `ids`)."""
   deltas = []
   with httpx.stream("POST", url + "/v1/completions", json=body,
                     timeout=300) as r:
@@ -156,6 +157,8 @@ def _stream_raw(url, body) -> list[str]:
     obj = json.loads(line.removeprefix("data: "))
     if obj["choices"]:
       deltas.append(obj["choices"][0]["text"])
+      if ids is not None:
+        ids += obj["choices"][0]["token_ids"]
   return deltas
 
 
@@ -190,9 +193,10 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
       c = client.completions.create(prompt=job["ids"], **common)
       return c.choices[0].token_ids, c.choices[0].text
     if job["kind"] == 1:  # token ids, streamed
+      ids = []
       deltas = _stream_raw(server.url, {"prompt": job["ids"], "stream": True,
-                                        **common})
-      return None, "".join(deltas)
+                                        **common}, ids)
+      return ids, "".join(deltas)
     if job["kind"] == 2:  # text
       c = client.completions.create(prompt=tok.decode(job["ids"]), **common)
       return c.choices[0].token_ids, c.choices[0].text
@@ -206,8 +210,7 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
   want = offline(model, sampler, rows, [j["seed"] for j in jobs],
                  [j["max_tokens"] for j in jobs])
   for i, ((ids, text), ref) in enumerate(zip(got, want)):
-    if ids is not None:
-      assert ids == ref, f"request {i} ({jobs[i]})"
+    assert ids == ref, f"request {i} ({jobs[i]})"
     assert text == tok.decode(ref), f"request {i} ({jobs[i]})"
   assert len({len(r) // 32 for r in rows}) >= 2  # both buckets were used
 

@@ -153,9 +153,11 @@ def _sse(obj) -> str:
 
 async def _stream(service, request, events, rid, model, chat, decoding,
                   include_usage):
-  chunk = ((lambda t, r=None: P.chat_chunk(rid, model, {"content": t}, r))
+  chunk = ((lambda t, r=None, ids=(): P.chat_chunk(rid, model,
+                                                   {"content": t}, r, ids))
            if chat else
-           (lambda t, r=None: P.completion_chunk(rid, model, t, r)))
+           (lambda t, r=None, ids=(): P.completion_chunk(rid, model, t, r,
+                                                         ids)))
   done = False
   try:
     if chat:
@@ -163,8 +165,8 @@ async def _stream(service, request, events, rid, model, chat, decoding,
                                            "content": ""}))
     while True:
       ev = await events.get()
-      if ev.delta:
-        yield _sse(chunk(ev.delta))
+      if ev.delta or ev.new_ids:
+        yield _sse(chunk(ev.delta, None, ev.new_ids))
       if ev.done:
         done = True
         break

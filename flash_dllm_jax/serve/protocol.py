@@ -1,6 +1,9 @@
 """OpenAI wire format: request models (pydantic) and response bodies.
 
-Unknown fields are errors (extra="forbid"). Two fields go beyond OpenAI's:
+Unknown fields are errors (extra="forbid"). Responses add `decoding` (the
+settings that decoded the answer), `token_ids` on each choice (a stream
+chunk's: the answer ids that became final with it) and `decode_steps` /
+`forward_passes` in `usage`. Two request fields go beyond OpenAI's:
   decoding: {option: value} of the strategy's sampler options; the server
     compiles one sampler at start, so each must equal the server's value
     (it is there to state, and check, what a client relies on).
@@ -92,19 +95,19 @@ def chat_body(rid: str, model: str, text: str, reason: str,
 
 
 def completion_chunk(rid: str, model: str, text: str,
-                     reason: str | None = None) -> dict:
+                     reason: str | None = None, token_ids=()) -> dict:
   return {"id": rid, "object": "text_completion", "created": int(time.time()),
           "model": model,
           "choices": [{"index": 0, "text": text, "finish_reason": reason,
-                       "logprobs": None}]}
+                       "logprobs": None, "token_ids": list(token_ids)}]}
 
 
 def chat_chunk(rid: str, model: str, delta: dict,
-               reason: str | None = None) -> dict:
+               reason: str | None = None, token_ids=()) -> dict:
   return {"id": rid, "object": "chat.completion.chunk",
           "created": int(time.time()), "model": model,
           "choices": [{"index": 0, "delta": delta, "finish_reason": reason,
-                       "logprobs": None}]}
+                       "logprobs": None, "token_ids": list(token_ids)}]}
 
 
 def usage_chunk(rid: str, model: str, obj: str, usage: dict,

@@ -45,6 +45,7 @@ class Event(NamedTuple):
   reason: str | None = None
   token_ids: list[int] | None = None
   usage: dict | None = None
+  new_ids: tuple[int, ...] = ()
 
 
 _ids = itertools.count()
@@ -211,12 +212,12 @@ class Scheduler:
     now = time.monotonic()
     for slot, r in list(slots.items()):
       progress = r.answer.update(out.tokens_BxG[slot], bool(out.done_B[slot]))
-      if (progress.delta or progress.done) and r.first_token_at is None:
+      if (progress.new_ids or progress.done) and r.first_token_at is None:
         r.first_token_at = now
         self.metrics.ttft.observe(now - r.arrived)
       if not progress.done:
-        if progress.delta and not r.cancelled:
-          r.emit(Event(progress.delta))
+        if (progress.delta or progress.new_ids) and not r.cancelled:
+          r.emit(Event(progress.delta, new_ids=tuple(progress.new_ids)))
         continue
       del slots[slot]
       if not out.done_B[slot]:
@@ -231,7 +232,8 @@ class Scheduler:
                "decode_steps": int(out.steps_B[slot]),
                "forward_passes": int(out.forwards_B[slot])}
       self._finish(r, Event(progress.delta, True, progress.reason,
-                            progress.token_ids, usage), "ok")
+                            progress.token_ids, usage,
+                            tuple(progress.new_ids)), "ok")
     self.metrics.busy_slots.set(sum(len(s) for s in self._slots.values()))
 
 

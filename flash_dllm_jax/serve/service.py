@@ -32,7 +32,9 @@ class BadRequest(Exception):
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """Server settings. buckets: padded prompt lengths served (multiples of
-  PROMPT_BUCKET, each compiled once at start), slots: per bucket."""
+  PROMPT_BUCKET, each compiled once at start), slots: per bucket.
+  stop_at_eos=False decodes every position, as `generate(stop_at_eos=False)`
+  does (answers are still cut at the first stop token)."""
 
   model_name: str
   strategy: str
@@ -41,6 +43,7 @@ class Settings:
   steps_per_call: int = 8
   max_queue: int = 256
   request_timeout: float = 600.0
+  stop_at_eos: bool = True  # False: decode every position (benchmarks)
 
   def __post_init__(self):
     for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
@@ -70,7 +73,8 @@ class Service:
       t0 = time.perf_counter()
       engines[p] = SlotEngine(params, config, sampler, prompt_len=p,
                               slots=settings.slots,
-                              steps_per_call=settings.steps_per_call)
+                              steps_per_call=settings.steps_per_call,
+                              stop_at_eos=settings.stop_at_eos)
       log.info("compiled bucket %d (%d slots) in %.1f s", p, settings.slots,
                time.perf_counter() - t0)
     self.mode = "continuous" if engines[settings.buckets[0]].continuous \

@@ -21,12 +21,14 @@ from flash_dllm_jax.sampling.state import fill_after_stop
 class Progress(NamedTuple):
   """delta: new text to send; done: the answer is complete; reason: 'stop'
   (stop token or string) or 'length' (max_tokens or gen_length);
-  token_ids: the answer's ids once done."""
+  token_ids: the answer's ids once done; new_ids: answer ids that became
+  final since the last update."""
 
   delta: str
   done: bool
   reason: str | None
   token_ids: list[int] | None
+  new_ids: list[int] = []
 
 
 class AnswerText:
@@ -37,6 +39,7 @@ class AnswerText:
     self.tokenizer, self.config = tokenizer, config
     self.max_tokens, self.stop = max_tokens, tuple(s for s in stop if s)
     self.sent = ""
+    self.ids_sent = 0
     self.revised = False  # set if final text did not extend what was sent
 
   def _text(self, ids: list[int]) -> tuple[str, bool]:
@@ -60,6 +63,7 @@ class AnswerText:
     if len(ids) > self.max_tokens or (len(ids) == self.max_tokens
                                       and not stop_token):
       ids, done, reason = ids[:self.max_tokens], True, "length"
+    new_ids, self.ids_sent = ids[self.ids_sent:], max(self.ids_sent, len(ids))
     text, stopped = self._text(ids)
     if stopped:
       done, reason = True, "stop"
@@ -68,11 +72,11 @@ class AnswerText:
         self.revised = True
       delta = text[len(self.sent):] if text.startswith(self.sent) else ""
       self.sent = text if text.startswith(self.sent) else self.sent
-      return Progress(delta, True, reason, ids)
+      return Progress(delta, True, reason, ids, new_ids)
     hold = max((len(s) for s in self.stop), default=1) - 1
     safe = text[:len(text) - hold] if hold else text
     safe = safe.rstrip("\ufffd")
     if len(safe) > len(self.sent) and safe.startswith(self.sent):
       delta, self.sent = safe[len(self.sent):], safe
-      return Progress(delta, False, None, None)
-    return Progress("", False, None, None)
+      return Progress(delta, False, None, None, new_ids)
+    return Progress("", False, None, None, new_ids)
