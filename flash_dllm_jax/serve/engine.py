@@ -153,13 +153,18 @@ class SlotEngine:
 
   # Host API -----------------------------------------------------------------
   def free_slots(self, releasing=()) -> list[int]:
-    """Slots a request may load into at the next call, counting `releasing`
-    as free (in batch mode: none until every slot is free)."""
+    """Slots requests may load into at the next call, counting `releasing`
+    as free: in batch mode none until every slot is free; in continuous mode
+    at most the sampler's `max_refills` (its step prefills that many fresh
+    rows alone, as in `continuous.decode_queue`)."""
     busy_B = self._busy_B.copy()
     busy_B[list(releasing)] = False
     if not self.continuous and busy_B.any():
       return []
-    return [int(i) for i in np.flatnonzero(~busy_B)]
+    free = [int(i) for i in np.flatnonzero(~busy_B)]
+    cap = getattr(self.sampler, "max_refills", None) if self.continuous \
+        else None
+    return free[:cap] if cap else free
 
   def cycle(self, release=(),
             admit: dict[int, tuple[list[int], int]] | None = None) -> CycleOut:
