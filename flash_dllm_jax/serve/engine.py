@@ -82,8 +82,8 @@ class SlotEngine:
     self._compiled = jitted.lower(*args).compile()
 
   # Device functions -------------------------------------------------------
-  def _model(self, valid_BxN, stop_ids=()):
-    return SequenceModel.for_batch(self.config, self.params, valid_BxN,
+  def _model(self, params, valid_BxN, stop_ids=()):
+    return SequenceModel.for_batch(self.config, params, valid_BxN,
                                    self.implementation, stop_ids)
 
   def _initial_state(self) -> SlotState:
@@ -95,7 +95,8 @@ class SlotEngine:
     valid_BxN = jnp.ones((b, n), bool)
     decode = decode.replace(
         done_B=jnp.ones((b,), bool),
-        aux=self.sampler.init_aux(self._model(valid_BxN), decode.tokens_BxN))
+        aux=self.sampler.init_aux(self._model(self.params, valid_BxN),
+                                  decode.tokens_BxN))
     return SlotState(decode=decode, valid_BxN=valid_BxN)
 
   def _admit(self, params, state: SlotState, load_B, prompt_BxP, valid_BxP,
@@ -115,8 +116,8 @@ class SlotEngine:
     if self.continuous:
       d = d.replace(aux=self.sampler.reset_rows(d.aux, load_B))
     else:  # a whole new batch: the schedule starts again at step 0
-      fresh = self.sampler.init_aux(self._model(valid_BxN, self.stop_ids),
-                                    d.tokens_BxN)
+      fresh = self.sampler.init_aux(
+          self._model(params, valid_BxN, self.stop_ids), d.tokens_BxN)
       admitting = jnp.any(load_B)
       d = d.replace(step=jnp.where(admitting, 0, d.step),
                     aux=jax.tree.map(lambda a, c: jnp.where(admitting, a, c),
@@ -130,7 +131,7 @@ class SlotEngine:
     state = state.replace(decode=state.decode.replace(
         done_B=state.decode.done_B | release_B))
     state = self._admit(params, state, load_B, prompt_BxP, valid_BxP, seed_B)
-    model = self._model(state.valid_BxN, self.stop_ids)
+    model = self._model(params, state.valid_BxN, self.stop_ids)
     step_fn = make_step(self.sampler, model, self.p, self.stop_ids)
     max_steps = self.sampler.num_steps
 
