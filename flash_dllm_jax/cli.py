@@ -53,11 +53,15 @@ def _parser() -> argparse.ArgumentParser:
   for name, help_ in _FLAGS:
     gen.add_argument("--" + name.replace("_", "-"), action="store_true",
                      default=None, help=help_)
+  from flash_dllm_jax.serve.cli import add_parser as add_serve
+  add_serve(sub, DEFAULT_CHECKPOINT)
   return ap
 
 
 def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
+  if args.command == "serve":
+    return args.main(args)
   from flash_dllm_jax.checkpoint import load
   from flash_dllm_jax.generate import generate
 

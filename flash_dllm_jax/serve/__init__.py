@@ -1,0 +1,1 @@
+"""OpenAI-compatible serving with online continuous batching."""

@@ -1,0 +1,128 @@
+"""`python -m flash_dllm_jax serve`: the OpenAI-compatible server.
+
+Sampler flags come from the strategy registry (every option of every
+registered sampler); the chosen strategy rejects the ones it does not take.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from flash_dllm_jax.strategies import STRATEGIES, all_options, strategies_taking
+
+log = logging.getLogger("flash_dllm_jax.serve")
+
+
+def add_parser(sub, default_checkpoint: Path) -> None:
+  """Registers the `serve` subcommand on an argparse subparsers object."""
+  ap = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+  ap.set_defaults(main=main)
+  ap.add_argument("--checkpoint", type=Path, default=default_checkpoint,
+                  help="converted checkpoint directory (default: %(default)s)")
+  ap.add_argument("--strategy", default="flash-dllm", choices=sorted(STRATEGIES),
+                  help="decoding strategy (default: %(default)s)")
+  ap.add_argument("--batch-size", type=int, default=8,
+                  help="device slots per prompt-length bucket")
+  ap.add_argument("--max-prompt-tokens", type=int, default=128,
+                  help="longest prompt served; one compiled bucket per 32 "
+                       "tokens up to it")
+  ap.add_argument("--steps-per-call", type=int, default=8,
+                  help="decoding steps the compiled loop runs at most before "
+                       "returning to the host (it also returns when a slot "
+                       "finishes)")
+  ap.add_argument("--max-queue", type=int, default=256,
+                  help="waiting requests before 429")
+  ap.add_argument("--request-timeout", type=float, default=600.0,
+                  help="default per-request deadline, seconds")
+  ap.add_argument("--served-model-name", default=None,
+                  help="the `model` clients send (default: the checkpoint "
+                       "directory's name)")
+  ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None)
+  ap.add_argument("--host", default="127.0.0.1")
+  ap.add_argument("--port", type=int, default=8000)
+  ap.add_argument("--shutdown-timeout", type=float, default=30.0,
+                  help="on SIGTERM, seconds to let in-flight requests finish")
+  group = ap.add_argument_group("sampler options")
+  for name, typ in all_options().items():
+    flag = "--" + name.replace("_", "-")
+    help_ = "strategies: " + ", ".join(strategies_taking(name))
+    if typ is bool:
+      group.add_argument(flag, action=argparse.BooleanOptionalAction,
+                         default=None, help=help_)
+    else:
+      group.add_argument(flag, type=typ, default=None, help=help_)
+
+
+def main(args: argparse.Namespace) -> int:
+  import uvicorn
+
+  from flash_dllm_jax.checkpoint import load
+  from flash_dllm_jax.serve.app import build_app
+  from flash_dllm_jax.serve.service import Service, Settings
+  from flash_dllm_jax.strategies import build_sampler
+
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter(
+      "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+  log.addHandler(handler)
+  log.setLevel(logging.INFO)
+  log.propagate = False
+  options = {k: getattr(args, k) for k in all_options()
+             if getattr(args, k) is not None}
+  name = args.served_model_name or args.checkpoint.resolve().name
+  try:
+    settings = Settings(model_name=name, strategy=args.strategy,
+                        slots=args.batch_size,
+                        max_prompt_tokens=args.max_prompt_tokens,
+                        steps_per_call=args.steps_per_call,
+                        max_queue=args.max_queue,
+                        request_timeout=args.request_timeout)
+    params, config, tokenizer = load(args.checkpoint, dtype=args.dtype)
+    sampler = build_sampler(args.strategy, config.arch, options)
+  except (ValueError, FileNotFoundError, TypeError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+  log.info("settings: checkpoint=%s model=%s arch=%s strategy=%s sampler=%r "
+           "%s", args.checkpoint, name, config.arch, args.strategy, sampler,
+           settings)
+  holder: dict = {}
+
+  def compile_engines():
+    try:
+      holder["service"] = Service(params, config, tokenizer, sampler,
+                                  settings)
+      log.info("ready: %s batching, buckets %s", holder["service"].mode,
+               settings.buckets)
+    except Exception:  # noqa: BLE001 - logged, and the server exits
+      log.exception("compiling the engines failed")
+      holder["failed"] = True
+      server.should_exit = True
+
+  app = build_app(lambda: holder.get("service"), name)
+
+  class Server(uvicorn.Server):
+    def handle_exit(self, sig, frame):  # SIGTERM / SIGINT: stop admitting
+      if "service" in holder:
+        holder["service"].scheduler.drain()
+      super().handle_exit(sig, frame)
+
+  server = Server(uvicorn.Config(
+      app, host=args.host, port=args.port, log_level="info",
+      timeout_graceful_shutdown=args.shutdown_timeout))
+  threading.Thread(target=compile_engines, name="dllm-compile",
+                   daemon=True).start()
+  # uvicorn re-raises the signal it shut down for once it has restored the
+  # handlers it found: make those no-ops, so the scheduler stops cleanly
+  # below and the exit status is ours.
+  for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: None)
+  server.run()
+  if "service" in holder:
+    holder["service"].scheduler.stop()
+  log.info("stopped")
+  return 1 if holder.get("failed") else 0

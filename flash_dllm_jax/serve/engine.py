@@ -1,0 +1,196 @@
+"""The device side of serving: fixed slots decoding in a compiled loop that
+returns to the host at admission points.
+
+One `SlotEngine` per prompt-length bucket: B slots of shape [B, P + G]. A call
+(`cycle`) first releases the slots the host gave up, loads new requests into
+free slots, then runs decoding steps on device until a busy slot finishes or
+`steps_per_call` steps have run. Shapes never change, the state is donated,
+and the executable is compiled once, ahead of time, at start.
+
+Each row is padded to its own bucket and draws from its own PRNG key (the
+request's seed), and a row's tokens never depend on the other rows (see
+`generate.compiler_options`), so a request's answer equals offline
+`generate` of its prompt whatever else shares the slots.
+
+Samplers with `reset_rows` (Flash-dLLM, Flash-Cache, Elastic-Cache) take new
+rows while others decode ("continuous"). The others keep one step counter for
+the batch (their block schedule reads it), so a bucket admits new rows only
+once all of its slots are free ("batch").
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.generate import compiler_options
+from flash_dllm_jax.sampling import DecodeState, make_step
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+
+
+@struct.dataclass
+class SlotState:
+  """decode: the slots' DecodeState (an empty slot is a done row);
+  valid_BxN: key validity of each slot's row (its own left padding)."""
+
+  decode: DecodeState
+  valid_BxN: jax.Array
+
+
+class CycleOut(NamedTuple):
+  """What the host reads after a call. tokens_BxG: the generation region
+  (mask id where undecided); done_B, steps_B, forwards_B: per slot; iters:
+  decoding steps this call ran."""
+
+  tokens_BxG: np.ndarray
+  done_B: np.ndarray
+  steps_B: np.ndarray
+  forwards_B: np.ndarray
+  iters: int
+
+
+def _where_keys(pick_B, a_B, b_B):
+  data = jnp.where(pick_B[:, None], jax.random.key_data(a_B),
+                   jax.random.key_data(b_B))
+  return jax.random.wrap_key_data(data)
+
+
+class SlotEngine:
+  """B slots for prompts padded to exactly `prompt_len` tokens."""
+
+  def __init__(self, params, config: ModelConfig, sampler, *,
+               prompt_len: int, slots: int, steps_per_call: int,
+               stop_at_eos: bool = True, implementation: str | None = None):
+    self.params, self.config, self.sampler = params, config, sampler
+    self.p, self.b, self.g = prompt_len, slots, sampler.gen_length
+    self.k = steps_per_call
+    self.continuous = hasattr(sampler, "reset_rows")
+    self.stop_ids = config.stop_token_ids if stop_at_eos else ()
+    self.implementation = implementation
+    self._state = self._initial_state()
+    self._busy_B = np.zeros(self.b, bool)  # rows whose loop has not stopped
+    args = (self.params, self._state, np.zeros(self.b, bool),
+            np.zeros(self.b, bool), np.zeros((self.b, self.p), np.int32),
+            np.zeros((self.b, self.p), bool), np.zeros(self.b, np.uint32))
+    jitted = jax.jit(self._cycle, donate_argnums=(1,),
+                     compiler_options=compiler_options())
+    self._compiled = jitted.lower(*args).compile()
+
+  # Device functions -------------------------------------------------------
+  def _model(self, params, valid_BxN, stop_ids=()):
+    return SequenceModel.for_batch(self.config, params, valid_BxN,
+                                   self.implementation, stop_ids)
+
+  def _initial_state(self) -> SlotState:
+    b, n = self.b, self.p + self.g
+    rng_B = jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
+    decode = DecodeState.start(jnp.full((b, self.p), self.config.pad_token_id,
+                                        jnp.int32), self.g,
+                               self.config.mask_token_id, rng_B)
+    valid_BxN = jnp.ones((b, n), bool)
+    decode = decode.replace(
+        done_B=jnp.ones((b,), bool),
+        aux=self.sampler.init_aux(self._model(self.params, valid_BxN),
+                                  decode.tokens_BxN))
+    return SlotState(decode=decode, valid_BxN=valid_BxN)
+
+  def _admit(self, params, state: SlotState, load_B, prompt_BxP, valid_BxP,
+             seed_B) -> SlotState:
+    b, g, mask_id = self.b, self.g, self.config.mask_token_id
+    tokens_BxN = jnp.concatenate(
+        [prompt_BxP, jnp.full((b, g), mask_id, jnp.int32)], axis=1)
+    valid_BxN = jnp.concatenate([valid_BxP, jnp.ones((b, g), bool)], axis=1)
+    valid_BxN = jnp.where(load_B[:, None], valid_BxN, state.valid_BxN)
+    d = state.decode
+    d = d.replace(
+        tokens_BxN=jnp.where(load_B[:, None], tokens_BxN, d.tokens_BxN),
+        done_B=d.done_B & ~load_B,
+        forwards_B=jnp.where(load_B, 0, d.forwards_B),
+        steps_B=jnp.where(load_B, 0, d.steps_B),
+        rng_B=_where_keys(load_B, jax.vmap(jax.random.key)(seed_B), d.rng_B))
+    if self.continuous:
+      d = d.replace(aux=self.sampler.reset_rows(d.aux, load_B))
+    else:  # a whole new batch: the schedule starts again at step 0
+      fresh = self.sampler.init_aux(
+          self._model(params, valid_BxN, self.stop_ids), d.tokens_BxN)
+      admitting = jnp.any(load_B)
+      d = d.replace(step=jnp.where(admitting, 0, d.step),
+                    aux=jax.tree.map(lambda a, c: jnp.where(admitting, a, c),
+                                     fresh, d.aux))
+    return SlotState(decode=d, valid_BxN=valid_BxN)
+
+  def _cycle(self, params, state: SlotState, release_B, load_B, prompt_BxP,
+             valid_BxP, seed_B):
+    """Releases, admits, then decodes until a busy row finishes or k steps
+    ran. Returns (state, gen_BxG, iters)."""
+    state = state.replace(decode=state.decode.replace(
+        done_B=state.decode.done_B | release_B))
+    state = self._admit(params, state, load_B, prompt_BxP, valid_BxP, seed_B)
+    model = self._model(params, state.valid_BxN, self.stop_ids)
+    step_fn = make_step(self.sampler, model, self.p, self.stop_ids)
+    max_steps = self.sampler.num_steps
+
+    def body(carry):
+      s, i = carry
+      d = step_fn(s.decode)
+      d = d.replace(done_B=d.done_B | (d.steps_B >= max_steps))
+      return s.replace(decode=d), i + 1
+
+    def running(carry):
+      s, i = carry
+      d = s.decode
+      finished = jnp.any(d.done_B & ~start_done_B)
+      return (i < self.k) & jnp.any(~d.done_B) & ~finished
+
+    start_done_B = state.decode.done_B
+    state, iters = jax.lax.while_loop(running, body,
+                                      (state, jnp.zeros((), jnp.int32)))
+    return state, state.decode.tokens_BxN[:, self.p:], iters
+
+  # Host API -----------------------------------------------------------------
+  def free_slots(self, releasing=()) -> list[int]:
+    """Slots requests may load into at the next call, counting `releasing`
+    as free: in batch mode none until every slot is free; in continuous mode
+    at most the sampler's `max_refills` (its step prefills that many fresh
+    rows alone, as in `continuous.decode_queue`)."""
+    busy_B = self._busy_B.copy()
+    busy_B[list(releasing)] = False
+    if not self.continuous and busy_B.any():
+      return []
+    free = [int(i) for i in np.flatnonzero(~busy_B)]
+    cap = getattr(self.sampler, "max_refills", None) if self.continuous \
+        else None
+    return free[:cap] if cap else free
+
+  def cycle(self, release=(),
+            admit: dict[int, tuple[list[int], int]] | None = None) -> CycleOut:
+    """release: slots to stop; admit: {slot: (prompt ids, seed)} for free
+    slots. One host round trip."""
+    admit = admit or {}
+    release_B = np.zeros(self.b, bool)
+    release_B[list(release)] = True
+    load_B = np.zeros(self.b, bool)
+    prompt_BxP = np.full((self.b, self.p), self.config.pad_token_id, np.int32)
+    valid_BxP = np.zeros((self.b, self.p), bool)
+    seed_B = np.zeros(self.b, np.uint32)
+    for slot, (ids, seed) in admit.items():
+      if self._busy_B[slot] and not release_B[slot]:
+        raise RuntimeError(f"slot {slot} is busy")
+      load_B[slot] = True
+      prompt_BxP[slot, self.p - len(ids):] = ids
+      valid_BxP[slot, self.p - len(ids):] = True
+      seed_B[slot] = np.uint32(seed)
+    self._state, gen, iters = self._compiled(
+        self.params, self._state, release_B, load_B, prompt_BxP, valid_BxP,
+        seed_B)
+    d = self._state.decode
+    out = CycleOut(np.asarray(gen), np.asarray(d.done_B),
+                   np.asarray(d.steps_B), np.asarray(d.forwards_B),
+                   int(iters))
+    self._busy_B = ~out.done_B
+    return out

@@ -1,0 +1,116 @@
+"""OpenAI wire format: request models (pydantic) and response bodies.
+
+Unknown fields are errors (extra="forbid"). Responses add `decoding` (the
+settings that decoded the answer), `token_ids` on each choice (a stream
+chunk's: the answer ids that became final with it) and `decode_steps` /
+`forward_passes` in `usage`. Two request fields go beyond OpenAI's:
+  decoding: {option: value} of the strategy's sampler options; the server
+    compiles one sampler at start, so each must equal the server's value
+    (it is there to state, and check, what a client relies on).
+  timeout: seconds until the request fails with 504 (default: the server's
+    --request-timeout).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StreamOptions(BaseModel):
+  model_config = ConfigDict(extra="forbid")
+  include_usage: bool = True
+
+
+class _Common(BaseModel):
+  model_config = ConfigDict(extra="forbid")
+  model: str
+  max_tokens: int | None = Field(None, ge=1)
+  temperature: float | None = Field(None, ge=0, le=2)
+  top_p: float | None = Field(None, gt=0, le=1)
+  seed: int | None = Field(None, ge=0, lt=2**32)
+  stop: str | list[str] | None = None
+  stream: bool = False
+  stream_options: StreamOptions | None = None
+  n: int = Field(1, ge=1, le=1)
+  user: str | None = None
+  decoding: dict[str, Any] | None = None
+  timeout: float | None = Field(None, gt=0, le=3600)
+
+  def stop_list(self) -> list[str]:
+    if self.stop is None:
+      return []
+    stops = [self.stop] if isinstance(self.stop, str) else self.stop
+    return stops
+
+
+class CompletionRequest(_Common):
+  prompt: str | list[int] | list[str] | list[list[int]]
+  echo: bool = False
+
+
+class ChatMessage(BaseModel):
+  model_config = ConfigDict(extra="forbid")
+  role: Literal["system", "user", "assistant"]
+  content: str
+  name: str | None = None
+
+
+class ChatRequest(_Common):
+  messages: list[ChatMessage] = Field(min_length=1)
+  max_completion_tokens: int | None = Field(None, ge=1)
+
+
+def error_body(message: str, param: str | None = None,
+               type_: str = "invalid_request_error",
+               code: str | None = None) -> dict:
+  return {"error": {"message": message, "type": type_, "param": param,
+                    "code": code}}
+
+
+def new_id(prefix: str) -> str:
+  return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def completion_body(rid: str, model: str, text: str, reason: str,
+                    token_ids: list[int], usage: dict, decoding: dict) -> dict:
+  return {"id": rid, "object": "text_completion", "created": int(time.time()),
+          "model": model, "decoding": decoding,
+          "choices": [{"index": 0, "text": text, "finish_reason": reason,
+                       "logprobs": None, "token_ids": token_ids}],
+          "usage": usage}
+
+
+def chat_body(rid: str, model: str, text: str, reason: str,
+              token_ids: list[int], usage: dict, decoding: dict) -> dict:
+  return {"id": rid, "object": "chat.completion", "created": int(time.time()),
+          "model": model, "decoding": decoding,
+          "choices": [{"index": 0, "finish_reason": reason, "logprobs": None,
+                       "message": {"role": "assistant", "content": text},
+                       "token_ids": token_ids}],
+          "usage": usage}
+
+
+def completion_chunk(rid: str, model: str, text: str,
+                     reason: str | None = None, token_ids=()) -> dict:
+  return {"id": rid, "object": "text_completion", "created": int(time.time()),
+          "model": model,
+          "choices": [{"index": 0, "text": text, "finish_reason": reason,
+                       "logprobs": None, "token_ids": list(token_ids)}]}
+
+
+def chat_chunk(rid: str, model: str, delta: dict,
+               reason: str | None = None, token_ids=()) -> dict:
+  return {"id": rid, "object": "chat.completion.chunk",
+          "created": int(time.time()), "model": model,
+          "choices": [{"index": 0, "delta": delta, "finish_reason": reason,
+                       "logprobs": None, "token_ids": list(token_ids)}]}
+
+
+def usage_chunk(rid: str, model: str, obj: str, usage: dict,
+                decoding: dict) -> dict:
+  return {"id": rid, "object": obj, "created": int(time.time()),
+          "model": model, "choices": [], "usage": usage, "decoding": decoding}

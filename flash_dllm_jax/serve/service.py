@@ -1,0 +1,174 @@
+"""What the routes need: the compiled engines, the scheduler, and the
+checks that turn an OpenAI request into a `Request` (or a 400)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.generate import PROMPT_BUCKET
+from flash_dllm_jax.serve.engine import SlotEngine
+from flash_dllm_jax.serve.metrics import Metrics
+from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
+from flash_dllm_jax.serve.scheduler import Request, Scheduler
+from flash_dllm_jax.serve.text import AnswerText
+
+log = logging.getLogger("flash_dllm_jax.serve")
+
+
+class BadRequest(Exception):
+  """An invalid request: HTTP status, message and the field it names."""
+
+  def __init__(self, message: str, param: str | None, status: int = 400,
+               code: str | None = None):
+    super().__init__(message)
+    self.message, self.param, self.status, self.code = (message, param,
+                                                        status, code)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """Server settings. buckets: padded prompt lengths served (multiples of
+  PROMPT_BUCKET, each compiled once at start), slots: per bucket.
+  stop_at_eos=False decodes every position, as `generate(stop_at_eos=False)`
+  does (answers are still cut at the first stop token)."""
+
+  model_name: str
+  strategy: str
+  slots: int = 8
+  max_prompt_tokens: int = 128
+  steps_per_call: int = 8
+  max_queue: int = 256
+  request_timeout: float = 600.0
+  stop_at_eos: bool = True  # False: decode every position (benchmarks)
+
+  def __post_init__(self):
+    for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+    if self.request_timeout <= 0:
+      raise ValueError(f"request_timeout must be > 0, got "
+                       f"{self.request_timeout}")
+
+  @property
+  def buckets(self) -> tuple[int, ...]:
+    top = -(-self.max_prompt_tokens // PROMPT_BUCKET) * PROMPT_BUCKET
+    return tuple(range(PROMPT_BUCKET, top + 1, PROMPT_BUCKET))
+
+
+class Service:
+  """Compiles one SlotEngine per bucket, then runs the scheduler."""
+
+  def __init__(self, params, config: ModelConfig, tokenizer, sampler,
+               settings: Settings):
+    self.config, self.tokenizer, self.sampler = config, tokenizer, sampler
+    self.settings, self.metrics = settings, Metrics()
+    for p in settings.buckets:
+      sampler.check_prompt(p, config.max_seq_len)
+    engines = {}
+    for p in settings.buckets:
+      t0 = time.perf_counter()
+      engines[p] = SlotEngine(params, config, sampler, prompt_len=p,
+                              slots=settings.slots,
+                              steps_per_call=settings.steps_per_call,
+                              stop_at_eos=settings.stop_at_eos)
+      log.info("compiled bucket %d (%d slots) in %.1f s", p, settings.slots,
+               time.perf_counter() - t0)
+    self.mode = "continuous" if engines[settings.buckets[0]].continuous \
+        else "batch"
+    self.scheduler = Scheduler(engines, self.metrics, settings.max_queue)
+    self.decoding = {"strategy": settings.strategy,
+                     "gen_length": sampler.gen_length,
+                     "steps": sampler.num_steps, "batching": self.mode,
+                     "options": dataclasses.asdict(sampler)}
+    self.scheduler.start()
+
+  # Request checks ---------------------------------------------------------
+  def _prompt_ids(self, req) -> list[int]:
+    if isinstance(req, ChatRequest):
+      if self.tokenizer is None:
+        raise BadRequest("this checkpoint has no tokenizer", "messages")
+      messages = [m.model_dump(exclude_none=True) for m in req.messages]
+      try:
+        text = self.tokenizer.apply_chat_template(messages,
+                                                  add_generation_prompt=True)
+      except ValueError as e:
+        raise BadRequest(str(e), "messages") from None
+      return self.tokenizer.encode(text)
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0],
+                                                          (str, list)):
+      if len(prompt) != 1:
+        raise BadRequest(f"one prompt per request, got {len(prompt)}",
+                         "prompt")
+      prompt = prompt[0]
+    if isinstance(prompt, str):
+      if self.tokenizer is None:
+        raise BadRequest("text prompts need a tokenizer; send token ids",
+                         "prompt")
+      return self.tokenizer.encode(prompt)
+    return list(prompt)
+
+  def _check_option(self, name: str, value, param: str, absent=None) -> None:
+    server = getattr(self.sampler, name, absent)
+    if value is None:
+      return
+    if isinstance(server, float) or isinstance(value, float):
+      same = server is not None and math.isclose(float(value), float(server),
+                                                 abs_tol=1e-9)
+    else:
+      same = value == server
+    if not same:
+      raise BadRequest(
+          f"this server decodes with {name}={server!r} (strategy "
+          f"{self.settings.strategy!r}, set at start); got {value!r}", param)
+
+  def prepare(self, req: CompletionRequest | ChatRequest, emit) -> Request:
+    """The Request for `req`, or BadRequest naming the field at fault."""
+    if req.model != self.settings.model_name:
+      raise BadRequest(f"model {req.model!r} does not exist; this server "
+                       f"serves {self.settings.model_name!r}", "model", 404,
+                       "model_not_found")
+    if isinstance(req, CompletionRequest) and req.echo:
+      raise BadRequest("echo is not supported", "echo")
+    ids = self._prompt_ids(req)
+    field = "messages" if isinstance(req, ChatRequest) else "prompt"
+    if not ids:
+      raise BadRequest("the prompt is empty", field)
+    for i, t in enumerate(ids):
+      if not 0 <= t < self.config.vocab_size:
+        raise BadRequest(f"token id {t} at {field}[{i}] is outside "
+                         f"[0, {self.config.vocab_size})", field)
+    if self.config.mask_token_id in ids:
+      raise BadRequest(f"the prompt contains the mask token (id "
+                       f"{self.config.mask_token_id}) at position "
+                       f"{ids.index(self.config.mask_token_id)}", field)
+    if len(ids) > self.settings.buckets[-1]:
+      raise BadRequest(f"the prompt has {len(ids)} tokens; this server takes "
+                       f"at most {self.settings.buckets[-1]}", field)
+    max_tokens = req.max_tokens
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+      max_tokens = req.max_completion_tokens
+    if max_tokens is not None and max_tokens > self.sampler.gen_length:
+      raise BadRequest(f"max_tokens {max_tokens} exceeds the server's "
+                       f"gen_length {self.sampler.gen_length}", "max_tokens")
+    self._check_option("temperature", req.temperature, "temperature", 0.0)
+    self._check_option("top_p", req.top_p, "top_p", 1.0)
+    for name, value in (req.decoding or {}).items():
+      if name not in self.decoding["options"]:
+        raise BadRequest(f"unknown decoding option {name!r}; the sampler "
+                         f"takes {sorted(self.decoding['options'])}",
+                         f"decoding.{name}")
+      self._check_option(name, value, f"decoding.{name}")
+    stops = req.stop_list()
+    if len(stops) > 4 or any(not s for s in stops):
+      raise BadRequest("stop takes at most 4 non-empty strings", "stop")
+    timeout = req.timeout or self.settings.request_timeout
+    bucket = -(-len(ids) // PROMPT_BUCKET) * PROMPT_BUCKET
+    answer = AnswerText(self.tokenizer, self.config,
+                        max_tokens or self.sampler.gen_length, stops)
+    return Request(ids=ids, bucket=bucket, seed=req.seed or 0, answer=answer,
+                   emit=emit, deadline=time.monotonic() + timeout)

@@ -1,0 +1,342 @@
+"""The OpenAI-compatible server, as a real process on localhost, driven by
+the official `openai` client and httpx (tiny model, Flash-dLLM, continuous
+batching). The SIGTERM test is last: it stops the module's server."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from flash_dllm_jax import generate, load
+from flash_dllm_jax.generate import answer_ids
+from flash_dllm_jax.strategies import build_sampler
+from tests.paths import ROOT, TINY_CHECKPOINT
+
+pytestmark = pytest.mark.slow  # one server start (compilation) per module
+
+TINY_OPTIONS = {"gen_length": 16, "block_m": 8}
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class Server:
+  """A `python -m flash_dllm_jax serve` process and its URL."""
+
+  def __init__(self, checkpoint, strategy: str, options: dict, *flags: str,
+               log_path=None, ready_timeout: float = 600.0):
+    self.port = free_port()
+    self.url = f"http://127.0.0.1:{self.port}"
+    args = [sys.executable, "-m", "flash_dllm_jax", "serve",
+            "--checkpoint", str(checkpoint), "--strategy", strategy,
+            "--host", "127.0.0.1", "--port", str(self.port), *flags]
+    for k, v in options.items():
+      args += ["--" + k.replace("_", "-"), str(v)]
+    env = {**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": "highest",
+           "JAX_PLATFORMS": "cpu"}
+    self.log = open(log_path, "w") if log_path else subprocess.DEVNULL
+    self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log,
+                                 stderr=subprocess.STDOUT)
+    self.deadline = time.monotonic() + ready_timeout
+
+  def wait_ready(self) -> dict:
+    while time.monotonic() < self.deadline:
+      if self.proc.poll() is not None:
+        raise RuntimeError(f"server exited with {self.proc.returncode}")
+      try:
+        r = httpx.get(self.url + "/health", timeout=5)
+        if r.status_code == 200:
+          return r.json()
+        assert r.json()["status"] == "starting"
+      except httpx.TransportError:
+        pass
+      time.sleep(0.5)
+    raise TimeoutError("the server did not become ready")
+
+  def client(self) -> openai.OpenAI:
+    return openai.OpenAI(base_url=self.url + "/v1", api_key="unused",
+                         max_retries=0, timeout=300)
+
+  def metrics(self) -> dict:
+    text = httpx.get(self.url + "/metrics").text
+    return {s.name: s.value for fam in text_string_to_metric_families(text)
+            for s in fam.samples if not s.labels} | {
+        f"{s.name}{{{','.join(f'{k}={v}' for k, v in s.labels.items())}}}":
+        s.value for fam in text_string_to_metric_families(text)
+        for s in fam.samples if s.labels}
+
+  def close(self):
+    if self.proc.poll() is None:
+      self.proc.kill()
+      self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def model():
+  return load(TINY_CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model):
+  srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
+               "--batch-size", "4", "--max-prompt-tokens", "64",
+               "--steps-per-call", "2", "--max-queue", "64",
+               log_path=tmp_path_factory.mktemp("serve") / "server.log")
+  try:
+    health = srv.wait_ready()
+    assert health["strategy"] == "flash-dllm" and health["batching"] == \
+        "continuous" and health["prompt_buckets"] == [32, 64]
+    yield srv
+  finally:
+    srv.close()
+
+
+def offline(model, sampler, rows, seeds, max_tokens):
+  """The answers' token ids from offline generate."""
+  out = generate(model, rows, sampler=sampler, seed=seeds)
+  config = model[1]
+  return [answer_ids(g, config)[:m] for g, m in zip(out.tokens_BxG,
+                                                    max_tokens)]
+
+
+def test_completion_chat_and_models(server):
+  client = server.client()
+  assert [m.id for m in client.models.list()] == ["tiny-random-llada"]
+  c = client.completions.create(model="tiny-random-llada", prompt="2 + 3 =",
+                                max_tokens=5)
+  assert c.choices[0].finish_reason == "length"
+  assert c.usage.completion_tokens == 5 == len(c.choices[0].token_ids)
+  assert c.decoding["gen_length"] == 16 and c.decoding["strategy"] == \
+      "flash-dllm" and c.usage.decode_steps >= 1
+  chat = client.chat.completions.create(
+      model="tiny-random-llada", messages=[{"role": "user", "content": "hi"}])
+  assert chat.choices[0].message.role == "assistant"
+  assert chat.usage.completion_tokens == len(chat.choices[0].token_ids) <= 16
+
+
+def test_streaming_equals_whole_answer(server):
+  client = server.client()
+  kwargs = dict(model="tiny-random-llada",
+                messages=[{"role": "user", "content": "count to ten"}])
+  whole = client.chat.completions.create(**kwargs)
+  chunks = list(client.chat.completions.create(**kwargs, stream=True))
+  text = "".join(c.choices[0].delta.content or "" for c in chunks
+                 if c.choices)
+  assert text == whole.choices[0].message.content
+  assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
+      whole.choices[0].finish_reason
+  assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def _stream_raw(url, body, ids=None) -> list[str]:
+  """The content deltas of one SSE stream, read with httpx (the chunks'
+  token ids are appended to `ids`)."""
+  deltas = []
+  with httpx.stream("POST", url + "/v1/completions", json=body,
+                    timeout=300) as r:
+    assert r.status_code == 200
+    lines = [line for line in r.iter_lines() if line]
+  assert lines[-1] == "data: [DONE]"
+  for line in lines[:-1]:
+    obj = json.loads(line.removeprefix("data: "))
+    if obj["choices"]:
+      deltas.append(obj["choices"][0]["text"])
+      if ids is not None:
+        ids += obj["choices"][0]["token_ids"]
+  return deltas
+
+
+def test_64_concurrent_requests_equal_offline_generate(server, model):
+  _, config, tok = model
+  sampler = build_sampler("flash-dllm", config.arch, TINY_OPTIONS)
+  rng = np.random.default_rng(0)
+
+  def row_of(ids, kind):  # the prompt ids the server decodes
+    if kind == 2:
+      return tok.encode(tok.decode(ids))
+    if kind == 3:
+      return tok.encode(tok.apply_chat_template(
+          [{"role": "user", "content": tok.decode(ids)}]))
+    return ids
+
+  jobs, rows = [], []
+  for i in range(64):
+    ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
+                                        int(rng.integers(1, 64)))]
+    while len(row_of(ids, i % 4)) > 64:
+      ids = ids[:len(ids) // 2]
+    rows.append(row_of(ids, i % 4))
+    jobs.append({"ids": ids, "max_tokens": int(rng.integers(1, 17)),
+                 "seed": int(rng.integers(0, 1000)), "kind": i % 4})
+
+  def run(job):
+    client = server.client()
+    common = dict(model="tiny-random-llada", max_tokens=job["max_tokens"],
+                  seed=job["seed"])
+    if job["kind"] == 0:  # token ids, whole answer
+      c = client.completions.create(prompt=job["ids"], **common)
+      return c.choices[0].token_ids, c.choices[0].text
+    if job["kind"] == 1:  # token ids, streamed
+      ids = []
+      deltas = _stream_raw(server.url, {"prompt": job["ids"], "stream": True,
+                                        **common}, ids)
+      return ids, "".join(deltas)
+    if job["kind"] == 2:  # text
+      c = client.completions.create(prompt=tok.decode(job["ids"]), **common)
+      return c.choices[0].token_ids, c.choices[0].text
+    c = client.chat.completions.create(  # chat, strategy options stated
+        messages=[{"role": "user", "content": tok.decode(job["ids"])}],
+        extra_body={"decoding": {"block_m": 8, "threshold": 0.9}}, **common)
+    return c.choices[0].token_ids, c.choices[0].message.content
+
+  with concurrent.futures.ThreadPoolExecutor(64) as pool:
+    got = list(pool.map(run, jobs))
+  want = offline(model, sampler, rows, [j["seed"] for j in jobs],
+                 [j["max_tokens"] for j in jobs])
+  for i, ((ids, text), ref) in enumerate(zip(got, want)):
+    assert ids == ref, f"request {i} ({jobs[i]})"
+    assert text == tok.decode(ref), f"request {i} ({jobs[i]})"
+  assert len({len(r) // 32 for r in rows}) >= 2  # both buckets were used
+
+
+def test_streaming_never_revises_text(server):
+  bodies = [{"model": "tiny-random-llada", "prompt": f"story {i}:",
+             "stream": True, "stop": ["zz"]} for i in range(8)]
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    streams = list(pool.map(lambda b: _stream_raw(server.url, b), bodies))
+  client = server.client()
+  for body, deltas in zip(bodies, streams):
+    whole = client.completions.create(model=body["model"],
+                                      prompt=body["prompt"], stop=["zz"])
+    assert "".join(deltas) == whole.choices[0].text
+  assert max(sum(1 for d in s if d) for s in streams) >= 2  # incremental
+  assert server.metrics()["dllm_text_revisions_total"] == 0
+
+
+def test_bad_requests_get_400_naming_the_field(server, model):
+  config = model[1]
+  client = server.client()
+  cases = [({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 17}, "max_tokens"),
+           ({"n": 2}, "n"), ({"temperature": 0.7}, "temperature"),
+           ({"top_p": 0.5}, "top_p"), ({"bogus": 1}, "bogus"),
+           ({"decoding": {"threshold": 0.5}}, "decoding.threshold"),
+           ({"decoding": {"nope": 1}}, "decoding.nope"),
+           ({"prompt": [config.mask_token_id, 5]}, "prompt"),
+           ({"prompt": [5] * 65}, "prompt"), ({"prompt": [9999]}, "prompt"),
+           ({"prompt": []}, "prompt")]
+  for extra, param in cases:
+    body = {"model": "tiny-random-llada", "prompt": "hi", **extra}
+    r = httpx.post(server.url + "/v1/completions", json=body)
+    assert r.status_code == 400, (extra, r.text)
+    assert r.json()["error"]["param"] == param, (extra, r.text)
+  r = httpx.post(server.url + "/v1/completions", content=b'{"model": "ti',
+                 headers={"content-type": "application/json"})
+  assert r.status_code == 400 and "malformed JSON" in r.json()["error"][
+      "message"]
+  with pytest.raises(openai.BadRequestError) as e:
+    client.completions.create(model="tiny-random-llada", prompt="x",
+                              max_tokens=100)
+  assert e.value.body["param"] == "max_tokens"
+  with pytest.raises(openai.NotFoundError):
+    client.completions.create(model="gpt-4", prompt="x")
+
+
+def test_deadline(server):
+  r = httpx.post(server.url + "/v1/completions",
+                 json={"model": "tiny-random-llada", "prompt": "slow",
+                       "timeout": 1e-6})
+  assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
+
+
+async def _burst(url, n, body):
+  async with httpx.AsyncClient(timeout=300) as client:
+    return await asyncio.gather(*(client.post(url + "/v1/completions",
+                                              json=body) for _ in range(n)))
+
+
+def test_overload_gets_429_and_nothing_is_lost(server):
+  before = server.metrics()
+  replies = asyncio.run(_burst(server.url, 200, {"model": "tiny-random-llada",
+                                                 "prompt": "load"}))
+  codes = [r.status_code for r in replies]
+  assert set(codes) <= {200, 429} and 429 in codes and 200 in codes
+  assert all(r.headers["retry-after"] for r in replies if r.status_code == 429)
+  texts = {r.json()["choices"][0]["text"] for r in replies
+           if r.status_code == 200}
+  assert len(texts) == 1  # the same prompt gets the same answer under load
+  after = server.metrics()
+  ok = 'dllm_requests_total{outcome=ok}'
+  rejected = 'dllm_requests_total{outcome=rejected}'
+  assert after[ok] - before[ok] == codes.count(200)
+  assert after[rejected] - before[rejected] == codes.count(429)
+
+
+def test_disconnect_frees_its_slot(server):
+  before = server.metrics()
+  body = {"model": "tiny-random-llada", "prompt": "busy"}
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    background = pool.submit(asyncio.run, _burst(server.url, 40, body))
+    time.sleep(0.2)  # the queue is full of work: the stream waits in it
+    with httpx.stream("POST", server.url + "/v1/chat/completions",
+                      json={"model": "tiny-random-llada", "stream": True,
+                            "messages": [{"role": "user", "content": "x"}]},
+                      timeout=60) as r:
+      next(r.iter_lines())  # the role chunk: the request is in the queue
+    replies = background.result()
+  assert all(r.status_code == 200 for r in replies)
+  for _ in range(100):
+    m = server.metrics()
+    if m["dllm_busy_slots"] == 0 and m["dllm_queue_length"] == 0:
+      break
+    time.sleep(0.1)
+  key = 'dllm_requests_total{outcome=cancelled}'
+  assert m[key] - before[key] == 1
+  assert m["dllm_busy_slots"] == 0 and m["dllm_queue_length"] == 0
+
+
+def test_metrics_parse(server):
+  m = server.metrics()
+  assert m["dllm_slots"] == 8
+  assert m["dllm_host_round_trips_total"] > 0
+  assert m["dllm_generated_tokens_total"] > 0
+  assert m["dllm_decode_steps_total"] >= m["dllm_host_round_trips_total"] / 8
+  assert m["dllm_time_to_first_token_seconds_count"] > 0
+  assert m["dllm_admission_latency_seconds_count"] > 0
+  assert m["dllm_request_latency_seconds_count"] > 0
+
+
+def test_sigterm_finishes_in_flight_then_exits(server):
+  """Last: stops the module's server. Requests queued or decoding when
+  SIGTERM arrives are answered; then the process exits 0."""
+  body = {"model": "tiny-random-llada", "prompt": "term"}
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    background = pool.submit(asyncio.run, _burst(server.url, 48, body))
+    for _ in range(200):
+      if server.metrics()["dllm_queue_length"] > 0:
+        break
+      time.sleep(0.02)
+    else:
+      pytest.fail("the burst never queued")
+    server.proc.send_signal(signal.SIGTERM)
+    replies = background.result()
+  assert [r.status_code for r in replies] == [200] * 48
+  assert len({r.json()["choices"][0]["text"] for r in replies}) == 1
+  assert server.proc.wait(timeout=60) == 0
+  with pytest.raises(httpx.TransportError):
+    httpx.get(server.url + "/health", timeout=5)

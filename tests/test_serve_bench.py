@@ -1,0 +1,26 @@
+"""scripts/bench_serve.py --smoke runs end to end and writes its JSON."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.paths import ROOT
+
+
+@pytest.mark.slow
+def test_bench_serve_smoke(tmp_path):
+  out = tmp_path / "serve.json"
+  run = subprocess.run([sys.executable, "scripts/bench_serve.py", "--smoke",
+                        "--out", str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+  assert run.returncode == 0, run.stderr[-3000:]
+  result = json.loads(out.read_text())
+  assert result["offline_tokens_per_s"] > 0 and result["alone_latency_s"] > 0
+  assert [r["offered_rps"] for r in result["loads"]] == [8, float("inf")]
+  for row in result["loads"]:
+    assert row["requests"] == 12 and row["tokens_per_s"] > 0
+    assert 0 < row["ttft_p50_s"] <= row["latency_p99_s"]
+    assert 0 < row["round_trips_per_token"]
+  assert "tok/s" in run.stdout and "wrote" in run.stdout
