@@ -12,7 +12,7 @@ request's seed), and a row's tokens never depend on the other rows (see
 `generate.compiler_options`), so a request's answer equals offline
 `generate` of its prompt whatever else shares the slots.
 
-Samplers with `reset_rows` (Flash-dLLM, Flash-Cache, Elastic-Cache) take new
+Refillable samplers (Flash-dLLM, Flash-Cache, Elastic-Cache) take new
 rows while others decode ("continuous"). The others keep one step counter for
 the batch (their block schedule reads it), so a bucket admits new rows only
 once all of its slots are free ("batch").
@@ -29,7 +29,8 @@ from flax import struct
 
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import compiler_options
-from flash_dllm_jax.sampling import DecodeState, make_step
+from flash_dllm_jax.sampling import DecodeState, Refillable, make_step
+from flash_dllm_jax.sampling.loop import tail_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 
@@ -68,8 +69,9 @@ class SlotEngine:
                stop_at_eos: bool = True, implementation: str | None = None):
     self.params, self.config, self.sampler = params, config, sampler
     self.p, self.b, self.g = prompt_len, slots, sampler.gen_length
+    self.g_all = self.g + tail_length(sampler)  # positions after the prompt
     self.k = steps_per_call
-    self.continuous = hasattr(sampler, "reset_rows")
+    self.continuous = isinstance(sampler, Refillable)
     self.stop_ids = config.stop_token_ids if stop_at_eos else ()
     self.implementation = implementation
     self._state = self._initial_state()
@@ -87,10 +89,10 @@ class SlotEngine:
                                    self.implementation, stop_ids)
 
   def _initial_state(self) -> SlotState:
-    b, n = self.b, self.p + self.g
+    b, n = self.b, self.p + self.g_all
     rng_B = jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
     decode = DecodeState.start(jnp.full((b, self.p), self.config.pad_token_id,
-                                        jnp.int32), self.g,
+                                        jnp.int32), self.g_all,
                                self.config.mask_token_id, rng_B)
     valid_BxN = jnp.ones((b, n), bool)
     decode = decode.replace(
@@ -101,7 +103,7 @@ class SlotEngine:
 
   def _admit(self, params, state: SlotState, load_B, prompt_BxP, valid_BxP,
              seed_B) -> SlotState:
-    b, g, mask_id = self.b, self.g, self.config.mask_token_id
+    b, g, mask_id = self.b, self.g_all, self.config.mask_token_id
     tokens_BxN = jnp.concatenate(
         [prompt_BxP, jnp.full((b, g), mask_id, jnp.int32)], axis=1)
     valid_BxN = jnp.concatenate([valid_BxP, jnp.ones((b, g), bool)], axis=1)
@@ -150,7 +152,7 @@ class SlotEngine:
     start_done_B = state.decode.done_B
     state, iters = jax.lax.while_loop(running, body,
                                       (state, jnp.zeros((), jnp.int32)))
-    return state, state.decode.tokens_BxN[:, self.p:], iters
+    return state, state.decode.tokens_BxN[:, self.p:self.p + self.g], iters
 
   # Host API -----------------------------------------------------------------
   def free_slots(self, releasing=()) -> list[int]:
@@ -163,8 +165,7 @@ class SlotEngine:
     if not self.continuous and busy_B.any():
       return []
     free = [int(i) for i in np.flatnonzero(~busy_B)]
-    cap = getattr(self.sampler, "max_refills", None) if self.continuous \
-        else None
+    cap = self.sampler.max_refills if self.continuous else None
     return free[:cap] if cap else free
 
   def cycle(self, release=(),
