@@ -1,0 +1,70 @@
+"""How the decode loops compile: batch-invariant XLA options per backend,
+and JAX's persistent compilation cache for the command lines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+# XLA:CPU (jax 0.10) hands a reduction, with the elementwise ops around it,
+# to a YNNPACK fusion once it has about 4096 rows (B x Q), and keeps its own
+# loop below that. The two differ in the last bits: the YNNPACK fusion drops
+# the float32 -> bfloat16 -> float32 round trip inside RMSNorm and sums in
+# another order (the attention mass). So a row's logits, and then its tokens,
+# depended on how many rows shared its batch: 4 of 64 shipped-model answers
+# changed between eval batch 64 and 8. Without YNNPACK fusions every
+# reduction is XLA's own loop at every batch size (the decode loop's state
+# is then bitwise the same for a row alone and in any batch).
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# XLA:GPU chooses a GEMM's algorithm per shape (Triton tilings, split-K
+# included, then cuBLAS algorithms by autotuning), so a row's sums over K
+# could change with the number of rows: the shipped model's down projection
+# over 9 x 144 rows differed from 17 x 144 (H200, 2026-11-30: 1-2 of 128
+# answers changed under data=2). cuBLAS without autotuning gave a row the
+# same bits at every probed M, LLaDA-8B's shapes included, where either flag
+# alone did not (BENCHMARKS.md, "Batch invariance"): measured, not a promise
+# from XLA. It cost 15% at batch 1 and saved 6% at batch 32 in the step.
+# XLA's dot merger joined k_proj and v_proj into one GEMM by concatenating
+# their weights in every layer of every pass (LLaDA-8B: 67 MB, ~31 us each;
+# 2 ms of a 15 ms batch-1 step, profile_step.py), and only below a size, so
+# the GEMM shapes also depended on the number of rows: off.
+GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False,
+                        "xla_gpu_autotune_level": 0,
+                        "xla_gpu_dot_merger_threshold_mb": 0}
+
+
+def compiler_options(backend: str | None = None) -> dict | None:
+  """The decode loops' XLA options for `backend` (default: the current
+  one): CPU_COMPILER_OPTIONS, GPU_COMPILER_OPTIONS, or None (XLA's own)."""
+  backend = backend or jax.default_backend()
+  return {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS,
+          "cuda": GPU_COMPILER_OPTIONS}.get(backend)
+
+
+class _BatchInvariantJit:
+  """`jax.jit(fn, static_argnames=...)`, compiled with CPU_COMPILER_OPTIONS on
+  the CPU backend and GPU_COMPILER_OPTIONS on a GPU (others get XLA's
+  defaults). Attributes such as `lower` are the jitted function's for the
+  current default backend."""
+
+  def __init__(self, fn, static_argnames: tuple[str, ...]):
+    self._fn, self._static = fn, static_argnames
+    self._by_backend: dict[str, Any] = {}
+    self.__doc__, self.__wrapped__ = fn.__doc__, fn
+
+  def _jitted(self):
+    backend = jax.default_backend()  # chosen at call time, never at import
+    if backend not in self._by_backend:
+      self._by_backend[backend] = jax.jit(
+          self._fn, static_argnames=self._static,
+          compiler_options=compiler_options(backend))
+    return self._by_backend[backend]
+
+  def __call__(self, *args, **kwargs):
+    return self._jitted()(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._jitted(), name)
