@@ -55,7 +55,7 @@ def check_text(text: str, where: str) -> str:
   try:
     text.encode("utf-8")
   except UnicodeEncodeError as e:
-    near = text[max(0, e.start - 20):e.end]
+    near = text[max(0, e.start - 20):e.end + 10]
     try:
       near = near.encode("utf-8", "surrogateescape")  # the original bytes
     except UnicodeEncodeError:
@@ -83,8 +83,9 @@ def render(prompt, tokenizer, chat: bool, index: int = 0) -> str:
   """The text of one string or chat prompt (chat template applied)."""
   where = f"prompt {index}"
   if isinstance(prompt, str):
+    check_text(prompt, where)
     if not chat:
-      return check_text(prompt, where)
+      return prompt
     prompt = [{"role": "user", "content": prompt}]
   messages = check_messages(prompt, where)
   for j, m in enumerate(messages):
