@@ -68,3 +68,37 @@ class _BatchInvariantJit:
 
   def __getattr__(self, name):
     return getattr(self._jitted(), name)
+
+
+CACHE_ENV = "FLASH_DLLM_JAX_CACHE_DIR"
+_OFF = ("", "0", "off", "none", "false")
+
+
+def default_cache_dir() -> Path | None:
+  """$FLASH_DLLM_JAX_CACHE_DIR (off, 0 or empty: no cache), else
+  $XDG_CACHE_HOME/flash-dllm-jax/jax (XDG_CACHE_HOME defaults to ~/.cache)."""
+  value = os.environ.get(CACHE_ENV)
+  if value is not None:
+    return None if value.strip().lower() in _OFF else Path(value).expanduser()
+  base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+  return Path(base) / "flash-dllm-jax" / "jax"
+
+
+def enable_persistent_cache(cache_dir: str | Path | None) -> Path | None:
+  """Turns on JAX's persistent compilation cache in `cache_dir` (None: off),
+  so a second run of the same command loads its compiled decode loops from
+  disk instead of compiling them. Every executable is cached, however fast
+  its compile. Call before anything is compiled; returns the directory."""
+  if cache_dir is None:
+    return None
+  path = Path(cache_dir).expanduser().absolute()
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"cannot create the compilation cache {path}: "
+                     f"{e.strerror} (set {CACHE_ENV}=off to run without "
+                     "one)") from None
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return path

@@ -166,7 +166,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
              sampler: Sampler | None = None, chat: bool | None = None,
              seed: int | Sequence[int] = 0, stop_at_eos: bool = True,
              batch_size: int | None = None, mesh=None,
-             progress: Callable[[int, int], None] | None = None,
+             progress: Callable[[np.ndarray, int], None] | None = None,
              **options: Any) -> GenerateOutput:
   """Generates answers for one prompt or a batch.
 
@@ -199,7 +199,8 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     (tensor parallelism; M must divide the heads, KV heads and MLP width).
     Weights not already on their shards (see `load(mesh=)`) are moved
     there.
-  progress: called as progress(rows done, rows) after each decode call.
+  progress: called as progress(row indices just decoded, number of rows)
+    after each decode call.
   """
   if isinstance(model, tuple) and len(model) == 3:
     params, config, tokenizer = model
@@ -231,7 +232,6 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   gen = np.zeros((n_rows, sampler.gen_length), np.int32)
   forwards, steps_b, steps = (np.zeros(n_rows, np.int32),
                               np.zeros(n_rows, np.int32), 0)
-  done = 0
   for chunk, slots in _chunks(bucket_groups(rows), sampler, batch_size):
     out = _decode_rows(params, [rows[i] for i in chunk],
                        [seeds[i] for i in chunk], config=config,
@@ -239,9 +239,8 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
                        batch_size=slots, mesh=mesh)
     gen[chunk], forwards[chunk], steps_b[chunk] = out[:3]
     steps += out[3]
-    done += len(chunk)
     if progress is not None:
-      progress(done, n_rows)
+      progress(chunk, n_rows)
   texts = None
   if tokenizer is not None:
     texts = [tokenizer.decode(answer_ids(row, config)) for row in gen]

@@ -11,6 +11,7 @@ __post_init__ checks ranges, so a bad value gets the sampler's error.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -126,3 +127,28 @@ def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
     raise ValueError(f"option(s) {flags} do not apply to strategy {name!r} "
                      f"(it takes: {', '.join(takes)})")
   return strategy.sampler(**{**strategy.fixed, **options})
+
+
+def add_option_flags(parser) -> None:
+  """Adds every sampler field of every strategy as a flag (`--gen-length`,
+  `--threshold`, ...; booleans as --x / --no-x), default None (the
+  sampler's own), help naming the strategies that take it."""
+  group = parser.add_argument_group(
+      "strategy options", "sampler fields (defaults: the sampler's own)")
+  for name, typ in all_options().items():
+    used = ", ".join(strategies_taking(name)) or "none"
+    flag = "--" + name.replace("_", "-")
+    if typ is bool:
+      group.add_argument(flag, dest=name, default=None,
+                         action=argparse.BooleanOptionalAction,
+                         help=f"strategies: {used}")
+    else:
+      group.add_argument(flag, dest=name, type=typ, default=None,
+                         help=f"strategies: {used}")
+
+
+def options_from_args(args) -> dict[str, Any]:
+  """The strategy options given on a command line parsed with the flags of
+  `add_option_flags`."""
+  return {k: getattr(args, k) for k in all_options()
+          if getattr(args, k, None) is not None}

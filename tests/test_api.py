@@ -156,13 +156,14 @@ def test_batch_size_equals_one_batch_for_every_strategy(name):
   whole = generate(params, rows, config=config, sampler=sampler, seed=seeds)
   seen = []
   chunked = generate(params, rows, config=config, sampler=sampler, seed=seeds,
-                     batch_size=2, progress=lambda d, n: seen.append((d, n)))
+                     batch_size=2, progress=lambda rows, n: seen.append((list(rows), n)))
   np.testing.assert_array_equal(chunked.tokens_BxG, whole.tokens_BxG)
   np.testing.assert_array_equal(chunked.forwards_B, whole.forwards_B)
   np.testing.assert_array_equal(chunked.steps_B, whole.steps_B)
-  assert seen[-1] == (5, 5)
+  assert sorted(sum((r for r, _ in seen), [])) == [0, 1, 2, 3, 4]
+  assert all(n == 5 for _, n in seen)
   if not hasattr(sampler, "reset_rows"):
-    assert [d for d, _ in seen] == [2, 4, 5]
+    assert [len(r) for r, _ in seen] == [2, 2, 1]
 
 
 @pytest.mark.slow
