@@ -167,3 +167,37 @@ def test_compile_cache_is_written_and_reused(tmp_path):
                        text=True, cwd=ROOT, env={
                            **env, compilation.CACHE_ENV: str(tmp_path / "x")})
   assert off.returncode == 0 and not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_non_editable_install_names_the_missing_model(tmp_path):
+  """`pip install .` copies no checkpoints: the default command then fails
+  with one line naming where the model was expected and how to point at
+  one, and --checkpoint works."""
+  import shutil
+  src = tmp_path / "src"  # a copy, so that no build files land in ROOT
+  src.mkdir()
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(ROOT / name, src / name)
+  for name in ("flash_dllm_jax", "pallas_kernels"):
+    shutil.copytree(ROOT / name, src / name,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  site = tmp_path / "site"
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                  "--no-build-isolation", "--target", str(site), str(src)],
+                 check=True, capture_output=True)
+  env = {k: v for k, v in os.environ.items() if k != cli.CHECKPOINT_ENV}
+  env["PYTHONPATH"] = str(site)
+  cmd = [sys.executable, "-m", "flash_dllm_jax", "generate", "--prompt", "x",
+         *LLADA]
+  bare = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path,
+                        env=env)
+  assert bare.returncode == 1
+  assert bare.stderr.startswith(f"error: no checkpoint at {site}")
+  assert "pass --checkpoint DIR or set FLASH_DLLM_JAX_CHECKPOINT" in (
+      bare.stderr)
+  assert len(bare.stderr.strip().splitlines()) == 1
+  pointed = subprocess.run(cmd + TINY, capture_output=True, text=True,
+                           cwd=tmp_path, env=env)
+  assert pointed.returncode == 0, pointed.stderr
+  assert pointed.stdout.startswith(">>> x\n")
