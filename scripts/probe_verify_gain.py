@@ -315,6 +315,7 @@ def tokens_per_step(model, probs, task, gen_length, block_m):
     sampler = build_sampler(name, config.arch, {"gen_length": gen_length,
                                                 "block_m": block_m})
     res = generate(model, [p.prompt for p in probs], sampler=sampler,
+                   chat=False,
                    seed=[p.index for p in probs])
     lengths = [answer_length(g, config.stop_token_ids) for g in res.tokens_BxG]
     tokens, steps = sum(lengths), int(res.steps_B.sum())
