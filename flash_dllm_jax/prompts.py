@@ -55,13 +55,18 @@ def check_text(text: str, where: str) -> str:
   try:
     text.encode("utf-8")
   except UnicodeEncodeError as e:
+    bad = text[e.start]
+    if 0xdc80 <= ord(bad) <= 0xdcff:  # an undecodable byte (surrogateescape)
+      what = f"byte 0x{ord(bad) - 0xdc00:02x} cannot be decoded"
+    else:
+      what = f"{bad!r} is a lone surrogate"
     near = text[max(0, e.start - 20):e.end + 10]
     try:
       near = near.encode("utf-8", "surrogateescape")  # the original bytes
     except UnicodeEncodeError:
       near = near.encode("utf-8", "backslashreplace")
-    raise ValueError(f"{where} is not valid UTF-8 ({e.reason} at character "
-                     f"{e.start}, near {near!r})") from None
+    raise ValueError(f"{where} is not valid UTF-8: {what} at character "
+                     f"{e.start} (near {near!r})") from None
   return text
 
 

@@ -127,7 +127,8 @@ def test_generate_takes_chats_and_strings_in_one_batch(tiny_model):
 @pytest.mark.parametrize("prompt,message", [
     ([{"role": "user"}], "prompt 0, message 0: 'content' must be a string"),
     ([[{"role": "user", "content": "hi"}, "x"]], "prompt 0: prompt must be"),
-    (["fine", "bad \udcff byte"], "prompt 1 is not valid UTF-8.*surrogates"),
+    (["fine", "bad \udcff byte"], "prompt 1 is not valid UTF-8: byte 0xff"),
+    (["\ud800"], "prompt 0 is not valid UTF-8: '\\\\ud800' is a lone surrogate"),
     ([[{"role": "user", "content": "\udcc3("}]],
      r"prompt 0, message 0 is not valid UTF-8.*b'\\xc3\('"),
     ([{"role": "user", "content": 3}], "'content' must be a string"),

@@ -104,8 +104,8 @@ def test_prompt_file_errors(tmp_path, capsys, content, message):
     (["--topp", "0.5", "--prompt", "x"],
      "unknown option(s) --topp 0.5; strategy options: --gen-length"),
     (["--prompt", "ok", "--prompt", "caf\udcc3"],
-     "--prompt #2 is not valid UTF-8 (surrogates not allowed at character 3, "
-     "near b'caf\\xc3')"),
+     "--prompt #2 is not valid UTF-8: byte 0xc3 cannot be decoded at "
+     "character 3 (near b'caf\\xc3')"),
     (["--prompt-file", "/nonexistent/p.txt"], "prompt file /nonexistent"),
 ])
 def test_clear_errors(capsys, argv, message):
