@@ -1,14 +1,18 @@
 """flash-dllm-jax: fast inference for diffusion LLMs (LLaDA, Dream) in JAX.
 
-  params, config, tokenizer = flash_dllm_jax.load("checkpoints/DIR")
-  out = flash_dllm_jax.generate((params, config, tokenizer), "2 + 3 = ?",
-                                chat=True, gen_length=64, steps=64)
+  model = flash_dllm_jax.load("checkpoints/DIR")   # (params, config, tokenizer)
+  out = flash_dllm_jax.generate(model, "2 + 3 = ?", strategy="flash-dllm",
+                                gen_length=64)
+  out.texts[0]
 """
 
 from flash_dllm_jax.checkpoint import load, save
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.forward import ForwardOutput, logits
 from flash_dllm_jax.generate import GenerateOutput, generate
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.strategies import STRATEGIES, build_sampler
 
-__all__ = ["DreamSampler", "GenerateOutput", "LLaDASampler", "ModelConfig",
-           "generate", "load", "save"]
+__all__ = ["DreamSampler", "ForwardOutput", "GenerateOutput", "LLaDASampler",
+           "ModelConfig", "STRATEGIES", "build_sampler", "generate",
+           "logits", "load", "save"]

@@ -115,11 +115,29 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
   return json.loads(path.read_text())
 
 
-def load_config(ckpt_dir: str | Path) -> ModelConfig:
-  """The ModelConfig of a checkpoint directory, without loading weights."""
-  ckpt_dir = Path(ckpt_dir)
+def _kind(ckpt_dir: Path) -> str:
+  """'converted' (manifest.json), 'hf' (config.json + safetensors), or a
+  FileNotFoundError that says what the directory lacks."""
   if not ckpt_dir.is_dir():
     raise FileNotFoundError(f"checkpoint directory {ckpt_dir} does not exist")
+  if (ckpt_dir / "manifest.json").is_file():
+    return "converted"
+  from flash_dllm_jax.convert.streaming import is_hf_dir
+  if is_hf_dir(ckpt_dir):
+    return "hf"
+  raise FileNotFoundError(
+      f"{ckpt_dir} is neither a converted checkpoint (it has no "
+      "manifest.json) nor a Hugging Face LLaDA/Dream directory (config.json "
+      "with model.safetensors or model.safetensors.index.json)")
+
+
+def load_config(ckpt_dir: str | Path) -> ModelConfig:
+  """The ModelConfig of a checkpoint directory (converted or Hugging Face),
+  without loading weights."""
+  ckpt_dir = Path(ckpt_dir)
+  if _kind(ckpt_dir) == "hf":
+    from flash_dllm_jax.convert.streaming import hf_config
+    return hf_config(ckpt_dir)
   config = _read_json(ckpt_dir / "config.json", "the model config")
   config.pop("model_type", None)
   return ModelConfig.from_dict(config)
@@ -143,8 +161,14 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   mesh ('data=D,model=M' or a Mesh): each weight is read shard by shard
   straight onto its devices with its `parallel.param_spec` sharding (no
   device, and no host buffer, ever holds a whole sharded weight).
+  A Hugging Face LLaDA/Dream directory loads too, tensor by tensor through
+  the converter's name table and checks (convert/streaming.py; dtype
+  default bfloat16), with nothing written to disk.
   """
   ckpt_dir = Path(ckpt_dir).absolute()
+  if _kind(ckpt_dir) == "hf":
+    from flash_dllm_jax.convert.streaming import load_hf
+    return load_hf(ckpt_dir, dtype=dtype, mesh=mesh)
   config = load_config(ckpt_dir)
   manifest = _read_json(ckpt_dir / "manifest.json", "the parameter manifest")
   if manifest.get("format") != FORMAT:

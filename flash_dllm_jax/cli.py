@@ -1,43 +1,87 @@
-"""Command line: `python -m flash_dllm_jax generate --prompt "..."`."""
+"""Command line: `python -m flash_dllm_jax generate --prompt "..."`.
+
+Every strategy of flash_dllm_jax/strategies.py is a `--strategy` choice and
+every sampler field a flag. Prompts come from --prompt (repeatable),
+--prompt-file (text lines, or JSON lines with "prompt" or "messages"; '-'
+reads stdin) or stdin. JAX's persistent compilation cache is on (see
+--compile-cache), so a repeated command does not compile again.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
+from flash_dllm_jax import strategies
+
+CHECKPOINT_ENV = "FLASH_DLLM_JAX_CHECKPOINT"
 DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "checkpoints"
                       / "synthetic-gsm-llada-16m")
 
-# Sampler options exposed as flags: (flag, type, help).
-_OPTIONS = [
-    ("gen_length", int, "tokens to generate"),
-    ("steps", int, "decoding steps"),
-    ("block_length", int, "LLaDA: semi-autoregressive block length"),
-    ("temperature", float, "sampling temperature (0 = greedy)"),
-    ("cfg_scale", float, "LLaDA: classifier-free guidance scale"),
-    ("remasking", str, "LLaDA: low_confidence or random"),
-    ("alg", str, "Dream: origin, maskgit_plus, topk_margin or entropy"),
-    ("eps", float, "Dream: final timestep"),
-    ("top_p", float, "Dream: nucleus sampling mass"),
-    ("top_k", int, "Dream: top-k sampling"),
-    ("alg_temp", float, "Dream: temperature of the position choice"),
-]
-_FLAGS = [("logits_eos_inf", "LLaDA: never predict EOS"),
-          ("confidence_eos_eot_inf", "LLaDA: EOS/EOT get zero confidence")]
+
+def default_checkpoint() -> Path:
+  """$FLASH_DLLM_JAX_CHECKPOINT, else the shipped model in the source tree."""
+  env = os.environ.get(CHECKPOINT_ENV)
+  return Path(env).expanduser() if env else DEFAULT_CHECKPOINT
+
+
+def check_checkpoint(path: Path, given: bool) -> None:
+  """One line saying where the model was expected and how to point at it."""
+  if given or path.exists():
+    return
+  raise FileNotFoundError(
+      f"no checkpoint at {path} (the shipped model lives in checkpoints/"
+      "synthetic-gsm-llada-16m of the source tree, which a non-editable "
+      f"install does not copy); pass --checkpoint DIR or set {CHECKPOINT_ENV}")
+
+
+def add_compile_cache_flags(ap: argparse.ArgumentParser) -> None:
+  from flash_dllm_jax.compilation import CACHE_ENV, default_cache_dir
+  ap.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
+                  help="JAX's persistent compilation cache (default: "
+                       f"${CACHE_ENV}, else {default_cache_dir() or 'off'})")
+  ap.add_argument("--no-compile-cache", action="store_true",
+                  help=f"compile everything afresh (or {CACHE_ENV}=off)")
+
+
+def start_compile_cache(args) -> None:
+  from flash_dllm_jax.compilation import (default_cache_dir,
+                                          enable_persistent_cache)
+  if not args.no_compile_cache:
+    enable_persistent_cache(args.compile_cache or default_cache_dir())
 
 
 def _parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(prog="python -m flash_dllm_jax")
   sub = ap.add_subparsers(dest="command", required=True)
   gen = sub.add_parser("generate", help="generate answers for prompts")
-  gen.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT,
-                   help="converted checkpoint directory (default: %(default)s)")
-  gen.add_argument("--prompt", action="append", required=True,
+  gen.add_argument("--checkpoint", type=Path, default=None,
+                   help="checkpoint directory: converted, or a Hugging Face "
+                        f"LLaDA/Dream directory (default: ${CHECKPOINT_ENV}, "
+                        f"else {DEFAULT_CHECKPOINT})")
+  gen.add_argument("--strategy", default=None, metavar="NAME",
+                   help="decoding strategy: "
+                        + "; ".join(f"{s.name}: {s.help}" for s in
+                                    strategies.STRATEGIES.values())
+                        + " (default: the architecture's reference sampler)")
+  gen.add_argument("--prompt", action="append", default=None,
                    help="a prompt; repeat for a batch")
+  gen.add_argument("--prompt-file", type=Path, default=None,
+                   help="prompts, one per line, or JSON lines with 'prompt' "
+                        "(a string) or 'messages' (a chat); '-' for stdin")
   gen.add_argument("--chat", action=argparse.BooleanOptionalAction,
-                   default=True, help="apply the chat template")
+                   default=None,
+                   help="apply the chat template to plain prompts (default: "
+                        "when the checkpoint has one; chats always use it)")
+  gen.add_argument("--output", choices=["text", "json", "jsonl"],
+                   default="text", help="stdout format (default: text)")
+  gen.add_argument("--batch-size", type=int, default=None,
+                   help="prompts decoded at a time (continuous batching for "
+                        "strategies that refill slots; default: 32, or all "
+                        "at once with --mesh)")
   gen.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="compute dtype (default: the checkpoint's)")
   gen.add_argument("--seed", type=int, default=0)
@@ -47,41 +91,62 @@ def _parser() -> argparse.ArgumentParser:
                         "data=2,model=2")
   gen.add_argument("--no-stop-at-eos", dest="stop_at_eos",
                    action="store_false", help="decode every position")
-  for name, typ, help_ in _OPTIONS:
-    gen.add_argument("--" + name.replace("_", "-"), type=typ, default=None,
-                     help=help_)
-  for name, help_ in _FLAGS:
-    gen.add_argument("--" + name.replace("_", "-"), action="store_true",
-                     default=None, help=help_)
+  gen.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress lines on stderr")
+  add_compile_cache_flags(gen)
+  strategies.add_option_flags(gen)
   from flash_dllm_jax.serve.cli import add_parser as add_serve
   add_serve(sub, DEFAULT_CHECKPOINT)
   return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-  args = _parser().parse_args(argv)
-  if args.command == "serve":
-    return args.main(args)
+def _generate(args) -> int:
+  from flash_dllm_jax import cli_io
   from flash_dllm_jax.checkpoint import load
   from flash_dllm_jax.generate import generate
+  from flash_dllm_jax.parallel import parse_mesh
 
-  options = {name: getattr(args, name) for name, *_ in _OPTIONS + _FLAGS
-             if getattr(args, name) is not None}
+  prompts = cli_io.read_prompts(args.prompt, args.prompt_file)
+  batch_size = args.batch_size or (None if args.mesh else 32)
+  if args.batch_size is not None and args.batch_size < 1:
+    raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+  checkpoint = args.checkpoint or default_checkpoint()
+  check_checkpoint(checkpoint, args.checkpoint is not None)
+  start_compile_cache(args)
+  mesh = parse_mesh(args.mesh)
+  params, config, tokenizer = load(checkpoint, dtype=args.dtype, mesh=mesh)
+  name = args.strategy or config.spec.default_strategy
+  sampler = strategies.build_sampler(name, config.arch,
+                                     strategies.options_from_args(args))
+  progress = cli_io.Progress(len(prompts), args.progress)
+  t0 = time.perf_counter()
+  out = generate((params, config, tokenizer), prompts, sampler=sampler,
+                 chat=args.chat, seed=args.seed, stop_at_eos=args.stop_at_eos,
+                 batch_size=batch_size, mesh=mesh, progress=progress)
+  seconds = time.perf_counter() - t0
+  meta = {"checkpoint": str(checkpoint), "arch": config.arch,
+          "strategy": name}
+  cli_io.write(args.output, prompts, out, config, progress.seconds_B,
+               seconds, meta)
+  print(f"[{config.arch}, {out.steps} steps, {int(out.forwards_B.max())} "
+        f"forwards, strategy {name}, {seconds:.2f} s including "
+        "compilation]", file=sys.stderr)
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  ap = _parser()
+  args, extra = ap.parse_known_args(argv)
+  if extra:
+    known = ", ".join("--" + k.replace("_", "-")
+                      for k in strategies.all_options())
+    print(f"error: unknown option(s) {' '.join(extra)}; strategy options: "
+          f"{known} (--help lists the rest)", file=sys.stderr)
+    return 2
+  if args.command == "serve":
+    return args.main(args)
   try:
-    from flash_dllm_jax.parallel import parse_mesh
-    mesh = parse_mesh(args.mesh)
-    params, config, tokenizer = load(args.checkpoint, dtype=args.dtype,
-                                     mesh=mesh)
-    t0 = time.perf_counter()
-    out = generate((params, config, tokenizer), args.prompt, chat=args.chat,
-                   seed=args.seed, stop_at_eos=args.stop_at_eos,
-                   mesh=mesh, **options)
+    return _generate(args)
   except (ValueError, FileNotFoundError, TypeError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
-  seconds = time.perf_counter() - t0
-  for prompt, text in zip(args.prompt, out.texts):
-    print(f">>> {prompt}\n{text}\n")
-  print(f"[{config.arch}, {out.steps} steps, {int(out.forwards_B.max())} "
-        f"forwards, {seconds:.2f} s including compilation]", file=sys.stderr)
-  return 0

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-Architecture = Literal["llada", "dream"]
+from flash_dllm_jax import architectures
+
+Architecture = str  # a name in flash_dllm_jax.architectures.ARCHITECTURES
 _DTYPES = ("bfloat16", "float32")
 
 
@@ -15,7 +17,8 @@ _DTYPES = ("bfloat16", "float32")
 class ModelConfig:
   """Geometry, numerics and special token ids of a masked-diffusion LM.
 
-  `arch` switches the few places where LLaDA and Dream differ: q/k/v biases,
+  `arch` names the architecture spec (flash_dllm_jax/architectures/) whose
+  flags switch the few places where LLaDA and Dream differ: q/k/v biases,
   RoPE precision (LLaDA rotates in float32, Dream casts cos/sin to the
   activation dtype) and Dream's logit shift (position i is predicted by raw
   logits row i-1).
@@ -41,8 +44,9 @@ class ModelConfig:
 
   def __post_init__(self):
     errors = []
-    if self.arch not in ("llada", "dream"):
-      errors.append(f"arch must be 'llada' or 'dream', got {self.arch!r}")
+    known = architectures.names()
+    if self.arch not in known:
+      errors.append(f"arch must be one of {known}, got {self.arch!r}")
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                  "head_dim", "mlp_hidden", "max_seq_len"):
       value = getattr(self, name)
@@ -75,17 +79,22 @@ class ModelConfig:
     return self.n_heads // self.n_kv_heads
 
   @property
+  def spec(self):
+    """The architecture's spec (flash_dllm_jax.architectures.Architecture)."""
+    return architectures.get(self.arch)
+
+  @property
   def qkv_bias(self) -> bool:
-    return self.arch == "dream"
+    return self.spec.qkv_bias
 
   @property
   def rope_in_float32(self) -> bool:
-    return self.arch == "llada"
+    return self.spec.rope_in_float32
 
   @property
   def logits_shift(self) -> int:
     """How many positions earlier the row predicting position i sits."""
-    return 1 if self.arch == "dream" else 0
+    return self.spec.logits_shift
 
   @property
   def stop_token_ids(self) -> tuple[int, ...]:
@@ -135,12 +144,9 @@ class ModelConfig:
       hf = {**{k: v for k, v in generation_config.items()
                if k.endswith("_token_id") and v is not None}, **hf}
     model_type = hf.get("model_type")
-    reader = _HF_READERS.get(str(model_type).lower())
-    if reader is None:
-      raise ValueError(f"unknown model_type {model_type!r}: expected one of "
-                       f"'llada' (LLaDA-8B, LLaDA-1.5) or 'Dream' (Dream-v0)")
+    spec = architectures.for_model_type(model_type)
     try:
-      fields = reader(hf)
+      fields = spec.read_hf_config(hf)
     except KeyError as e:
       raise ValueError(f"config.json of model_type {model_type!r} lacks key "
                        f"{e.args[0]!r}") from None
@@ -168,66 +174,9 @@ class ModelConfig:
     """A few-layer model for tests: GQA 4:2, vocabulary of 384 ids."""
     base = dict(arch=arch, vocab_size=384, d_model=64, n_layers=2, n_heads=4,
                 n_kv_heads=2, head_dim=16, mlp_hidden=128,
-                rms_norm_eps=1e-5 if arch == "llada" else 1e-6,
-                rope_theta=500000.0 if arch == "llada" else 1e6,
-                max_seq_len=512, mask_token_id=383, eos_token_id=380,
+                **architectures.get(arch).tiny_numerics, max_seq_len=512, mask_token_id=383, eos_token_id=380,
                 pad_token_id=380, bos_token_id=379, eot_token_id=381,
                 dtype="float32")
     base.update(changes)
     return cls(**base)
 
-
-def _read_llada(hf: dict[str, Any]) -> dict[str, Any]:
-  unsupported = {
-      "alibi": (False,), "block_type": ("llama",), "activation_type": ("silu",),
-      "layer_norm_type": ("rms",), "include_bias": (False,),
-      "include_qkv_bias": (False,), "attention_layer_norm": (False,),
-      "weight_tying": (False,), "rope": (True,), "scale_logits": (False,),
-      "input_emb_norm": (False,), "block_group_size": (1,),
-  }
-  bad = [f"{k}={hf[k]!r}" for k, ok in unsupported.items()
-         if k in hf and hf[k] not in ok]
-  if bad:
-    raise ValueError("unsupported LLaDA config values: " + ", ".join(bad))
-  n_heads = hf["n_heads"]
-  n_kv = hf.get("n_kv_heads") or n_heads
-  mlp_hidden = hf.get("mlp_hidden_size") or hf["mlp_ratio"] * hf["d_model"]
-  return dict(
-      arch="llada", vocab_size=hf.get("embedding_size") or hf["vocab_size"],
-      d_model=hf["d_model"], n_layers=hf["n_layers"], n_heads=n_heads,
-      n_kv_heads=n_kv, head_dim=hf["d_model"] // n_heads,
-      mlp_hidden=mlp_hidden, rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
-      rope_theta=float(hf.get("rope_theta", 10000.0)),
-      max_seq_len=hf["max_sequence_length"],
-      mask_token_id=hf["mask_token_id"], eos_token_id=hf["eos_token_id"],
-      pad_token_id=hf.get("pad_token_id", hf["eos_token_id"]),
-      bos_token_id=hf.get("bos_token_id"))
-
-
-def _read_dream(hf: dict[str, Any]) -> dict[str, Any]:
-  bad = []
-  if hf.get("tie_word_embeddings", False):
-    bad.append("tie_word_embeddings=True")
-  if hf.get("rope_scaling") is not None:
-    bad.append(f"rope_scaling={hf['rope_scaling']!r}")
-  if hf.get("use_sliding_window", False):
-    bad.append("use_sliding_window=True")
-  if hf.get("hidden_act", "silu") != "silu":
-    bad.append(f"hidden_act={hf['hidden_act']!r}")
-  if bad:
-    raise ValueError("unsupported Dream config values: " + ", ".join(bad))
-  n_heads = hf["num_attention_heads"]
-  return dict(
-      arch="dream", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-      n_layers=hf["num_hidden_layers"], n_heads=n_heads,
-      n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-      head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
-      mlp_hidden=hf["intermediate_size"], rms_norm_eps=hf["rms_norm_eps"],
-      rope_theta=float(hf["rope_theta"]),
-      max_seq_len=hf["max_position_embeddings"],
-      mask_token_id=hf["mask_token_id"], eos_token_id=hf["eos_token_id"],
-      pad_token_id=hf.get("pad_token_id", hf["eos_token_id"]),
-      bos_token_id=hf.get("bos_token_id"))
-
-
-_HF_READERS = {"llada": _read_llada, "dream": _read_dream}

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax import parallel
+from flash_dllm_jax import architectures, parallel, prompts, strategies
+from flash_dllm_jax.compilation import (CPU_COMPILER_OPTIONS,  # noqa: F401
+                                        GPU_COMPILER_OPTIONS,
+                                        _BatchInvariantJit, compiler_options)
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.sampling import (DecodeState, DreamSampler, LLaDASampler,
-                                     Sampler, make_step, run_compiled,
-                                     run_python)
+from flash_dllm_jax.sampling import (DecodeState, Sampler, make_step,
+                                     run_compiled, run_python)
 from flash_dllm_jax.sampling import continuous
 from flash_dllm_jax.sampling.loop import tail_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -43,13 +44,25 @@ class GenerateOutput(NamedTuple):
 
 def default_sampler(config: ModelConfig, **options: Any) -> Sampler:
   """The architecture's reference sampler built from keyword options."""
-  cls = LLaDASampler if config.arch == "llada" else DreamSampler
-  names = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(options) - names)
-  if unknown:
-    raise ValueError(f"unknown option(s) {unknown} for {cls.__name__}; "
-                     f"expected some of {sorted(names)}")
-  return cls(**options)
+  return strategies.build_sampler(
+      architectures.get(config.arch).default_strategy, config.arch, options)
+
+
+def _pick_sampler(config: ModelConfig, strategy, sampler,
+                  options: dict[str, Any]) -> Sampler:
+  """The sampler `generate` runs: strategy name or object, sampler=, or the
+  architecture's default, built from options."""
+  if strategy is not None and sampler is not None:
+    raise ValueError("pass strategy= or sampler=, not both")
+  chosen = sampler if strategy is None else strategy
+  if chosen is None:
+    return default_sampler(config, **options)
+  if isinstance(chosen, str):
+    return strategies.build_sampler(chosen, config.arch, options)
+  if options:
+    raise ValueError(f"options {sorted(options)} given together with "
+                     "sampler= (or a sampler object as strategy=)")
+  return chosen
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
@@ -146,127 +159,52 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   return gen_BxG, state.forwards_B, state.step, state.steps_B
 
 
-# XLA:CPU (jax 0.10) hands a reduction, with the elementwise ops around it,
-# to a YNNPACK fusion once it has about 4096 rows (B x Q), and keeps its own
-# loop below that. The two differ in the last bits: the YNNPACK fusion drops
-# the float32 -> bfloat16 -> float32 round trip inside RMSNorm and sums in
-# another order (the attention mass). So a row's logits, and then its tokens,
-# depended on how many rows shared its batch: 4 of 64 shipped-model answers
-# changed between eval batch 64 and 8. Without YNNPACK fusions every
-# reduction is XLA's own loop at every batch size (the decode loop's state
-# is then bitwise the same for a row alone and in any batch).
-CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-# XLA:GPU chooses a GEMM's algorithm per shape (Triton tilings, split-K
-# included, then cuBLAS algorithms by autotuning), so a row's sums over K
-# could change with the number of rows: the shipped model's down projection
-# over 9 x 144 rows differed from 17 x 144 (H200, 2026-11-30: 1-2 of 128
-# answers changed under data=2). cuBLAS without autotuning gave a row the
-# same bits at every probed M, LLaDA-8B's shapes included, where either flag
-# alone did not (BENCHMARKS.md, "Batch invariance", with its cost in the
-# step): measured, not a promise from XLA. XLA's dot merger joined k_proj
-# and v_proj into one GEMM by concatenating their weights in every layer of
-# every pass, and only below a size, so the GEMM shapes also depended on the
-# number of rows: off.
-GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False,
-                        "xla_gpu_autotune_level": 0,
-                        "xla_gpu_dot_merger_threshold_mb": 0}
-
-
-def compiler_options(backend: str | None = None) -> dict | None:
-  """The decode loops' XLA options for `backend` (default: the current
-  one): CPU_COMPILER_OPTIONS, GPU_COMPILER_OPTIONS, or None (XLA's own)."""
-  backend = backend or jax.default_backend()
-  return {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS,
-          "cuda": GPU_COMPILER_OPTIONS}.get(backend)
-
-
-class _BatchInvariantJit:
-  """`jax.jit(fn, static_argnames=...)`, compiled with CPU_COMPILER_OPTIONS on
-  the CPU backend and GPU_COMPILER_OPTIONS on a GPU (others get XLA's
-  defaults). Attributes such as `lower` are the jitted function's for the
-  current default backend."""
-
-  def __init__(self, fn, static_argnames: tuple[str, ...]):
-    self._fn, self._static = fn, static_argnames
-    self._by_backend: dict[str, Any] = {}
-    self.__doc__, self.__wrapped__ = fn.__doc__, fn
-
-  def _jitted(self):
-    backend = jax.default_backend()  # chosen at call time, never at import
-    if backend not in self._by_backend:
-      self._by_backend[backend] = jax.jit(
-          self._fn, static_argnames=self._static,
-          compiler_options=compiler_options(backend))
-    return self._by_backend[backend]
-
-  def __call__(self, *args, **kwargs):
-    return self._jitted()(*args, **kwargs)
-
-  def __getattr__(self, name):
-    return getattr(self._jitted(), name)
-
-
 decode_jit = _BatchInvariantJit(decode_tokens, static_argnames=(
     "config", "sampler", "stop_at_eos", "compiled", "implementation"))
 _queue_jit = _BatchInvariantJit(continuous.decode_queue, static_argnames=(
     "config", "sampler", "batch_size", "stop_at_eos", "implementation"))
 
 
-def _as_token_rows(prompt, tokenizer, chat: bool) -> list[list[int]]:
-  if isinstance(prompt, str):
-    prompt = [prompt]
-  if isinstance(prompt, np.ndarray) or isinstance(prompt, jax.Array):
-    prompt = np.asarray(prompt).tolist()
-  if not isinstance(prompt, (list, tuple)) or not prompt:
-    raise TypeError("prompt must be a string, a list of strings, a list of "
-                    "token ids or a list of such lists")
-  if all(isinstance(x, (int, np.integer)) for x in prompt):
-    return [list(map(int, prompt))]
-  if all(isinstance(x, str) for x in prompt):
-    if tokenizer is None:
-      raise ValueError("text prompts need a tokenizer")
-    if chat:
-      prompt = [tokenizer.apply_chat_template(
-          [{"role": "user", "content": x}], add_generation_prompt=True)
-                for x in prompt]
-    return [tokenizer.encode(x) for x in prompt]
-  if all(isinstance(x, (list, tuple, np.ndarray)) for x in prompt):
-    return [list(map(int, x)) for x in prompt]
-  raise TypeError("prompt must be a string, a list of strings, a list of "
-                  "token ids or a list of such lists")
-
-
-def generate(model, prompt, *, config: ModelConfig | None = None,
-             tokenizer=None, sampler: Sampler | None = None,
-             chat: bool = False, seed: int | Sequence[int] = 0,
-             stop_at_eos: bool = True, batch_size: int | None = None,
-             mesh=None,
+def generate(model, prompt, *, strategy: str | Sampler | None = None,
+             config: ModelConfig | None = None, tokenizer=None,
+             sampler: Sampler | None = None, chat: bool | None = None,
+             seed: int | Sequence[int] = 0, stop_at_eos: bool = True,
+             batch_size: int | None = None, mesh=None,
+             progress: Callable[[np.ndarray, int], None] | None = None,
              **options: Any) -> GenerateOutput:
-  """Generates answers for one prompt or a left-padded batch.
+  """Generates answers for one prompt or a batch.
 
   model: what `load` returns (params, config, tokenizer), or a params tree
     with `config=` (and `tokenizer=` for text).
-  prompt: a string, a list of strings, token ids, or a list of id lists.
-    Prompts are left-padded to a multiple of PROMPT_BUCKET; each bucket
-    present decodes as its own batch (see `bucket_groups`).
-  chat: apply the checkpoint's chat template to text prompts.
-  sampler: a sampler object; by default the architecture's reference sampler
-    built from `options` (LLaDA: gen_length, steps, block_length, temperature,
-    cfg_scale, remasking, logits_eos_inf, confidence_eos_eot_inf; Dream:
-    gen_length, steps, eps, alg, temperature, top_p, top_k, alg_temp).
+  prompt: a string, a chat (list of {"role", "content"} messages), token
+    ids, or a list of these (flash_dllm_jax/prompts.py). Prompts are
+    left-padded to a multiple of PROMPT_BUCKET; each bucket present decodes
+    as its own batch (see `bucket_groups`).
+  strategy: a name from `flash_dllm_jax.strategies.STRATEGIES` (built from
+    `options`: the sampler's fields, e.g. gen_length, steps, threshold), or
+    a sampler object. Default: the architecture's reference sampler
+    ("llada" or "dream"), built from `options`. `sampler=` is the same as
+    passing a sampler object as `strategy`.
+  chat: apply the checkpoint's chat template to string prompts. None (the
+    default, shared with the CLI): on when the tokenizer has a chat template.
+    Chats are always rendered with the template.
   seed: one seed for every row, or one per row. A row's random draws come
     from its own seed only, so its answer never depends on the rest of the
     batch.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
-  batch_size: decode through this many slots with continuous batching (a
-    finished slot takes the next prompt inside the compiled loop); for
-    samplers with `reset_rows` (Flash-dLLM). None: one batch of all prompts.
+  batch_size: decode at most this many rows at a time. Samplers that can
+    refill slots (`reset_rows`: Flash-dLLM, Elastic-Cache) use continuous
+    batching (a finished slot takes the next prompt inside the compiled
+    loop); the others decode fixed chunks one after another. The results
+    equal one batch of all prompts. None: one batch.
   mesh: 'data=D,model=M' or a jax Mesh (parallel.parse_mesh): split the
     batch over D devices (padded to a multiple of D with copies of the last
     prompt, which are dropped) and the weights and KV cache over M
     (tensor parallelism; M must divide the heads, KV heads and MLP width).
     Weights not already on their shards (see `load(mesh=)`) are moved
     there.
+  progress: called as progress(row indices just decoded, number of rows)
+    after each decode call.
   """
   if isinstance(model, tuple) and len(model) == 3:
     params, config, tokenizer = model
@@ -275,11 +213,8 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   if config is None:
     raise ValueError("pass config= (or the (params, config, tokenizer) that "
                      "load returns)")
-  if sampler is None:
-    sampler = default_sampler(config, **options)
-  elif options:
-    raise ValueError(f"options {sorted(options)} given together with sampler=")
-  rows = _as_token_rows(prompt, tokenizer, chat)
+  sampler = _pick_sampler(config, strategy, sampler, options)
+  rows = prompts.token_rows(prompt, tokenizer, chat)
   for row in rows:
     if config.mask_token_id in row:
       raise ValueError("a prompt contains the mask token id "
@@ -301,17 +236,33 @@ def generate(model, prompt, *, config: ModelConfig | None = None,
   gen = np.zeros((n_rows, sampler.gen_length), np.int32)
   forwards, steps_b, steps = (np.zeros(n_rows, np.int32),
                               np.zeros(n_rows, np.int32), 0)
-  for group in bucket_groups(rows):
-    out = _decode_rows(params, [rows[i] for i in group],
-                       [seeds[i] for i in group], config=config,
+  for chunk, slots in _chunks(bucket_groups(rows), sampler, batch_size):
+    out = _decode_rows(params, [rows[i] for i in chunk],
+                       [seeds[i] for i in chunk], config=config,
                        sampler=sampler, stop_at_eos=stop_at_eos,
-                       batch_size=batch_size, mesh=mesh)
-    gen[group], forwards[group], steps_b[group] = out[:3]
+                       batch_size=slots, mesh=mesh)
+    gen[chunk], forwards[chunk], steps_b[chunk] = out[:3]
     steps += out[3]
+    if progress is not None:
+      progress(chunk, n_rows)
   texts = None
   if tokenizer is not None:
     texts = [tokenizer.decode(answer_ids(row, config)) for row in gen]
   return GenerateOutput(texts, gen, forwards, steps, steps_b)
+
+
+def _chunks(groups: list[np.ndarray], sampler: Sampler,
+            batch_size: int | None):
+  """(row indices, continuous-batching slots or None) per decode call: a
+  refillable sampler decodes each group through batch_size slots, any other
+  sampler in consecutive chunks of at most batch_size rows."""
+  refill = hasattr(sampler, "reset_rows")
+  for group in groups:
+    if batch_size is None or refill:
+      yield group, batch_size
+    else:
+      for start in range(0, len(group), batch_size):
+        yield group[start:start + batch_size], None
 
 
 def answer_ids(gen_G: np.ndarray, config: ModelConfig) -> list[int]:

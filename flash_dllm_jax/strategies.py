@@ -11,6 +11,7 @@ __post_init__ checks ranges, so a bad value gets the sampler's error.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -25,11 +26,12 @@ from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 @dataclasses.dataclass(frozen=True)
 class Strategy:
   """name: the CLI name; sampler: a frozen sampler dataclass; archs: the
-  checkpoint architectures it decodes; fixed: options the strategy pins."""
+  checkpoint architectures it decodes (None: every registered one); fixed:
+  options the strategy pins."""
 
   name: str
   sampler: type
-  archs: tuple[str, ...] = ("llada", "dream")
+  archs: tuple[str, ...] | None = None
   fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   help: str = ""
 
@@ -45,10 +47,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              help="Fast-dLLM prefix cache + parallel decoding rule"),
     Strategy("fast-dllm-dual", FastDLLMSampler, fixed={"cache": "dual"},
              help="Fast-dLLM dual cache + parallel decoding rule"),
-    Strategy("flash-cache", FlashDLLMSampler, archs=("llada", "dream"),
+    Strategy("flash-cache", FlashDLLMSampler,
              fixed={"recompute_all": False, "verify": False},
              help="Flash-dLLM's Flash-Cache, threshold decoding, no verify"),
-    Strategy("flash-dllm", FlashDLLMSampler, archs=("llada", "dream"),
+    Strategy("flash-dllm", FlashDLLMSampler,
              fixed={"recompute_all": False, "verify": True},
              help="Flash-dLLM: Flash-Cache + Flash-Verify (gamma, threshold)"),
     Strategy("flash-cache-confident", FlashDLLMSampler,
@@ -59,7 +61,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              fixed={"recompute_all": False, "verify": True,
                     "window": "confident"},
              help="Flash-dLLM decoding the most confident open masks"),
-    Strategy("elastic-cache", ElasticCacheSampler, archs=("llada", "dream"),
+    Strategy("elastic-cache", ElasticCacheSampler,
              fixed={"recompute_all": False},
              help="Elastic-Cache: sliding window, per-layer attention-drift "
                   "refresh (gamma), threshold decoding"),
@@ -100,6 +102,15 @@ def strategies_taking(option: str) -> list[str]:
           if option in sampler_options(s.sampler) and option not in s.fixed]
 
 
+def decodes(strategy: Strategy, arch: str) -> bool:
+  return strategy.archs is None or arch in strategy.archs
+
+
+def strategies_for(arch: str) -> list[str]:
+  """The strategy names that decode checkpoints of `arch`."""
+  return [s.name for s in STRATEGIES.values() if decodes(s, arch)]
+
+
 def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
   """The sampler of strategy `name` for a checkpoint of `arch`, built from
   the options given on the command line (the rest keep their defaults)."""
@@ -107,10 +118,16 @@ def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
     raise ValueError(f"unknown strategy {name!r}; known: "
                      f"{', '.join(sorted(STRATEGIES))}")
   strategy = STRATEGIES[name]
-  if arch not in strategy.archs:
+  if not decodes(strategy, arch):
     raise ValueError(f"strategy {name!r} decodes {'/'.join(strategy.archs)} "
-                     f"checkpoints, not {arch!r}")
+                     f"checkpoints, not {arch!r}; strategies for {arch!r}: "
+                     f"{', '.join(strategies_for(arch))}")
   fields = sampler_options(strategy.sampler)
+  unknown = sorted(set(options) - set(all_options()))
+  if unknown:
+    raise ValueError(f"unknown option(s) {', '.join(unknown)} for strategy "
+                     f"{name!r}; it takes: "
+                     f"{', '.join(k for k in fields if k not in strategy.fixed)}")
   foreign = sorted(k for k in options if k not in fields or k in strategy.fixed)
   if foreign:
     flags = ", ".join("--" + k.replace("_", "-") for k in foreign)
@@ -118,3 +135,28 @@ def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
     raise ValueError(f"option(s) {flags} do not apply to strategy {name!r} "
                      f"(it takes: {', '.join(takes)})")
   return strategy.sampler(**{**strategy.fixed, **options})
+
+
+def add_option_flags(parser) -> None:
+  """Adds every sampler field of every strategy as a flag (`--gen-length`,
+  `--threshold`, ...; booleans as --x / --no-x), default None (the
+  sampler's own), help naming the strategies that take it."""
+  group = parser.add_argument_group(
+      "strategy options", "sampler fields (defaults: the sampler's own)")
+  for name, typ in all_options().items():
+    used = ", ".join(strategies_taking(name)) or "none"
+    flag = "--" + name.replace("_", "-")
+    if typ is bool:
+      group.add_argument(flag, dest=name, default=None,
+                         action=argparse.BooleanOptionalAction,
+                         help=f"strategies: {used}")
+    else:
+      group.add_argument(flag, dest=name, type=typ, default=None,
+                         help=f"strategies: {used}")
+
+
+def options_from_args(args) -> dict[str, Any]:
+  """The strategy options given on a command line parsed with the flags of
+  `add_option_flags`."""
+  return {k: getattr(args, k) for k in all_options()
+          if getattr(args, k, None) is not None}

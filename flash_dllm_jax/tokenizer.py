@@ -20,8 +20,7 @@ import tokenizers
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from tokenizers import processors, trainers
 
-from flash_dllm_jax.chat_templates import (DREAM_CHAT_TEMPLATE,
-                                           LLADA_CHAT_TEMPLATE)
+from flash_dllm_jax import architectures
 
 # Qwen2's pre-tokenization regex (Dream ships only vocab.json + merges.txt).
 QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
@@ -31,12 +30,7 @@ _FALLBACK_TOKENS = {"mask_token": ("<|mdm_mask|>", "<|mask|>"),
                     "eot_token": ("<|eot_id|>", "<|im_end|>")}
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "mask_token",
                  "unk_token", "cls_token")
-_TINY_SPECIALS = {
-    "llada": ("<|startoftext|>", "<|endoftext|>", "<|eot_id|>",
-              "<|start_header_id|>", "<|end_header_id|>", "<|mdm_mask|>"),
-    "dream": ("<|endoftext|>", "<|im_start|>", "<|im_end|>",
-              "<|beginoftext|>", "<|mask|>"),
-}
+
 
 
 def _content(token: Any) -> str | None:
@@ -238,7 +232,8 @@ def build_tiny_tokenizer(arch: str, vocab_size: int = 384,
   matching ModelConfig: mask/eos/pad/bos/eot_token_id, where bos_token_id
   follows the model config (Dream's is <|endoftext|>, as in its config.json).
   """
-  specials = _TINY_SPECIALS[arch]
+  spec = architectures.get(arch)
+  specials = spec.tiny_special_tokens
   n_base = vocab_size - len(specials)
   if n_base < 256:
     raise ValueError(f"vocab_size must be >= {256 + len(specials)}, got "
@@ -252,19 +247,11 @@ def build_tiny_tokenizer(arch: str, vocab_size: int = 384,
             for i in range(n_base - tok.get_vocab_size())]
   tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                           for t in filler + list(specials)])
-  if arch == "llada":
-    config = dict(add_bos_token=False, add_eos_token=False,
-                  bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                  pad_token="<|endoftext|>", chat_template=LLADA_CHAT_TEMPLATE)
-  else:
-    config = dict(add_bos_token=False, bos_token="<|beginoftext|>",
-                  eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                  mask_token="<|mask|>", chat_template=DREAM_CHAT_TEMPLATE,
-                  additional_special_tokens=["<|beginoftext|>", "<|mask|>"])
+  config = dict(spec.tiny_tokenizer_config)
   config.update(clean_up_tokenization_spaces=False, model_max_length=4096)
   tokenizer = Tokenizer(tok, config)
   ids = dict(mask_token_id=tokenizer.mask_id, eos_token_id=tokenizer.eos_id,
              pad_token_id=tokenizer.pad_id, eot_token_id=tokenizer.eot_id,
-             bos_token_id=(tokenizer.bos_id if arch == "llada"
-                           else tokenizer.eos_id))
+             bos_token_id=(tokenizer.eos_id if spec.tiny_bos_is_eos
+                           else tokenizer.bos_id))
   return tokenizer, ids

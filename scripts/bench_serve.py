@@ -47,7 +47,7 @@ def model_and_prompts(args):
   """((params, config, tokenizer), prompts as token-id lists)."""
   rng = np.random.default_rng(0)
   if args.model == "llada-8b":
-    from flash_dllm_jax.bench import timing
+    from flash_dllm_bench import timing
     from flash_dllm_jax.config import ModelConfig
     config = ModelConfig.llada_8b()
     params = timing.bench_params(config)

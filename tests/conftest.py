@@ -1,3 +1,5 @@
+import os
+
 import jax
 import pytest
 
@@ -26,3 +28,9 @@ def _release_compiled_code():
   import gc
   jax.clear_caches()
   gc.collect()
+
+
+# In-process command-line tests must not turn on JAX's persistent
+# compilation cache for the whole test session (tests that check the cache
+# run the CLI in a subprocess with their own directory).
+os.environ.setdefault("FLASH_DLLM_JAX_CACHE_DIR", "off")

@@ -22,10 +22,9 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
-from flash_dllm_jax import checkpoint
+from flash_dllm_jax import architectures, checkpoint
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.convert.tables import (TABLES, Mapped, expected_names,
-                                           resolve)
+from flash_dllm_jax.convert.tables import Mapped, expected_names, resolve
 from flash_dllm_jax.tokenizer import Tokenizer
 
 _COPIED_FILES = ("generation_config.json", "added_tokens.json")
@@ -55,7 +54,8 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
                           "force=True (--force) to replace it")
   model_type, config, tokenizer = _read_model(src, dtype)
   headers = _read_headers(src)
-  plan = _plan(headers, TABLES[model_type.lower()], config, model_type)
+  plan = _plan(headers, architectures.get(config.arch).name_table(), config,
+               model_type)
   np_dtype = np.dtype(dtype)
   groups = _split_groups(plan, np_dtype.itemsize, max_group_bytes)
 
@@ -131,10 +131,10 @@ def _read_model(src: Path, dtype: str
     raise ConversionError(f"source directory {src} does not exist")
   hf = _read_json(src / "config.json", required=True)
   model_type = str(hf.get("model_type"))
-  if model_type.lower() not in TABLES:
-    raise ConversionError(
-        f"unknown model_type {hf.get('model_type')!r} in {src}/config.json: "
-        "expected 'llada' (LLaDA) or 'Dream' (Dream)")
+  try:
+    architectures.for_model_type(hf.get("model_type"))
+  except ValueError as e:
+    raise ConversionError(f"{src}/config.json: {e}") from None
   try:
     tokenizer = Tokenizer.from_dir(src)
   except Exception as e:  # missing files, bad JSON, inconsistent added ids

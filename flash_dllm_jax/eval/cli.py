@@ -22,9 +22,10 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
-from flash_dllm_jax.strategies import (STRATEGIES, all_options,
-                                       strategies_taking)
+from flash_dllm_jax.cli import (DEFAULT_CHECKPOINT, add_compile_cache_flags,
+                                start_compile_cache)
+from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
+                                       options_from_args)
 
 
 def _add_common(ap: argparse.ArgumentParser) -> None:
@@ -57,18 +58,8 @@ def _add_common(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--run-name", default=None,
                   help="run directory name (default: strategy + settings hash)")
   ap.add_argument("--no-progress", dest="progress", action="store_false")
-  group = ap.add_argument_group(
-      "strategy options", "sampler arguments (defaults: the sampler's own)")
-  for name, typ in all_options().items():
-    used = ", ".join(strategies_taking(name)) or "none"
-    flag = "--" + name.replace("_", "-")
-    if typ is bool:
-      group.add_argument(flag, dest=name, default=None,
-                         action=argparse.BooleanOptionalAction,
-                         help=f"strategies: {used}")
-    else:
-      group.add_argument(flag, dest=name, type=typ, default=None,
-                         help=f"strategies: {used}")
+  add_compile_cache_flags(ap)
+  add_option_flags(ap)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -119,10 +110,9 @@ def _evaluate(args) -> int:
   _positive("--limit", args.limit)
   if args.run_name is not None and (not args.run_name or "/" in args.run_name):
     raise ValueError(f"--run-name must be a plain name, got {args.run_name!r}")
-  options = {k: getattr(args, k) for k in all_options()
-             if getattr(args, k) is not None}
+  options = options_from_args(args)
   config = load_config(args.checkpoint)
-  strategy = args.strategy or config.arch
+  strategy = args.strategy or config.spec.default_strategy
   sampler = build_sampler(strategy, config.arch, options)
   task = _make_task(args)
   settings = {"task": task.name, "checkpoint": str(args.checkpoint.absolute()),
@@ -132,6 +122,7 @@ def _evaluate(args) -> int:
               "stop_at_eos": args.stop_at_eos, **task.settings()}
   out_dir = args.out_dir or Path("runs") / "eval" / task.name
   run_dir = out_dir / (args.run_name or runner.run_name(strategy, settings))
+  start_compile_cache(args)
   model = load(args.checkpoint, dtype=args.dtype, mesh=mesh)
   print(f"run: {run_dir}", file=sys.stderr)
   try:

@@ -157,6 +157,7 @@ def run_eval(task, model, sampler, run_dir: str | Path,
       rows = batch if refill else batch + [batch[-1]] * (chunk - len(batch))
       before, t0 = compiled[0], time.perf_counter()
       out = generate(model, [p.prompt for p in rows], sampler=sampler,
+                     chat=False,  # the task rendered the prompt
                      seed=[seed + p.index for p in rows],
                      stop_at_eos=stop_at_eos, mesh=mesh,
                      batch_size=batch_size if refill else None)

@@ -1,0 +1,103 @@
+"""How the decode loops compile: batch-invariant XLA options per backend,
+and JAX's persistent compilation cache for the command lines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+# XLA:CPU (jax 0.10) hands a reduction, with the elementwise ops around it,
+# to a YNNPACK fusion once it has about 4096 rows (B x Q), and keeps its own
+# loop below that. The two differ in the last bits: the YNNPACK fusion drops
+# the float32 -> bfloat16 -> float32 round trip inside RMSNorm and sums in
+# another order (the attention mass). So a row's logits, and then its tokens,
+# depended on how many rows shared its batch: 4 of 64 shipped-model answers
+# changed between eval batch 64 and 8. Without YNNPACK fusions every
+# reduction is XLA's own loop at every batch size (the decode loop's state
+# is then bitwise the same for a row alone and in any batch).
+CPU_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# XLA:GPU chooses a GEMM's algorithm per shape (Triton tilings, split-K
+# included, then cuBLAS algorithms by autotuning), so a row's sums over K
+# could change with the number of rows: the shipped model's down projection
+# over 9 x 144 rows differed from 17 x 144 (H200, 2026-11-30: 1-2 of 128
+# answers changed under data=2). cuBLAS without autotuning gave a row the
+# same bits at every probed M, LLaDA-8B's shapes included, where either flag
+# alone did not (BENCHMARKS.md, "Batch invariance", with its cost in the
+# step): measured, not a promise from XLA. XLA's dot merger joined k_proj
+# and v_proj into one GEMM by concatenating their weights in every layer of
+# every pass, and only below a size, so the GEMM shapes also depended on the
+# number of rows: off.
+GPU_COMPILER_OPTIONS = {"xla_gpu_enable_triton_gemm": False,
+                        "xla_gpu_autotune_level": 0,
+                        "xla_gpu_dot_merger_threshold_mb": 0}
+
+
+def compiler_options(backend: str | None = None) -> dict | None:
+  """The decode loops' XLA options for `backend` (default: the current
+  one): CPU_COMPILER_OPTIONS, GPU_COMPILER_OPTIONS, or None (XLA's own)."""
+  backend = backend or jax.default_backend()
+  return {"cpu": CPU_COMPILER_OPTIONS, "gpu": GPU_COMPILER_OPTIONS,
+          "cuda": GPU_COMPILER_OPTIONS}.get(backend)
+
+
+class _BatchInvariantJit:
+  """`jax.jit(fn, static_argnames=...)`, compiled with CPU_COMPILER_OPTIONS on
+  the CPU backend and GPU_COMPILER_OPTIONS on a GPU (others get XLA's
+  defaults). Attributes such as `lower` are the jitted function's for the
+  current default backend."""
+
+  def __init__(self, fn, static_argnames: tuple[str, ...]):
+    self._fn, self._static = fn, static_argnames
+    self._by_backend: dict[str, Any] = {}
+    self.__doc__, self.__wrapped__ = fn.__doc__, fn
+
+  def _jitted(self):
+    backend = jax.default_backend()  # chosen at call time, never at import
+    if backend not in self._by_backend:
+      self._by_backend[backend] = jax.jit(
+          self._fn, static_argnames=self._static,
+          compiler_options=compiler_options(backend))
+    return self._by_backend[backend]
+
+  def __call__(self, *args, **kwargs):
+    return self._jitted()(*args, **kwargs)
+
+  def __getattr__(self, name):
+    return getattr(self._jitted(), name)
+
+
+CACHE_ENV = "FLASH_DLLM_JAX_CACHE_DIR"
+_OFF = ("", "0", "off", "none", "false")
+
+
+def default_cache_dir() -> Path | None:
+  """$FLASH_DLLM_JAX_CACHE_DIR (off, 0 or empty: no cache), else
+  $XDG_CACHE_HOME/flash-dllm-jax/jax (XDG_CACHE_HOME defaults to ~/.cache)."""
+  value = os.environ.get(CACHE_ENV)
+  if value is not None:
+    return None if value.strip().lower() in _OFF else Path(value).expanduser()
+  base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+  return Path(base) / "flash-dllm-jax" / "jax"
+
+
+def enable_persistent_cache(cache_dir: str | Path | None) -> Path | None:
+  """Turns on JAX's persistent compilation cache in `cache_dir` (None: off),
+  so a second run of the same command loads its compiled decode loops from
+  disk instead of compiling them. Every executable is cached, however fast
+  its compile. Call before anything is compiled; returns the directory."""
+  if cache_dir is None:
+    return None
+  path = Path(cache_dir).expanduser().absolute()
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"cannot create the compilation cache {path}: "
+                     f"{e.strerror} (set {CACHE_ENV}=off to run without "
+                     "one)") from None
+  jax.config.update("jax_compilation_cache_dir", str(path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return path

@@ -1,0 +1,65 @@
+"""Loading a Hugging Face LLaDA / Dream directory straight into device memory.
+
+The same checks as the converter (files, headers, names, shapes, dtypes:
+everything before a tensor is read), then each tensor is read from its
+mapped safetensors shard, put in our layout and dtype, and moved to its
+device(s) before the next one is read, so host memory holds about one
+tensor at a time and nothing is written to disk. `convert_checkpoint`
+remains the way to make the fast, shardable orbax copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import traverse_util
+from jax.sharding import NamedSharding
+
+from flash_dllm_jax import architectures, parallel
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.convert import converter
+
+DEFAULT_DTYPE = "bfloat16"  # the converter's default
+
+
+def is_hf_dir(path: str | Path) -> bool:
+  """A directory with config.json and safetensors weights (one file or an
+  index) and no manifest.json (which marks a converted checkpoint)."""
+  path = Path(path)
+  return (path.is_dir() and (path / "config.json").is_file()
+          and not (path / "manifest.json").exists()
+          and ((path / "model.safetensors").is_file()
+               or (path / "model.safetensors.index.json").is_file()))
+
+
+def hf_config(src: str | Path, dtype: str | None = None) -> ModelConfig:
+  """The ModelConfig of an HF directory (its tokenizer gives the EOT id)."""
+  return converter._read_model(Path(src), dtype or DEFAULT_DTYPE)[1]
+
+
+def load_hf(src: str | Path, dtype: str | None = None, mesh=None):
+  """(params, config, tokenizer) of the HF directory `src`, as `load`
+  returns them for its converted copy (`dtype` default bfloat16, as the
+  converter's). mesh: each weight goes straight onto its shards."""
+  src = Path(src).absolute()
+  dtype = dtype or DEFAULT_DTYPE
+  model_type, config, tokenizer = converter._read_model(src, dtype)
+  table = architectures.get(config.arch).name_table()
+  plan = converter._plan(converter._read_headers(src), table, config,
+                         model_type)
+  mesh = parallel.parse_mesh(mesh)
+  parallel.check_config(config, mesh)
+  np_dtype = np.dtype(dtype)
+  flat = {}
+  for shard, mapped in plan.items():
+    for m in mapped:
+      array = converter._read_tensor(src / shard, m, np_dtype)
+      if mesh is None:
+        flat[m.param_path] = jax.device_put(array)
+      else:
+        spec = parallel.param_spec(m.param_path, array.shape, mesh)
+        flat[m.param_path] = jax.device_put(array, NamedSharding(mesh, spec))
+      del array
+  return traverse_util.unflatten_dict(flat, sep="/"), config, tokenizer

@@ -1,0 +1,118 @@
+"""Prompts in every accepted form -> token id rows.
+
+A prompt is a string, a chat (a list of {"role", "content"} messages:
+system / user / assistant, any number of turns), or token ids. A batch is a
+list of such prompts. Chats, and strings when `chat` is on, are rendered with
+the checkpoint's chat template exactly as transformers'
+`apply_chat_template(messages, add_generation_prompt=True)` renders them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+Message = dict[str, str]
+PROMPT_FORMS = ("prompt must be a string, a list of chat messages ({'role', "
+                "'content'} dicts), token ids, or a list of such prompts")
+
+
+def has_chat_template(tokenizer) -> bool:
+  """True when `tokenizer` carries a chat template (the default for `chat`)."""
+  return tokenizer is not None and bool(tokenizer.config.get("chat_template"))
+
+
+def resolve_chat(chat: bool | None, tokenizer) -> bool:
+  """chat=None means: on exactly when the checkpoint has a chat template."""
+  return has_chat_template(tokenizer) if chat is None else bool(chat)
+
+
+def check_messages(messages: Sequence[Any], where: str = "prompt") -> list:
+  """The messages as a list of dicts; a ValueError names the first bad one."""
+  if not messages:
+    raise ValueError(f"{where}: a chat needs at least one message")
+  for i, m in enumerate(messages):
+    if not isinstance(m, dict):
+      raise ValueError(f"{where}, message {i}: expected a dict with 'role' "
+                       f"and 'content', got {type(m).__name__}")
+    for key in ("role", "content"):
+      if not isinstance(m.get(key), str):
+        raise ValueError(f"{where}, message {i}: {key!r} must be a string, "
+                         f"got {m.get(key)!r}")
+  return list(messages)
+
+
+def _is_chat(x) -> bool:
+  return isinstance(x, (list, tuple)) and bool(x) and all(
+      isinstance(m, dict) for m in x)
+
+
+def check_text(text: str, where: str) -> str:
+  """`text` itself, or a ValueError if it is not encodable as UTF-8 (as
+  command-line bytes that are not UTF-8 arrive: lone surrogates)."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    bad = text[e.start]
+    if 0xdc80 <= ord(bad) <= 0xdcff:  # an undecodable byte (surrogateescape)
+      what = f"byte 0x{ord(bad) - 0xdc00:02x} cannot be decoded"
+    else:
+      what = f"{bad!r} is a lone surrogate"
+    near = text[max(0, e.start - 20):e.end + 10]
+    try:
+      near = near.encode("utf-8", "surrogateescape")  # the original bytes
+    except UnicodeEncodeError:
+      near = near.encode("utf-8", "backslashreplace")
+    raise ValueError(f"{where} is not valid UTF-8: {what} at character "
+                     f"{e.start} (near {near!r})") from None
+  return text
+
+
+def split_prompts(prompt) -> list:
+  """One prompt or a batch -> the list of single prompts (str, chat, ids)."""
+  if isinstance(prompt, (np.ndarray, jax.Array)):
+    arr = np.asarray(prompt)
+    return [arr.tolist()] if arr.ndim == 1 else arr.tolist()
+  if isinstance(prompt, str) or _is_chat(prompt):
+    return [prompt]
+  if not isinstance(prompt, (list, tuple)) or not prompt:
+    raise TypeError(PROMPT_FORMS)
+  if all(isinstance(x, (int, np.integer)) for x in prompt):
+    return [list(prompt)]
+  return list(prompt)
+
+
+def render(prompt, tokenizer, chat: bool, index: int = 0) -> str:
+  """The text of one string or chat prompt (chat template applied)."""
+  where = f"prompt {index}"
+  if isinstance(prompt, str):
+    check_text(prompt, where)
+    if not chat:
+      return prompt
+    prompt = [{"role": "user", "content": prompt}]
+  messages = check_messages(prompt, where)
+  for j, m in enumerate(messages):
+    check_text(m["content"], f"{where}, message {j}")
+  if not has_chat_template(tokenizer):
+    raise ValueError(f"{where} is a chat, but this checkpoint's tokenizer "
+                     "has no chat template")
+  return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def token_rows(prompt, tokenizer, chat: bool | None) -> list[list[int]]:
+  """Token id rows of a prompt or batch (see the module docstring)."""
+  chat = resolve_chat(chat, tokenizer)
+  rows = []
+  for i, p in enumerate(split_prompts(prompt)):
+    if isinstance(p, str) or _is_chat(p):
+      if tokenizer is None:
+        raise ValueError("text prompts need a tokenizer")
+      rows.append(tokenizer.encode(render(p, tokenizer, chat, i)))
+    elif isinstance(p, (list, tuple, np.ndarray)) and all(
+        isinstance(t, (int, np.integer)) for t in p):
+      rows.append([int(t) for t in p])
+    else:
+      raise TypeError(f"prompt {i}: {PROMPT_FORMS}")
+  return rows

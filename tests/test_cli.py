@@ -1,0 +1,222 @@
+"""`python -m flash_dllm_jax generate`: strategies and their flags, prompt
+sources, output formats, progress, the compilation cache and errors."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flash_dllm_jax import cli, cli_io, compilation
+from tests.paths import ROOT, TINY_CHECKPOINT
+
+TINY = ["--checkpoint", str(TINY_CHECKPOINT)]
+FLASH = ["--strategy", "flash-dllm", "--gen-length", "16", "--block-m", "8"]
+LLADA = ["--gen-length", "8", "--steps", "4", "--block-length", "8"]
+
+
+def run(capsys, *argv):
+  code = cli.main(["generate", *argv])
+  out = capsys.readouterr()
+  return code, out.out, out.err
+
+
+def test_flash_dllm_json_output(capsys):
+  code, out, err = run(capsys, *TINY, *FLASH, "--prompt", "Hi",
+                       "--prompt", "Name a colour.", "--output", "json")
+  assert code == 0, err
+  doc = json.loads(out)
+  assert doc["strategy"] == "flash-dllm" and doc["arch"] == "llada"
+  assert [r["prompt"] for r in doc["results"]] == ["Hi", "Name a colour."]
+  for r in doc["results"]:
+    assert set(r) == {"prompt", "text", "token_ids", "steps", "forwards",
+                      "tokens_per_step", "seconds"}
+    assert 1 <= r["steps"] <= r["forwards"] and r["seconds"] > 0
+    assert len(r["token_ids"]) <= 16
+    assert r["tokens_per_step"] == round(
+        min(len(r["token_ids"]) + 1, 16) / r["steps"], 4)
+  assert "strategy flash-dllm" in err
+
+
+def test_prompt_file_text_jsonl_and_stdin(tmp_path, capsys, monkeypatch):
+  lines = tmp_path / "p.txt"
+  lines.write_text("First question\n\n  Second one\n")
+  assert cli_io.read_prompts(["a"], lines) == ["a", "First question",
+                                               "  Second one"]
+  chat = [{"role": "system", "content": "Be brief."},
+          {"role": "user", "content": "Hi"}]
+  jsonl = tmp_path / "p.jsonl"
+  jsonl.write_text(json.dumps({"prompt": "x"}) + "\n"
+                   + json.dumps({"messages": chat, "id": 3}) + "\n")
+  assert cli_io.read_prompts(None, jsonl) == ["x", chat]
+  monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+      b"from stdin\n")))
+  code, out, err = run(capsys, *TINY, *LLADA, "--prompt-file", str(jsonl),
+                       "--output", "jsonl")
+  assert code == 0, err
+  rows = [json.loads(line) for line in out.splitlines()]
+  assert [r["prompt"] for r in rows] == ["x", chat]
+  code, out, err = run(capsys, *TINY, *LLADA)  # no flags: stdin
+  assert code == 0, err
+  assert out.startswith(">>> from stdin\n")
+
+
+def test_progress_lines_for_several_calls(capsys):
+  code, out, err = run(capsys, *TINY, *LLADA, "--batch-size", "1",
+                       "--prompt", "a", "--prompt", "b", "--prompt", "c")
+  assert code == 0, err
+  assert [line.split(" prompts")[0] for line in err.splitlines()
+          if "prompts," in line] == ["[1/3", "[2/3", "[3/3"]
+  assert out.count(">>> ") == 3
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"\n  \n", "has no prompts"),
+    (b'{"prompt": "ok"}\n{"text": "no"}\n',
+     "line 2: expected an object with a 'prompt' string or a 'messages'"),
+    (b'{"prompt": "ok"}\n{not json\n', "line 2: not valid JSON"),
+    (b'{"messages": [{"role": "user"}]}\n',
+     "line 1, message 0: 'content' must be a string"),
+    (b"fine\nbad \xff byte\n", r"line 2 is not valid UTF-8 \(invalid start "
+                               r"byte at byte 9"),
+])
+def test_prompt_file_errors(tmp_path, capsys, content, message):
+  path = tmp_path / "prompts.txt"
+  path.write_bytes(content)
+  code, _, err = run(capsys, *TINY, "--prompt-file", str(path))
+  assert code == 1 and err.startswith("error: "), err
+  assert len(err.strip().splitlines()) == 1
+  assert str(path) in err
+  import re
+  assert re.search(message, err), err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--strategy", "dream", "--prompt", "x"],
+     "strategy 'dream' decodes dream checkpoints, not 'llada'; strategies "
+     "for 'llada': llada, threshold"),
+    (["--strategy", "nope", "--prompt", "x"], "unknown strategy 'nope'"),
+    (["--strategy", "llada", "--threshold", "0.5", "--prompt", "x"],
+     "--threshold do not apply to strategy 'llada' (it takes: block_length, "
+     "cfg_scale"),
+    (["--topp", "0.5", "--prompt", "x"],
+     "unknown option(s) --topp 0.5; strategy options: --gen-length"),
+    (["--prompt", "ok", "--prompt", "caf\udcc3"],
+     "--prompt #2 is not valid UTF-8: byte 0xc3 cannot be decoded at "
+     "character 3 (near b'caf\\xc3')"),
+    (["--prompt-file", "/nonexistent/p.txt"], "prompt file /nonexistent"),
+])
+def test_clear_errors(capsys, argv, message):
+  code, _, err = run(capsys, *TINY, *argv)
+  assert code in (1, 2) and err.startswith("error: "), err
+  assert message in err, err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_help_names_strategies_per_flag(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["generate", "--help"])
+  text = " ".join(capsys.readouterr().out.split())
+  assert "--gamma GAMMA strategies: flash-cache, flash-dllm, elastic-cache" in (
+      text)
+  assert "--alg ALG strategies: dream" in text
+  assert "flash-dllm: Flash-dLLM" in text
+
+
+def test_missing_default_checkpoint_says_where(capsys, monkeypatch, tmp_path):
+  monkeypatch.setenv(cli.CHECKPOINT_ENV, str(tmp_path / "gone"))
+  code, _, err = run(capsys, "--prompt", "x")
+  assert code == 1
+  assert err.startswith(f"error: no checkpoint at {tmp_path / 'gone'}")
+  assert "--checkpoint DIR or set FLASH_DLLM_JAX_CHECKPOINT" in err
+  assert len(err.strip().splitlines()) == 1
+
+
+def test_cache_dir_settings(monkeypatch, tmp_path):
+  monkeypatch.setenv(compilation.CACHE_ENV, str(tmp_path / "c"))
+  assert compilation.default_cache_dir() == tmp_path / "c"
+  for off in ("off", "0", ""):
+    monkeypatch.setenv(compilation.CACHE_ENV, off)
+    assert compilation.default_cache_dir() is None
+  monkeypatch.delenv(compilation.CACHE_ENV)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  assert compilation.default_cache_dir() == tmp_path / "flash-dllm-jax" / "jax"
+
+
+@pytest.mark.slow
+def test_compile_cache_is_written_and_reused(tmp_path):
+  """A first run fills the cache directory; a second run with the same
+  command adds nothing (every executable came from the cache) and prints
+  the same answer."""
+  env = {**os.environ, compilation.CACHE_ENV: str(tmp_path / "cache")}
+  cmd = [sys.executable, "-m", "flash_dllm_jax", "generate", *TINY, *LLADA,
+         "--prompt", "Hi"]
+  first = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                         env=env)
+  assert first.returncode == 0, first.stderr
+  entries = sorted(os.listdir(tmp_path / "cache"))
+  assert any(e.startswith("jit_decode_tokens") for e in entries), entries
+  second = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                          env=env)
+  assert second.returncode == 0, second.stderr
+  assert second.stdout == first.stdout
+  assert sorted(os.listdir(tmp_path / "cache")) == entries
+  off = subprocess.run(cmd + ["--no-compile-cache"], capture_output=True,
+                       text=True, cwd=ROOT, env={
+                           **env, compilation.CACHE_ENV: str(tmp_path / "x")})
+  assert off.returncode == 0 and not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_non_editable_install_names_the_missing_model(tmp_path):
+  """`pip install .` copies no checkpoints: the default command then fails
+  with one line naming where the model was expected and how to point at
+  one, and --checkpoint works."""
+  import shutil
+  src = tmp_path / "src"  # a copy, so that no build files land in ROOT
+  src.mkdir()
+  for name in ("pyproject.toml", "README.md"):
+    shutil.copy(ROOT / name, src / name)
+  for name in ("flash_dllm_jax", "pallas_kernels"):
+    shutil.copytree(ROOT / name, src / name,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+  site = tmp_path / "site"
+  subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                  "--no-build-isolation", "--target", str(site), str(src)],
+                 check=True, capture_output=True)
+  env = {k: v for k, v in os.environ.items() if k != cli.CHECKPOINT_ENV}
+  env["PYTHONPATH"] = str(site)
+  cmd = [sys.executable, "-m", "flash_dllm_jax", "generate", "--prompt", "x",
+         *LLADA]
+  bare = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path,
+                        env=env)
+  assert bare.returncode == 1
+  assert bare.stderr.startswith(f"error: no checkpoint at {site}")
+  assert "pass --checkpoint DIR or set FLASH_DLLM_JAX_CHECKPOINT" in (
+      bare.stderr)
+  assert len(bare.stderr.strip().splitlines()) == 1
+  pointed = subprocess.run(cmd + TINY, capture_output=True, text=True,
+                           cwd=tmp_path, env=env)
+  assert pointed.returncode == 0, pointed.stderr
+  assert pointed.stdout.startswith(">>> x\n")
+
+
+@pytest.mark.slow
+def test_readme_main_command_prints_the_worked_solution(capsys):
+  """The README's main command (its generate part) on the shipped model:
+  Flash-dLLM writes every step right and ends with the right number."""
+  import re
+  import shlex
+  readme = (ROOT / "README.md").read_text()
+  block = readme.split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1]
+  command = block.split("\n```", 1)[0].strip()
+  argv = shlex.split(command.split("-m flash_dllm_jax ", 1)[1])
+  assert argv[:3] == ["generate", "--strategy", "flash-dllm"], argv
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  for step in ("<<6*7=42>>42", "<<42-7=35>>35", "<<35-3=32>>32",
+               "<<32/4=8>>8"):
+    assert step in out, out
+  assert re.search(r"#### 8\s*$", out), out
