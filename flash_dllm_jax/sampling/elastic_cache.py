@@ -80,6 +80,8 @@ class ElasticCacheSampler:
   forced_commits: commit exactly this many window positions per step (most
     confident first) instead of the threshold: the reference's top-k mode,
     also the benchmarks' forced schedule.
+  max_refills: under continuous batching, at most this many slots take a new
+    request per loop step (None: any number).
   block_caching: False queries every open mask each step (not only the
     window) and tracks their attention.
   refresh_every: also recompute every layer over the whole sequence every k
@@ -99,6 +101,7 @@ class ElasticCacheSampler:
   block_caching: bool = True
   refresh_every: int | None = None
   recompute_all: bool = False
+  max_refills: int | None = None
 
   def __post_init__(self):
     errors = []
@@ -123,6 +126,9 @@ class ElasticCacheSampler:
     if self.refresh_every is not None and not pos_int(self.refresh_every):
       errors.append(f"refresh_every must be None or a positive int, got "
                     f"{self.refresh_every!r}")
+    if self.max_refills is not None and not pos_int(self.max_refills):
+      errors.append(f"max_refills must be None or a positive int, got "
+                    f"{self.max_refills!r}")
     if errors:
       raise ValueError("invalid Elastic-Cache arguments: " + "; ".join(errors))
 
