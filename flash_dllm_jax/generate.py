@@ -16,7 +16,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.sampling import (DecodeState, Sampler, make_step,
                                      run_compiled, run_python)
 from flash_dllm_jax.sampling import continuous
-from flash_dllm_jax.sampling.loop import tail_length
+from flash_dllm_jax.sampling.loop import Refillable, tail_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import fill_after_stop
 
@@ -256,7 +256,7 @@ def _chunks(groups: list[np.ndarray], sampler: Sampler,
   """(row indices, continuous-batching slots or None) per decode call: a
   refillable sampler decodes each group through batch_size slots, any other
   sampler in consecutive chunks of at most batch_size rows."""
-  refill = hasattr(sampler, "reset_rows")
+  refill = isinstance(sampler, Refillable)
   for group in groups:
     if batch_size is None or refill:
       yield group, batch_size
