@@ -12,7 +12,7 @@ largest such position; nothing at or after the end is decoded, and a row is
 finished once no mask remains before it. With `verify`, a second pass checks
 up to block_m // 2 of the remaining window drafts (flash_verify.py, which
 also defines the pass for Dream). The defaults are the reference's rules;
-`window`, `stop` and `rank` name the project's alternatives.
+`window_rule`, `stop` and `rank` name the project's alternatives.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class FlashDLLMSampler:
   """Flash-Cache decoding; defaults follow the reference (VILA-Lab
   Flash-dLLM `generate_with_Flash_dLLM` and its GSM8K script).
 
-  window / stop / rank: the reference's rules by default; the alternatives
-    are the project's (flash_budget.py): window "confident", stop "first"
+  window_rule / stop / rank: the reference's rules by default; the others
+    are the project's (flash_budget.py): window_rule "confident", stop "first"
     (the first committed EOS or EOT ends the answer), rank "mass" (softmax
     attention mass instead of summed q.k ranks the decoded positions).
   rank_from_layer: layers from this one on add to the rank (the reference's
@@ -67,7 +67,7 @@ class FlashDLLMSampler:
   verify: bool = False
   gamma: float = 0.8
   eos_tail: bool = False
-  window: str = "leftmost"
+  window_rule: str = "leftmost"
   stop: str = "eos"
   rank: str = "score"
   recompute_all: bool = False
@@ -84,7 +84,7 @@ class FlashDLLMSampler:
       errors.append(f"threshold must be in (0, 1], got {self.threshold}")
     if not 0 < self.gamma <= 1:
       errors.append(f"gamma must be in (0, 1], got {self.gamma}")
-    for name, allowed in (("window", flash_budget.WINDOWS),
+    for name, allowed in (("window_rule", flash_budget.WINDOWS),
                           ("stop", flash_budget.STOPS),
                           ("rank", ("score", "mass"))):
       if getattr(self, name) not in allowed:
@@ -132,7 +132,7 @@ class FlashDLLMSampler:
   def _scored(self) -> int:
     """Query rows whose logits are read: the window, plus the extra masks'
     for the "confident" window (it ranks masks by their last confidence)."""
-    return self.block_m + (self.extra_masks if self.window == "confident"
+    return self.block_m + (self.extra_masks if self.window_rule == "confident"
                            else 0)
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
@@ -197,7 +197,7 @@ class FlashDLLMSampler:
     end_B = aux.end_B  # N + 1 until an end token commits: no limit
     slots_BxQ = flash_budget.select(
         r.undecoded_BxN, decoded_BxN, end_B, aux.conf_BxN, aux.rank_BxN,
-        aux.last_BxN, window_rule=self.window, window=w, extra=x,
+        aux.last_BxN, window_rule=self.window_rule, window=w, extra=x,
         tracked=self.query_budget - w - x, extra_end_B=r.extra_end_B)
     scored_BxR = slots_BxQ[:, :self._scored]
     # Dream predicts position i from row i - 1 (config.logits_shift).
