@@ -76,34 +76,34 @@ def test_gen_length_follows_max_gen_toks(tiny_lm):
 
 
 def _numpy_estimate(params, config, prefix, target, masks, weights, cfg):
-  """The estimator written out: logits from the test-only forward over each
-  noisy copy alone (no padding), then NumPy cross-entropy."""
+  """The estimator written out: logits from the test-only forward over the
+  noisy copies (no padding), then NumPy cross-entropy and weights."""
   seq = np.array(list(prefix) + list(target))
-  n, p = len(seq), len(prefix)
+  n, p, m = len(seq), len(prefix), len(masks)
+  noisy = np.repeat(seq[None], m, 0)
+  noisy[:, p:][masks] = config.mask_token_id
+
+  def logits(tokens_MxN):
+    out = independent_forward.forward(
+        params, config, jnp.asarray(tokens_MxN),
+        jnp.broadcast_to(jnp.arange(n), (m, n)), jnp.ones((m, n, n), bool),
+        jnp.broadcast_to(jnp.arange(n), (m, n)))
+    return np.asarray(out, np.float64)
+
+  lg = logits(noisy)
+  if cfg > 0:
+    un_tokens = noisy.copy()
+    un_tokens[:, :p] = config.mask_token_id
+    un = logits(un_tokens)
+    lg = un + (cfg + 1) * (lg - un)
+  lg = lg - lg.max(-1, keepdims=True)
+  logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
   shift = config.logits_shift
   total = 0.0
-  for m, w in zip(masks, weights):
-    noisy = seq.copy()
-    noisy[p:][m] = config.mask_token_id
-
-    def logits(tokens):
-      out = independent_forward.forward(
-          params, config, jnp.asarray(tokens[None]),
-          jnp.arange(n)[None], jnp.ones((1, n, n), bool),
-          jnp.arange(n)[None])
-      return np.asarray(out[0], np.float64)
-
-    lg = logits(noisy)
-    if cfg > 0:
-      un_tokens = noisy.copy()
-      un_tokens[:p] = config.mask_token_id
-      un = logits(un_tokens)
-      lg = un + (cfg + 1) * (lg - un)
-    lg = lg - lg.max(-1, keepdims=True)
-    logp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
-    for j in np.flatnonzero(m):
-      total += -logp[p + j - shift, target[j]] * w
-  return -total / len(weights)
+  for row, (mask, w) in enumerate(zip(masks, weights)):
+    for j in np.flatnonzero(mask):
+      total += -logp[row, p + j - shift, target[j]] * w
+  return -total / m
 
 
 @pytest.mark.parametrize("cfg", [0.0, 0.5])
@@ -162,8 +162,13 @@ def test_loglikelihood_rolling_is_refused(tiny_lm):
 def test_bad_model_args_give_one_clear_error(model_args, names):
   with pytest.raises(ValueError, match="bad model_args for flash_dllm_jax") \
       as err:
-    lm_eval.simple_evaluate(model="flash_dllm_jax", model_args=model_args,
-                            tasks=["synthetic_gsm"],
-                            task_manager=task_manager(), limit=1)
+    FlashDLLMJax.create_from_arg_string(model_args, {"batch_size": 1})
   for name in names:
     assert name in str(err.value)
+
+
+def test_simple_evaluate_reports_bad_model_args():
+  with pytest.raises(ValueError, match="unknown model_arg 'treshold'"):
+    lm_eval.simple_evaluate(model="flash_dllm_jax",
+                            model_args=f"checkpoint={TINY},treshold=0.9",
+                            tasks=["synthetic_gsm"], limit=1)
