@@ -28,6 +28,7 @@ def tiny_lm():
   return FlashDLLMJax(checkpoint=TINY, batch_size=4, mc_num=8)
 
 
+@pytest.mark.slow
 def test_simple_evaluate_on_a_local_task():
   args = {"checkpoint": TINY, "strategy": "threshold", "gen_length": 32,
           "batch_size": 2}
@@ -122,6 +123,7 @@ def test_loglikelihood_matches_numpy(cfg):
     np.testing.assert_allclose(value, want, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_dream_estimate_uses_the_logit_shift():
   config = ModelConfig.tiny("dream")
   params = init_params(config, jax.random.key(0))
@@ -172,3 +174,28 @@ def test_simple_evaluate_reports_bad_model_args():
     lm_eval.simple_evaluate(model="flash_dllm_jax",
                             model_args=f"checkpoint={TINY},treshold=0.9",
                             tasks=["synthetic_gsm"], limit=1)
+
+
+@pytest.mark.slow
+def test_cli_writes_throughput_beside_the_results(tmp_path):
+  import json
+  import subprocess
+  import sys
+  from tests.paths import ROOT
+  cmd = [sys.executable, "-m", "flash_dllm_jax.lm_eval", "--model",
+         "flash_dllm_jax", "--model_args",
+         f"checkpoint={TINY},strategy=threshold,gen_length=32,batch_size=2",
+         "--tasks", "synthetic_gsm", "--limit", "2", "--output_path",
+         str(tmp_path)]
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
+  results, = tmp_path.rglob("results_*.json")
+  throughput, = tmp_path.rglob("throughput_*.json")
+  assert throughput.parent == results.parent
+  stamp = results.stem.removeprefix("results_")
+  assert throughput.stem == f"throughput_{stamp}"
+  info = json.loads(throughput.read_text())
+  assert info == json.loads(results.read_text())["config"]["flash_dllm_jax"]
+  assert info["throughput"]["generate_until"]["requests"] == 2
+  assert "synthetic_gsm" in done.stdout
