@@ -199,3 +199,21 @@ def test_cli_writes_throughput_beside_the_results(tmp_path):
   assert info == json.loads(results.read_text())["config"]["flash_dllm_jax"]
   assert info["throughput"]["generate_until"]["requests"] == 2
   assert "synthetic_gsm" in done.stdout
+
+
+@pytest.mark.slow
+def test_lm_evals_apply_chat_template_uses_the_checkpoints_template():
+  results = lm_eval.simple_evaluate(
+      model="flash_dllm_jax",
+      model_args={"checkpoint": TINY, "strategy": "threshold",
+                  "gen_length": 32},
+      tasks=["synthetic_gsm"], task_manager=task_manager(), limit=1,
+      apply_chat_template=True, log_samples=True)
+  sample = results["samples"]["synthetic_gsm"][0]
+  prompt = sample["arguments"][0][0]
+  tokenizer = load(TINY)[2]
+  want = tokenizer.apply_chat_template(
+      [{"role": "user", "content": sample["doc"]["question"]}])
+  assert prompt.startswith(tokenizer.special_token("bos_token"))
+  assert sample["doc"]["question"] in prompt and prompt.endswith(
+      want[-20:])
