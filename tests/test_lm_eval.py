@@ -14,7 +14,7 @@ from flash_dllm_jax.checkpoint import load  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.generate import answer_ids, generate  # noqa: E402
 from flash_dllm_jax.lm_eval import FlashDLLMJax, likelihood, task_manager  # noqa: E402
-from flash_dllm_jax.lm_eval.model import cut_at_until  # noqa: E402
+from flash_dllm_jax.lm_eval.model import cut_at_until, padded_rows  # noqa: E402
 from flash_dllm_jax.model.transformer import init_params  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 from tests import independent_forward  # noqa: E402
@@ -74,6 +74,15 @@ def test_gen_length_follows_max_gen_toks(tiny_lm):
   answer = answer_ids(gen, tiny_lm.config)
   assert len(answer) > 5
   assert text == cut_at_until(tiny_lm.tokenizer.decode(answer[:5]), "\n\n")
+
+
+def test_a_buckets_last_batch_pads_to_one_of_four_sizes():
+  assert [padded_rows(n, 16) for n in range(1, 17)] == \
+      [2, 2, 4, 4] + [8] * 4 + [16] * 8
+  assert [padded_rows(n, 5) for n in range(1, 6)] == [1, 2, 3, 5, 5]
+  assert padded_rows(1, 1) == 1
+  assert cut_at_until("a\n\nQuestion: b", ["Question:", "\n\n"]) == "a"
+  assert cut_at_until("abc", "x") == "abc"
 
 
 def _numpy_estimate(params, config, prefix, target, masks, weights, cfg):

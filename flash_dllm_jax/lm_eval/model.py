@@ -7,7 +7,8 @@ generate_until: contexts (with chat=true, each as one user turn of the
 checkpoint's chat template) are tokenized without BOS, grouped by padded
 prompt length (generate.PROMPT_BUCKET) and decoded through the compiled
 `generate`, batch_size rows at a time with the last batch of a bucket
-padded by copies (one compile per bucket), or, for strategies that refill
+padded by copies to batch_size / 8, / 4, / 2 or batch_size rows (at most
+four compiles per bucket; `padded_rows`), or, for strategies that refill
 slots, every row of a bucket in one call through batch_size slots
 (continuous batching; not combined with mesh=). Row i of a call uses seed
 seed + i, so an answer does not depend on its batch. An answer ends at the
@@ -151,7 +152,7 @@ class FlashDLLMJax(LM):
       chunks = ([members] if refill
                 else [members[s:s + b] for s in range(0, len(members), b)])
       for chunk in chunks:
-        n_pad = 0 if refill else -len(chunk) % b
+        n_pad = 0 if refill else padded_rows(len(chunk), b) - len(chunk)
         ids = [row_of[i] for i in chunk] + [row_of[chunk[-1]]] * n_pad
         seeds = [self.args.seed + i for i in chunk] + \
             [self.args.seed + chunk[-1]] * n_pad
@@ -254,6 +255,14 @@ class FlashDLLMJax(LM):
   def throughput(self) -> dict:
     return {"generate_until": self.generated.summary(),
             "loglikelihood": self.scored.summary()}
+
+
+def padded_rows(n: int, batch_size: int) -> int:
+  """Rows a batch of n <= batch_size is padded to: the smallest of
+  batch_size, batch_size / 2, / 4, / 8 (rounded up) holding n, so a bucket
+  compiles at most four batch shapes and pads a remainder less than 2x."""
+  sizes = sorted({-(-batch_size // 2 ** k) for k in range(4)})
+  return next(size for size in sizes if size >= n)
 
 
 def cut_at_until(text: str, until) -> str:
