@@ -92,3 +92,25 @@ def test_shipped_model_scores_equal_the_project_records(tmp_path):
   for name in ("strict-match", "flexible-extract"):
     assert metrics[f"exact_match,{name}"] == pytest.approx(accuracy[name])
   assert accuracy["flexible-extract"] > 0  # the model does solve some
+
+
+@pytest.mark.parametrize("output", [
+    "He pays 3*4 = <<3*4=12>>12.\n#### 12", "#### 1,080.00", "#### $18.",
+    "So she has 7 apples and 5 pears, 12 fruit.", "no number", "#### -3",
+    "It is 12.\n#### 12\n#### 13", "3.5 hours, then 4.",
+])
+def test_scoring_follows_lm_evals_filters_and_metric(output):
+  from lm_eval.api.metrics import exact_match_hf_evaluate
+  from lm_eval.filters.extraction import RegexFilter
+  cfg = load_yaml(LM_EVAL_GSM8K, resolve_func=False)
+  metric = {k: v for k, v in cfg["metric_list"][0].items()
+            if k in ("ignore_case", "ignore_punctuation", "regexes_to_ignore")}
+  answer = "Some steps.\n#### 12"
+  for flt in cfg["filter_list"]:
+    regex = flt["filter"][0]
+    extracted = RegexFilter(regex["regex_pattern"],
+                            regex.get("group_select", 0)).apply(
+        [[output]], [{}])[0][0]
+    want = exact_match_hf_evaluate([extracted], [answer], **metric)
+    assert scoring.score(output, answer)[flt["name"]] == bool(
+        want["exact_match"]), (flt["name"], extracted)
