@@ -226,3 +226,29 @@ def test_lm_evals_apply_chat_template_uses_the_checkpoints_template():
   assert prompt.startswith(tokenizer.special_token("bos_token"))
   assert sample["doc"]["question"] in prompt and prompt.endswith(
       want[-20:])
+
+
+@pytest.mark.slow
+def test_simple_evaluate_runs_a_loglikelihood_task(tmp_path):
+  (tmp_path / "utils.py").write_text(
+      "from flash_dllm_jax.lm_eval.tasks_data import synthetic_gsm\n")
+  (tmp_path / "mc.yaml").write_text(
+      "task: synthetic_gsm_choice\n"
+      "custom_dataset: !function utils.synthetic_gsm\n"
+      "output_type: multiple_choice\n"
+      "test_split: test\n"
+      "doc_to_text: \"Question: {{question}}\\nAnswer:\"\n"
+      "doc_to_choice: \"{{[answer.split('#### ')[-1], '0']}}\"\n"
+      "doc_to_target: 0\n"
+      "metric_list:\n  - metric: acc\n")
+  args = {"checkpoint": TINY, "batch_size": 2, "mc_num": 4}
+  results = lm_eval.simple_evaluate(
+      model="flash_dllm_jax", model_args=args,
+      tasks=["synthetic_gsm_choice"], limit=2, log_samples=True,
+      task_manager=task_manager(include_path=str(tmp_path)))
+  assert "acc,none" in results["results"]["synthetic_gsm_choice"]
+  scored = results["config"]["flash_dllm_jax"]["throughput"]["loglikelihood"]
+  assert scored["requests"] == 4 and scored["forwards"] == 4 * 4
+  for sample in results["samples"]["synthetic_gsm_choice"]:
+    values = [resp[0][0] for resp in sample["resps"]]
+    assert len(values) == 2 and all(np.isfinite(v) and v < 0 for v in values)
