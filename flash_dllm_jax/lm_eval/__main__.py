@@ -1,0 +1,60 @@
+"""`python -m flash_dllm_jax.lm_eval ARGS`: lm-eval's own CLI (`lm_eval
+ARGS`) with the model `flash_dllm_jax` registered and, unless ARGS name one,
+`--include_path` set to the shipped task configs.
+
+With --output_path, the adapter's throughput (stats.py) is also written as
+throughput_<date>.json beside the results_<date>.json lm-eval wrote (the
+same numbers are in that file's config.flash_dllm_jax).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from flash_dllm_jax.lm_eval import TASKS_DIR, model
+
+_COMMANDS = ("run", "ls", "validate")
+
+
+def _output_path(argv: list[str]) -> Path | None:
+  for i, arg in enumerate(argv):
+    if arg in ("--output_path", "-o") and i + 1 < len(argv):
+      return Path(argv[i + 1])
+    if arg.startswith("--output_path="):
+      return Path(arg.split("=", 1)[1])
+  return None
+
+
+def _write_throughput(out: Path, seen: set[Path]) -> None:
+  """Beside each results file this run added under `out`."""
+  root = out.parent if out.suffix == ".json" else out
+  for results in sorted(set(root.rglob("results_*.json")) - seen):
+    stamp = results.stem.removeprefix("results_")
+    info = json.loads(results.read_text())["config"].get("flash_dllm_jax")
+    if info is not None:
+      path = results.with_name(f"throughput_{stamp}.json")
+      path.write_text(json.dumps(info, indent=2) + "\n")
+      print(f"throughput: {path}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] not in _COMMANDS and argv[0] not in ("-h", "--help"):
+    argv = ["run", *argv]
+  if argv and argv[0] in ("run", "ls") and not any(
+      a == "--include_path" or a.startswith("--include_path=") for a in argv):
+    argv[1:1] = ["--include_path", str(TASKS_DIR)]
+  out = _output_path(argv)
+  root = None if out is None else (out.parent if out.suffix == ".json" else out)
+  seen = set(root.rglob("results_*.json")) if root and root.exists() else set()
+  from lm_eval.__main__ import cli_evaluate
+  sys.argv = ["python -m flash_dllm_jax.lm_eval", *argv]
+  cli_evaluate()
+  if out is not None and model.INSTANCES:
+    _write_throughput(out, seen)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,273 @@
+"""The lm-eval model `flash_dllm_jax`: a checkpoint decoded by one strategy.
+
+  lm_eval --model flash_dllm_jax --model_args checkpoint=DIR,strategy=NAME,
+      gen_length=256,block_length=32,threshold=0.9,batch_size=32,chat=true
+
+generate_until: contexts (with chat=true, each as one user turn of the
+checkpoint's chat template) are tokenized without BOS, grouped by padded
+prompt length (generate.PROMPT_BUCKET) and decoded through the compiled
+`generate`, batch_size rows at a time with the last batch of a bucket
+padded by copies to batch_size / 8, / 4, / 2 or batch_size rows (at most
+four compiles per bucket; `padded_rows`), or, for strategies that refill
+slots, every row of a bucket in one call through batch_size slots
+(continuous batching; not combined with mesh=). Row i of a call uses seed
+seed + i, so an answer does not depend on its batch. An answer ends at the
+first EOS/EOT, then at the earliest `until` string.
+
+Gen length: gen_length from model_args when given (the reference
+adapters' fixed canvas; the task's max_gen_toks is then not applied), else
+the task's max_gen_toks (default 256) rounded up to a multiple of the
+sampler's block_length (32 for samplers without one), with the answer cut
+to max_gen_toks tokens; LLaDA's and Dream's samplers then also take
+steps = gen length unless steps is given. The task's do_sample/temperature
+are not used: sampling settings are sampler options.
+
+loglikelihood: likelihood.py (LLaDA's / Dream's Monte-Carlo estimate);
+is_greedy is always False (the references' is_check_greedy=False).
+loglikelihood_rolling is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+from tqdm import tqdm
+
+from flash_dllm_jax import parallel
+from flash_dllm_jax.checkpoint import load, load_config
+from flash_dllm_jax.generate import (PROMPT_BUCKET, answer_ids,
+                                     bucket_groups, generate)
+from flash_dllm_jax.lm_eval import likelihood
+from flash_dllm_jax.lm_eval.args import parse
+from flash_dllm_jax.lm_eval.stats import Throughput, compile_clock
+from flash_dllm_jax.strategies import STRATEGIES, build_sampler, \
+    sampler_options
+
+INSTANCES: list["FlashDLLMJax"] = []  # for __main__'s throughput file
+
+
+@register_model("flash_dllm_jax")
+class FlashDLLMJax(LM):
+  """See the module docstring; keywords as in args.AdapterArgs plus the
+  strategy's sampler options."""
+
+  def __init__(self, **model_args: Any):
+    super().__init__()
+    self.args, self.options = parse(model_args)
+    self.arch = load_config(self.args.checkpoint).arch
+    self.strategy = self.args.strategy or self.arch
+    self._sampler_cache: dict[int, tuple[Any, int | None]] = {}
+    self.sampler_for(self.args.max_gen_toks)  # bad sampler options fail now
+    self.mesh = parallel.parse_mesh(self.args.mesh_spec)
+    self.params, self.config, self.tokenizer = load(
+        self.args.checkpoint, dtype=self.args.dtype, mesh=self.mesh)
+    if self.tokenizer is None:
+      raise ValueError(f"checkpoint {self.args.checkpoint} has no tokenizer")
+    self.generated, self.scored = Throughput(), Throughput()
+    INSTANCES.append(self)
+
+  # lm-eval passes its --batch_size (default 1) beside model_args; a
+  # batch_size inside model_args wins.
+  @classmethod
+  def create_from_arg_obj(cls, arg_dict, additional_config=None):
+    extra = {k: v for k, v in (additional_config or {}).items()
+             if v is not None and k not in arg_dict}
+    return cls(**arg_dict, **extra)
+
+  @classmethod
+  def create_from_arg_string(cls, arg_string, additional_config=None):
+    from lm_eval.utils import simple_parse_args_string
+    return cls.create_from_arg_obj(simple_parse_args_string(arg_string),
+                                   additional_config)
+
+  # Samplers -----------------------------------------------------------------
+  def sampler_for(self, max_gen_toks: int):
+    """(sampler, token cut or None) for a task's max_gen_toks (module doc)."""
+    if max_gen_toks not in self._sampler_cache:
+      options, cut = dict(self.options), None
+      if "gen_length" not in options:
+        cls = STRATEGIES[self.strategy].sampler
+        fields = sampler_options(cls)
+        unit = options.get("block_length") or (
+            fields["block_length"][1] if "block_length" in fields else None)
+        unit = unit or 32
+        options["gen_length"] = -(-max_gen_toks // unit) * unit
+        if "steps" in fields and isinstance(fields["steps"][1], int):
+          options.setdefault("steps", options["gen_length"])
+        cut = max_gen_toks
+      try:
+        sampler = build_sampler(self.strategy, self.arch, options)
+      except (ValueError, TypeError) as e:
+        raise ValueError(f"bad model_args for flash_dllm_jax: {e}") from None
+      self._sampler_cache[max_gen_toks] = (sampler, cut)
+    return self._sampler_cache[max_gen_toks]
+
+  # generate_until -------------------------------------------------------------
+  def _prompt_ids(self, context: str) -> list[int]:
+    if self.args.chat:
+      context = self.tokenizer.apply_chat_template(
+          [{"role": "user", "content": context}], add_generation_prompt=True)
+    ids = self.tokenizer.encode(context)
+    if not ids:
+      raise ValueError("generate_until got an empty context")
+    return ids
+
+  def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+    out: list[str | None] = [None] * len(requests)
+    by_length: dict[int, list[int]] = {}
+    for i, request in enumerate(requests):
+      toks = request.args[1].get("max_gen_toks", self.args.max_gen_toks)
+      if not isinstance(toks, int) or toks < 1:
+        raise ValueError(f"request {i}: max_gen_toks must be a positive int, "
+                         f"got {toks!r}")
+      by_length.setdefault(toks, []).append(i)
+    bar = tqdm(total=len(requests), disable=disable_tqdm,
+               desc=f"flash_dllm_jax {self.strategy}")
+    with bar:
+      for toks, idx in by_length.items():
+        self._generate_group(requests, idx, toks, out, bar)
+    return out
+
+  def _generate_group(self, requests, idx, max_gen_toks, out, bar) -> None:
+    sampler, cut = self.sampler_for(max_gen_toks)
+    rows = [self._prompt_ids(requests[i].args[0]) for i in idx]
+    row_of = dict(zip(idx, rows))
+    for i, row in zip(idx, rows):
+      padded = -(-len(row) // PROMPT_BUCKET) * PROMPT_BUCKET
+      try:
+        sampler.check_prompt(padded, self.config.max_seq_len)
+      except ValueError as e:
+        raise ValueError(f"request {i} ({len(row)} prompt tokens, padded to "
+                         f"{padded}): {e}") from None
+    refill = hasattr(sampler, "reset_rows") and self.mesh is None
+    b = self.args.batch_size
+    for bucket in bucket_groups(rows):
+      members = [idx[j] for j in bucket]
+      chunks = ([members] if refill
+                else [members[s:s + b] for s in range(0, len(members), b)])
+      for chunk in chunks:
+        n_pad = 0 if refill else padded_rows(len(chunk), b) - len(chunk)
+        ids = [row_of[i] for i in chunk] + [row_of[chunk[-1]]] * n_pad
+        seeds = [self.args.seed + i for i in chunk] + \
+            [self.args.seed + chunk[-1]] * n_pad
+        with compile_clock() as compiled:
+          t0 = time.perf_counter()
+          res = generate((self.params, self.config, self.tokenizer), ids,
+                         sampler=sampler, seed=seeds,
+                         stop_at_eos=self.args.stop_at_eos, mesh=self.mesh,
+                         batch_size=b if refill else None)
+          wall = time.perf_counter() - t0
+        tokens = 0
+        for r, i in enumerate(chunk):
+          answer = answer_ids(res.tokens_BxG[r], self.config)
+          tokens += min(len(answer) + 1, sampler.gen_length)
+          text = self.tokenizer.decode(answer[:cut] if cut else answer)
+          out[i] = cut_at_until(text, requests[i].args[1].get("until"))
+        n = len(chunk)
+        self.generated.add(requests=n, tokens=tokens,
+                           steps=int(res.steps_B[:n].sum()),
+                           forwards=int(res.forwards_B[:n].sum()),
+                           wall_s=wall, compile_s=compiled[0])
+        bar.update(n)
+
+  # loglikelihood --------------------------------------------------------------
+  def _encode_pair(self, context: str, continuation: str):
+    """lm-eval's rule: trailing spaces of the context move to the
+    continuation; the continuation's ids are what encoding the joined text
+    adds after the context's ids. An empty context becomes BOS (EOS)."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+      continuation, context = context[-n_spaces:] + continuation, \
+          context[:-n_spaces]
+    whole = self.tokenizer.encode(context + continuation)
+    prefix = self.tokenizer.encode(context)
+    target = whole[len(prefix):]
+    if not prefix:
+      start = self.config.bos_token_id
+      prefix = [self.config.eos_token_id if start is None else start]
+    return prefix, target
+
+  def loglikelihood(self, requests, disable_tqdm: bool = False):
+    out = []
+    with compile_clock() as compiled:
+      t0 = time.perf_counter()
+      for i, request in enumerate(tqdm(requests, disable=disable_tqdm,
+                                       desc="flash_dllm_jax likelihood")):
+        prefix, target = self._encode_pair(*request.args)
+        if not target:
+          raise ValueError(f"request {i}: the continuation "
+                           f"{request.args[1]!r} encodes to no tokens")
+        if len(prefix) + len(target) > self.config.max_seq_len:
+          raise ValueError(f"request {i}: {len(prefix)} + {len(target)} "
+                           f"tokens exceed max_seq_len {self.config.max_seq_len}")
+        masks, weights = self.draw_masks(i, len(target))
+        value, forwards = likelihood.estimate(
+            self.params, self.config, prefix, target, masks, weights,
+            group=self.args.batch_size, cfg=self.args.cfg)
+        out.append((value, False))
+        self.scored.add(requests=1, forwards=forwards)
+      self.scored.add(requests=0, wall_s=time.perf_counter() - t0,
+                      compile_s=compiled[0])
+    return out
+
+  def draw_masks(self, index: int, target_len: int):
+    """The masks of request `index` (its own NumPy generator)."""
+    rng = np.random.default_rng((self.args.seed, index))
+    return likelihood.draw_masks(rng, target_len, self.args.mc_num,
+                                 self.args.batch_size, self.config.arch,
+                                 self.args.sampling_eps)
+
+  def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+    raise NotImplementedError(
+        "flash_dllm_jax: loglikelihood_rolling (perplexity tasks) is not "
+        "supported; a masked-diffusion model has no left-to-right token "
+        "likelihood, only the Monte-Carlo bound of loglikelihood")
+
+  # Chat templates and run info --------------------------------------------------
+  def apply_chat_template(self, chat_history, add_generation_prompt=True):
+    return self.tokenizer.apply_chat_template(
+        chat_history, add_generation_prompt=add_generation_prompt)
+
+  @property
+  def tokenizer_name(self) -> str:
+    return str(self.args.checkpoint).rstrip("/").replace("/", "__")
+
+  def chat_template(self, chat_template=False) -> str | None:
+    return self.tokenizer.config.get("chat_template")
+
+  def get_model_info(self) -> dict:
+    """Merged by lm-eval into its results' `config`."""
+    samplers = {str(k): dataclasses.asdict(s)
+                for k, (s, _) in self._sampler_cache.items()}
+    return {"flash_dllm_jax": {
+        "checkpoint": str(self.args.checkpoint), "arch": self.config.arch,
+        "strategy": self.strategy, "adapter": dataclasses.asdict(self.args),
+        "samplers_by_max_gen_toks": samplers,
+        "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+        "throughput": self.throughput()}}
+
+  def throughput(self) -> dict:
+    return {"generate_until": self.generated.summary(),
+            "loglikelihood": self.scored.summary()}
+
+
+def padded_rows(n: int, batch_size: int) -> int:
+  """Rows a batch of n <= batch_size is padded to: the smallest of
+  batch_size, batch_size / 2, / 4, / 8 (rounded up) holding n, so a bucket
+  compiles at most four batch shapes and pads a remainder less than 2x."""
+  sizes = sorted({-(-batch_size // 2 ** k) for k in range(4)})
+  return next(size for size in sizes if size >= n)
+
+
+def cut_at_until(text: str, until) -> str:
+  """text up to the earliest of the stop strings (a str or a list)."""
+  stops = [until] if isinstance(until, str) else list(until or [])
+  ends = [text.find(s) for s in stops if s]
+  ends = [e for e in ends if e != -1]
+  return text[:min(ends)] if ends else text
