@@ -41,7 +41,8 @@ from flash_dllm_jax.eval import report
 from flash_dllm_jax.eval.records import RecordStore, merge_shards, open_run, \
     shard_name
 from flash_dllm_jax.eval.tasks import Problem, make_render
-from flash_dllm_jax.generate import PROMPT_BUCKET, generate
+from flash_dllm_jax.generate import generate
+from flash_dllm_jax.sampling import checks
 
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -76,21 +77,16 @@ def answer_length(gen_G: np.ndarray, stop_ids: Sequence[int]) -> int:
 
 def check_lengths(problems: Sequence[Problem], lengths: Sequence[int],
                   sampler, max_seq_len: int) -> None:
-  """One error for prompts that cannot fit with the generation."""
-  bad = []
-  for problem, n in zip(problems, lengths):
-    padded = -(-n // PROMPT_BUCKET) * PROMPT_BUCKET
-    try:
-      sampler.check_prompt(padded, max_seq_len)
-    except ValueError as e:
-      bad.append((problem.id, n, str(e)))
+  """One error naming every prompt that cannot fit with the generation (real
+  lengths: `generate` caps bucket padding at the room the model leaves)."""
+  bad = checks.unfit_prompts(lengths, sampler, max_seq_len)
   if bad:
-    pid, n, why = bad[0]
+    named = ", ".join(f"{problems[i].id} ({n} tokens)" for i, n, _ in bad)
     raise ValueError(
-        f"{len(bad)} prompt(s) do not fit the model's context, e.g. {pid} "
-        f"({n} tokens, padded to a multiple of {PROMPT_BUCKET}): {why}; use "
-        "shorter prompts (fewer few-shot examples, no chat template), a "
-        "shorter --gen-length or a model with a longer max_seq_len")
+        f"{len(bad)} prompt(s) do not fit the model's context: {named}; "
+        f"{bad[0][2]}; use shorter prompts (fewer few-shot examples, no chat "
+        "template), a shorter --gen-length or a model with a longer "
+        "max_seq_len")
 
 
 CHUNK_BATCHES = 8  # continuous batching: batches per generate call

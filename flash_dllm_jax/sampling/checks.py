@@ -63,3 +63,25 @@ def unfit_prompts(lengths: Sequence[int], sampler,
     except ValueError as e:
       bad.append((i, n, str(e)))
   return bad
+
+
+def check_lengths(lengths: Sequence[int], sampler, max_seq_len: int) -> None:
+  """One ValueError naming every prompt (index, real length) that cannot fit
+  the model with the generation."""
+  bad = unfit_prompts(lengths, sampler, max_seq_len)
+  if bad:
+    raise ValueError(f"{len(bad)} of {len(lengths)} prompt(s) do not fit: "
+                     + "; ".join(f"prompt {i} ({n} tokens): {why}"
+                                 for i, n, why in bad))
+
+
+def token_error(ids: Sequence[int], mask_token_id: int,
+                vocab_size: int) -> str | None:
+  """Why a prompt's token ids cannot be decoded (it holds the mask token, or
+  an id outside the vocabulary), or None."""
+  if mask_token_id in ids:
+    return f"contains the mask token id {mask_token_id}"
+  outside = sorted({t for t in ids if not 0 <= t < vocab_size})
+  if outside:
+    return f"has token ids outside [0, {vocab_size}): {outside[:5]}"
+  return None
