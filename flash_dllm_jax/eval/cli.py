@@ -149,7 +149,9 @@ def _evaluate(args) -> int:
     return 0
   table_path, plot_path, table = report.write_report(out_dir)
   print(table)
-  print(f"{task.metric} {summary['correct']}/{summary['problems']}; "
+  failed = (f" ({summary['undecodable']} undecodable, see their records' "
+            "error)" if summary["undecodable"] else "")
+  print(f"{task.metric} {summary['correct']}/{summary['problems']}{failed}; "
         f"records {run_dir / 'records.jsonl'}; summary "
         f"{run_dir / 'summary.json'}; table {table_path}; plot {plot_path}",
         file=sys.stderr)
