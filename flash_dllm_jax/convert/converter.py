@@ -105,9 +105,11 @@ def _write_errors(dst: Path) -> Iterator[None]:
     sys.unraisablehook = _quiet_closed_loops
   try:
     yield
-  except ConversionError:
-    raise
-  except (OSError, ValueError) as e:
+  except OSError as e:
+    raise ConversionError(f"cannot write {dst}: {_cause(e)}") from None
+  except ValueError as e:
+    if isinstance(e, ConversionError) or not _STATUS.match(str(e)):
+      raise
     raise ConversionError(f"cannot write {dst}: {_cause(e)}") from None
   else:
     sys.unraisablehook = hook
@@ -120,6 +122,11 @@ def _quiet_closed_loops(unraisable) -> None:
   e = unraisable.exc_value
   if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
     _quiet_closed_loops.default(unraisable)
+
+
+# How tensorstore (under orbax) words a failed write: an absl status first.
+_STATUS = re.compile(r"(RESOURCE_EXHAUSTED|PERMISSION_DENIED|UNAVAILABLE|"
+                     r"FAILED_PRECONDITION|INTERNAL|UNKNOWN|NOT_FOUND): ")
 
 
 def _cause(e: Exception) -> str:
