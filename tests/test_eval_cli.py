@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flash_dllm_jax.eval import cli, report, strategies
+from flash_dllm_jax import strategies
+from flash_dllm_jax.eval import cli, report
 from flash_dllm_jax.strategies import Strategy, build_sampler
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
 from tests.paths import TINY_CHECKPOINT

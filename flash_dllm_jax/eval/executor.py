@@ -118,9 +118,12 @@ def bwrap_problem() -> str | None:
   if shutil.which("bwrap") is None:
     return "bwrap is not installed (Debian package bubblewrap)"
   with tempfile.TemporaryDirectory(prefix="fdj-probe-") as tmp:
-    r = subprocess.run([*_bwrap_args(Path(tmp)), sys.executable, "-I", "-c",
-                        "pass"], capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=60)
+    try:
+      r = subprocess.run([*_bwrap_args(Path(tmp)), sys.executable, "-I",
+                          "-c", "pass"], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+      return f"bwrap cannot start a sandbox here: {e}"
   if r.returncode:
     return f"bwrap cannot start a sandbox here: {r.stderr.strip()}"
   return None
