@@ -265,3 +265,21 @@ def test_script_end_to_end(tmp_path):
   settings = json.loads((out / "tiny/run.json").read_text())
   assert settings["timeout_s"] == 5.0 and settings["memory_mb"] == 1024
   assert (out / "accuracy_vs_throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_without_bwrap_auto_falls_back_and_says_so(monkeypatch, tmp_path,
+                                                   capsys):
+  monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+  executor.bwrap_problem.cache_clear()
+  try:
+    assert executor.bwrap_problem().startswith("bwrap is not installed")
+    assert executor.sandbox_mode("auto") == "rlimit"
+    assert "warning: test programs run in the rlimit sandbox" in (
+        capsys.readouterr().err)
+    with pytest.raises(ValueError, match="'bwrap' was asked for, but bwrap "
+                       "is not installed"):
+      executor.sandbox_mode("bwrap")
+    result = executor.run_program("print('ran')\n", executor.Limits())
+    assert result.passed and result.output == "ran\n"
+  finally:
+    executor.bwrap_problem.cache_clear()

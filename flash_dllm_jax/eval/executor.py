@@ -134,7 +134,15 @@ def sandbox_mode(requested: str = "auto") -> str:
   problem = bwrap_problem() if requested != "rlimit" else None
   if requested == "bwrap" and problem:
     raise ValueError(f"sandbox 'bwrap' was asked for, but {problem}")
+  if problem:
+    _say_fallback(problem)
   return "rlimit" if requested == "rlimit" or problem else "bwrap"
+
+
+@functools.cache
+def _say_fallback(problem: str) -> None:
+  print(f"warning: test programs run in the rlimit sandbox (network and "
+        f"writes not confined): {problem}", file=sys.stderr)
 
 
 _PIDS_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup",
