@@ -15,7 +15,7 @@ from flash_dllm_jax.compilation import (CPU_COMPILER_OPTIONS,  # noqa: F401
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.sampling import (DecodeState, Sampler, make_step,
                                      run_compiled, run_python)
-from flash_dllm_jax.sampling import continuous
+from flash_dllm_jax.sampling import checks, continuous
 from flash_dllm_jax.sampling.loop import Refillable, tail_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import fill_after_stop
@@ -65,9 +65,20 @@ def _pick_sampler(config: ModelConfig, strategy, sampler,
   return chosen
 
 
+def padded_length(n: int, bucket: int = PROMPT_BUCKET,
+                  room: int | None = None) -> int:
+  """n rounded up to a multiple of bucket, but to no more than `room` (the
+  positions the model leaves for a prompt) where n itself fits: padding
+  never makes a fitting prompt fail."""
+  p = -(-n // bucket) * bucket
+  return p if room is None else max(n, min(p, room))
+
+
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
-             bucket: int = PROMPT_BUCKET) -> tuple[np.ndarray, np.ndarray]:
-  """(ids_BxP int32, valid_BxP bool), P rounded up to a multiple of bucket.
+             bucket: int = PROMPT_BUCKET,
+             room: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(ids_BxP int32, valid_BxP bool), P rounded up to a multiple of bucket
+  (capped at room, see `padded_length`).
 
   Pads are masked keys and RoPE positions count from each row's first real
   token, so extra left padding changes a row's result only through the
@@ -75,8 +86,7 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
   """
   if not rows or any(len(r) == 0 for r in rows):
     raise ValueError("every prompt needs at least one token")
-  longest = max(len(r) for r in rows)
-  p = -(-longest // bucket) * bucket
+  p = padded_length(max(len(r) for r in rows), bucket, room)
   ids = np.full((len(rows), p), pad_id, np.int32)
   valid = np.zeros((len(rows), p), bool)
   for b, row in enumerate(rows):
@@ -85,17 +95,17 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
   return ids, valid
 
 
-def bucket_groups(rows: Sequence[Sequence[int]],
-                  bucket: int = PROMPT_BUCKET) -> list[np.ndarray]:
+def bucket_groups(rows: Sequence[Sequence[int]], bucket: int = PROMPT_BUCKET,
+                  room: int | None = None) -> list[np.ndarray]:
   """Row indices grouped by padded prompt length (each row's own length
-  rounded up to `bucket`), longest first.
+  rounded up to `bucket`, capped at room), longest first.
 
   Each group decodes as its own batch, so a row's padding, and with it every
   floating-point sum over its keys, depends on the row alone: in bfloat16,
   extra left padding changes the reduction order enough to flip near-tied
   tokens, which would make an answer depend on the batch it came in.
   """
-  padded = np.array([-(-len(r) // bucket) * bucket for r in rows])
+  padded = np.array([padded_length(len(r), bucket, room) for r in rows])
   return [np.flatnonzero(padded == p) for p in sorted(set(padded),
                                                        reverse=True)]
 
@@ -105,7 +115,9 @@ def _decode_rows(params, rows, seeds, *, config: ModelConfig,
                  mesh) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
   """(gen_BxG, forwards_B, steps_B, loop steps) of one padded batch, through
   continuous batching when batch_size < len(rows), over the mesh if any."""
-  ids, valid = left_pad(rows, config.pad_token_id)
+  ids, valid = left_pad(rows, config.pad_token_id,
+                        room=config.max_seq_len - sampler.gen_length
+                        - tail_length(sampler))
   n_rows = len(rows)
   if mesh is not None:
     if batch_size is not None and batch_size < n_rows:
@@ -178,8 +190,9 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     with `config=` (and `tokenizer=` for text).
   prompt: a string, a chat (list of {"role", "content"} messages), token
     ids, or a list of these (flash_dllm_jax/prompts.py). Prompts are
-    left-padded to a multiple of PROMPT_BUCKET; each bucket present decodes
-    as its own batch (see `bucket_groups`).
+    left-padded to a multiple of PROMPT_BUCKET (less where that would not
+    fit the model); each bucket present decodes as its own batch (see
+    `bucket_groups`).
   strategy: a name from `flash_dllm_jax.strategies.STRATEGIES` (built from
     `options`: the sampler's fields, e.g. gen_length, steps, threshold), or
     a sampler object. Default: the architecture's reference sampler
@@ -215,14 +228,10 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
                      "load returns)")
   sampler = _pick_sampler(config, strategy, sampler, options)
   rows = prompts.token_rows(prompt, tokenizer, chat)
-  for row in rows:
-    if config.mask_token_id in row:
-      raise ValueError("a prompt contains the mask token id "
-                       f"{config.mask_token_id}")
-    if any(not 0 <= t < config.vocab_size for t in row):
-      raise ValueError(f"a prompt has token ids outside [0, {config.vocab_size})")
-  sampler.check_prompt(left_pad([max(rows, key=len)], 0)[0].shape[1],
-                       config.max_seq_len)
+  for i, row in enumerate(rows):
+    if why := checks.token_error(row, config.mask_token_id, config.vocab_size):
+      raise ValueError(f"prompt {i} {why}")
+  checks.check_lengths([len(r) for r in rows], sampler, config.max_seq_len)
   seeds = [seed] * len(rows) if isinstance(seed, (int, np.integer)) else seed
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
@@ -236,7 +245,9 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   gen = np.zeros((n_rows, sampler.gen_length), np.int32)
   forwards, steps_b, steps = (np.zeros(n_rows, np.int32),
                               np.zeros(n_rows, np.int32), 0)
-  for chunk, slots in _chunks(bucket_groups(rows), sampler, batch_size):
+  room = config.max_seq_len - sampler.gen_length - tail_length(sampler)
+  for chunk, slots in _chunks(bucket_groups(rows, room=room), sampler,
+                              batch_size):
     out = _decode_rows(params, [rows[i] for i in chunk],
                        [seeds[i] for i in chunk], config=config,
                        sampler=sampler, stop_at_eos=stop_at_eos,

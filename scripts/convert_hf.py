@@ -4,8 +4,12 @@ safetensors shards, tokenizer files) into a flash_dllm_jax checkpoint."""
 
 import argparse
 import sys
+from pathlib import Path
 
-from flash_dllm_jax.convert import ConversionError, convert_checkpoint
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flash_dllm_jax.convert import (ConversionError,  # noqa: E402
+                                    convert_checkpoint)
 
 
 def main(argv=None) -> int:

@@ -290,7 +290,7 @@ def test_failure_while_writing_is_rolled_back(llada_src, tmp_path,
   def fail(*args, **kwargs):
     raise OSError("disk full")
   monkeypatch.setattr(checkpoint, "write_metadata", fail)
-  with pytest.raises(OSError, match="disk full"):
+  with pytest.raises(ConversionError, match=r"cannot write .*ckpt: disk full"):
     convert_checkpoint(llada_src, dst, force=True, progress=False)
   assert [p.name for p in dst.iterdir()] == ["old.txt"]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "src"]
@@ -314,3 +314,71 @@ def test_cli(llada_src, tmp_path):
   assert "error: missing shard file" in bad.stderr
   assert "Traceback" not in bad.stderr
   assert not (tmp_path / "d").exists()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+  """mount(name, options) -> a fresh tmpfs mounted at tmp_path/name (needs
+  root or CAP_SYS_ADMIN), unmounted afterwards; None where mounting fails."""
+  mounted = []
+
+  def mount(name, options):
+    path = tmp_path / name
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs",
+                        str(path)], capture_output=True, text=True)
+    if r.returncode:
+      return None, r.stderr.strip() or f"mount exited with {r.returncode}"
+    mounted.append(path)
+    return path, ""
+
+  yield mount
+  for path in mounted:
+    subprocess.run(["umount", str(path)], check=True)
+
+
+def _convert_cli(src, dst):
+  script = [sys.executable, str(REPO / "scripts" / "convert_hf.py")]
+  return subprocess.run(script + [str(src), str(dst), "--dtype", "float32"],
+                        capture_output=True, text=True, cwd=REPO)
+
+
+def _error_lines(stderr):
+  """stderr without tqdm's progress lines."""
+  return [l for l in stderr.splitlines()
+          if l.strip() and not l.startswith("converting")]
+
+
+def test_full_disk_is_one_line_and_leaves_nothing(llada_src, tmpfs):
+  """A real full file system: a 256 KiB tmpfs for a ~640 KiB checkpoint."""
+  fs, why = tmpfs("small", "size=256k")
+  if fs is None:
+    pytest.skip(f"cannot mount a small tmpfs to fill ({why})")
+  result = _convert_cli(llada_src, fs / "ckpt")
+  assert result.returncode == 1
+  assert _error_lines(result.stderr) == [
+      f"error: cannot write {fs / 'ckpt'}: No space left on device"]
+  assert list(fs.iterdir()) == []
+  # With --force over an old checkpoint: the old one stays as it was.
+  (fs / "ckpt").mkdir()
+  (fs / "ckpt" / "old.txt").write_text("old")
+  with pytest.raises(ConversionError, match="No space left on device"):
+    convert_checkpoint(llada_src, fs / "ckpt", force=True, progress=False)
+  assert [p.name for p in fs.iterdir()] == ["ckpt"]
+  assert [p.name for p in (fs / "ckpt").iterdir()] == ["old.txt"]
+
+
+def test_read_only_destination_parent_is_one_line(llada_src, tmpfs, tmp_path):
+  """A read-only file system (root ignores permission bits), else a
+  directory without write permission."""
+  parent, _ = tmpfs("ro", "ro,size=64k")
+  if parent is None:
+    parent = tmp_path / "locked"
+    parent.mkdir(mode=0o555)
+  for dst in (parent / "ckpt", parent / "sub" / "ckpt"):
+    result = _convert_cli(llada_src, dst)
+    assert result.returncode == 1
+    [line] = _error_lines(result.stderr)
+    assert line in (f"error: cannot write {dst}: Read-only file system",
+                    f"error: cannot write {dst}: Permission denied"), line
+    assert list(parent.iterdir()) == []

@@ -3,6 +3,9 @@ and on broken, hanging and memory-hungry completions; prompts and stop
 cutting; scripts/eval_humaneval.py end to end on the tiny checkpoint."""
 
 import json
+import os
+import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -43,8 +46,26 @@ def _state(pid: int) -> str | None:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
       if line.startswith("State:"):
         return line.split()[1]
-  except FileNotFoundError:
+  except (FileNotFoundError, ProcessLookupError):
     return None
+
+
+def _running(marker: str, wait_s: float = 5.0) -> list[int]:
+  """Live (not zombie) processes whose command line holds marker, after
+  waiting up to wait_s for them to go."""
+  deadline = time.time() + wait_s
+  while True:
+    pids = []
+    for d in Path("/proc").iterdir():
+      try:
+        if (d.name.isdigit() and marker.encode() in (d / "cmdline").read_bytes()
+            and _state(int(d.name)) not in (None, "Z")):
+          pids.append(int(d.name))
+      except OSError:
+        pass
+    if not pids or time.time() > deadline:
+      return pids
+    time.sleep(0.1)
 
 
 def test_bad_completions_fail_cleanly_within_the_timeout(task):
@@ -69,9 +90,11 @@ def test_bad_completions_fail_cleanly_within_the_timeout(task):
   sources = [program(row["prompt"], c, row["test"], row["entry_point"])
              for *_, c in completions.values()]
   # A program that forks a child and hangs: the whole group must die.
-  sources.append("import posix, time\npid = posix.fork()\n"
-                 "if pid:\n    print('child', pid, flush=True)\n"
-                 "time.sleep(600)\n")
+  marker = "fdj-test-" + secrets.token_hex(8)
+  sources.append(f"import posix, sys\nif not posix.fork():\n"
+                 f"    posix.execv(sys.executable, [sys.executable, '-c', "
+                 f"'import time; time.sleep(600)', '{marker}'])\n"
+                 "import time\ntime.sleep(600)\n")
   t0 = time.perf_counter()
   results = executor.run_programs(sources, limits, workers=len(sources))
   assert time.perf_counter() - t0 < limits.timeout_s + 10
@@ -79,20 +102,116 @@ def test_bad_completions_fail_cleanly_within_the_timeout(task):
     assert (result.status, name) == (status, name), result
     assert detail in result.detail, (name, result)
     assert result.seconds < limits.timeout_s + 5
-  fork = results[-1]
-  assert fork.status == "timeout"
-  child = int(fork.output.split("child ")[1].split()[0])
-  deadline = time.time() + 5
-  while _state(child) not in (None, "Z") and time.time() < deadline:
-    time.sleep(0.1)
-  assert _state(child) in (None, "Z")  # gone (or a zombie awaiting init)
+  assert results[-1].status == "timeout"
+  assert not _running(marker)
 
 
 def test_limits_are_checked():
   with pytest.raises(ValueError, match="timeout must be > 0"):
     executor.Limits(timeout_s=0)
+  with pytest.raises(ValueError, match="timeout must be > 0"):
+    executor.Limits(timeout_s=float("inf"))
   with pytest.raises(ValueError, match="memory limit"):
     executor.Limits(memory_mb=8)
+  with pytest.raises(ValueError, match="process limit"):
+    executor.Limits(processes=0)
+  with pytest.raises(ValueError, match="sandbox must be one of"):
+    executor.Limits(sandbox="docker")
+
+
+# The sandboxes that can run here; what each guarantees is in the README.
+MODES = [pytest.param("bwrap", marks=pytest.mark.skipif(
+    executor.bwrap_problem() is not None,
+    reason=str(executor.bwrap_problem()))), "rlimit"]
+# Without bwrap a run's processes are bounded and all found again only
+# through its own cgroup (or RLIMIT_NPROC, which does not bind root).
+CONTAINED = executor.pids_cgroup_root() is not None
+
+
+def _contained(mode, what):
+  if mode == "rlimit" and not CONTAINED:
+    pytest.skip(f"without bwrap or a pids cgroup, {what} is not contained")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_fork_bomb_is_bounded_and_leaves_nothing(mode):
+  if os.geteuid() == 0:
+    _contained(mode, "a fork bomb run by root")
+  marker = "fdj-test-" + secrets.token_hex(8)
+  bomb = ("import posix, sys\nn = 0\nwhile True:\n    try:\n"
+          "        posix.fork()\n        n += 1\n    except OSError:\n"
+          "        pass\n")
+  source = (f"import sys, posix\nposix.execv(sys.executable, [sys.executable, "
+            f"'-c', {bomb!r}, '{marker}'])\n")
+  limits = executor.Limits(timeout_s=2, processes=8, sandbox=mode)
+  t0 = time.perf_counter()
+  result = executor.run_program(source, limits)
+  assert result.status == "timeout" and not result.passed, result
+  assert time.perf_counter() - t0 < 10
+  assert not _running(marker)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("then", ["hang", "exit"])
+def test_a_setsid_escape_dies_with_the_run(mode, then):
+  _contained(mode, "a process in a new session")
+  marker = "fdj-test-" + secrets.token_hex(8)
+  source = ("import os, sys\nos.posix_spawn(sys.executable, [sys.executable, "
+            f"'-c', 'import time; time.sleep(600)', '{marker}'], {{}}, "
+            "setsid=True)\nprint('spawned', flush=True)\n"
+            + ("import time\ntime.sleep(600)\n" if then == "hang" else ""))
+  result = executor.run_program(source, executor.Limits(timeout_s=2,
+                                                        sandbox=mode))
+  assert "spawned" in result.output
+  assert result.status == ("timeout" if then == "hang" else "passed"), result
+  assert not _running(marker)
+
+
+@pytest.mark.skipif(executor.bwrap_problem() is not None,
+                    reason=str(executor.bwrap_problem()))
+def test_bwrap_confines_writes_to_the_temporary_directory(tmp_path):
+  outside = [ROOT / f"escape-{secrets.token_hex(4)}.txt",
+             tmp_path / "escape.txt", Path.home() / "escape.txt"]
+  for path in outside:
+    source = (f"open({str(path)!r}, 'w').write('x')\n"
+              "open('inside.txt', 'w').write('fine')\n")
+    result = executor.run_program(source, executor.Limits(sandbox="bwrap"))
+    assert result.status == "failed" and "Error" in result.detail, result
+    assert not path.exists()
+  # Its own directory, and a private /tmp that the host never sees.
+  name = f"fdj-private-{secrets.token_hex(4)}"
+  inside = executor.run_program("open('inside.txt', 'w').write('fine')\n"
+                                f"open('/tmp/{name}', 'w').write('x')\n",
+                                executor.Limits(sandbox="bwrap"))
+  assert not (Path("/tmp") / name).exists()
+  assert inside.passed, inside
+
+
+@pytest.mark.skipif(executor.bwrap_problem() is not None,
+                    reason=str(executor.bwrap_problem()))
+def test_bwrap_has_no_network():
+  """A server on the host's 127.0.0.1 gets no connection from the program;
+  the same program reaches it under the rlimit sandbox (which has network:
+  the check is real)."""
+  with socket.create_server(("127.0.0.1", 0)) as server:
+    server.settimeout(0.5)
+    port = server.getsockname()[1]
+    source = ("import socket\n"
+              f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\n")
+    result = executor.run_program(source, executor.Limits(sandbox="bwrap"))
+    assert result.status == "failed" and "Error" in result.detail, result
+    with pytest.raises(TimeoutError):
+      server.accept()
+    plain = executor.run_program(source, executor.Limits(sandbox="rlimit"))
+    assert plain.passed, plain
+    server.accept()[0].close()
+
+
+def test_auto_uses_bwrap_where_it_works():
+  want = "bwrap" if executor.bwrap_problem() is None else "rlimit"
+  assert executor.sandbox_mode("auto") == want
+  assert executor.sandbox_mode("rlimit") == "rlimit"
+  assert HumanEval().settings()["sandbox"] == want
 
 
 def test_completions_are_cut_at_stop_sequences(task):
@@ -146,3 +265,21 @@ def test_script_end_to_end(tmp_path):
   settings = json.loads((out / "tiny/run.json").read_text())
   assert settings["timeout_s"] == 5.0 and settings["memory_mb"] == 1024
   assert (out / "accuracy_vs_throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_without_bwrap_auto_falls_back_and_says_so(monkeypatch, tmp_path,
+                                                   capsys):
+  monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+  executor.bwrap_problem.cache_clear()
+  try:
+    assert executor.bwrap_problem().startswith("bwrap is not installed")
+    assert executor.sandbox_mode("auto") == "rlimit"
+    assert "warning: test programs run in the rlimit sandbox" in (
+        capsys.readouterr().err)
+    with pytest.raises(ValueError, match="'bwrap' was asked for, but bwrap "
+                       "is not installed"):
+      executor.sandbox_mode("bwrap")
+    result = executor.run_program("print('ran')\n", executor.Limits())
+    assert result.passed and result.output == "ran\n"
+  finally:
+    executor.bwrap_problem.cache_clear()

@@ -2,6 +2,7 @@
 settings/prompt checks, and the metrics it reports."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -135,3 +136,53 @@ def test_summary_metrics():
   assert s["forwards_per_token"] == pytest.approx(50 / 20)
   assert s["tokens_per_step"] == pytest.approx(20 / 20)
   assert s["peak_device_bytes"] == 7
+
+
+def _gsm8k_dir(tmp_path, questions):
+  tmp_path.mkdir(parents=True, exist_ok=True)
+  rows = [json.dumps({"question": q, "answer": f"so\n#### {i}"})
+          for i, q in enumerate(questions)]
+  (tmp_path / "test.jsonl").write_text("\n".join(rows) + "\n")
+  return tmp_path
+
+
+def test_an_undecodable_problem_is_recorded_and_the_run_goes_on(
+    model, tmp_path, capsys):
+  """A question holding the mask token fails its own problem, with its id
+  and the error; the others decode, the summary counts it, and a resumed
+  run (or the command line) keeps it as it is."""
+  data = _gsm8k_dir(tmp_path / "data", [
+      "What is 2 + 3?", "Fill in: <|mdm_mask|> + 1 = 2", "What is 7 - 4?"])
+  task = GSM8K(data, num_fewshot=0)
+  summary = runner.run_eval(task, model, SAMPLER, tmp_path / "r", SETTINGS,
+                            batch_size=2, progress=False)
+  assert "warning: gsm8k/1 cannot be decoded" in capsys.readouterr().err
+  records = {r["id"]: r for r in _lines(tmp_path / "r/records.jsonl")}
+  assert sorted(records) == ["gsm8k/0", "gsm8k/1", "gsm8k/2"]
+  bad = records["gsm8k/1"]
+  assert bad["error"] == "its prompt contains the mask token id 383"
+  assert bad["correct"] is False and bad["tokens"] == 0
+  for good in ("gsm8k/0", "gsm8k/2"):
+    assert "error" not in records[good] and records[good]["tokens"] >= 1
+  assert summary["problems"] == 3 and summary["undecodable"] == 1
+  assert summary["batches"] == 1  # the error is in no batch
+  assert summary["correct"] == sum(r["correct"] for r in records.values())
+  again = runner.run_eval(task, model, SAMPLER, tmp_path / "r", SETTINGS,
+                          batch_size=2, progress=False)
+  assert len(_lines(tmp_path / "r/records.jsonl")) == 3
+  assert again["undecodable"] == 1 and again["problems"] == 3
+
+
+def test_the_command_line_reports_undecodable_problems(tmp_path, capsys):
+  from flash_dllm_jax.eval import cli
+  data = _gsm8k_dir(tmp_path / "data", ["Fill in: <|mdm_mask|>", "1 + 1?"])
+  argv = ["gsm8k", "--data", str(data), "--num-fewshot", "0", "--checkpoint",
+          str(TINY_CHECKPOINT), "--gen-length", "16", "--steps", "8",
+          "--block-length", "8", "--batch-size", "2", "--no-progress",
+          "--out-dir", str(tmp_path / "out"), "--run-name", "r"]
+  assert cli.main(argv) == 0
+  err = capsys.readouterr().err
+  assert "warning: gsm8k/0 cannot be decoded (its prompt contains the mask " \
+         "token id 383); recorded as an error" in err
+  assert re.search(r"accuracy [01]/2 \(1 undecodable, see their records' "
+                   r"error\)", err), err

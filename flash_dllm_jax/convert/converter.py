@@ -5,17 +5,23 @@ is checked from the safetensors headers before a single tensor is read. The
 tensors are then streamed, one at a time, into one orbax group per shard (or
 per bounded part of a shard) inside a temporary directory that is renamed to
 DST only at the end: host memory stays near one group, and no half-written
-DST is ever left behind.
+DST is ever left behind. A destination that cannot be written (read-only,
+full, no permission) is one ConversionError naming DST and the cause.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import os
+import re
 import resource
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import ml_dtypes  # noqa: F401  (lets safetensors hand out bfloat16 numpy)
 import numpy as np
@@ -61,7 +67,7 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
 
   with tqdm(total=sum(map(len, plan.values())), unit="tensor",
             desc="converting", disable=not progress) as bar, \
-       checkpoint.staging_dir(dst, force) as tmp:
+       _write_errors(dst), checkpoint.staging_dir(dst, force) as tmp:
     for group, (shard, mapped) in groups.items():
       arrays = {}
       for m in mapped:
@@ -80,6 +86,58 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
     print(f"wrote {dst} ({config.num_params():,} params as {dtype}); "
           f"peak host memory {peak_mib:,.0f} MiB")
   return config
+
+
+@contextlib.contextmanager
+def _write_errors(dst: Path) -> Iterator[None]:
+  """Turns a failure to write DST (read-only or full file system, no
+  permission) into one ConversionError naming DST and the cause. Orbax
+  reports a failed write as a ValueError and also logs it, with tracebacks,
+  from its writer threads: those logs are held back here."""
+  absl_logger = logging.getLogger("absl")
+  level, hook = absl_logger.level, sys.unraisablehook
+  absl_logger.setLevel(logging.CRITICAL)
+  # After a failed write, tensorstore's callbacks still try orbax's closed
+  # event loops (each printing a traceback), some after this returns: on a
+  # failure the filter stays.
+  if hook is not _quiet_closed_loops:
+    _quiet_closed_loops.default = hook
+    sys.unraisablehook = _quiet_closed_loops
+  try:
+    yield
+  except OSError as e:
+    raise ConversionError(f"cannot write {dst}: {_cause(e)}") from None
+  except ValueError as e:
+    if isinstance(e, ConversionError) or not _STATUS.match(str(e)):
+      raise
+    raise ConversionError(f"cannot write {dst}: {_cause(e)}") from None
+  else:
+    sys.unraisablehook = hook
+  finally:
+    absl_logger.setLevel(level)
+
+
+def _quiet_closed_loops(unraisable) -> None:
+  """sys.unraisablehook dropping only RuntimeError('Event loop is closed')."""
+  e = unraisable.exc_value
+  if not (isinstance(e, RuntimeError) and str(e) == "Event loop is closed"):
+    _quiet_closed_loops.default(unraisable)
+
+
+# How tensorstore (under orbax) words a failed write: an absl status first.
+_STATUS = re.compile(r"(RESOURCE_EXHAUSTED|PERMISSION_DENIED|UNAVAILABLE|"
+                     r"FAILED_PRECONDITION|INTERNAL|UNKNOWN|NOT_FOUND): ")
+
+
+def _cause(e: Exception) -> str:
+  """The OS error behind e ('No space left on device'), else its first
+  line."""
+  if isinstance(e, OSError) and e.strerror:
+    return e.strerror
+  code = re.search(r"os_error_code='(\d+)'", str(e))
+  if code:
+    return os.strerror(int(code.group(1)))
+  return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _split_groups(plan: dict[str, list[Mapped]], itemsize: int,

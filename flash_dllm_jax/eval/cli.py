@@ -75,6 +75,13 @@ def parser() -> argparse.ArgumentParser:
                   help="seconds per test run (wall; CPU capped too)")
   he.add_argument("--memory-mb", type=int, default=1024,
                   help="address-space limit of a test run")
+  he.add_argument("--sandbox", choices=("auto", "bwrap", "rlimit"),
+                  default="auto", help="how test programs are confined: "
+                  "bubblewrap (no network, read-only file system, own PID "
+                  "namespace) or resource limits alone; auto: bwrap where "
+                  "it works (see README, Evaluation)")
+  he.add_argument("--max-processes", type=int, default=64,
+                  help="processes a test program may run at once")
   he.add_argument("--workers", type=int, default=None,
                   help="test runs at a time (default: CPU count)")
   rep = sub.add_parser("report", help="table and plot over runs in a folder")
@@ -94,8 +101,9 @@ def _make_task(args):
   from flash_dllm_jax.eval.executor import Limits
   from flash_dllm_jax.eval.tasks.humaneval import HumanEval
   _positive("--workers", args.workers)
-  return HumanEval(args.data, Limits(args.timeout, args.memory_mb),
-                   args.workers, chat=args.chat)
+  limits = Limits(args.timeout, args.memory_mb, processes=args.max_processes,
+                  sandbox=args.sandbox)
+  return HumanEval(args.data, limits, args.workers, chat=args.chat)
 
 
 def _evaluate(args) -> int:
@@ -140,7 +148,9 @@ def _evaluate(args) -> int:
     return 0
   table_path, plot_path, table = report.write_report(out_dir)
   print(table)
-  print(f"{task.metric} {summary['correct']}/{summary['problems']}; "
+  failed = (f" ({summary['undecodable']} undecodable, see their records' "
+            "error)" if summary["undecodable"] else "")
+  print(f"{task.metric} {summary['correct']}/{summary['problems']}{failed}; "
         f"records {run_dir / 'records.jsonl'}; summary "
         f"{run_dir / 'summary.json'}; table {table_path}; plot {plot_path}",
         file=sys.stderr)

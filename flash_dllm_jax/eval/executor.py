@@ -1,22 +1,35 @@
 """Runs untrusted programs (model-written code) in separate subprocesses.
 
-Each program runs in a fresh `python -I` child, in its own session (process
-group) and temporary working directory, with a minimal environment and
-limits: address space (RLIMIT_AS), CPU seconds (RLIMIT_CPU), file size,
-no core dumps. A wall-clock timeout kills the whole process group. The child
-also disables a few destructive os/shutil/subprocess calls before running
-the program. This keeps a runaway or malicious completion from hanging or
-starving the evaluator; it is not a security sandbox (for untrusted models
-at scale, run the evaluation inside a container as well).
+Each program runs in a fresh `python -I` child in its own temporary working
+directory, with a minimal environment and limits: address space
+(RLIMIT_AS), CPU seconds (RLIMIT_CPU), file size, no core dumps, and a
+process count. A wall-clock timeout ends the run. The child also disables a
+few destructive os/shutil/subprocess calls before running the program.
+
+Two sandboxes (`Limits.sandbox`; 'auto' picks the first that works here):
+  bwrap: bubblewrap, when installed and able to create namespaces: no
+    network (a new network namespace), a read-only file system except the
+    temporary directory (and a private /tmp), its own PID namespace, so
+    every process the program starts, in any session, dies with it.
+  rlimit: the limits alone; the process group is killed at the end, and a
+    program can still reach the network and write where the evaluator may.
+In both, where a writable cgroup `pids` controller exists (e.g. as root in
+a container), each run gets its own cgroup: at most `processes` processes
+(RLIMIT_NPROC does not bind root), and every process in it is killed at the
+end, setsid escapes included. Without bwrap, cgroups or a non-root user, a
+fork bomb is bounded only by the timeout.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import functools
 import math
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,8 +43,9 @@ from typing import Sequence
 # sys.exit(0) or os._exit(0) before the tests finish is not a pass).
 _BOOTSTRAP = r"""
 import resource, sys
-mem, cpu, fsize = (int(x) for x in sys.argv[1:4])
-token = sys.argv[4]
+mem, cpu, fsize, nproc = (int(x) for x in sys.argv[1:5])
+token = sys.argv[5]
+resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -53,17 +67,25 @@ with open("finished", "w") as f:
 TAIL_CHARS = 2000
 
 
+SANDBOXES = ("auto", "bwrap", "rlimit")
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """timeout_s: wall seconds (CPU seconds are capped at its ceiling too);
-  memory_mb: address-space limit; file_mb: largest file it may write."""
+  memory_mb: address-space limit; file_mb: largest file it may write;
+  processes: most processes (and threads, for RLIMIT_NPROC) at once;
+  sandbox: 'bwrap', 'rlimit' or 'auto' (bwrap where it works)."""
 
   timeout_s: float = 10.0
   memory_mb: int = 1024
   file_mb: int = 16
+  processes: int = 64
+  sandbox: str = "auto"
 
   def __post_init__(self):
-    if not self.timeout_s > 0:
+    if not (isinstance(self.timeout_s, (int, float))
+            and math.isfinite(self.timeout_s) and self.timeout_s > 0):
       raise ValueError(f"timeout must be > 0 seconds, got {self.timeout_s}")
     if not isinstance(self.memory_mb, int) or self.memory_mb < 64:
       raise ValueError(f"memory limit must be an int >= 64 MB, "
@@ -71,6 +93,107 @@ class Limits:
     if not isinstance(self.file_mb, int) or self.file_mb < 1:
       raise ValueError(f"file size limit must be an int >= 1 MB, "
                        f"got {self.file_mb!r}")
+    if not isinstance(self.processes, int) or self.processes < 1:
+      raise ValueError(f"process limit must be an int >= 1, "
+                       f"got {self.processes!r}")
+    if self.sandbox not in SANDBOXES:
+      raise ValueError(f"sandbox must be one of {SANDBOXES}, "
+                       f"got {self.sandbox!r}")
+
+
+def _bwrap_args(work: Path) -> list[str]:
+  """bubblewrap: every namespace new (no network, own PIDs), the host file
+  system read-only, a private /tmp, only `work` writable."""
+  return [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/",
+          "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+          "--bind", str(work), str(work), "--chdir", str(work),
+          "--unshare-all", "--die-with-parent", "--new-session",
+          "--cap-drop", "ALL", "--"]
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+  """Why bubblewrap cannot sandbox here (not installed, or namespaces not
+  allowed), or None when it can."""
+  if shutil.which("bwrap") is None:
+    return "bwrap is not installed (Debian package bubblewrap)"
+  with tempfile.TemporaryDirectory(prefix="fdj-probe-") as tmp:
+    try:
+      r = subprocess.run([*_bwrap_args(Path(tmp)), sys.executable, "-I",
+                          "-c", "pass"], capture_output=True, text=True,
+                         stdin=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+      return f"bwrap cannot start a sandbox here: {e}"
+  if r.returncode:
+    return f"bwrap cannot start a sandbox here: {r.stderr.strip()}"
+  return None
+
+
+def sandbox_mode(requested: str = "auto") -> str:
+  """The sandbox a run with Limits(sandbox=requested) gets."""
+  problem = bwrap_problem() if requested != "rlimit" else None
+  if requested == "bwrap" and problem:
+    raise ValueError(f"sandbox 'bwrap' was asked for, but {problem}")
+  if problem:
+    _say_fallback(problem)
+  return "rlimit" if requested == "rlimit" or problem else "bwrap"
+
+
+@functools.cache
+def _say_fallback(problem: str) -> None:
+  print(f"warning: test programs run in the rlimit sandbox (network and "
+        f"writes not confined): {problem}", file=sys.stderr)
+
+
+_PIDS_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup",
+               "/sys/fs/cgroup/unified")
+
+
+@functools.cache
+def pids_cgroup_root() -> Path | None:
+  """A cgroup hierarchy (v1 or v2) where this process may create children
+  with a `pids` controller, or None."""
+  for root in map(Path, _PIDS_ROOTS):
+    probe = root / f"fdj-probe-{os.getpid()}"
+    try:
+      probe.mkdir()
+    except OSError:
+      continue
+    ok = (probe / "pids.max").is_file() and (probe / "cgroup.procs").is_file()
+    probe.rmdir()
+    if ok:
+      return root
+  return None
+
+
+@contextlib.contextmanager
+def _cgroup(processes: int):
+  """A fresh cgroup of at most `processes` processes (None without one);
+  every process left in it is killed and the cgroup removed at the end."""
+  root = pids_cgroup_root()
+  if root is None:
+    yield None
+    return
+  path = root / f"fdj-exec-{secrets.token_hex(8)}"
+  path.mkdir()
+  try:
+    (path / "pids.max").write_text(str(processes))
+    yield path
+  finally:
+    for _ in range(1000):
+      pids = [int(x) for x in (path / "cgroup.procs").read_text().split()]
+      if not pids:
+        break
+      for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+          os.kill(pid, signal.SIGKILL)
+      time.sleep(0.01)
+    for _ in range(100):
+      try:
+        path.rmdir()
+        break
+      except OSError:
+        time.sleep(0.01)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,16 +246,23 @@ def _classify(code: int | None, timed_out: bool, finished: bool,
 
 
 def run_program(source: str, limits: Limits = Limits()) -> ExecResult:
-  """Runs `source` as a script in a limited child process; never raises for
-  anything the program does."""
+  """Runs `source` as a script in a sandboxed child process; never raises
+  for anything the program does."""
   t0 = time.perf_counter()
-  with tempfile.TemporaryDirectory(prefix="fdj-exec-") as tmp:
+  mode = sandbox_mode(limits.sandbox)
+  with tempfile.TemporaryDirectory(prefix="fdj-exec-") as tmp, \
+       _cgroup(limits.processes) as cgroup:
     work, token = Path(tmp), secrets.token_hex(16)
     (work / "program.py").write_text(source, encoding="utf-8")
     env = {"PATH": os.defpath, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8"}
     args = [sys.executable, "-I", "-c", _BOOTSTRAP,
             str(limits.memory_mb * 2**20), str(math.ceil(limits.timeout_s)),
-            str(limits.file_mb * 2**20), token]
+            str(limits.file_mb * 2**20), str(limits.processes), token]
+    if mode == "bwrap":
+      args = _bwrap_args(work) + args
+    if cgroup is not None:  # joins the cgroup, then becomes the child
+      args = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
+              str(cgroup / "cgroup.procs"), *args]
     with open(work / "stdout", "wb") as out, open(work / "stderr", "wb") as err:
       proc = subprocess.Popen(args, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                               stdout=out, stderr=err, start_new_session=True)
@@ -144,10 +274,13 @@ def run_program(source: str, limits: Limits = Limits()) -> ExecResult:
       finally:
         _kill_group(proc.pid)  # also whatever the program left behind
         proc.wait()
+    code = proc.returncode
+    if mode == "bwrap" and code > 128:  # bwrap: 128 + the child's signal
+      code = 128 - code
     stderr = _tail(work / "stderr")
     done = work / "finished"
     finished = done.is_file() and done.read_text(errors="replace") == token
-    status, detail = _classify(proc.returncode, timed_out, finished, stderr)
+    status, detail = _classify(code, timed_out, finished, stderr)
     output = (_tail(work / "stdout") + stderr)[-TAIL_CHARS:]
   return ExecResult(status, detail, output, time.perf_counter() - t0)
 

@@ -11,6 +11,8 @@ Metric definitions (per run, over its problems):
     ran itself (a row stops once its answer is complete).
   peak_device_bytes: the device's peak_bytes_in_use from jax memory_stats
     (None where the backend has none, e.g. CPU).
+  undecodable: problems whose prompt could not be decoded (recorded with
+    their error; they count as wrong in the score).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def summarize(records: Sequence[dict], *, task: str, metric: str,
               settings: dict, limit: int | None, run_name: str) -> dict:
   """The run's summary from its per-problem records."""
   n = len(records)
-  batches = {r["batch"]: r for r in records}
+  batches = {r["batch"]: r for r in records if r["batch"] is not None}
   wall = sum(b["wall_s"] for b in batches.values())
   compile_s = sum(b["compile_s"] for b in batches.values())
   decode_s = wall - compile_s
@@ -43,6 +45,7 @@ def summarize(records: Sequence[dict], *, task: str, metric: str,
       "task": task, "metric": metric, "run_name": run_name,
       "strategy": settings.get("strategy"), "problems": n, "limit": limit,
       "correct": correct, "score": correct / n if n else None,
+      "undecodable": sum("error" in r for r in records),
       "generated_tokens": tokens, "forwards": forwards, "steps": steps,
       "batches": len(batches), "wall_s": wall, "compile_s": compile_s,
       "decode_s": decode_s,

@@ -9,6 +9,10 @@ sorting, padding the last batch with copies of a row, and resuming all
 leave every answer unchanged. (Tested on CPU; on a GPU, XLA may pick other
 matmul algorithms for other batch sizes, which this does not rule out.)
 
+A problem whose prompt cannot be decoded (it holds the mask token, say) is
+recorded with its error as a wrong answer, and the run goes on; the summary
+counts such problems (`undecodable`).
+
 Timing per batch: wall seconds of the whole `generate` call (tokenizing,
 padding, the device decode, transfers, detokenizing), and the part of them
 that JAX spent tracing and compiling (a new prompt-length bucket compiles
@@ -26,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -41,7 +46,8 @@ from flash_dllm_jax.eval import report
 from flash_dllm_jax.eval.records import RecordStore, merge_shards, open_run, \
     shard_name
 from flash_dllm_jax.eval.tasks import Problem, make_render
-from flash_dllm_jax.generate import PROMPT_BUCKET, generate
+from flash_dllm_jax.generate import generate
+from flash_dllm_jax.sampling import checks
 
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -76,21 +82,47 @@ def answer_length(gen_G: np.ndarray, stop_ids: Sequence[int]) -> int:
 
 def check_lengths(problems: Sequence[Problem], lengths: Sequence[int],
                   sampler, max_seq_len: int) -> None:
-  """One error for prompts that cannot fit with the generation."""
-  bad = []
-  for problem, n in zip(problems, lengths):
-    padded = -(-n // PROMPT_BUCKET) * PROMPT_BUCKET
-    try:
-      sampler.check_prompt(padded, max_seq_len)
-    except ValueError as e:
-      bad.append((problem.id, n, str(e)))
+  """One error naming every prompt that cannot fit with the generation (real
+  lengths: `generate` caps bucket padding at the room the model leaves)."""
+  bad = checks.unfit_prompts(lengths, sampler, max_seq_len)
   if bad:
-    pid, n, why = bad[0]
+    named = ", ".join(f"{problems[i].id} ({n} tokens)" for i, n, _ in bad)
     raise ValueError(
-        f"{len(bad)} prompt(s) do not fit the model's context, e.g. {pid} "
-        f"({n} tokens, padded to a multiple of {PROMPT_BUCKET}): {why}; use "
-        "shorter prompts (fewer few-shot examples, no chat template), a "
-        "shorter --gen-length or a model with a longer max_seq_len")
+        f"{len(bad)} prompt(s) do not fit the model's context: {named}; "
+        f"{bad[0][2]}; use shorter prompts (fewer few-shot examples, no chat "
+        "template), a shorter --gen-length or a model with a longer "
+        "max_seq_len")
+
+
+def prompt_lengths(problems: Sequence[Problem], tokenizer,
+                   config) -> tuple[dict[str, int], dict[str, str]]:
+  """({id: prompt tokens}, {id: why it cannot be decoded}): a prompt that
+  does not tokenize, or holds the mask token or ids outside the vocabulary,
+  fails its own problem, not the run."""
+  lengths, errors = {}, {}
+  for p in problems:
+    try:
+      ids = tokenizer.encode(p.prompt)
+    except (ValueError, TypeError) as e:
+      errors[p.id] = f"its prompt does not tokenize: {e}"
+      continue
+    why = checks.token_error(ids, config.mask_token_id, config.vocab_size)
+    if why:
+      errors[p.id] = f"its prompt {why}"
+    else:
+      lengths[p.id] = len(ids)
+  return lengths, errors
+
+
+def error_record(problem: Problem, error: str, batch_size: int) -> dict:
+  """The record of a problem that was not decoded: wrong, no tokens, in no
+  batch, with the error."""
+  return {"id": problem.id, "prompt_sha256": prompt_sha256(problem.prompt),
+          "error": error, "output": None, "correct": False,
+          "raw_output": None, "tokens": 0, "token_ids": [], "forwards": 0,
+          "steps": 0, "wall_s": 0.0, "compile_s": 0.0, "batch": None,
+          "batch_rows": 0, "batch_size": batch_size,
+          "peak_device_bytes": None}
 
 
 CHUNK_BATCHES = 8  # continuous batching: batches per generate call
@@ -121,8 +153,9 @@ def run_eval(task, model, sampler, run_dir: str | Path,
     raise ValueError("the checkpoint has no tokenizer; evaluation needs one")
   problems = task.problems(make_render(tokenizer, task.chat))
   problems = problems[:limit] if limit else problems
-  lengths = {p.id: len(tokenizer.encode(p.prompt)) for p in problems}
-  check_lengths(problems, list(lengths.values()), sampler, config.max_seq_len)
+  lengths, errors = prompt_lengths(problems, tokenizer, config)
+  fit = [p for p in problems if p.id in lengths]
+  check_lengths(fit, [lengths[p.id] for p in fit], sampler, config.max_seq_len)
   index, count = process or (parallel.process_index(),
                              parallel.process_count())
   if not 0 <= index < count:
@@ -140,7 +173,13 @@ def run_eval(task, model, sampler, run_dir: str | Path,
     if record and record["prompt_sha256"] != prompt_sha256(p.prompt):
       raise ValueError(f"{store.path}: {p.id} was generated from a different "
                        "prompt (data or template changed); use a new run")
-  todo = sorted((p for p in mine if p.id not in done),
+  failed = [p for p in mine if p.id in errors and p.id not in done]
+  for p in failed:
+    print(f"warning: {p.id} cannot be decoded ({errors[p.id]}); recorded as "
+          "an error", file=sys.stderr)
+  if failed:
+    store.append([error_record(p, errors[p.id], batch_size) for p in failed])
+  todo = sorted((p for p in mine if p.id not in done and p.id in lengths),
                 key=lambda p: -lengths[p.id])
 
   # Samplers that can refill slots decode a chunk of several batches through

@@ -1,5 +1,23 @@
 """Argument checks shared by the samplers."""
 
+import dataclasses
+import math
+import numbers
+from typing import Sequence
+
+
+def check_finite(sampler) -> None:
+  """Raises one ValueError naming every real-valued field of a sampler
+  dataclass that is NaN or infinite. Range checks alone let NaN through
+  (every comparison with it is False), and it then decodes garbage."""
+  bad = [f"{f.name} must be a finite number, got {value!r}"
+         for f in dataclasses.fields(sampler)
+         if isinstance(value := getattr(sampler, f.name), numbers.Real)
+         and not isinstance(value, bool) and not math.isfinite(value)]
+  if bad:
+    raise ValueError(f"invalid {type(sampler).__name__} arguments: "
+                     + "; ".join(bad))
+
 
 def check_fits(prompt_len: int, gen_length: int, max_seq_len: int,
                needs_prompt: str | None = None) -> None:
@@ -31,3 +49,39 @@ def block_schedule_errors(gen_length, block_length, steps) -> list[str]:
     errors.append(f"steps ({steps}) must be a multiple of the number of "
                   f"blocks ({gen_length // block_length})")
   return errors
+
+
+def unfit_prompts(lengths: Sequence[int], sampler,
+                  max_seq_len: int) -> list[tuple[int, int, str]]:
+  """(index, real length, why) of every prompt that cannot fit with the
+  sampler's generation. Only real lengths count: padding to a bucket is
+  capped so that it never makes a fitting prompt fail."""
+  bad = []
+  for i, n in enumerate(lengths):
+    try:
+      sampler.check_prompt(n, max_seq_len)
+    except ValueError as e:
+      bad.append((i, n, str(e)))
+  return bad
+
+
+def check_lengths(lengths: Sequence[int], sampler, max_seq_len: int) -> None:
+  """One ValueError naming every prompt (index, real length) that cannot fit
+  the model with the generation."""
+  bad = unfit_prompts(lengths, sampler, max_seq_len)
+  if bad:
+    raise ValueError(f"{len(bad)} of {len(lengths)} prompt(s) do not fit: "
+                     + "; ".join(f"prompt {i} ({n} tokens): {why}"
+                                 for i, n, why in bad))
+
+
+def token_error(ids: Sequence[int], mask_token_id: int,
+                vocab_size: int) -> str | None:
+  """Why a prompt's token ids cannot be decoded (it holds the mask token, or
+  an id outside the vocabulary), or None."""
+  if mask_token_id in ids:
+    return f"contains the mask token id {mask_token_id}"
+  outside = sorted({t for t in ids if not 0 <= t < vocab_size})
+  if outside:
+    return f"has token ids outside [0, {vocab_size}): {outside[:5]}"
+  return None

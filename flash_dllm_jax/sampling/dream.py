@@ -49,6 +49,7 @@ class DreamSampler:
   alg_temp: float | None = None
 
   def __post_init__(self):
+    checks.check_finite(self)
     errors = []
     for name in ("gen_length", "steps"):
       value = getattr(self, name)

@@ -89,7 +89,7 @@ class ElasticCacheSampler:
     None as the reference (only a row's first step).
   recompute_all: an uncached full forward every step, the exactness
     reference.
-  gamma: any real; > 1 restarts after layer 0 every step, <= 0 never.
+  gamma: any finite real; > 1 restarts after layer 0 every step, <= 0 never.
   """
 
   gen_length: int = 256
@@ -104,6 +104,7 @@ class ElasticCacheSampler:
   max_refills: int | None = None
 
   def __post_init__(self):
+    checks.check_finite(self)
     errors = []
     pos_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0
     for name in ("gen_length", "window", "track_num"):

@@ -74,6 +74,7 @@ class FastDLLMSampler:
   refresh_every: int | None = None
 
   def __post_init__(self):
+    checks.check_finite(self)
     if self.steps is None:
       object.__setattr__(self, "steps", self.gen_length)
     errors = checks.block_schedule_errors(self.gen_length, self.block_length,

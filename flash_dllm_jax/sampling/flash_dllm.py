@@ -75,6 +75,7 @@ class FlashDLLMSampler:
   max_refills: int | None = 4
 
   def __post_init__(self):
+    checks.check_finite(self)
     errors = []
     for name in ("gen_length", "block_m", "track_num", "mask_num"):
       value = getattr(self, name)

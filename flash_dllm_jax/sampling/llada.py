@@ -35,6 +35,7 @@ class LLaDASampler:
   confidence_eos_eot_inf: bool = False
 
   def __post_init__(self):
+    checks.check_finite(self)
     if self.block_length is None:
       object.__setattr__(self, "block_length", self.gen_length)
     errors = checks.block_schedule_errors(self.gen_length, self.block_length,

@@ -66,7 +66,9 @@ class HumanEval:
             "data_sha256": hashlib.sha256(self.path.read_bytes()).hexdigest(),
             "num_fewshot": 0, "stop_sequences": self.stops,
             "timeout_s": self.limits.timeout_s,
-            "memory_mb": self.limits.memory_mb}
+            "memory_mb": self.limits.memory_mb,
+            "processes": self.limits.processes,
+            "sandbox": executor.sandbox_mode(self.limits.sandbox)}
 
   def problems(self, render: Render) -> list[Problem]:
     out = []

@@ -1,0 +1,158 @@
+"""Property tests of the samplers' options: any drawn options either give one
+ValueError naming a drawn field, or decode to an answer with no mask left;
+NaN and infinities are always refused with the field's name and value."""
+
+import math
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from flash_dllm_jax import generate, load
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import init_params
+from flash_dllm_jax.strategies import STRATEGIES, build_sampler, sampler_options
+from tests.paths import ROOT, TINY_CHECKPOINT
+
+
+def _float_fields(name: str) -> list[str]:
+  strategy = STRATEGIES[name]
+  return [k for k, (typ, _) in sampler_options(strategy.sampler).items()
+          if typ is float and k not in strategy.fixed]
+
+
+def _arch(name: str) -> str:
+  return STRATEGIES[name].archs[0]
+
+
+@st.composite
+def any_float_options(draw):
+  name = draw(st.sampled_from(sorted(STRATEGIES)))
+  fields = _float_fields(name)
+  chosen = draw(st.lists(st.sampled_from(fields), unique=True, min_size=1))
+  return name, {k: draw(st.floats(allow_nan=True, allow_infinity=True))
+                for k in chosen}
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(any_float_options())
+def test_float_options_are_finite_or_refused_by_name(case):
+  name, options = case
+  bad = sorted(k for k, v in options.items() if not math.isfinite(v))
+  try:
+    sampler = build_sampler(name, _arch(name), options)
+  except ValueError as e:
+    message = str(e)
+    for k in bad:  # every non-finite field, with its value
+      assert re.search(rf"\b{k} must be a finite number, got "
+                       rf"{re.escape(repr(options[k]))}", message), message
+    assert any(re.search(rf"\b{k}\b", message) for k in options), message
+    return
+  assert not bad, (name, options)
+  for k, v in options.items():
+    assert getattr(sampler, k) == v
+
+
+def test_every_sampler_checks_every_float_option():
+  """Each sampler class refuses NaN, inf and -inf in each of its float
+  fields (the strategies' fixed options included)."""
+  classes = {s.sampler for s in STRATEGIES.values()}
+  assert len(classes) == 5
+  for cls in classes:
+    floats = [k for k, (typ, _) in sampler_options(cls).items()
+              if typ is float]
+    assert floats, cls
+    for k in floats:
+      for v in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ValueError, match=rf"{cls.__name__} arguments: "
+                           rf"{k} must be a finite number, got {v!r}$"):
+          cls(**{k: v})
+
+
+# Decoding: options from small sets (each distinct sampler compiles once),
+# some of them invalid; two prompts of a few lengths (one prompt bucket).
+VALUES = {
+    "temperature": [0.0, 0.7, math.nan, math.inf],
+    "cfg_scale": [0.0, 1.5, -math.inf],
+    "threshold": [0.5, 0.9, 1.0, math.nan, 1.5],
+    "factor": [1.0, 2.0, math.inf, 0.0],
+    "gamma": [0.8, -1.0, 1.0, math.nan],
+    "eps": [1e-3, 0.5, math.nan],
+    "top_p": [0.9, math.nan, 0.0],
+    "alg_temp": [0.5, math.inf],
+}
+SCHEDULE = {"gen_length": 16, "steps": 8, "block_length": 8, "window": 8,
+            "block_m": 4}
+
+
+@pytest.fixture(scope="module")
+def models():
+  dream = ModelConfig.tiny("dream")
+  return {"llada": load(TINY_CHECKPOINT),
+          "dream": (init_params(dream, jax.random.key(3)), dream, None)}
+
+
+@st.composite
+def decode_cases(draw):
+  name = draw(st.sampled_from(sorted(STRATEGIES)))
+  taken = sampler_options(STRATEGIES[name].sampler)
+  options = {k: v for k, v in SCHEDULE.items() if k in taken}
+  for k in draw(st.lists(st.sampled_from(
+      [k for k in _float_fields(name) if k in VALUES]), unique=True)):
+    options[k] = draw(st.sampled_from(VALUES[k]))
+  lengths = draw(st.lists(st.sampled_from([3, 17, 29]), min_size=2,
+                          max_size=2))
+  return name, options, lengths, draw(st.booleans())
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, database=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(decode_cases())
+def test_options_either_refused_or_decode_to_the_end(models, case):
+  name, options, lengths, stop_at_eos = case
+  params, config, _ = models[_arch(name)]
+  try:
+    sampler = build_sampler(name, config.arch, options)
+  except ValueError as e:
+    assert any(re.search(rf"\b{k}\b", str(e)) for k in options), e
+    event("refused")
+    return
+  event("decoded")
+  rng = np.random.default_rng(len(lengths))
+  prompts = [rng.integers(0, 300, n).tolist() for n in lengths]
+  out = generate(params, prompts, config=config, sampler=sampler,
+                 stop_at_eos=stop_at_eos)
+  assert out.tokens_BxG.shape == (len(prompts), sampler.gen_length)
+  # Masks after a stop token come back as pad: none may be left at all.
+  assert not (out.tokens_BxG == config.mask_token_id).any(), (name, options)
+  assert (out.steps_B <= sampler.num_steps).all()
+
+
+@pytest.mark.parametrize("argv", [
+    ["-m", "flash_dllm_jax", "generate", "--temperature", "nan"],
+    ["-m", "flash_dllm_jax", "generate", "--cfg-scale=-inf"],
+    [str(ROOT / "scripts" / "eval_gsm8k.py"), "--temperature", "inf",
+     "--limit", "1"],
+    [str(ROOT / "scripts" / "eval_humaneval.py"), "--strategy",
+     "fast-dllm-dual", "--threshold", "nan", "--limit", "1"],
+])
+def test_entry_points_refuse_non_finite_options(argv, tmp_path):
+  cmd = [sys.executable, *argv, "--checkpoint", str(TINY_CHECKPOINT)]
+  if argv[0] == "-m":
+    cmd += ["--prompt", "hi"]
+  else:
+    cmd += ["--out-dir", str(tmp_path / "out")]
+  result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+  assert result.returncode != 0
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: invalid "), lines
+  assert re.search(r"(temperature|cfg_scale|threshold) must be a finite "
+                   r"number, got (nan|inf|-inf)$", lines[0]), lines
+  assert not (tmp_path / "out").exists() or not any(
+      (tmp_path / "out").rglob("records*.jsonl"))
