@@ -47,7 +47,7 @@ from flash_dllm_jax.eval.records import RecordStore, merge_shards, open_run, \
     shard_name
 from flash_dllm_jax.eval.tasks import Problem, make_render
 from flash_dllm_jax.generate import generate
-from flash_dllm_jax.sampling import checks
+from flash_dllm_jax.sampling import Refillable, checks
 
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -184,7 +184,7 @@ def run_eval(task, model, sampler, run_dir: str | Path,
 
   # Samplers that can refill slots decode a chunk of several batches through
   # batch_size slots (continuous batching); others decode one padded batch.
-  refill = hasattr(sampler, "reset_rows") and mesh is None
+  refill = isinstance(sampler, Refillable) and mesh is None
   chunk = batch_size * (CHUNK_BATCHES if refill else 1)
   bar = tqdm(total=len(mine), initial=len(mine) - len(todo),
              desc=f"{task.name} {settings.get('strategy', '')}".strip(),

@@ -44,6 +44,7 @@ from flash_dllm_jax.checkpoint import load, load_config
 from flash_dllm_jax.generate import (PROMPT_BUCKET, answer_ids,
                                      bucket_groups, generate)
 from flash_dllm_jax.lm_eval import likelihood
+from flash_dllm_jax.sampling import Refillable
 from flash_dllm_jax.lm_eval.args import parse
 from flash_dllm_jax.lm_eval.stats import Throughput, compile_clock
 from flash_dllm_jax.strategies import STRATEGIES, build_sampler, \
@@ -145,7 +146,7 @@ class FlashDLLMJax(LM):
       except ValueError as e:
         raise ValueError(f"request {i} ({len(row)} prompt tokens, padded to "
                          f"{padded}): {e}") from None
-    refill = hasattr(sampler, "reset_rows") and self.mesh is None
+    refill = isinstance(sampler, Refillable) and self.mesh is None
     b = self.args.batch_size
     for bucket in bucket_groups(rows):
       members = [idx[j] for j in bucket]
