@@ -2,13 +2,13 @@
 
 import jax
 
-from pallas_kernels.attention import fused, kernel, reference
+from pallas_kernels.attention import fused, kernel, reference, tiling
 from pallas_kernels.common import resolve_implementation
 
 exclude_mask_from_positions = reference.exclude_mask_from_positions
 sum_heads = reference.sum_heads
-splits_for = kernel.splits_for
-Tiling = kernel.Tiling
+splits_for = tiling.splits_for
+Tiling = tiling.Tiling
 
 
 def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
@@ -38,7 +38,7 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                         head_mass: bool = False,
                         score_prefix: int | None = None,
                         score: str = "mass",
-                        implementation: str | None = None, **tiling):
+                        implementation: str | None = None, **kernel_options):
   """Ragged GQA attention over cache[:k_len] minus exclusions plus new keys.
 
   Returns (o_BxQxHxD, mass_BxS or None); see reference.scheduled_attention
@@ -49,8 +49,9 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   position list exclude_BxX (-1 = none), turned into the mask here.
   implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
   on GPU, reference elsewhere); unsupported shapes fall back to the
-  reference. tiling: block_r, block_k, num_splits (see `splits_for`),
-  num_warps, num_stages, and `tiling` (a Tiling: the defaults' rules).
+  reference. kernel_options: block_r, block_k, num_splits (see
+  `splits_for`), num_warps, num_stages, and tiling (a Tiling: the rules the
+  defaults follow).
   """
   impl = resolve_implementation(implementation)
   if exclude_BxX is not None:
@@ -67,7 +68,8 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   if impl != "reference":
     try:
       return kernel.scheduled_attention(
-          *args, **kw, interpret=impl == "pallas_interpret", **tiling)
+          *args, **kw, interpret=impl == "pallas_interpret",
+          **kernel_options)
     except NotImplementedError:
       pass
   return reference.scheduled_attention(*args, **kw)

@@ -13,7 +13,7 @@ key tile (one contiguous vector shared by all rows): cheaper in the kernel
 than comparing every key against a position list.
 
 With key splits, a small second kernel merges the splits' partial outputs
-by log-sum-exp (`_combine_kernel`).
+by log-sum-exp (combine.py).
 
 Mass per key (optional): normalisation is only known once all keys are seen,
 so after the online softmax the program re-streams the K tiles (not V) and
@@ -25,7 +25,6 @@ the score rows are a short prefix of the queries (`score_prefix`), on one
 tile of just those rows.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -34,7 +33,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.attention import combine
 from pallas_kernels.attention.reference import sum_heads, tree_sum
+from pallas_kernels.attention.tiling import (DEFAULT_TILING, Tiling,
+                                             _default_block_r, default_splits)
 
 NEG = -1e30  # finite "minus infinity": exp(NEG - NEG) never makes a NaN
 VALID, SCORE = 1, 2  # bits of the per-row info byte
@@ -138,87 +140,6 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     lax.fori_loop(m_t0, t1, mass_body, t0)
 
 
-def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, splits):
-  """Log-sum-exp merge of the key splits of one row tile, split by split.
-
-  A kernel rather than XLA ops so that every row is merged by the same code
-  whatever the batch size: XLA compiles its own combine per array shape,
-  and on CPU that changed low bits with the batch (a row's result would
-  then depend on the other rows)."""
-  m = lse_ref[0, :]
-  acc = o_ref[0, :, :]
-  total = jnp.ones_like(m)
-  for j in range(1, splits):
-    lse_j = lse_ref[j, :]
-    m_new = jnp.maximum(m, lse_j)
-    old_w, new_w = jnp.exp(m - m_new), jnp.exp(lse_j - m_new)
-    acc = acc * old_w[:, None] + o_ref[j, :, :] * new_w[:, None]
-    total = total * old_w + new_w
-    m = m_new
-  out_ref[...] = (acc / total[:, None]).astype(out_ref.dtype)
-  out_lse_ref[...] = m + jnp.log(total)
-
-
-@dataclasses.dataclass(frozen=True)
-class Tiling:
-  """How `scheduled_attention` tiles by default (static: part of the jit key).
-
-  split_target: programs one sequence should fill before its keys are split
-    (see default_splits). Splits cost a float32 partial output per split and
-    a merge; the count may not depend on the batch, so the default serves
-    batch 32: LLaDA-8B's queries (32 heads) are never split at 32, a sequence
-    with fewer programs (Dream's 4 KV heads at small Q) still is
-    (BENCHMARKS.md, "Strategy steps").
-  max_block_r: most rows (query x folded head) per program, a power of two.
-  """
-
-  split_target: int = 32
-  max_block_r: int = 64
-
-  def __post_init__(self):
-    if not isinstance(self.split_target, int) or self.split_target < 1:
-      raise ValueError(f"split_target must be an int >= 1, got "
-                       f"{self.split_target!r}")
-    r = self.max_block_r
-    if not isinstance(r, int) or r < 16 or r & (r - 1):
-      raise ValueError(f"max_block_r must be a power of two >= 16, got {r!r}")
-
-
-DEFAULT_TILING = Tiling()
-
-
-def default_splits(kh, n_rt, s, block_k, target=DEFAULT_TILING.split_target):
-  """Key splits so one sequence alone runs about `target` programs, each
-  split keeping at least 4 key tiles.
-
-  Deliberately blind to the batch size: the splits fix the order in which a
-  row sums its keys, so a batch-dependent count would make a row's bf16
-  result (and near-tied tokens) depend on how many rows share the call.
-  """
-  return max(1, min(pl.cdiv(target, kh * n_rt), s // (4 * block_k)))
-
-
-def _default_block_r(rr, max_r=DEFAULT_TILING.max_block_r):
-  """Rows per program for rr = Q * J rows of one (sequence, kv head)."""
-  return min(max_r, max(16, 1 << (rr - 1).bit_length()))
-
-
-def splits_for(q_shape, k_cache_shape, block_r=None, block_k=64,
-               tiling: Tiling = DEFAULT_TILING):
-  """The key splits `scheduled_attention` picks by default for queries
-  [B, Q, H, D] over a cache [B, S, K, D].
-
-  Under tensor parallelism each device runs the kernel on its own heads;
-  given the global shapes, this is the count one device would take, and
-  passing it as num_splits keeps each row's key-sum order mesh-independent.
-  """
-  _, q, h, _ = q_shape
-  s, kh = k_cache_shape[1:3]
-  rr = q * (h // kh)
-  n_rt = pl.cdiv(rr, block_r or _default_block_r(rr, tiling.max_block_r))
-  return default_splits(kh, n_rt, s, block_k, tiling.split_target)
-
-
 def _rows(x_BxQx, g, rrp):
   """Repeats per-query values over the J folded heads, pads rows to rrp."""
   x = jnp.repeat(x_BxQx, g, axis=1)
@@ -244,7 +165,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
 
   block_r: rows (query x folded head) per program; block_k: keys per tile;
   num_splits: key-range splits per row tile (flash-decoding style), merged
-  by log-sum-exp in `_combine_kernel`; None picks default_splits (with
+  by log-sum-exp (combine.py); None picks default_splits (with
   tiling.split_target; tiling.max_block_r bounds a None block_r), which
   ignores the batch size so that a row's result does not depend on the
   other rows (pass `splits_for` of the global shapes when running on a shard
@@ -347,24 +268,9 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   if splits == 1:
     o_BxKxRxD, lse_BxKxR = o_P[0], lse_P[0]
   else:
-    o_BxKxRxD, lse_BxKxR = pl.pallas_call(
-        functools.partial(_combine_kernel, splits=splits),
-        grid=(n_rt, b * kh), interpret=interpret,
-        # Triton explicitly: without compiler params a jax whose
-        # jax_pallas_use_mosaic_gpu defaults to True (0.10) lowers through
-        # Mosaic GPU, which refuses these 64-row tiles.
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-        in_specs=[pl.BlockSpec((splits, None, None, block_r, d),
-                               lambda i, z: (0, *bk(z), i, 0)),
-                  pl.BlockSpec((splits, None, None, block_r),
-                               lambda i, z: (0, *bk(z), i))],
-        out_specs=[pl.BlockSpec((None, None, block_r, d),
-                                lambda i, z: (*bk(z), i, 0)),
-                   pl.BlockSpec((None, None, block_r),
-                                lambda i, z: (*bk(z), i))],
-        out_shape=[jax.ShapeDtypeStruct((b, kh, rrp, d), q_BxQxHxD.dtype),
-                   jax.ShapeDtypeStruct((b, kh, rrp), f32)],
-        name="scheduled_attention_combine")(o_P, lse_P)
+    o_BxKxRxD, lse_BxKxR = combine.merge_splits(
+        o_P, lse_P, block_r=block_r, out_dtype=q_BxQxHxD.dtype,
+        interpret=interpret)
   o_BxQxHxD = o_BxKxRxD[:, :, :rr].reshape(b, kh, q, g, d).transpose(
       0, 2, 1, 3, 4).reshape(b, q, h, d)
   if not do_mass:

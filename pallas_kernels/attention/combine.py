@@ -1,0 +1,56 @@
+"""Merge of the scheduled attention kernel's key splits: a small kernel, so
+every row is merged by the same code whatever the batch size."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+
+def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, splits):
+  """Log-sum-exp merge of the key splits of one row tile, split by split.
+
+  A kernel rather than XLA ops so that every row is merged by the same code
+  whatever the batch size: XLA compiles its own combine per array shape,
+  and on CPU that changed low bits with the batch (a row's result would
+  then depend on the other rows)."""
+  m = lse_ref[0, :]
+  acc = o_ref[0, :, :]
+  total = jnp.ones_like(m)
+  for j in range(1, splits):
+    lse_j = lse_ref[j, :]
+    m_new = jnp.maximum(m, lse_j)
+    old_w, new_w = jnp.exp(m - m_new), jnp.exp(lse_j - m_new)
+    acc = acc * old_w[:, None] + o_ref[j, :, :] * new_w[:, None]
+    total = total * old_w + new_w
+    m = m_new
+  out_ref[...] = (acc / total[:, None]).astype(out_ref.dtype)
+  out_lse_ref[...] = m + jnp.log(total)
+
+
+def merge_splits(o_PxBxKxRxD, lse_PxBxKxR, *, block_r: int, out_dtype,
+                 interpret: bool):
+  """(o_BxKxRxD, lse_BxKxR) from the partial outputs and log-sum-exps of P
+  key splits (R rows per (sequence, kv head) in tiles of block_r)."""
+  splits, b, kh, rrp, d = o_PxBxKxRxD.shape
+  bk = lambda z: (z // kh, z % kh)
+  return pl.pallas_call(
+      functools.partial(_combine_kernel, splits=splits),
+      grid=(rrp // block_r, b * kh), interpret=interpret,
+      # Triton explicitly: without compiler params a jax whose
+      # jax_pallas_use_mosaic_gpu defaults to True (0.10) lowers through
+      # Mosaic GPU, which refuses these 64-row tiles.
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      in_specs=[pl.BlockSpec((splits, None, None, block_r, d),
+                             lambda i, z: (0, *bk(z), i, 0)),
+                pl.BlockSpec((splits, None, None, block_r),
+                             lambda i, z: (0, *bk(z), i))],
+      out_specs=[pl.BlockSpec((None, None, block_r, d),
+                              lambda i, z: (*bk(z), i, 0)),
+                 pl.BlockSpec((None, None, block_r),
+                              lambda i, z: (*bk(z), i))],
+      out_shape=[jax.ShapeDtypeStruct((b, kh, rrp, d), out_dtype),
+                 jax.ShapeDtypeStruct((b, kh, rrp), jnp.float32)],
+      name="scheduled_attention_combine")(o_PxBxKxRxD, lse_PxBxKxR)
