@@ -3,9 +3,10 @@ and JAX's persistent compilation cache for the command lines."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 
@@ -101,3 +102,24 @@ def enable_persistent_cache(cache_dir: str | Path | None) -> Path | None:
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   return path
+
+
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+
+@contextlib.contextmanager
+def compile_clock() -> Iterator[list[float]]:
+  """Yields [seconds]: time JAX spends tracing/compiling inside the block."""
+  total = [0.0]
+
+  def listener(event: str, duration: float, **_):
+    if event in _COMPILE_EVENTS:
+      total[0] += duration
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield total
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)

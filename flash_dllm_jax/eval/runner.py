@@ -27,14 +27,13 @@ records.jsonl and writes the summary of all problems.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -47,27 +46,9 @@ from flash_dllm_jax.eval.records import RecordStore, merge_shards, open_run, \
     shard_name
 from flash_dllm_jax.eval.tasks import Problem, make_render
 from flash_dllm_jax.generate import generate
+from flash_dllm_jax.compilation import compile_clock
 from flash_dllm_jax.sampling import Refillable, checks
 
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
-                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
-
-
-@contextlib.contextmanager
-def compile_clock() -> Iterator[list[float]]:
-  """Yields [seconds]: time JAX spends tracing/compiling inside the block."""
-  total = [0.0]
-
-  def listener(event: str, duration: float, **_):
-    if event in _COMPILE_EVENTS:
-      total[0] += duration
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
-    yield total
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def prompt_sha256(prompt: str) -> str:

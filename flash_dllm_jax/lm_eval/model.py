@@ -46,7 +46,8 @@ from flash_dllm_jax.generate import (PROMPT_BUCKET, answer_ids,
 from flash_dllm_jax.lm_eval import likelihood
 from flash_dllm_jax.sampling import Refillable
 from flash_dllm_jax.lm_eval.args import parse
-from flash_dllm_jax.lm_eval.stats import Throughput, compile_clock
+from flash_dllm_jax.compilation import compile_clock
+from flash_dllm_jax.lm_eval.stats import Throughput
 from flash_dllm_jax.strategies import STRATEGIES, build_sampler, \
     sampler_options
 

@@ -9,31 +9,10 @@ of them JAX spent tracing and compiling; tokens/s excludes compile_s.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Iterator
-
-import jax
-
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
-                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
 
 
-@contextlib.contextmanager
-def compile_clock() -> Iterator[list[float]]:
-  """Yields [seconds]: time JAX spends tracing/compiling inside the block."""
-  total = [0.0]
 
-  def listener(event: str, duration: float, **_):
-    if event in _COMPILE_EVENTS:
-      total[0] += duration
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
-    yield total
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
 
 
 @dataclasses.dataclass
