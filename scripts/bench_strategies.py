@@ -17,6 +17,7 @@ difference over step difference).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 import sys
@@ -28,9 +29,7 @@ import jax  # noqa: E402
 
 from flash_dllm_bench import timing, tuning  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
-from flash_dllm_jax.sampling import (ElasticCacheSampler,  # noqa: E402
-                                     FastDLLMSampler, LLaDASampler)
-from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler  # noqa: E402
+from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 
 
 def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
@@ -42,25 +41,24 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
   layers after a drift restart run the whole sequence, as often as the
   (random) weights make the drift test fire, so its floor is a lower bound."""
   steps = gen // k
-  return {  # built on demand: a forced schedule may not suit every sampler
-      "llada": lambda: (LLaDASampler(gen_length=gen, steps=steps,
-                                     block_length=block), lambda p: p + gen),
-      "fast-dllm-prefix": lambda: (FastDLLMSampler(
-          gen_length=gen, block_length=block, cache="prefix", rule="fixed",
-          steps=steps), lambda p: gen + 1),
-      "fast-dllm-dual": lambda: (FastDLLMSampler(
-          gen_length=gen, block_length=block, cache="dual", rule="fixed",
-          steps=steps), lambda p: block + 1),
-      "flash-cache": lambda: (FlashDLLMSampler(
-          gen_length=gen, block_m=block_m, forced_commits=k),
-          lambda p: 8 * block_m),
-      "flash-dllm": lambda: (FlashDLLMSampler(
-          gen_length=gen, block_m=block_m, forced_commits=k, verify=True),
-          lambda p: 8 * block_m, lambda p: 2 * block_m),
-      "elastic-cache": lambda: (ElasticCacheSampler(
-          gen_length=gen, window=block_m, forced_commits=k),
-          lambda p: layers + 2 * block_m),
+  forced = {  # (registry name, forced-schedule options, query tokens)
+      "llada": (dict(steps=steps, block_length=block), [lambda p: p + gen]),
+      "fast-dllm-prefix": (dict(block_length=block, rule="fixed",
+                                steps=steps), [lambda p: gen + 1]),
+      "fast-dllm-dual": (dict(block_length=block, rule="fixed", steps=steps),
+                         [lambda p: block + 1]),
+      "flash-cache": (dict(block_m=block_m, forced_commits=k),
+                      [lambda p: 8 * block_m]),
+      "flash-dllm": (dict(block_m=block_m, forced_commits=k),
+                     [lambda p: 8 * block_m, lambda p: 2 * block_m]),
+      "elastic-cache": (dict(window=block_m, forced_commits=k),
+                        [lambda p: layers + 2 * block_m]),
   }
+  build = lambda name, options, queries: (
+      build_sampler(name, "llada", {"gen_length": gen, **options}), *queries)
+  # built on demand: a forced schedule may not suit every sampler
+  return {name: functools.partial(build, name, *spec)
+          for name, spec in forced.items()}
 
 
 def main(argv=None):
