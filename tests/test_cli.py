@@ -115,12 +115,13 @@ def test_clear_errors(capsys, argv, message):
   assert len(err.strip().splitlines()) == 1
 
 
-def test_help_names_strategies_per_flag(capsys):
+def test_help_names_strategies_per_flag(capsys, monkeypatch):
+  monkeypatch.setenv("COLUMNS", "1000")  # no line breaks inside names
   with pytest.raises(SystemExit):
     cli.main(["generate", "--help"])
   text = " ".join(capsys.readouterr().out.split())
-  assert "--gamma GAMMA strategies: flash-cache, flash-dllm, elastic-cache" in (
-      text)
+  assert ("--gamma GAMMA strategies: flash-cache, flash-dllm, "
+          "flash-cache-confident, flash-dllm-confident, elastic-cache") in text
   assert "--alg ALG strategies: dream" in text
   assert "flash-dllm: Flash-dLLM" in text
 
