@@ -35,7 +35,9 @@ def _error(capsys, argv) -> str:
     (["humaneval", "--data", "/nonexistent/he.jsonl"],
      "HumanEval data file /nonexistent/he.jsonl not found"),
     (["gsm8k", "--strategy", "magic"],
-     "unknown strategy 'magic'; known: dream, elastic-cache, fast-dllm-dual, fast-dllm-prefix, flash-cache, flash-dllm, llada, threshold"),
+     "unknown strategy 'magic'; known: dream, elastic-cache, fast-dllm-dual, "
+     "fast-dllm-prefix, flash-cache, flash-cache-confident, flash-dllm, "
+     "flash-dllm-confident, llada, threshold"),
     (["gsm8k", "--strategy", "dream"],
      "strategy 'dream' decodes dream checkpoints, not 'llada'"),
     (["gsm8k", "--alg", "entropy"],
