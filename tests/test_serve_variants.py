@@ -44,6 +44,7 @@ def server(tmp_path_factory):
     health = srv.wait_ready()
     assert [v["threshold"] for v in health["variants"]] == [0.9, 0.6, 0.9]
     assert [v["gen_length"] for v in health["variants"]] == [16, 16, 8]
+    assert health["mesh"] == {"data": 2, "model": 1}
     yield srv
   finally:
     srv.close()

@@ -1,10 +1,10 @@
 """The host side of serving: a bounded queue and one thread that owns the
 device slots.
 
-The thread loops over the prompt-length buckets: at each admission point it
-fails requests past their deadline or cancelled (a client gone), releases
-their slots, loads waiting requests into free slots, and runs the compiled
-loop (`SlotEngine.cycle`) once. After each call it sends every busy request
+The thread loops over the engines (one per sampler variant and prompt-length
+bucket): at each admission point it fails requests past their deadline or
+cancelled (a client gone), releases their slots, loads waiting requests into
+free slots, and runs the compiled loop (`SlotEngine.cycle`) once. After each call it sends every busy request
 the text that became final, and finishes a request as soon as its answer is
 complete (its slot is released at the next call). Every request is answered
 exactly once, through its `emit` callback, from this thread.

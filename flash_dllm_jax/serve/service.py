@@ -104,6 +104,7 @@ class Service:
                        "options": dataclasses.asdict(v)}
                       for i, v in enumerate(self.samplers)]
     self.decoding = self.decodings[0]
+    self.mesh = None if mesh is None else dict(mesh.shape)
     self.scheduler.start()
 
   # Request checks ---------------------------------------------------------
