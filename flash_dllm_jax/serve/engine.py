@@ -4,8 +4,9 @@ returns to the host at admission points.
 One `SlotEngine` per sampler variant and prompt-length bucket: B slots of
 shape [B, P + G]. A call (`cycle`) first releases the slots the host gave
 up, loads new requests into free slots, then runs decoding steps on device
-until a busy slot finishes or `steps_per_call` steps have run. Shapes never change, the state is donated,
-and the executable is compiled once, ahead of time, at start.
+until a busy slot finishes or `steps_per_call` steps have run. Shapes never
+change, the state is donated, and the executable is compiled once, ahead of
+time, at start. Under a mesh the slots are split over its `data` axis.
 
 Each row is padded to its own bucket and draws from its own PRNG key (the
 request's seed), and a row's tokens never depend on the other rows (see
