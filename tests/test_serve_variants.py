@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
+import subprocess
+import sys
 
 import httpx
 import numpy as np
@@ -16,7 +19,7 @@ from flash_dllm_jax import generate
 from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.serve.cli import parse_variant
 from flash_dllm_jax.strategies import build_sampler
-from tests.paths import TINY_CHECKPOINT
+from tests.paths import ROOT, TINY_CHECKPOINT
 from tests.test_serve import TINY_OPTIONS, Server, model  # noqa: F401
 
 VARIANTS = {1: {"threshold": 0.6}, 2: {"gen_length": 8}}
@@ -30,6 +33,20 @@ def test_parse_variant_types_and_errors():
                        ("verify=maybe", "verify takes a bool")]:
     with pytest.raises(ValueError, match=needle):
       parse_variant(spec, 2)
+
+
+@pytest.mark.slow
+def test_bad_variants_and_mesh_exit_with_one_error():
+  cases = [(["--variant", "threshold=0.9"], "same options"),
+           (["--variant", "nope=1"], "unknown sampler option 'nope'"),
+           (["--mesh", "data=3"], "asks for 3 devices")]
+  for flags, needle in cases:
+    r = subprocess.run(
+        [sys.executable, "-m", "flash_dllm_jax", "serve", "--checkpoint",
+         str(TINY_CHECKPOINT), "--strategy", "flash-dllm", *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 1 and needle in r.stderr, (flags, r.stderr[-2000:])
 
 
 @pytest.fixture(scope="module")

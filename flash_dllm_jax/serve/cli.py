@@ -123,6 +123,10 @@ def main(args: argparse.Namespace) -> int:
     variants = [build_sampler(args.strategy, config.arch,
                               {**options, **parse_variant(v, i + 1)})
                 for i, v in enumerate(args.variant)]
+    for i, v in enumerate(variants):
+      if v in [sampler, *variants[:i]]:
+        raise ValueError(f"--variant #{i + 1} ({args.variant[i]!r}) decodes "
+                         "with the same options as an earlier sampler")
     mesh = parallel.parse_mesh(args.mesh)
     if mesh is not None:
       parallel.check_config(config, mesh)
