@@ -20,7 +20,8 @@ from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.serve.cli import parse_variant
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import ROOT, TINY_CHECKPOINT
-from tests.test_serve import TINY_OPTIONS, Server, model  # noqa: F401
+from tests.test_serve import (TINY_OPTIONS, Server, _stream_raw,  # noqa: F401
+                              model)
 
 VARIANTS = {1: {"threshold": 0.6}, 2: {"gen_length": 8}}
 
@@ -72,7 +73,7 @@ def test_concurrent_variants_equal_offline_generate(server, model):  # noqa: F81
   _, config, _ = model
   rng = np.random.default_rng(1)
   jobs = []
-  for i in range(24):
+  for i in range(64):
     v = i % 3
     ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
                                         int(rng.integers(1, 33)))]
@@ -80,16 +81,22 @@ def test_concurrent_variants_equal_offline_generate(server, model):  # noqa: F81
                 2: {"gen_length": 8, "threshold": 0.9}}[v] if i % 2 else \
         ({} if v == 0 else VARIANTS[v])
     jobs.append({"ids": ids, "seed": int(rng.integers(0, 1000)),
-                 "variant": v, "decoding": decoding})
+                 "variant": v, "decoding": decoding, "stream": i % 5 == 0})
 
   def run(job):
+    if job["stream"]:  # through httpx
+      ids = []
+      _stream_raw(server.url, {"model": "tiny-random-llada", "stream": True,
+                               "prompt": job["ids"], "seed": job["seed"],
+                               "decoding": job["decoding"]}, ids)
+      return ids, None
     client = server.client()
     c = client.completions.create(
         model="tiny-random-llada", prompt=job["ids"], seed=job["seed"],
         extra_body={"decoding": job["decoding"]} if job["decoding"] else None)
     return c.choices[0].token_ids, c.decoding
 
-  with concurrent.futures.ThreadPoolExecutor(24) as pool:
+  with concurrent.futures.ThreadPoolExecutor(64) as pool:
     got = list(pool.map(run, jobs))
   for v in range(3):
     mine = [i for i, j in enumerate(jobs) if j["variant"] == v]
@@ -99,9 +106,12 @@ def test_concurrent_variants_equal_offline_generate(server, model):  # noqa: F81
                    seed=[jobs[i]["seed"] for i in mine])
     for i, gen in zip(mine, out.tokens_BxG):
       ids, decoding = got[i]
-      assert decoding["variant"] == v and decoding["seed"] == jobs[i]["seed"]
-      assert decoding["options"] == dataclasses.asdict(sampler)
       assert ids == answer_ids(gen, config), f"request {i} ({jobs[i]})"
+      if decoding is not None:
+        assert decoding["variant"] == v and decoding["seed"] == \
+            jobs[i]["seed"] and decoding["options"] == dataclasses.asdict(
+                sampler)
+  assert sum(d is None for _, d in got) == 13  # streamed
 
 
 @pytest.mark.slow
