@@ -69,7 +69,9 @@ class Service:
 
   sampler: the server's sampler (variant 0, what a request that states no
   option gets); variants: further samplers of the same strategy declared at
-  start; a request picks one by stating options equal to its values."""
+  start; a request picks one by stating options equal to its values.
+  mesh: a jax Mesh every engine splits its slots (data) and weights (model)
+  over, or None."""
 
   def __init__(self, params, config: ModelConfig, tokenizer, sampler,
                settings: Settings, variants=(), mesh=None):
