@@ -40,7 +40,8 @@ class Server:
   """A `python -m flash_dllm_jax serve` process and its URL."""
 
   def __init__(self, checkpoint, strategy: str, options: dict, *flags: str,
-               log_path=None, ready_timeout: float = 600.0):
+               log_path=None, ready_timeout: float = 600.0,
+               env: dict | None = None):
     self.port = free_port()
     self.url = f"http://127.0.0.1:{self.port}"
     args = [sys.executable, "-m", "flash_dllm_jax", "serve",
@@ -49,7 +50,7 @@ class Server:
     for k, v in options.items():
       args += ["--" + k.replace("_", "-"), str(v)]
     env = {**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": "highest",
-           "JAX_PLATFORMS": "cpu"}
+           "JAX_PLATFORMS": "cpu", **(env or {})}
     self.log = open(log_path, "w") if log_path else subprocess.DEVNULL
     self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log,
                                  stderr=subprocess.STDOUT)

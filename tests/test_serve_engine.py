@@ -2,6 +2,10 @@
 more free slots than Flash-dLLM's max_refills, each answer equal to
 offline generate."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -9,7 +13,7 @@ from flash_dllm_jax import generate, load
 from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.serve.engine import SlotEngine
 from flash_dllm_jax.strategies import build_sampler
-from tests.paths import TINY_CHECKPOINT
+from tests.paths import ROOT, TINY_CHECKPOINT
 
 
 @pytest.mark.slow
@@ -48,3 +52,53 @@ def test_online_admission_equals_offline(strategy, options):
   for i in range(20):
     assert answer_ids(got[i], config) == answer_ids(ref.tokens_BxG[i], config)
   assert calls < 20 * sampler.num_steps  # several steps per host round trip
+
+
+MESH_SCRIPT = r'''
+import numpy as np, jax
+assert len(jax.devices()) == 2, jax.devices()
+from flash_dllm_jax import generate, load, parallel
+from flash_dllm_jax.generate import answer_ids
+from flash_dllm_jax.serve.engine import SlotEngine
+from flash_dllm_jax.strategies import build_sampler
+from tests.paths import TINY_CHECKPOINT
+params, config, tok = load(TINY_CHECKPOINT)
+sampler = build_sampler("llada", config.arch,
+                        {"gen_length": 16, "steps": 8, "block_length": 8})
+engine = SlotEngine(params, config, sampler, prompt_len=32, slots=4,
+                    steps_per_call=3, mesh=parallel.parse_mesh("data=2"))
+assert not engine.continuous
+assert engine._state.decode.tokens_BxN.sharding.spec[0] == "data"
+rng = np.random.default_rng(0)
+prompts = [[int(t) for t in rng.integers(0, 370, int(n))]
+           for n in rng.integers(1, 33, 6)]
+waiting, held, got = list(range(6)), {}, {}
+while len(got) < 6:
+  admit = {}
+  for slot in engine.free_slots():
+    if waiting:
+      i = waiting.pop(0)
+      admit[slot], held[slot] = (prompts[i], i), i
+  out = engine.cycle(admit=admit)
+  for slot, i in list(held.items()):
+    if out.done_B[slot]:
+      got[i] = out.tokens_BxG[slot]
+      del held[slot]
+ref = generate((params, config, tok), prompts, sampler=sampler,
+               seed=list(range(6)))
+for i in range(6):
+  assert answer_ids(got[i], config) == answer_ids(ref.tokens_BxG[i], config), i
+print("ok")
+'''
+
+
+@pytest.mark.slow
+def test_slots_split_over_a_data_mesh_equal_offline():
+  """A batch-mode strategy's slots over `data=2` (forced host devices): the
+  answers equal one-device offline generate."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
+             JAX_DEFAULT_MATMUL_PRECISION="highest",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  r = subprocess.run([sys.executable, "-c", MESH_SCRIPT], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

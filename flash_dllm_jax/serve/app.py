@@ -64,6 +64,8 @@ def build_app(get_service: Callable[[], Service | None],
     if service.scheduler.draining:
       return JSONResponse({"status": "draining"}, 503)
     return {"status": "ready", "model": model_name, **service.decoding,
+            "variants": [d["options"] for d in service.decodings],
+            "mesh": service.mesh,
             "slots_per_bucket": service.settings.slots,
             "prompt_buckets": list(service.settings.buckets)}
 
@@ -99,7 +101,7 @@ def build_app(get_service: Callable[[], Service | None],
     except Draining as e:
       service.metrics.requests.labels("rejected").inc()
       return _error(503, str(e), None, "server_shutdown")
-    decoding = {**service.decoding, "seed": request.seed}
+    decoding = {**request.decoding, "seed": request.seed}
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     if req.stream:
       include_usage = (req.stream_options is None

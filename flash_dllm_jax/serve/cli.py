@@ -45,6 +45,15 @@ def add_parser(sub, default_checkpoint: Path) -> None:
   ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None)
   ap.add_argument("--host", default="127.0.0.1")
   ap.add_argument("--port", type=int, default=8000)
+  ap.add_argument("--variant", action="append", default=[],
+                  metavar="KEY=VALUE[,KEY=VALUE...]",
+                  help="a further sampler variant, compiled at start: the "
+                       "server's sampler options with these changed "
+                       "(repeatable); a request picks one by stating equal "
+                       "`temperature`, `top_p` or `decoding` options")
+  ap.add_argument("--mesh", default=None,
+                  help="'data=D', 'model=M' or 'data=D,model=M': split each "
+                       "bucket's slots over D devices and the weights over M")
   ap.add_argument("--shutdown-timeout", type=float, default=30.0,
                   help="on SIGTERM, seconds to let in-flight requests finish")
   group = ap.add_argument_group("sampler options")
@@ -58,9 +67,36 @@ def add_parser(sub, default_checkpoint: Path) -> None:
       group.add_argument(flag, type=typ, default=None, help=help_)
 
 
+def parse_variant(spec: str, index: int) -> dict:
+  """'temperature=0.7,threshold=0.8' -> {'temperature': 0.7, ...}, typed by
+  the strategy registry; ValueError naming the variant and key."""
+  types, out = all_options(), {}
+  for item in spec.split(","):
+    key, sep, value = item.strip().partition("=")
+    key = key.strip().replace("-", "_")
+    where = f"--variant #{index} ({spec!r})"
+    if not sep or not key:
+      raise ValueError(f"{where}: expected KEY=VALUE, got {item!r}")
+    if key not in types:
+      raise ValueError(f"{where}: unknown sampler option {key!r}")
+    typ = types[key]
+    try:
+      if typ is bool:
+        if value.lower() not in ("true", "false"):
+          raise ValueError(value)
+        out[key] = value.lower() == "true"
+      else:
+        out[key] = typ(value)
+    except ValueError:
+      raise ValueError(f"{where}: {key} takes a {typ.__name__}, got "
+                       f"{value!r}") from None
+  return out
+
+
 def main(args: argparse.Namespace) -> int:
   import uvicorn
 
+  from flash_dllm_jax import parallel
   from flash_dllm_jax.checkpoint import load
   from flash_dllm_jax.serve.app import build_app
   from flash_dllm_jax.serve.service import Service, Settings
@@ -84,18 +120,33 @@ def main(args: argparse.Namespace) -> int:
                         request_timeout=args.request_timeout)
     params, config, tokenizer = load(args.checkpoint, dtype=args.dtype)
     sampler = build_sampler(args.strategy, config.arch, options)
+    variants = [build_sampler(args.strategy, config.arch,
+                              {**options, **parse_variant(v, i + 1)})
+                for i, v in enumerate(args.variant)]
+    for i, v in enumerate(variants):
+      if v in [sampler, *variants[:i]]:
+        raise ValueError(f"--variant #{i + 1} ({args.variant[i]!r}) decodes "
+                         "with the same options as an earlier sampler")
+    mesh = parallel.parse_mesh(args.mesh)
+    if mesh is not None:
+      parallel.check_config(config, mesh)
+      if args.batch_size % parallel.data_size(mesh):
+        raise ValueError(f"--batch-size {args.batch_size} must be a multiple "
+                         f"of the mesh's data size "
+                         f"{parallel.data_size(mesh)}")
+      params = parallel.shard_params(mesh, params)
   except (ValueError, FileNotFoundError, TypeError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
   log.info("settings: checkpoint=%s model=%s arch=%s strategy=%s sampler=%r "
-           "%s", args.checkpoint, name, config.arch, args.strategy, sampler,
-           settings)
+           "variants=%r mesh=%s %s", args.checkpoint, name, config.arch,
+           args.strategy, sampler, variants, args.mesh, settings)
   holder: dict = {}
 
   def compile_engines():
     try:
       holder["service"] = Service(params, config, tokenizer, sampler,
-                                  settings)
+                                  settings, variants, mesh)
       log.info("ready: %s batching, buckets %s", holder["service"].mode,
                settings.buckets)
     except Exception:  # noqa: BLE001 - logged, and the server exits

@@ -1,11 +1,12 @@
 """The device side of serving: fixed slots decoding in a compiled loop that
 returns to the host at admission points.
 
-One `SlotEngine` per prompt-length bucket: B slots of shape [B, P + G]. A call
-(`cycle`) first releases the slots the host gave up, loads new requests into
-free slots, then runs decoding steps on device until a busy slot finishes or
-`steps_per_call` steps have run. Shapes never change, the state is donated,
-and the executable is compiled once, ahead of time, at start.
+One `SlotEngine` per sampler variant and prompt-length bucket: B slots of
+shape [B, P + G]. A call (`cycle`) first releases the slots the host gave
+up, loads new requests into free slots, then runs decoding steps on device
+until a busy slot finishes or `steps_per_call` steps have run. Shapes never
+change, the state is donated, and the executable is compiled once, ahead of
+time, at start. Under a mesh the slots are split over its `data` axis.
 
 Each row is padded to its own bucket and draws from its own PRNG key (the
 request's seed), and a row's tokens never depend on the other rows (see
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import compiler_options
 from flash_dllm_jax.sampling import DecodeState, Refillable, make_step
@@ -62,11 +64,20 @@ def _where_keys(pick_B, a_B, b_B):
 
 
 class SlotEngine:
-  """B slots for prompts padded to exactly `prompt_len` tokens."""
+  """B slots for prompts padded to exactly `prompt_len` tokens. mesh (a jax
+  Mesh, parallel.parse_mesh): the slots split over its `data` axis and the
+  weights over `model`, as `generate(mesh=)` does."""
 
   def __init__(self, params, config: ModelConfig, sampler, *,
                prompt_len: int, slots: int, steps_per_call: int,
-               stop_at_eos: bool = True, implementation: str | None = None):
+               stop_at_eos: bool = True, implementation: str | None = None,
+               mesh=None):
+    if mesh is not None:
+      parallel.check_config(config, mesh)
+      if slots % parallel.data_size(mesh):
+        raise ValueError(f"slots ({slots}) must be a multiple of the mesh's "
+                         f"data size ({parallel.data_size(mesh)})")
+      params = parallel.shard_params(mesh, params)
     self.params, self.config, self.sampler = params, config, sampler
     self.p, self.b, self.g = prompt_len, slots, sampler.gen_length
     self.g_all = self.g + tail_length(sampler)  # positions after the prompt
@@ -79,9 +90,29 @@ class SlotEngine:
     args = (self.params, self._state, np.zeros(self.b, bool),
             np.zeros(self.b, bool), np.zeros((self.b, self.p), np.int32),
             np.zeros((self.b, self.p), bool), np.zeros(self.b, np.uint32))
+    shardings = {}
+    if mesh is not None:
+      self._state = jax.tree.map(
+          lambda x: jax.device_put(x, self._row_sharding(mesh, x)),
+          self._state)
+      state_s = jax.tree.map(lambda x: self._row_sharding(mesh, x),
+                             self._state)
+      rows = parallel.NamedSharding(mesh, parallel.P("data"))
+      shardings = dict(
+          in_shardings=(parallel.param_shardings(mesh, params), state_s,
+                        rows, rows, rows, rows, rows),
+          out_shardings=(state_s, rows,
+                         parallel.NamedSharding(mesh, parallel.P())))
     jitted = jax.jit(self._cycle, donate_argnums=(1,),
-                     compiler_options=compiler_options())
-    self._compiled = jitted.lower(*args).compile()
+                     compiler_options=compiler_options(), **shardings)
+    with parallel.use(mesh):
+      self._compiled = jitted.lower(*args).compile()
+
+  def _row_sharding(self, mesh, x):
+    """Leaves with a slot axis split over `data`; the rest replicated."""
+    spec = parallel.P("data") if x.ndim and x.shape[0] == self.b else \
+        parallel.P()
+    return parallel.NamedSharding(mesh, spec)
 
   # Device functions -------------------------------------------------------
   def _model(self, params, valid_BxN, stop_ids=()):

@@ -1,12 +1,13 @@
 """OpenAI wire format: request models (pydantic) and response bodies.
 
 Unknown fields are errors (extra="forbid"). Responses add `decoding` (the
-settings that decoded the answer), `token_ids` on each choice (a stream
+settings that decoded the answer, with the variant's index), `token_ids` on each choice (a stream
 chunk's: the answer ids that became final with it) and `decode_steps` /
 `forward_passes` in `usage`. Two request fields go beyond OpenAI's:
-  decoding: {option: value} of the strategy's sampler options; the server
-    compiles one sampler at start, so each must equal the server's value
-    (it is there to state, and check, what a client relies on).
+  decoding: {option: value} of the strategy's sampler options. The server
+    compiles its sampler variants at start (`--variant`); the request is
+    decoded by the first variant whose options equal these and
+    `temperature` / `top_p` (none stated: the server's own flags), else 400.
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
 """

@@ -1,10 +1,10 @@
 """The host side of serving: a bounded queue and one thread that owns the
 device slots.
 
-The thread loops over the prompt-length buckets: at each admission point it
-fails requests past their deadline or cancelled (a client gone), releases
-their slots, loads waiting requests into free slots, and runs the compiled
-loop (`SlotEngine.cycle`) once. After each call it sends every busy request
+The thread loops over the engines (one per sampler variant and prompt-length
+bucket): at each admission point it fails requests past their deadline or
+cancelled (a client gone), releases their slots, loads waiting requests into
+free slots, and runs the compiled loop (`SlotEngine.cycle`) once. After each call it sends every busy request
 the text that became final, and finishes a request as soon as its answer is
 complete (its slot is released at the next call). Every request is answered
 exactly once, through its `emit` callback, from this thread.
@@ -53,31 +53,34 @@ _ids = itertools.count()
 
 @dataclasses.dataclass(eq=False)
 class Request:
-  """ids: the prompt's token ids; bucket: its padded length; deadline: a
-  time.monotonic() value or None; emit: called (from the engine thread) with
-  each Event."""
+  """ids: the prompt's token ids; key: its engine's key (in the server:
+  (variant, padded prompt length)); deadline: a time.monotonic() value or
+  None; emit: called (from the engine thread) with each Event; decoding: the
+  settings reported with the answer."""
 
   ids: list[int]
-  bucket: int
+  key: object
   seed: int
   answer: AnswerText
   emit: Callable[[Event], None]
   deadline: float | None = None
   arrived: float = dataclasses.field(default_factory=time.monotonic)
   number: int = dataclasses.field(default_factory=lambda: next(_ids))
+  decoding: dict | None = None
   cancelled: bool = False
   first_token_at: float | None = None
   finished: bool = False
 
 
 class Scheduler:
-  """engines: {bucket: SlotEngine}; max_queue: waiting requests allowed."""
+  """engines: {key: SlotEngine} (the server keys them by (variant,
+  bucket)); max_queue: waiting requests allowed."""
 
   def __init__(self, engines: dict[int, SlotEngine], metrics: Metrics,
                max_queue: int):
     self.engines, self.metrics, self.max_queue = engines, metrics, max_queue
     self._pending = {p: collections.deque() for p in engines}
-    self._slots = {p: {} for p in engines}  # bucket -> {slot: Request}
+    self._slots = {p: {} for p in engines}  # key -> {slot: Request}
     self._release = {p: set() for p in engines}
     self._cond = threading.Condition()
     self._draining = self._stopping = False
@@ -95,7 +98,7 @@ class Scheduler:
         raise Draining("the server is shutting down")
       if self.queue_length() >= self.max_queue:
         raise QueueFull(f"{self.max_queue} requests are already waiting")
-      self._pending[request.bucket].append(request)
+      self._pending[request.key].append(request)
       self.metrics.queue_length.set(self.queue_length())
       self._cond.notify()
 

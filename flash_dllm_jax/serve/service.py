@@ -59,31 +59,54 @@ class Settings:
     return tuple(range(PROMPT_BUCKET, top + 1, PROMPT_BUCKET))
 
 
+# Request fields that pick a variant besides `decoding`: (field, the value
+# a sampler without the option decodes with).
+_TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0))
+
+
 class Service:
-  """Compiles one SlotEngine per bucket, then runs the scheduler."""
+  """Compiles one SlotEngine per (variant, bucket), then runs the scheduler.
+
+  sampler: the server's sampler (variant 0, what a request that states no
+  option gets); variants: further samplers of the same strategy declared at
+  start; a request picks one by stating options equal to its values.
+  mesh: a jax Mesh every engine splits its slots (data) and weights (model)
+  over, or None."""
 
   def __init__(self, params, config: ModelConfig, tokenizer, sampler,
-               settings: Settings):
-    self.config, self.tokenizer, self.sampler = config, tokenizer, sampler
+               settings: Settings, variants=(), mesh=None):
+    self.config, self.tokenizer = config, tokenizer
+    self.samplers = (sampler, *variants)
+    self.sampler = sampler
     self.settings, self.metrics = settings, Metrics()
-    for p in settings.buckets:
-      sampler.check_prompt(p, config.max_seq_len)
+    for v in self.samplers:
+      if type(v) is not type(sampler):
+        raise ValueError(f"variant {v!r} is not a {type(sampler).__name__}")
+      for p in settings.buckets:
+        v.check_prompt(p, config.max_seq_len)
+    if len(set(self.samplers)) < len(self.samplers):
+      raise ValueError("two declared variants decode with the same options")
     engines = {}
-    for p in settings.buckets:
-      t0 = time.perf_counter()
-      engines[p] = SlotEngine(params, config, sampler, prompt_len=p,
-                              slots=settings.slots,
-                              steps_per_call=settings.steps_per_call,
-                              stop_at_eos=settings.stop_at_eos)
-      log.info("compiled bucket %d (%d slots) in %.1f s", p, settings.slots,
-               time.perf_counter() - t0)
-    self.mode = "continuous" if engines[settings.buckets[0]].continuous \
+    for i, v in enumerate(self.samplers):
+      for p in settings.buckets:
+        t0 = time.perf_counter()
+        engines[i, p] = SlotEngine(params, config, v, prompt_len=p,
+                                   slots=settings.slots,
+                                   steps_per_call=settings.steps_per_call,
+                                   stop_at_eos=settings.stop_at_eos,
+                                   mesh=mesh)
+        log.info("compiled variant %d bucket %d (%d slots) in %.1f s", i, p,
+                 settings.slots, time.perf_counter() - t0)
+    self.mode = "continuous" if engines[0, settings.buckets[0]].continuous \
         else "batch"
     self.scheduler = Scheduler(engines, self.metrics, settings.max_queue)
-    self.decoding = {"strategy": settings.strategy,
-                     "gen_length": sampler.gen_length,
-                     "steps": sampler.num_steps, "batching": self.mode,
-                     "options": dataclasses.asdict(sampler)}
+    self.decodings = [{"strategy": settings.strategy,
+                       "gen_length": v.gen_length, "steps": v.num_steps,
+                       "batching": self.mode, "variant": i,
+                       "options": dataclasses.asdict(v)}
+                      for i, v in enumerate(self.samplers)]
+    self.decoding = self.decodings[0]
+    self.mesh = None if mesh is None else dict(mesh.shape)
     self.scheduler.start()
 
   # Request checks ---------------------------------------------------------
@@ -112,19 +135,38 @@ class Service:
       return self.tokenizer.encode(prompt)
     return list(prompt)
 
-  def _check_option(self, name: str, value, param: str, absent=None) -> None:
-    server = getattr(self.sampler, name, absent)
-    if value is None:
-      return
-    if isinstance(server, float) or isinstance(value, float):
-      same = server is not None and math.isclose(float(value), float(server),
-                                                 abs_tol=1e-9)
-    else:
-      same = value == server
-    if not same:
-      raise BadRequest(
-          f"this server decodes with {name}={server!r} (strategy "
-          f"{self.settings.strategy!r}, set at start); got {value!r}", param)
+  @staticmethod
+  def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+      return (a is not None and b is not None and not isinstance(a, str)
+              and not isinstance(b, str)
+              and math.isclose(float(a), float(b), abs_tol=1e-9))
+    return a == b
+
+  def _variant(self, req) -> int:
+    """The index of the declared variant whose options equal every option
+    the request states (the first such), or BadRequest naming the field."""
+    stated = [(name, getattr(req, name), name, absent)
+              for name, absent in _TOP_LEVEL if getattr(req, name) is not None]
+    names = dataclasses.asdict(self.sampler)
+    for name, value in (req.decoding or {}).items():
+      if name not in names:
+        raise BadRequest(f"unknown decoding option {name!r}; the sampler "
+                         f"takes {sorted(names)}", f"decoding.{name}")
+      stated.append((name, value, f"decoding.{name}", None))
+    left = list(range(len(self.samplers)))
+    for name, value, param, absent in stated:
+      match = [i for i in left if self._same(
+          getattr(self.samplers[i], name, absent), value)]
+      if not match:
+        allowed = sorted({repr(getattr(self.samplers[i], name, absent))
+                          for i in left})
+        raise BadRequest(
+            f"no variant declared at start decodes with {name}={value!r} "
+            f"(strategy {self.settings.strategy!r}, with the options stated "
+            f"before it); allowed: {', '.join(allowed)}", param)
+      left = match
+    return left[0]
 
   def prepare(self, req: CompletionRequest | ChatRequest, emit) -> Request:
     """The Request for `req`, or BadRequest naming the field at fault."""
@@ -152,23 +194,20 @@ class Service:
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
       max_tokens = req.max_completion_tokens
-    if max_tokens is not None and max_tokens > self.sampler.gen_length:
-      raise BadRequest(f"max_tokens {max_tokens} exceeds the server's "
-                       f"gen_length {self.sampler.gen_length}", "max_tokens")
-    self._check_option("temperature", req.temperature, "temperature", 0.0)
-    self._check_option("top_p", req.top_p, "top_p", 1.0)
-    for name, value in (req.decoding or {}).items():
-      if name not in self.decoding["options"]:
-        raise BadRequest(f"unknown decoding option {name!r}; the sampler "
-                         f"takes {sorted(self.decoding['options'])}",
-                         f"decoding.{name}")
-      self._check_option(name, value, f"decoding.{name}")
+    variant = self._variant(req)
+    sampler = self.samplers[variant]
+    if max_tokens is not None and max_tokens > sampler.gen_length:
+      raise BadRequest(f"max_tokens {max_tokens} exceeds the gen_length "
+                       f"{sampler.gen_length} of variant {variant}",
+                       "max_tokens")
     stops = req.stop_list()
     if len(stops) > 4 or any(not s for s in stops):
       raise BadRequest("stop takes at most 4 non-empty strings", "stop")
     timeout = req.timeout or self.settings.request_timeout
     bucket = -(-len(ids) // PROMPT_BUCKET) * PROMPT_BUCKET
     answer = AnswerText(self.tokenizer, self.config,
-                        max_tokens or self.sampler.gen_length, stops)
-    return Request(ids=ids, bucket=bucket, seed=req.seed or 0, answer=answer,
-                   emit=emit, deadline=time.monotonic() + timeout)
+                        max_tokens or sampler.gen_length, stops)
+    return Request(ids=ids, key=(variant, bucket), seed=req.seed or 0,
+                   answer=answer, emit=emit,
+                   deadline=time.monotonic() + timeout,
+                   decoding=self.decodings[variant])

@@ -1,0 +1,132 @@
+"""Sampler variants declared at start and `--mesh`: a real server process
+over two (forced) CPU devices, `--mesh data=2`, three Flash-dLLM variants;
+concurrent requests pick variants by their stated options and each answer
+equals offline generate with the settings the response reports."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import os
+import subprocess
+import sys
+
+import httpx
+import numpy as np
+import pytest
+
+from flash_dllm_jax import generate
+from flash_dllm_jax.generate import answer_ids
+from flash_dllm_jax.serve.cli import parse_variant
+from flash_dllm_jax.strategies import build_sampler
+from tests.paths import ROOT, TINY_CHECKPOINT
+from tests.test_serve import (TINY_OPTIONS, Server, _stream_raw,  # noqa: F401
+                              model)
+
+VARIANTS = {1: {"threshold": 0.6}, 2: {"gen_length": 8}}
+
+
+def test_parse_variant_types_and_errors():
+  assert parse_variant("threshold=0.6, gen-length=8,verify=false", 1) == {
+      "threshold": 0.6, "gen_length": 8, "verify": False}
+  for spec, needle in [("threshold", "KEY=VALUE"), ("nope=1", "'nope'"),
+                       ("gen_length=x", "gen_length takes a int"),
+                       ("verify=maybe", "verify takes a bool")]:
+    with pytest.raises(ValueError, match=needle):
+      parse_variant(spec, 2)
+
+
+@pytest.mark.slow
+def test_bad_variants_and_mesh_exit_with_one_error():
+  cases = [(["--variant", "threshold=0.9"], "same options"),
+           (["--variant", "nope=1"], "unknown sampler option 'nope'"),
+           (["--mesh", "data=3"], "asks for 3 devices")]
+  for flags, needle in cases:
+    r = subprocess.run(
+        [sys.executable, "-m", "flash_dllm_jax", "serve", "--checkpoint",
+         str(TINY_CHECKPOINT), "--strategy", "flash-dllm", *flags],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 1 and needle in r.stderr, (flags, r.stderr[-2000:])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
+               "--batch-size", "4", "--max-prompt-tokens", "32",
+               "--steps-per-call", "2", "--mesh", "data=2",
+               "--variant", "threshold=0.6", "--variant", "gen_length=8",
+               log_path=tmp_path_factory.mktemp("serve") / "server.log",
+               env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+  try:
+    health = srv.wait_ready()
+    assert [v["threshold"] for v in health["variants"]] == [0.9, 0.6, 0.9]
+    assert [v["gen_length"] for v in health["variants"]] == [16, 16, 8]
+    assert health["mesh"] == {"data": 2, "model": 1}
+    yield srv
+  finally:
+    srv.close()
+
+
+@pytest.mark.slow
+def test_concurrent_variants_equal_offline_generate(server, model):  # noqa: F811
+  _, config, _ = model
+  rng = np.random.default_rng(1)
+  jobs = []
+  for i in range(64):
+    v = i % 3
+    ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
+                                        int(rng.integers(1, 33)))]
+    decoding = {0: {"threshold": 0.9}, 1: {"threshold": 0.6},
+                2: {"gen_length": 8, "threshold": 0.9}}[v] if i % 2 else \
+        ({} if v == 0 else VARIANTS[v])
+    jobs.append({"ids": ids, "seed": int(rng.integers(0, 1000)),
+                 "variant": v, "decoding": decoding, "stream": i % 5 == 0})
+
+  def run(job):
+    if job["stream"]:  # through httpx
+      ids = []
+      _stream_raw(server.url, {"model": "tiny-random-llada", "stream": True,
+                               "prompt": job["ids"], "seed": job["seed"],
+                               "decoding": job["decoding"]}, ids)
+      return ids, None
+    client = server.client()
+    c = client.completions.create(
+        model="tiny-random-llada", prompt=job["ids"], seed=job["seed"],
+        extra_body={"decoding": job["decoding"]} if job["decoding"] else None)
+    return c.choices[0].token_ids, c.decoding
+
+  with concurrent.futures.ThreadPoolExecutor(64) as pool:
+    got = list(pool.map(run, jobs))
+  for v in range(3):
+    mine = [i for i, j in enumerate(jobs) if j["variant"] == v]
+    options = {**TINY_OPTIONS, **VARIANTS.get(v, {})}
+    sampler = build_sampler("flash-dllm", config.arch, options)
+    out = generate(model, [jobs[i]["ids"] for i in mine], sampler=sampler,
+                   seed=[jobs[i]["seed"] for i in mine])
+    for i, gen in zip(mine, out.tokens_BxG):
+      ids, decoding = got[i]
+      assert ids == answer_ids(gen, config), f"request {i} ({jobs[i]})"
+      if decoding is not None:
+        assert decoding["variant"] == v and decoding["seed"] == \
+            jobs[i]["seed"] and decoding["options"] == dataclasses.asdict(
+                sampler)
+  assert sum(d is None for _, d in got) == 13  # streamed
+
+
+@pytest.mark.slow
+def test_undeclared_options_get_400_listing_the_allowed(server):
+  cases = [({"decoding": {"threshold": 0.5}}, "decoding.threshold",
+            "0.6, 0.9"),
+           ({"temperature": 0.7}, "temperature", "0.0"),
+           ({"decoding": {"gen_length": 8, "threshold": 0.6}},
+            "decoding.threshold", "allowed: 0.9"),
+           ({"max_tokens": 12, "decoding": {"gen_length": 8}}, "max_tokens",
+            "gen_length 8")]
+  for extra, param, needle in cases:
+    body = {"model": "tiny-random-llada", "prompt": [5, 6], **extra}
+    r = httpx.post(server.url + "/v1/completions", json=body)
+    assert r.status_code == 400, (extra, r.text)
+    error = r.json()["error"]
+    assert error["param"] == param and needle in error["message"], (
+        extra, error)
