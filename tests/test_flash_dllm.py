@@ -125,13 +125,13 @@ def test_answer_end_follows_the_first_eos_batch():
   slots = jnp.array([[3, 5, 9, -1]])
   toks = jnp.array([[eos, 1, eos, eos]])
   every = jnp.ones((1, 4), bool)
-  end = flash_budget.update_end(jnp.array([n]), n, slots, toks, every, (eos,),
-                                "eos")
+  none = jnp.array([n + 1])  # no end yet
+  end = flash_budget.update_end(none, n, slots, toks, every, (eos,), "eos")
   assert end.tolist() == [10]
   again = flash_budget.update_end(end, n, jnp.array([[1]]), jnp.array([[eos]]),
                                   jnp.ones((1, 1), bool), (eos,), "eos")
   assert again.tolist() == [10]
-  first = flash_budget.update_end(jnp.array([n]), n, slots,
+  first = flash_budget.update_end(none, n, slots,
                                   jnp.array([[1, eot, eos, 1]]), every,
                                   (eos, eot), "first")
   assert first.tolist() == [6]
