@@ -14,6 +14,7 @@ timeout 120 $K "$OUT/tune.json" --tune --tune-limit 12 --reps 5 --inner 20 \
     | tee "$OUT/tune.log"
 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python -m pytest -q -m gpu \
     -p no:cacheprovider tests/test_kernel_attention.py \
+    tests/test_kernel_attention_bits.py \
     tests/test_kernel_rms_norm.py tests/test_kernel_token_logprob.py \
     tests/test_gpu_integration.py tests/test_ops_attention.py \
     > "$OUT/gpu-tests.log" 2>&1

@@ -7,14 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import (answer_ids, decode_jit, decode_tokens,
-                                     generate, left_pad)
+from flash_dllm_jax.generate import answer_ids, generate, left_pad
 from flash_dllm_jax.model import KVCache, Transformer
 from flash_dllm_jax.sampling import FastDLLMSampler, LLaDASampler
 from flash_dllm_jax.sampling import parallel_rules as rules
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from tests import fast_dllm_reference as ref
-from tests.test_sampling import random_prompts, tiny
+from tests.test_sampling import (check_compiled_equals_python,
+                                 random_prompts, tiny)
 
 T, F = True, False
 
@@ -243,17 +243,9 @@ def test_rows_do_not_depend_on_the_batch(arch, opts):
 
 
 def test_compiled_loop_equals_python_loop():
-  config, params = tiny("dream", eos_boost=1.5)
-  ids, valid = left_pad(random_prompts(3, [5, 11, 8]), config.pad_token_id)
-  rng_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
-  args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
-  kw = dict(config=config, sampler=FastDLLMSampler(
+  check_compiled_equals_python("dream", FastDLLMSampler(
       gen_length=8, block_length=4, cache="prefix", rule="factor",
-      refresh_every=2))
-  compiled = decode_jit(*args, **kw)
-  python = decode_tokens(*args, compiled=False, **kw)
-  for a, b in zip(compiled, python):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+      refresh_every=2), 1.5, 3, [5, 11, 8])
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import (decode_jit, decode_tokens, generate,
-                                     left_pad)
+from flash_dllm_jax.generate import decode_jit, generate
 from flash_dllm_jax.sampling import flash_budget
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
-from tests.test_sampling import random_prompts, tiny
+from tests.test_sampling import (check_compiled_equals_python,
+                                 random_prompts, tiny)
 
 UNLIMITED = dict(gen_length=24, block_m=4, track_num=40, mask_num=7,
                  threshold=0.6)
@@ -46,15 +46,7 @@ BY_ARCH = [("llada", SMALL), ("llada", SMALL_VERIFY), ("dream", SMALL_VERIFY)]
 
 @pytest.mark.parametrize("arch,sampler", BY_ARCH)
 def test_compiled_loop_equals_python_loop(arch, sampler):
-  config, params = tiny(arch, eos_boost=1.2)
-  ids, valid = left_pad(random_prompts(22, [5, 12, 8]), config.pad_token_id)
-  rng_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
-  args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
-  compiled = decode_jit(
-          *args, config=config, sampler=sampler)
-  python = decode_tokens(*args, config=config, sampler=sampler, compiled=False)
-  for a, b in zip(compiled, python):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  check_compiled_equals_python(arch, sampler, 1.2, 22, [5, 12, 8])
 
 
 @pytest.mark.parametrize("arch,sampler", BY_ARCH)

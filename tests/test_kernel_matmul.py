@@ -6,23 +6,17 @@ an unwritten element fails); GPU-marked tests run Triton
 JAX_PLATFORMS=cuda).
 """
 
-import zlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels.matmul import api, kernel, reference
-
-ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
-TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5),
-       jnp.bfloat16: dict(rtol=1e-2, atol=1e-2)}
+from tests.kernel_case import assert_close, gpu_only, key
 
 
 def _inputs(request, m, e, n, dtype, swiglu, residual):
-  ks = jax.random.split(jax.random.key(zlib.crc32(request.node.name.encode())),
-                        4)
+  ks = jax.random.split(key(request), 4)
   rnd = lambda k, shape, sc=1.0: (
       sc * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
   x = rnd(ks[0], (m, e))
@@ -36,7 +30,7 @@ def _check(x, w, kw, got, dtype, tol=None):
   got = np.asarray(got, np.float32)
   assert got.shape == want.shape and got.dtype == np.float32
   assert np.isfinite(got).all()
-  np.testing.assert_allclose(got, want, **(tol or TOL[dtype]))
+  assert_close(got, want, dtype, tol)
 
 
 # (M, E, N, block_e, split_e)
@@ -77,8 +71,7 @@ def test_large_m_falls_back(request):
   _check(x, w, kw, api.matmul(x, w, **kw), jnp.float32)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+@gpu_only
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
                          ids=["f32", "bf16"])
 @pytest.mark.parametrize("shape", [(1, 4096, 12288), (32, 3584, 512),

@@ -2,8 +2,6 @@
 Triton kernel on a GPU), its gradient, and the property it exists for: a
 row's bits do not depend on the other rows or on the program around it."""
 
-import zlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,26 +9,23 @@ import pytest
 
 from flash_dllm_jax import ops
 from pallas_kernels.rms_norm import api, kernel, reference
+from tests.kernel_case import IMPLS, assert_close, f32 as _f32, gpu, key
 
-ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
-GPU = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a GPU")]
 EPS = 1e-5
+# The sums differ in order only: float32 agrees to rounding, bfloat16 to
+# one unit in the last place where the rounding boundary moves.
+TOL = {jnp.float32: dict(rtol=1e-6, atol=1e-6),
+       jnp.bfloat16: dict(rtol=1e-2, atol=1e-2)}
 
 
 def _inputs(request, n, e, dtype):
-  k1, k2 = jax.random.split(jax.random.key(zlib.crc32(
-      request.node.name.encode())))
+  k1, k2 = jax.random.split(key(request))
   x = (jax.random.normal(k1, (n, e), jnp.float32) * 3.0).astype(dtype)
   scale = 1.0 + 0.2 * jax.random.normal(k2, (e,), jnp.float32)
   return x, scale
 
 
-def _f32(x):
-  return np.asarray(jnp.asarray(x, jnp.float32))
-
-
-@pytest.mark.parametrize("impl", [
-    "pallas_interpret", pytest.param("pallas", marks=GPU)])
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("n,e,dtype", [
     (1, 7, jnp.float32),            # a row narrower than its tile
     (13, 384, jnp.bfloat16),        # the shipped model; rows not a multiple
@@ -41,16 +36,12 @@ def test_kernel_matches_reference(request, impl, n, e, dtype):
   got = api.rms_norm(x, scale, eps=EPS, implementation=impl)
   want = reference.rms_norm(x, scale, eps=EPS)
   assert got.dtype == x.dtype and got.shape == (n, e)
-  # The sums differ in order only: float32 agrees to rounding, bfloat16 to
-  # one unit in the last place where the rounding boundary moves.
-  tol = 1e-6 if dtype == jnp.float32 else 1e-2
-  np.testing.assert_allclose(_f32(got), _f32(want), rtol=tol, atol=tol)
+  assert_close(got, want, dtype, table=TOL)
 
 
 @pytest.mark.parametrize("impl,n,e", [
     ("pallas_interpret", 37, 384),
-    pytest.param("pallas", 37, 384, marks=GPU),
-    pytest.param("pallas", 128 * 144, 4096, marks=GPU)])
+    gpu("pallas", 37, 384), gpu("pallas", 128 * 144, 4096)])
 def test_a_row_does_not_depend_on_the_rows_or_program_around_it(
     request, impl, n, e):
   """The first 9 rows alone, among n - 9 others, and behind a residual add
@@ -74,8 +65,7 @@ def test_gradient_is_the_references(request):
   got = jax.grad(loss(kern), argnums=(0, 1))(x, scale)
   want = jax.grad(loss(ref), argnums=(0, 1))(x, scale)
   for g, w in zip(got, want):
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5,
-                               atol=1e-5)
+    assert_close(g, w, jnp.float32)
 
 
 def test_ops_entry_keeps_leading_axes_and_the_reference_path_is_exact(
@@ -86,7 +76,7 @@ def test_ops_entry_keeps_leading_axes_and_the_reference_path_is_exact(
                      implementation="pallas_interpret")
   want = ops.rms_norm(x_BxQxE, scale, eps=EPS, implementation="reference")
   assert got.shape == (3, 4, 96) and got.dtype == jnp.bfloat16
-  np.testing.assert_allclose(_f32(got), _f32(want), rtol=1e-2, atol=1e-2)
+  assert_close(got, want, jnp.bfloat16)
   np.testing.assert_array_equal(
       _f32(want).reshape(12, 96), _f32(reference.rms_norm(x, scale, eps=EPS)))
 

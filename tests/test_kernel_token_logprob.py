@@ -2,8 +2,6 @@
 CPU, the Triton kernel on a GPU), and the property it exists for: a row's
 bits do not depend on how many other rows share the call."""
 
-import zlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,20 +9,16 @@ import pytest
 
 from flash_dllm_jax import ops
 from pallas_kernels.token_logprob import api, kernel, reference
-
-ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
-GPU = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a GPU")]
+from tests.kernel_case import IMPLS, assert_close, gpu, key
 
 
 def _inputs(request, n, v, dtype, spread=4.0):
-  k1, k2 = jax.random.split(jax.random.key(zlib.crc32(
-      request.node.name.encode())))
+  k1, k2 = jax.random.split(key(request))
   logits = (jax.random.normal(k1, (n, v), jnp.float32) * spread).astype(dtype)
   return logits, jax.random.randint(k2, (n,), 0, v)
 
 
-@pytest.mark.parametrize("impl", [
-    "pallas_interpret", pytest.param("pallas", marks=GPU)])
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("n,v,dtype", [
     (1, 7, jnp.float32),          # one partial tile
     (13, 1024, jnp.float32),      # rows not a multiple of the row block
@@ -35,8 +29,7 @@ def test_kernel_matches_reference(request, impl, n, v, dtype):
   got = api.token_logprob(logits, tokens, implementation=impl)
   want = reference.token_logprob(logits, tokens)
   assert got.dtype == jnp.float32 and got.shape == (n,)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5,
-                             atol=1e-5)
+  assert_close(got, want, jnp.float32)
 
 
 def test_sharp_logits_give_probability_one_and_tiny_tails(request):
@@ -51,9 +44,7 @@ def test_sharp_logits_give_probability_one_and_tiny_tails(request):
 
 @pytest.mark.parametrize("impl,n", [
     ("pallas_interpret", 17),
-    pytest.param("pallas", 17, marks=GPU),
-    pytest.param("pallas", 9 * 144, marks=GPU),
-    pytest.param("pallas", 128 * 144, marks=GPU)])
+    gpu("pallas", 17), gpu("pallas", 9 * 144), gpu("pallas", 128 * 144)])
 def test_a_row_does_not_depend_on_the_rows_beside_it(request, impl, n):
   """The first 9 rows alone and among n - 9 others give the same bits, each
   call compiled for its own N (the XLA reduction this replaces changed the

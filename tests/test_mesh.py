@@ -1,7 +1,7 @@
 """Device meshes on forced host devices: data and tensor parallelism give the
-one-device tokens for every strategy, the kernels run per shard, loading
-puts each weight straight onto its shards, evaluation splits problems across
-processes, and the multi-GPU benchmark runs (--smoke).
+one-device tokens for every strategy, the kernels run per shard and
+loading puts each weight straight onto its shards (the mesh specs, the
+distributed setup and the mesh entry points are in test_mesh_setup.py).
 
 Exactness: no float sum crosses devices (parallel.py), so a forward under
 any mesh gives the one-device bits; tests/test_mesh_exact.py checks that
@@ -9,75 +9,8 @@ for every forward and the compiled collectives. The forwards compared here
 run under STRICT_CPU.
 """
 
-import json
-import os
-import platform
-import subprocess
-import sys
-import types
-from pathlib import Path
+from tests.mesh_case import MESHES, PRELUDE, STRICT_CPU, run_script as _run
 
-import pytest
-
-from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.parallel import check_config, initialize_distributed, \
-    param_spec, parse_mesh
-
-ROOT = Path(__file__).resolve().parents[1]
-MESHES = ["data=1,model=4", "data=2,model=2", "data=4,model=1"]
-
-# XLA:CPU flags under which float32 forwards are compared bit for bit.
-# Exact tensor parallelism needs a GEMM that computes a column the same way
-# whatever the number of columns beside it (tools/probe_column_invariance.py)
-# and elementwise code that rounds the same way in every program. XLA:CPU
-# (jax 0.10) has neither by default in float32: its YNNPACK GEMM sums narrow
-# column shards in another order, and LLVM contracts a*b + c*d into an FMA
-# or not depending on the fusion around it. Its Eigen GEMM (no YNNPACK
-# fusion) and x86 code without FMA (AVX) have both at these sizes.
-STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
-    " --xla_cpu_max_isa=AVX" if platform.machine() in ("x86_64", "AMD64")
-    else "")
-
-
-def _run(script: str, *args: str, devices: int = 4, timeout: int = 600,
-         xla_flags: str = ""):
-  env = dict(os.environ, XLA_FLAGS=(
-      f"--xla_force_host_platform_device_count={devices} {xla_flags}"),
-             JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
-  result = subprocess.run([sys.executable, "-c", script, *args], env=env,
-                          cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout)
-  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-  return result.stdout
-
-
-# Shared by the subprocess scripts: tiny models whose heads (8, KV 4) and
-# MLP width split 4 ways, with tests.test_sampling's sharp logits and EOS.
-PRELUDE = r'''
-import jax, jax.numpy as jnp, numpy as np
-jax.config.update("jax_default_matmul_precision", "highest")
-assert len(jax.devices()) == 4, jax.devices()
-from flash_dllm_jax import parallel
-from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.generate import generate
-from flash_dllm_jax.model import Transformer, init_params
-from tests.test_sampling import random_prompts
-
-def tiny4(arch, eos_boost=1.2, **changes):
-  config = ModelConfig.tiny(arch, **{**dict(n_heads=8, n_kv_heads=4,
-                                            head_dim=8), **changes})
-  params = init_params(config, jax.random.key(7), head_init_scale=8.0)
-  x = np.asarray(random_prompts(0, [24] * 4), np.int32)
-  x[:, 8:] = config.mask_token_id
-  pos = jnp.broadcast_to(jnp.arange(24), x.shape)
-  logits, _ = Transformer(config).apply({"params": params}, jnp.asarray(x),
-                                        pos, jnp.ones(x.shape, bool))
-  common = np.bincount(np.asarray(logits.argmax(-1)).ravel()).argmax()
-  head = params["lm_head"]
-  params["lm_head"] = head.at[:, config.eos_token_id].set(
-      head[:, common] * (1 + eos_boost / 100))
-  return config, params
-'''
 
 STRATEGIES = PRELUDE + r'''
 import sys, time
@@ -240,117 +173,6 @@ def test_kernels_per_shard_and_loading_onto_shards():
   out = _run(KERNELS_AND_LOADING, ";".join(MESHES), xla_flags=STRICT_CPU)
   for tag in ("KERNELS-OK", "LOADING-OK", "ERRORS-OK"):
     assert tag in out, out
-
-
-def test_bench_mesh_smoke(tmp_path):
-  out = _run(f"import runpy, sys; sys.argv = ['bench_mesh.py', '--smoke', "
-             f"{str(tmp_path / 'mesh.json')!r}]; runpy.run_path("
-             f"'scripts/bench_mesh.py', run_name='__main__')")
-  result = json.loads((tmp_path / "mesh.json").read_text())
-  assert "data parallel: 2 GPUs / 1 GPU tokens/s" in out, out
-  assert result["dp_tokens_per_s_ratio"] > 0
-  assert set(result["tp_step_speedup"]) == {"1", "4"}
-  meshed = [r for r in result["rows"] if r["gpus"] == 2]
-  assert len(meshed) == 3
-  # Data parallelism changes no sum: the same tokens. Tensor parallelism is
-  # exact only where the GEMM is column-invariant (STRICT_CPU), which this
-  # benchmark does not assume: only reported.
-  assert [r["tokens_equal_1gpu"] for r in meshed if r["kind"] == "data"] \
-      == [1.0]
-  assert all(0.0 <= r["tokens_equal_1gpu"] <= 1.0 for r in meshed)
-
-
-def test_eval_shards_problems_across_processes_and_merges(tmp_path):
-  """Two simulated processes (process=(i, 2)): each decodes problems i, i+2,
-  ... into its own JSONL; process 0 merges them into the records and summary
-  that one process writes."""
-  import flash_dllm_jax
-  from tests.paths import TINY_CHECKPOINT
-  from flash_dllm_jax.eval import runner
-  from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
-  from flash_dllm_jax.sampling import LLaDASampler
-
-  model = flash_dllm_jax.load(TINY_CHECKPOINT)
-  sampler = LLaDASampler(gen_length=16, steps=8, block_length=8)
-  settings = {"task": "gsm8k", "strategy": "llada", "batch_size": 2}
-  run = lambda d, **kw: runner.run_eval(
-      GSM8K(num_fewshot=0), model, sampler, tmp_path / d, settings,
-      batch_size=2, limit=5, progress=False, **kw)
-  one = run("one")
-  assert run("two", process=(1, 2)) is None
-  assert not (tmp_path / "two/records.jsonl").exists()
-  two = run("two", process=(0, 2))
-  lines = lambda p: [json.loads(x) for x in p.read_text().splitlines()]
-  shard1 = lines(tmp_path / "two/records.1-of-2.jsonl")
-  all_ids = [r["id"] for r in lines(tmp_path / "one/records.jsonl")]
-  assert sorted(r["id"] for r in shard1) == ["gsm8k/1", "gsm8k/3"]
-  keep = ("id", "token_ids", "raw_output", "correct", "forwards", "steps")
-  ref = {r["id"]: {k: r[k] for k in keep}
-         for r in lines(tmp_path / "one/records.jsonl")}
-  merged = {r["id"]: {k: r[k] for k in keep}
-            for r in lines(tmp_path / "two/records.jsonl")}
-  assert merged == ref and len(merged) == len(all_ids) == 5
-  for key in ("problems", "correct", "generated_tokens", "forwards"):
-    assert two[key] == one[key], key
-  again = run("two", process=(0, 2))  # resuming a finished run adds nothing
-  assert len(lines(tmp_path / "two/records.jsonl")) == 5
-  assert again["problems"] == 5
-
-
-def test_param_specs_shard_every_projection_by_columns():
-  mesh = types.SimpleNamespace(shape={"data": 2, "model": 4})
-  cases = {"layers_0/q_proj/kernel": ("", "model"),
-           "layers_3/k_proj/bias": ("model",),
-           "layers_1/up_proj/kernel": ("", "model"),
-           "layers_1/down_proj/kernel": ("", "model"),
-           "layers_1/attn_out/kernel": ("", "model"),
-           "embed": ("model", ""), "lm_head": (),
-           "layers_2/mlp_norm/scale": (), "final_norm/scale": ()}
-  for path, want in cases.items():
-    spec = param_spec(path, (64, 64) if len(want) != 1 else (64,), mesh)
-    assert tuple(a or "" for a in spec) == want, path
-  # a vocabulary the mesh does not divide: the embedding stays whole
-  assert tuple(param_spec("embed", (385, 64), mesh)) == ()
-
-
-@pytest.mark.parametrize("spec,message", [
-    ("data=0", "bad mesh spec"), ("rows=2", "bad mesh spec"),
-    ("data=2,data=2", "bad mesh spec"), ("model=x", "bad mesh spec"),
-    ("data=64", "devices"), ("data=2,model=2", "devices")])
-def test_bad_mesh_specs(spec, message):
-  with pytest.raises(ValueError, match=message):
-    parse_mesh(spec)  # this process has one CPU device
-
-
-@pytest.mark.parametrize("config,model,message", [
-    (ModelConfig.tiny("llada"), 4, "n_kv_heads=2"),
-    (ModelConfig.tiny("llada"), 3, "n_heads=4, n_kv_heads=2"),
-    (ModelConfig.dream_7b(), 8, "n_heads=28, n_kv_heads=4"),
-])
-def test_model_axis_must_divide_heads(config, model, message):
-  mesh = types.SimpleNamespace(shape={"data": 1, "model": model})
-  with pytest.raises(ValueError, match=message):
-    check_config(config, mesh)
-  check_config(ModelConfig.llada_8b(), types.SimpleNamespace(
-      shape={"data": 1, "model": 8}))  # 32 heads, 32 KV heads: fine
-
-
-def test_initialize_distributed_reads_the_environment(monkeypatch):
-  for var in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES",
-              "JAX_PROCESS_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_hnp_uri"):
-    monkeypatch.delenv(var, raising=False)
-  assert initialize_distributed() is False  # one process: nothing to start
-  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
-  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
-  with pytest.raises(ValueError, match="JAX_PROCESS_ID"):
-    initialize_distributed()
-  calls = []
-  monkeypatch.setattr("jax.distributed.initialize",
-                      lambda *a, **k: calls.append((a, k)))
-  monkeypatch.setenv("JAX_PROCESS_ID", "1")
-  assert initialize_distributed() is True
-  assert calls == [(("10.0.0.1:1234",),
-                    {"num_processes": 2, "process_id": 1})]
 
 
 FUSED_ATTENTION = r'''

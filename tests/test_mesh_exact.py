@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.test_mesh import PRELUDE, STRICT_CPU, _run
+from tests.mesh_case import PRELUDE, STRICT_CPU, run_script as _run
 
 
 BITWISE = PRELUDE + r'''

@@ -57,6 +57,20 @@ def random_prompts(seed, lengths, vocab=300):
   return [rng.integers(0, vocab, n).tolist() for n in lengths]
 
 
+def check_compiled_equals_python(arch, sampler, eos_boost, seed, lengths):
+  """`decode_jit` and the Python loop give the same arrays, bit for bit, on
+  prompts `random_prompts(seed, lengths)` of the tiny `arch` model."""
+  config, params = tiny(arch, eos_boost=eos_boost)
+  ids, valid = left_pad(random_prompts(seed, lengths), config.pad_token_id)
+  rng_B = jax.vmap(jax.random.key)(jnp.arange(len(lengths), dtype=jnp.uint32))
+  args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
+  kw = dict(config=config, sampler=sampler)
+  compiled = decode_jit(*args, **kw)
+  python = decode_tokens(*args, compiled=False, **kw)
+  for a, b in zip(compiled, python):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 LLADA_CASES = [
     dict(gen_length=16, steps=16, block_length=16),
     dict(gen_length=24, steps=12, block_length=8),
@@ -133,15 +147,7 @@ SAMPLERS = [
 
 @pytest.mark.parametrize("arch,sampler", SAMPLERS)
 def test_compiled_loop_equals_python_loop(arch, sampler):
-  config, params = tiny(arch, eos_boost=1.5)
-  ids, valid = left_pad(random_prompts(3, [5, 11, 8]), config.pad_token_id)
-  rng_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
-  args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B)
-  kw = dict(config=config, sampler=sampler)
-  compiled = decode_jit(*args, **kw)
-  python = decode_tokens(*args, compiled=False, **kw)
-  for a, b in zip(compiled, python):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  check_compiled_equals_python(arch, sampler, 1.5, 3, [5, 11, 8])
 
 
 @pytest.mark.parametrize("arch,sampler", SAMPLERS)

@@ -1,0 +1,49 @@
+"""The shared base of the kernel tests (`tests/test_kernel_*.py`).
+
+Each kernel is tested the same way: run it in Pallas interpret mode on the
+CPU (the GPU variant, `pallas`, is marked `gpu` and skipped off a GPU) and
+compare it with its plain-JAX reference at a per-dtype tolerance. A new
+kernel's tests are one file that imports this module."""
+
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+ON_GPU = jax.default_backend() in ("gpu", "cuda", "rocm")
+# Marks of a test that runs the compiled (Triton) kernel: GPU only.
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not ON_GPU, reason="needs a GPU")]
+# The implementations a kernel-vs-reference test runs over, as parameters.
+IMPLS = ["pallas_interpret", pytest.param("pallas", marks=GPU)]
+# Kernel against reference: the sums differ in order only.
+TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5),
+       jnp.bfloat16: dict(rtol=1e-2, atol=1e-2)}
+
+
+def gpu(*values):
+  """A parameter set that runs only on a GPU."""
+  return pytest.param(*values, marks=GPU)
+
+
+def gpu_only(test):
+  """Marks a whole test as GPU only."""
+  for mark in GPU:
+    test = mark(test)
+  return test
+
+
+def key(request):
+  """A random key from the test's own name: stable per test id."""
+  return jax.random.key(zlib.crc32(request.node.name.encode()))
+
+
+def f32(x):
+  """An array as float32 numpy, for comparison."""
+  return np.asarray(jnp.asarray(x, jnp.float32))
+
+
+def assert_close(got, want, dtype=None, tol=None, table=TOL):
+  """`got` equals `want` to `tol`, or to `table[dtype]`."""
+  np.testing.assert_allclose(f32(got), f32(want), **(tol or table[dtype]))

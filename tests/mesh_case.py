@@ -1,0 +1,67 @@
+"""What the mesh tests share: a subprocess runner on forced host devices,
+the strict XLA:CPU flags for bit-for-bit forwards, and the scripts' prelude
+of tiny models."""
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MESHES = ["data=1,model=4", "data=2,model=2", "data=4,model=1"]
+
+# XLA:CPU flags under which float32 forwards are compared bit for bit.
+# Exact tensor parallelism needs a GEMM that computes a column the same way
+# whatever the number of columns beside it (tools/probe_column_invariance.py)
+# and elementwise code that rounds the same way in every program. XLA:CPU
+# (jax 0.10) has neither by default in float32: its YNNPACK GEMM sums narrow
+# column shards in another order, and LLVM contracts a*b + c*d into an FMA
+# or not depending on the fusion around it. Its Eigen GEMM (no YNNPACK
+# fusion) and x86 code without FMA (AVX) have both at these sizes.
+STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
+    " --xla_cpu_max_isa=AVX" if platform.machine() in ("x86_64", "AMD64")
+    else "")
+
+
+def run_script(script: str, *args: str, devices: int = 4, timeout: int = 600,
+               xla_flags: str = ""):
+  """Runs `script` in a fresh Python on `devices` forced host CPU devices;
+  returns its stdout (a failure shows its output)."""
+  env = dict(os.environ, XLA_FLAGS=(
+      f"--xla_force_host_platform_device_count={devices} {xla_flags}"),
+             JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+  result = subprocess.run([sys.executable, "-c", script, *args], env=env,
+                          cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+  return result.stdout
+
+
+# Shared by the subprocess scripts: tiny models whose heads (8, KV 4) and
+# MLP width split 4 ways, with tests.test_sampling's sharp logits and EOS.
+PRELUDE = r'''
+import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_default_matmul_precision", "highest")
+assert len(jax.devices()) == 4, jax.devices()
+from flash_dllm_jax import parallel
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.generate import generate
+from flash_dllm_jax.model import Transformer, init_params
+from tests.test_sampling import random_prompts
+
+def tiny4(arch, eos_boost=1.2, **changes):
+  config = ModelConfig.tiny(arch, **{**dict(n_heads=8, n_kv_heads=4,
+                                            head_dim=8), **changes})
+  params = init_params(config, jax.random.key(7), head_init_scale=8.0)
+  x = np.asarray(random_prompts(0, [24] * 4), np.int32)
+  x[:, 8:] = config.mask_token_id
+  pos = jnp.broadcast_to(jnp.arange(24), x.shape)
+  logits, _ = Transformer(config).apply({"params": params}, jnp.asarray(x),
+                                        pos, jnp.ones(x.shape, bool))
+  common = np.bincount(np.asarray(logits.argmax(-1)).ravel()).argmax()
+  head = params["lm_head"]
+  params["lm_head"] = head.at[:, config.eos_token_id].set(
+      head[:, common] * (1 + eos_boost / 100))
+  return config, params
+'''
