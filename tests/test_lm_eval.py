@@ -48,7 +48,7 @@ def test_simple_evaluate_on_a_local_task():
   prompts = [s["arguments"][0][0] for s in samples]
   until = samples[0]["arguments"][0][1]["until"]
   out = generate(model, prompts, sampler=build_sampler(
-      "threshold", "llada", {"gen_length": 32}), seed=[0, 1, 2])
+      "threshold", "llada", {"gen_length": 32}), seed=[0, 1, 2], chat=False)
   want = [cut_at_until(t, until) for t in out.texts]
   got = [s["resps"][0][0] for s in samples]
   assert got == want
@@ -70,7 +70,8 @@ def test_gen_length_follows_max_gen_toks(tiny_lm):
   sampler, cut = tiny_lm.sampler_for(5)
   assert (sampler.gen_length, cut) == (32, 5)
   model = (tiny_lm.params, tiny_lm.config, tiny_lm.tokenizer)
-  gen = generate(model, ["2 + 3 ="], sampler=sampler, seed=0).tokens_BxG[0]
+  gen = generate(model, ["2 + 3 ="], sampler=sampler, seed=0,
+                 chat=False).tokens_BxG[0]
   answer = answer_ids(gen, tiny_lm.config)
   assert len(answer) > 5
   assert text == cut_at_until(tiny_lm.tokenizer.decode(answer[:5]), "\n\n")
