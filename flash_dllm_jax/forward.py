@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.generate import unpack_model
 from flash_dllm_jax.model import Transformer
 from flash_dllm_jax.model.transformer import Block
 
@@ -76,13 +77,7 @@ def logits(model, ids_BxN, positions=None, valid=None, *,
   implementation: kernel choice (flash_dllm_jax/ops.py); default: the
     backend's.
   """
-  if isinstance(model, tuple) and len(model) == 3:
-    params, config, _ = model
-  else:
-    params = model
-  if config is None:
-    raise ValueError("pass config= (or the (params, config, tokenizer) that "
-                     "load returns)")
+  params, config, _ = unpack_model(model, config)
   if precision not in PRECISIONS:
     raise ValueError(f"precision must be one of {PRECISIONS}, got "
                      f"{precision!r}")

@@ -177,6 +177,19 @@ _queue_jit = _BatchInvariantJit(continuous.decode_queue, static_argnames=(
     "config", "sampler", "batch_size", "stop_at_eos", "implementation"))
 
 
+def unpack_model(model, config: ModelConfig | None = None, tokenizer=None):
+  """(params, config, tokenizer) from what `load` returns, or from a params
+  tree with config= (and tokenizer=)."""
+  if isinstance(model, tuple) and len(model) == 3:
+    params, config, tokenizer = model
+  else:
+    params = model
+  if config is None:
+    raise ValueError("pass config= (or the (params, config, tokenizer) that "
+                     "load returns)")
+  return params, config, tokenizer
+
+
 def generate(model, prompt, *, strategy: str | Sampler | None = None,
              config: ModelConfig | None = None, tokenizer=None,
              sampler: Sampler | None = None, chat: bool | None = None,
@@ -219,13 +232,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   progress: called as progress(row indices just decoded, number of rows)
     after each decode call.
   """
-  if isinstance(model, tuple) and len(model) == 3:
-    params, config, tokenizer = model
-  else:
-    params = model
-  if config is None:
-    raise ValueError("pass config= (or the (params, config, tokenizer) that "
-                     "load returns)")
+  params, config, tokenizer = unpack_model(model, config, tokenizer)
   sampler = _pick_sampler(config, strategy, sampler, options)
   rows = prompts.token_rows(prompt, tokenizer, chat)
   for i, row in enumerate(rows):

@@ -31,6 +31,6 @@ def _release_compiled_code():
 
 
 # In-process command-line tests must not turn on JAX's persistent
-# compilation cache for the whole test session (tests that check the cache
-# run the CLI in a subprocess with their own directory).
+# compilation cache for every later test in the process (tests that check
+# the cache run the CLI in a subprocess with their own directory).
 os.environ.setdefault("FLASH_DLLM_JAX_CACHE_DIR", "off")
