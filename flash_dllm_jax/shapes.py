@@ -35,6 +35,8 @@ eye. Each letter has one meaning everywhere:
   O  output width of a linear layer (E, F, or H * D)
   M  rows of a 2-D operand that are not batch rows: a matmul's rows
      (B * Q flattened), a training set's rows
+  Z  scale groups of an 8-bit weight along its input (1: one scale per
+     output channel; E / 128 for groups of 128)
 
 Digits name fixed sizes (``top2_BxGx2``, ``ref_1xNxV``); a digit after a
 letter divides it (``freqs_BxQxD2``: D / 2 rotary frequencies).
