@@ -23,7 +23,8 @@ def _inputs(request, n, v, dtype, spread=4.0):
     (1, 7, jnp.float32),          # one partial tile
     (13, 1024, jnp.float32),      # rows not a multiple of the row block
     (9, 3000, jnp.bfloat16),      # several tiles, the last one partial
-    (40, 2048, jnp.float32)])
+    (40, 2048, jnp.float32),
+    (5, 40000, jnp.bfloat16)])   # three vocabulary chunks, merged
 def test_kernel_matches_reference(request, impl, n, v, dtype):
   logits, tokens = _inputs(request, n, v, dtype)
   got = api.token_logprob(logits, tokens, implementation=impl)
