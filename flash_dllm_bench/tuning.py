@@ -19,6 +19,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--attention-max-block-r", type=int, default=None,
                   help="attention kernel: most rows (query x folded head) "
                   "per program (default: Tiling().max_block_r)")
+  ap.add_argument("--attention-block-k", type=int, default=None,
+                  help="attention kernel: keys per tile (default: "
+                  "Tiling().block_k)")
+  ap.add_argument("--attention-stages", type=int, default=None,
+                  help="attention kernel: pipeline stages (default: "
+                  "Tiling().num_stages)")
 
 
 def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
@@ -41,6 +47,12 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
     ap.error(f"--attention-max-block-r must be a power of two >= 16, got {r}")
   GPU_COMPILER_OPTIONS.update(options)
   default = Tiling()
-  return Kernels(attention=Tiling(
-      split_target=args.split_target or default.split_target,
-      max_block_r=r or default.max_block_r))
+  try:
+    tiling = Tiling(
+        split_target=args.split_target or default.split_target,
+        max_block_r=r or default.max_block_r,
+        block_k=args.attention_block_k or default.block_k,
+        num_stages=args.attention_stages or default.num_stages)
+  except ValueError as e:
+    ap.error(str(e))
+  return Kernels(attention=tiling)

@@ -155,15 +155,17 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxIxKxD=None,
                         v_new_BxIxKxD=None, inq_mask_BxQxI=None,
                         exclude_BxS=None, score_rows_BxQ=None,
-                        block_r: int | None = None, block_k: int = 64,
+                        block_r: int | None = None, block_k: int | None = None,
                         num_splits: int | None = None,
-                        num_warps: int | None = None, num_stages: int = 3,
+                        num_warps: int | None = None,
+                        num_stages: int | None = None,
                         interpret: bool = False, head_mass: bool = False,
                         score_prefix: int | None = None, score: str = "mass",
                         tiling: Tiling = DEFAULT_TILING):
   """Same contract as reference.scheduled_attention.
 
-  block_r: rows (query x folded head) per program; block_k: keys per tile;
+  block_r: rows (query x folded head) per program; block_k: keys per tile
+  (None: tiling.block_k); num_stages None: tiling.num_stages;
   num_splits: key-range splits per row tile (flash-decoding style), merged
   by log-sum-exp (combine.py); None picks default_splits (with
   tiling.split_target; tiling.max_block_r bounds a None block_r), which
@@ -180,6 +182,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   """
   b, q, h, d = q_BxQxHxD.shape
   s, kh = k_cache_BxSxKxD.shape[1:3]
+  block_k = block_k or tiling.block_k
+  num_stages = num_stages or tiling.num_stages
   has_new, has_excl = k_new_BxIxKxD is not None, exclude_BxS is not None
   t_new = k_new_BxIxKxD.shape[1] if has_new else 0
   if d < 16 or d & (d - 1) or h % kh or block_k < 16 or block_k & (block_k - 1):

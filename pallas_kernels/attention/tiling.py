@@ -17,10 +17,14 @@ class Tiling:
     with fewer programs (Dream's 4 KV heads at small Q) still is
     (BENCHMARKS.md, "Strategy steps").
   max_block_r: most rows (query x folded head) per program, a power of two.
+  block_k: keys per tile, a power of two >= 16.
+  num_stages: Triton pipeline depth of the key loop.
   """
 
   split_target: int = 32
   max_block_r: int = 64
+  block_k: int = 64
+  num_stages: int = 3
 
   def __post_init__(self):
     if not isinstance(self.split_target, int) or self.split_target < 1:
@@ -29,6 +33,12 @@ class Tiling:
     r = self.max_block_r
     if not isinstance(r, int) or r < 16 or r & (r - 1):
       raise ValueError(f"max_block_r must be a power of two >= 16, got {r!r}")
+    k = self.block_k
+    if not isinstance(k, int) or k < 16 or k & (k - 1):
+      raise ValueError(f"block_k must be a power of two >= 16, got {k!r}")
+    if not isinstance(self.num_stages, int) or self.num_stages < 1:
+      raise ValueError(f"num_stages must be an int >= 1, got "
+                       f"{self.num_stages!r}")
 
 
 DEFAULT_TILING = Tiling()
@@ -50,7 +60,7 @@ def _default_block_r(rr, max_r=DEFAULT_TILING.max_block_r):
   return min(max_r, max(16, 1 << (rr - 1).bit_length()))
 
 
-def splits_for(q_shape, k_cache_shape, block_r=None, block_k=64,
+def splits_for(q_shape, k_cache_shape, block_r=None, block_k=None,
                tiling: Tiling = DEFAULT_TILING):
   """The key splits `scheduled_attention` picks by default for queries
   [B, Q, H, D] over a cache [B, S, K, D].
@@ -63,4 +73,5 @@ def splits_for(q_shape, k_cache_shape, block_r=None, block_k=64,
   s, kh = k_cache_shape[1:3]
   rr = q * (h // kh)
   n_rt = pl.cdiv(rr, block_r or _default_block_r(rr, tiling.max_block_r))
-  return default_splits(kh, n_rt, s, block_k, tiling.split_target)
+  return default_splits(kh, n_rt, s, block_k or tiling.block_k,
+                        tiling.split_target)
