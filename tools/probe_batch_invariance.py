@@ -3,6 +3,8 @@
   python tools/probe_batch_invariance.py            # every flag set below
   python tools/probe_batch_invariance.py --sets 3 6   # the 3rd and 6th only
   python tools/probe_batch_invariance.py --child    # one set, XLA_FLAGS as set
+  python tools/probe_batch_invariance.py --sets 4 --quantize
+      # the 8-bit GEMMs (pallas_kernels/qmatmul, each kernel and format)
 
 On a GPU, XLA picks a GEMM algorithm (split-K, cuBLAS or Triton tiles) per
 shape, so the bfloat16 result of row 0 of x @ W can change with M, the rows
@@ -41,19 +43,52 @@ FLAG_SETS = {
 TIMED_MS = (144, 4608)
 
 
-def child() -> dict:
+# 8-bit GEMMs: (name, weight dtype, scale group or None, activations, impl)
+QUANTIZED = (("fp8 W8A8 xla", "float8_e4m3fn", None, "fp8", "xla"),
+             ("fp8 W8A8 pallas", "float8_e4m3fn", None, "fp8", "pallas"),
+             ("int8 xla", "int8", None, "bf16", "xla"),
+             ("int8 pallas", "int8", None, "bf16", "pallas"),
+             ("int8-g128 pallas", "int8", 128, "bf16", "pallas"))
+
+
+def _gemms(quantize: bool):
+  """(label, jitted dot(x, w), w) makers per weight [E, N] float32."""
+  import jax
+  import jax.numpy as jnp
+  if not quantize:
+    dot = jax.jit(lambda x, w: jnp.einsum("me,eo->mo", x, w,
+                                          preferred_element_type=jnp.float32
+                                          ).astype(x.dtype))
+    yield "bf16", dot, lambda w: w.astype(jnp.bfloat16)
+    return
+  from pallas_kernels.qmatmul import api
+
+  def quantized(dtype, group, w_ExO):
+    w_OxE = w_ExO.T
+    o, e = w_OxE.shape
+    g = w_OxE.reshape(o, e // (group or e), group or e)
+    top = 448.0 if dtype == "float8_e4m3fn" else 127.0
+    scale = jnp.max(jnp.abs(g), -1) / top
+    q = g / scale[..., None]
+    q = jnp.round(q) if dtype == "int8" else q
+    return q.astype(dtype).reshape(o, e), scale
+
+  for label, dtype, group, act, impl in QUANTIZED:
+    dot = jax.jit(lambda x, w, act=act, impl=impl: api.matmul(
+        x, *w, activations=act, implementation=impl))
+    yield label, dot, lambda w, d=dtype, g=group: quantized(d, g, w)
+
+
+def child(quantize: bool = False) -> dict:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  dot = jax.jit(lambda x, w: jnp.einsum("me,eo->mo", x, w,
-                                        preferred_element_type=jnp.float32
-                                        ).astype(x.dtype))
   out = {}
-  for e, n in SHAPES:
+  for (e, n), (label, dot, prep) in (
+      (shape, g) for shape in SHAPES for g in _gemms(quantize)):
     kx, kw = jax.random.split(jax.random.key(e * 7 + n))
     x = jax.random.normal(kx, (max(MS), e), jnp.bfloat16)
-    w = (jax.random.normal(kw, (e, n), jnp.float32) * e ** -0.5
-         ).astype(jnp.bfloat16)
+    w = prep(jax.random.normal(kw, (e, n), jnp.float32) * e ** -0.5)
     first = {m: np.asarray(dot(x[:m], w)[0].astype(jnp.float32)) for m in MS}
     same = [m for m in MS if np.array_equal(first[m], first[MS[0]])]
     times = {}
@@ -65,18 +100,21 @@ def child() -> dict:
         y = dot(xs, w)
       y.block_until_ready()
       times[m] = (time.perf_counter() - t0) / 20 * 1e6
-    out[f"{e}x{n}"] = {"same_as_first": same, "us": times}
+    out[f"{e}x{n}" + ("" if label == "bf16" else f" {label}")] = {
+        "same_as_first": same, "us": times}
   return out
 
 
 def main() -> None:
+  quantize = "--quantize" in sys.argv
   if "--child" in sys.argv:
-    print("RESULT " + json.dumps(child()))
+    print("RESULT " + json.dumps(child(quantize)))
     return
   best, best_same = "", -1
   names = list(FLAG_SETS)
   if "--sets" in sys.argv:  # 1-based indices into FLAG_SETS
-    picked = [int(a) for a in sys.argv[sys.argv.index("--sets") + 1:]]
+    picked = [int(a) for a in sys.argv[sys.argv.index("--sets") + 1:]
+              if a.isdigit()]
     if not picked or not all(1 <= i <= len(names) for i in picked):
       raise SystemExit(f"--sets takes 1-based indices into {names}")
     names = [names[i - 1] for i in picked]
@@ -85,7 +123,8 @@ def main() -> None:
   for name in names:
     flags = FLAG_SETS[name]
     env = dict(os.environ, XLA_FLAGS=flags)
-    proc = subprocess.run([sys.executable, __file__, "--child"], env=env,
+    proc = subprocess.run([sys.executable, __file__, "--child"]
+                          + ["--quantize"] * quantize, env=env,
                           capture_output=True, text=True, timeout=240)
     line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     if not line:
