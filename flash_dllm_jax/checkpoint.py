@@ -153,6 +153,7 @@ def _stored_shapes(checkpointer, group_dir: Path) -> dict[str, tuple]:
 
 
 def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
+         fuse_qkv: bool | None = None,
          ) -> tuple[Params, ModelConfig, Tokenizer | None]:
   """Restores (params, config, tokenizer) from a checkpoint directory.
 
@@ -164,11 +165,13 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   A Hugging Face LLaDA/Dream directory loads too, tensor by tensor through
   the converter's name table and checks (convert/streaming.py; dtype
   default bfloat16), with nothing written to disk.
+  fuse_qkv: join each layer's q/k/v projections into one (model/fuse.py);
+  None does so on a GPU, where the one GEMM is faster at few rows.
   """
   ckpt_dir = Path(ckpt_dir).absolute()
   if _kind(ckpt_dir) == "hf":
     from flash_dllm_jax.convert.streaming import load_hf
-    return load_hf(ckpt_dir, dtype=dtype, mesh=mesh)
+    return _fused(*load_hf(ckpt_dir, dtype=dtype, mesh=mesh), fuse_qkv)
   config = load_config(ckpt_dir)
   manifest = _read_json(ckpt_dir / "manifest.json", "the parameter manifest")
   if manifest.get("format") != FORMAT:
@@ -204,4 +207,14 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
     tokenizer = Tokenizer.from_dir(ckpt_dir)
   if dtype is not None:
     config = config.replace(dtype=dtype)
-  return traverse_util.unflatten_dict(flat, sep="/"), config, tokenizer
+  return _fused(traverse_util.unflatten_dict(flat, sep="/"), config,
+                tokenizer, fuse_qkv)
+
+
+def _fused(params, config, tokenizer, fuse_qkv):
+  if fuse_qkv is None:
+    fuse_qkv = jax.default_backend() in ("gpu", "cuda", "rocm")
+  if fuse_qkv:
+    from flash_dllm_jax.model.fuse import fuse_qkv as join
+    params, config = join(params, config)
+  return params, config, tokenizer

@@ -41,6 +41,7 @@ class ModelConfig:
   bos_token_id: int | None = None
   eot_token_id: int | None = None  # LLaDA <|eot_id|>, Dream <|im_end|>
   dtype: str = "bfloat16"  # compute dtype
+  fused_qkv: bool = False  # one qkv_proj per layer (model/fuse.py)
 
   def __post_init__(self):
     errors = []
@@ -68,6 +69,8 @@ class ModelConfig:
         errors.append("mask_token_id must differ from eos_token_id")
     if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
       errors.append("rms_norm_eps and rope_theta must be positive")
+    if not isinstance(self.fused_qkv, bool):
+      errors.append(f"fused_qkv must be a bool, got {self.fused_qkv!r}")
     if self.dtype not in _DTYPES:
       errors.append(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
     if errors:

@@ -46,9 +46,9 @@ HEADS_SPEC = CACHE_SPEC                      # q / k / v [B, Q, H or K, D]
 # Parameter path (the Flax tree keys joined by '/') -> spec. Kernels are
 # stored [in, out]; every projection is column-parallel (splits `out`).
 _RULES = [
-    (r"(q_proj|k_proj|v_proj|attn_out|gate_proj|up_proj|down_proj)/kernel$",
-     P(None, "model")),
-    (r"(q_proj|k_proj|v_proj)/bias$", P("model")),
+    (r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)"
+     r"/kernel$", P(None, "model")),
+    (r"(q_proj|k_proj|v_proj|qkv_proj)/bias$", P("model")),
     (r"^embed$", P("model", None)),
 ]
 

@@ -20,9 +20,10 @@ from pallas_kernels.attention.api import Tiling
 from flash_dllm_jax.model import CachedExtras, KVCache
 from flash_dllm_jax.ops import Kernels
 arch, impl, dtype = sys.argv[1:4]
+fused = sys.argv[5:] == ["fused"]
 # Few programs per sequence: one device picks 1 key split for its 4 KV
 # heads, a shard of 2 or 1 heads would pick 2 if it chose from its own.
-config, params = tiny4(arch, head_dim=16, dtype=dtype)
+config, params = tiny4(arch, head_dim=16, dtype=dtype, fused_qkv=fused)
 model = Transformer(config, implementation=Kernels(
     impl, attention=Tiling(split_target=4)))
 rng = np.random.default_rng(0)
@@ -89,6 +90,15 @@ def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
   meshes = "model=2;model=4;data=2,model=2;data=4"
   out = _run(BITWISE, arch, impl, dtype, meshes,
              xla_flags=DTYPE_FLAGS[dtype])
+  assert "BITWISE-OK" in out, out
+
+
+def test_tensor_parallel_joined_qkv_is_bitwise_the_one_device_forward():
+  """The joined q/k/v projection (model/fuse.py) is column-sharded into
+  whole heads: Dream's GQA forwards on every mesh equal one device's."""
+  out = _run(BITWISE, "dream", "pallas_interpret", "float32",
+             "model=2;model=4;data=2,model=2", "fused",
+             xla_flags=DTYPE_FLAGS["float32"])
   assert "BITWISE-OK" in out, out
 
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import fuse
 from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope, rope_angles
 from flash_dllm_jax.model.transformer import Block, CachedExtras
 
@@ -70,9 +71,15 @@ def queries(config: ModelConfig, params, index: int, x_BxTxE: jax.Array,
   b, t, _ = x_BxTxE.shape
   n_BxTxE = RMSNorm(cfg.rms_norm_eps, implementation=implementation).apply(
       {"params": p["attn_norm"]}, x_BxTxE)
-  q_BxTxHxD = Linear(cfg.n_heads * cfg.head_dim, use_bias=cfg.qkv_bias).apply(
-      {"params": p["q_proj"]}, n_BxTxE).reshape(b, t, cfg.n_heads,
-                                                cfg.head_dim)
+  if cfg.fused_qkv:
+    q_BxTxHxD = fuse.split_qkv(Linear(
+        fuse.qkv_features(cfg), use_bias=cfg.qkv_bias).apply(
+            {"params": p["qkv_proj"]}, n_BxTxE), cfg)[0]
+  else:
+    q_BxTxHxD = Linear(cfg.n_heads * cfg.head_dim,
+                       use_bias=cfg.qkv_bias).apply(
+        {"params": p["q_proj"]}, n_BxTxE).reshape(b, t, cfg.n_heads,
+                                                  cfg.head_dim)
   cos_BxTxD, sin_BxTxD = rope_angles(positions_BxT, cfg.head_dim,
                                      cfg.rope_theta)
   return apply_rope(q_BxTxHxD, cos_BxTxD, sin_BxTxD, cfg.rope_in_float32)

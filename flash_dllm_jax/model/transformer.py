@@ -17,6 +17,7 @@ from flax import struct
 
 from flash_dllm_jax import ops
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import fuse
 from flash_dllm_jax.model.cache import KVCache
 from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope, rope_angles
 
@@ -67,9 +68,16 @@ class Block(nn.Module):
 
     n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, self.implementation,
                       name="attn_norm")(x_BxQxE)
-    q_BxQxHxD = dense("q_proj", h * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, h, d)
-    k_BxQxKxD = dense("k_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, k, d)
-    v_BxQxKxD = dense("v_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(b, q, k, d)
+    if cfg.fused_qkv:
+      q_BxQxHxD, k_BxQxKxD, v_BxQxKxD = fuse.split_qkv(dense(
+          "qkv_proj", fuse.qkv_features(cfg), cfg.qkv_bias)(n_BxQxE), cfg)
+    else:
+      q_BxQxHxD = dense("q_proj", h * d, cfg.qkv_bias)(n_BxQxE).reshape(
+          b, q, h, d)
+      k_BxQxKxD = dense("k_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(
+          b, q, k, d)
+      v_BxQxKxD = dense("v_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(
+          b, q, k, d)
     rope = lambda x, _: apply_rope(x, cos_BxQxD, sin_BxQxD, cfg.rope_in_float32)
     scale = 1.0 / math.sqrt(d)
     new_kv = None
