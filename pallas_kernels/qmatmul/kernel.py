@@ -72,10 +72,10 @@ def _kernel(*refs, m, o, e, bm, bn, be, splits, grouped, fp8_x, compute,
 
   zeros = jnp.zeros((bm, bn), jnp.float32)
   accs = lax.fori_loop(e0, e1, body, (zeros,) * (1 + swiglu))
-  if not grouped:
-    accs = tuple(
-        acc * plgpu.load(s_ref.at[cols, jnp.int32(0)], mask=col_ok, other=0.0)[None, :]
-        for acc, (_, s_ref) in zip(accs, pairs))
+  if not grouped:  # (a Python 0 index does not discharge in interpret mode)
+    accs = tuple(acc * plgpu.load(s_ref.at[cols, jnp.int32(0)], mask=col_ok,
+                                  other=0.0)[None, :]
+                 for acc, (_, s_ref) in zip(accs, pairs))
   if fp8_x:
     sx = plgpu.load(sx_ref.at[rows], mask=row_ok, other=0.0)
     accs = tuple(acc * sx[:, None] for acc in accs)
