@@ -38,8 +38,8 @@ VARIANTS = [("bf16", "xla"), ("int8", "pallas"), ("int8_g128", "pallas"),
             ("fp8", "pallas"), ("fp8_w8a8", "pallas"), ("fp8_w8a8", "xla"),
             ("int8", "xla")]
 # One knob changed at a time from the kernel's default tiling.
-SWEEP = [{}, dict(block_n=32), dict(block_n=128), dict(split_e=1),
-         dict(num_warps=8), dict(block_m=32), dict(block_m=64),
+SWEEP = [{}, dict(block_n=128), dict(block_n=32), dict(split_e=1),
+         dict(num_warps=8), dict(block_m=64), dict(block_m=32),
          dict(block_e=256), dict(block_n=128, num_warps=8)]
 
 

@@ -3,7 +3,7 @@ kernel (interpret mode on the CPU, Triton on a GPU) and XLA's dots against
 the plain-JAX reference, the kernel's row invariance, argument checks.
 
 Formats: int8 per channel, int8 per group of 128, e4m3 weight-only, e4m3
-W8A8 (and int8 weights under e4m3 rows). GPU-marked tests run with
+W8A8, and with groups of 128 under e4m3 rows int8 and e4m3 weights. GPU-marked tests run with
 JAX_PLATFORMS=cuda.
 """
 
@@ -23,6 +23,7 @@ FORMATS = {
     "fp8": (FP8, None, "bf16"),
     "fp8_w8a8": (FP8, None, "fp8"),
     "int8_w8a8_g128": (jnp.int8, 128, "fp8"),
+    "fp8_w8a8_g128": (FP8, 128, "fp8"),
 }
 EPILOGUES = {"plain": (False, False), "swiglu": (True, False),
              "residual": (False, True), "both": (True, True)}

@@ -91,13 +91,17 @@ def check_args(x_MxE, w_OxE, scale_OxZ, w_up_OxE=None, scale_up_OxZ=None,
 
 def _xla_product(x_MxE, w_OxE, scale_OxZ, activations):
   """float32 x @ W^T through XLA's dot (see the module docstring)."""
-  dot = lambda a, b: jax.lax.dot_general(
-      a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+  dot = lambda a, b, precision=None: jax.lax.dot_general(
+      a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32,
+      precision=precision)
   per_channel = scale_OxZ.shape[1] == 1
   if activations == "fp8":
     xq_MxE, sx_M = reference.quantize_rows(x_MxE)
     if per_channel and w_OxE.dtype == FP8:
-      return dot(xq_MxE, w_OxE) * sx_M[:, None] * scale_OxZ[:, 0]
+      # DEFAULT whatever jax_default_matmul_precision says: cuBLASLt's fp8
+      # GEMM.
+      return dot(xq_MxE, w_OxE, jax.lax.Precision.DEFAULT) * (
+          sx_M[:, None] * scale_OxZ[:, 0])
     x_MxE, row_M = xq_MxE.astype(jnp.bfloat16), sx_M[:, None]
   else:
     row_M = 1.0

@@ -46,6 +46,8 @@ def _kernel(*refs, m, o, e, bm, bn, be, splits, grouped, fp8_x, compute,
   out_refs = list(it)
   i, j, sp = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   rows, cols = pl.ds(i * bm, bm), pl.ds(j * bn, bn)
+  # float32 rows: an IEEE dot (Triton's default for float32 is TF32).
+  precision = lax.Precision.HIGHEST if compute == jnp.float32 else None
   row_ok = i * bm + jnp.arange(bm) < m
   col_ok = j * bn + jnp.arange(bn) < o
   n_e = pl.cdiv(e, be)
@@ -64,7 +66,8 @@ def _kernel(*refs, m, o, e, bm, bn, be, splits, grouped, fp8_x, compute,
       w = plgpu.load(w_ref.at[cols, ek], mask=w_mask,
                      other=_zero(w_ref.dtype)).astype(compute)
       d = lax.dot_general(x, w, (((1,), (1,)), ((), ())),
-                          preferred_element_type=jnp.float32)
+                          preferred_element_type=jnp.float32,
+                          precision=precision)
       if grouped:
         d = d * plgpu.load(s_ref.at[cols, t], mask=col_ok, other=0.0)[None, :]
       out.append(acc + d)
