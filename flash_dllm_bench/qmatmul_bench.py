@@ -37,10 +37,15 @@ FORMATS = {"bf16": None, "int8": (jnp.int8, None, "bf16"),
 VARIANTS = [("bf16", "xla"), ("int8", "pallas"), ("int8_g128", "pallas"),
             ("fp8", "pallas"), ("fp8_w8a8", "pallas"), ("fp8_w8a8", "xla"),
             ("int8", "xla")]
-# One knob changed at a time from the kernel's default tiling.
-SWEEP = [{}, dict(block_n=128), dict(block_n=32), dict(split_e=1),
-         dict(num_warps=8), dict(block_m=64), dict(block_m=32),
-         dict(block_e=256), dict(block_n=128, num_warps=8)]
+# Tilings tried per kernel row, one knob changed at a time from the
+# kernel's default: the column tile and E split for few rows, the row tile
+# for many (the kernel's own tiles never depend on M; a caller picks them).
+SWEEP_FEW = [{}, dict(block_n=128), dict(block_n=32), dict(split_e=1),
+             dict(num_warps=8), dict(block_e=256),
+             dict(block_n=128, num_warps=8)]
+SWEEP_MANY = [{}, dict(block_m=64), dict(block_m=64, block_n=128),
+              dict(block_m=32), dict(block_m=64, num_warps=8),
+              dict(block_m=128, num_warps=8), dict(split_e=1)]
 
 
 def fp8_matmul_rate(n: int = 8192, reps: int = 20) -> float:
@@ -102,11 +107,12 @@ def _bytes(e, o, m, epilogue, fmt, z):
   return w + 2 * m * e + 2 * m * o * (2 if epilogue == "residual" else 1)
 
 
-def _configs(fmt, limit):
+def _configs(fmt, m, limit):
   if FORMATS[fmt] is None:
     return []
   grouped = FORMATS[fmt][1] is not None
-  return [c for c in SWEEP if not (grouped and "block_e" in c)][:limit]
+  sweep = SWEEP_FEW if m <= 256 else SWEEP_MANY
+  return [c for c in sweep if not (grouped and "block_e" in c)][:limit]
 
 
 def table(data):
@@ -190,7 +196,7 @@ def run(args):
   ms = args.ms or ([20] if smoke else [16, 144, 1024, 4608])
   reps = args.reps or (2 if smoke else 10)
   inner = args.inner or (1 if smoke else 20)
-  limit = args.tune_limit if args.tune else (1 if smoke else 6)
+  limit = args.tune_limit if args.tune else (1 if smoke else 4)
   n = 256 if smoke else 8192
   data = dict(jax=jax.__version__, device=jax.devices()[0].device_kind,
               ceilings=dict(
@@ -212,7 +218,7 @@ def run(args):
           continue
         x, w, kw = _operands(ein, o, epilogue, m, fmt)
         t, out, want, tiling, tried = _time_variant(
-            time_it, x, w, kw, fmt, impl, _configs(fmt, limit), smoke)
+            time_it, x, w, kw, fmt, impl, _configs(fmt, m, limit), smoke)
         if t is None:
           print(f"{label}: no tiling ran: {tried}", flush=True)
           continue
