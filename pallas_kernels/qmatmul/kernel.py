@@ -3,10 +3,14 @@
 Few rows (decode) make a projection a read of W, so 1-byte weights halve it.
 The kernel streams w_OxE tiles ([block_n, block_e], contiguous along E) and
 converts them in registers: to x's dtype (weight-only), or kept e4m3 against
-e4m3 rows (W8A8: fp8 x fp8 tensor-core dot, float32 accumulation; int8
-weights then meet the rows in bf16, exactly). Per-channel scales (and the
-row scales) multiply the float32 sum once; per-group scales (block_e = the
-group) multiply each tile's product, which keeps the weights exact.
+e4m3 rows (W8A8: an e4m3 x e4m3 dot with float32 accumulation; int8 weights
+then meet the rows in bf16, exactly). Triton lowers that dot to fp8 tensor
+cores only for tiles of >= 64 rows with maxNumImpreciseAcc set, which
+Pallas does not set: on Hopper it runs as f16 MMAs of exactly upcast
+operands, which costs nothing where the kernel is meant to run (few rows,
+bound by the weight read). Per-channel scales (and the row scales) multiply
+the float32 sum once; per-group scales (block_e = the group) multiply each
+tile's product, which keeps the weights exact.
 
 Grid (row tile, column tile, E split), row tiles fastest as in
 pallas_kernels/matmul. Row invariance: every tile size and the E split
