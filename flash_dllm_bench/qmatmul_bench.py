@@ -40,8 +40,8 @@ VARIANTS = [("bf16", "xla"), ("int8", "pallas"), ("int8_g128", "pallas"),
 # Tilings tried per kernel row, one knob changed at a time from the
 # kernel's default: the column tile and E split for few rows, the row tile
 # for many (the kernel's own tiles never depend on M; a caller picks them).
-SWEEP_FEW = [{}, dict(block_n=128), dict(block_n=32), dict(split_e=1),
-             dict(num_warps=8), dict(block_e=256),
+SWEEP_FEW = [{}, dict(block_n=128), dict(split_e=2), dict(split_e=1),
+             dict(block_n=32), dict(num_warps=8), dict(block_e=256),
              dict(block_n=128, num_warps=8)]
 SWEEP_MANY = [{}, dict(block_m=64), dict(block_m=64, block_n=128),
               dict(block_m=32), dict(block_m=64, num_warps=8),
