@@ -107,12 +107,22 @@ def _bytes(e, o, m, epilogue, fmt, z):
   return w + 2 * m * e + 2 * m * o * (2 if epilogue == "residual" else 1)
 
 
-def _configs(fmt, m, limit):
+def _configs(fmt, m, e, o, limit):
+  """The first `limit` distinct tilings (split_e resolved to compare)."""
   if FORMATS[fmt] is None:
     return []
   grouped = FORMATS[fmt][1] is not None
-  sweep = SWEEP_FEW if m <= 256 else SWEEP_MANY
-  return [c for c in sweep if not (grouped and "block_e" in c)][:limit]
+  out, seen = [], set()
+  for c in SWEEP_FEW if m <= 256 else SWEEP_MANY:
+    bn, be = c.get("block_n", 64), c.get("block_e", 128)
+    full = dict(block_m=16, num_warps=4, block_n=bn, block_e=be,
+                split_e=kernel.default_split(o, e, bn, be))
+    full.update(c)
+    key = tuple(sorted(full.items()))
+    if not (grouped and be != 128) and key not in seen:
+      seen.add(key)
+      out.append(c)
+  return out[:limit]
 
 
 def table(data):
@@ -218,7 +228,8 @@ def run(args):
           continue
         x, w, kw = _operands(ein, o, epilogue, m, fmt)
         t, out, want, tiling, tried = _time_variant(
-            time_it, x, w, kw, fmt, impl, _configs(fmt, m, limit), smoke)
+            time_it, x, w, kw, fmt, impl, _configs(fmt, m, ein, o, limit),
+            smoke)
         if t is None:
           print(f"{label}: no tiling ran: {tried}", flush=True)
           continue
