@@ -3,8 +3,8 @@ kernel (interpret mode on the CPU, Triton on a GPU) and XLA's dots against
 the plain-JAX reference, the kernel's row invariance, argument checks.
 
 Formats: int8 per channel, int8 per group of 128, e4m3 weight-only, e4m3
-W8A8, and with groups of 128 under e4m3 rows int8 and e4m3 weights. GPU-marked tests run with
-JAX_PLATFORMS=cuda.
+W8A8, and with groups of 128 under e4m3 rows int8 and e4m3 weights.
+GPU-marked tests run with JAX_PLATFORMS=cuda.
 """
 
 import jax

@@ -4,9 +4,9 @@ Few rows (decode) make a projection a read of W, so 1-byte weights halve it.
 The kernel streams w_OxE tiles ([block_n, block_e], contiguous along E) and
 converts them in registers: to x's dtype (weight-only), or kept e4m3 against
 e4m3 rows (W8A8: an e4m3 x e4m3 dot with float32 accumulation; int8 weights
-then meet the rows in bf16, exactly). Triton lowers that dot to fp8 tensor
-cores only for tiles of >= 64 rows with maxNumImpreciseAcc set, which
-Pallas does not set: on Hopper it runs as f16 MMAs of exactly upcast
+then meet the rows in bf16, exactly). Triton (3.9, sm_90) puts that dot on
+fp8 tensor cores only for tiles of >= 64 rows with maxNumImpreciseAcc set,
+which Pallas does not set; otherwise it runs f16 MMAs of exactly upcast
 operands, which costs nothing where the kernel is meant to run (few rows,
 bound by the weight read). Per-channel scales (and the row scales) multiply
 the float32 sum once; per-group scales (block_e = the group) multiply each
