@@ -5,6 +5,8 @@
   python scripts/bench_kernels.py /tmp/r.json --smoke     # tiny, CPU interpret
   python scripts/bench_kernels.py r.json --tune --models dream \
       --ops attention --seq-lens 2048 [--list]            # tiling search
+  python scripts/bench_kernels.py q.json --qmatmul [--markdown q.md]
+                                           # 8-bit weights vs bf16 (H200)
 
 (Not under pytest, so tests/conftest.py's JAX_PLATFORMS=cpu default doesn't
 apply.)
@@ -30,6 +32,12 @@ filters (--models, --batches, --seq-lens, --queries, --ms, --match,
 --shapes-limit, --skip-done) restrict the sweep; --list prints the selection
 and exits.
 The JSON is rewritten after every row: a run cut short keeps its rows.
+
+--qmatmul: instead, the 8-bit-weight matmul table at LLaDA-8B's projection
+shapes (flash_dllm_bench/qmatmul_bench.py): bf16 XLA dot, the
+weight-streaming kernel in int8 / fp8 (a few tilings; --tune --tune-limit N
+for more) and XLA's W8A8 and int8 dots, against the copy, bf16 and fp8
+matmul rates of the same run; --ms, --match, --reps, --inner, --smoke apply.
 """
 
 import argparse
@@ -104,7 +112,15 @@ def main():
                   "already hold (every requested variant of them)")
   ap.add_argument("--list", action="store_true",
                   help="print the selected shapes and configs, run nothing")
+  ap.add_argument("--qmatmul", action="store_true",
+                  help="the 8-bit-weight matmul table instead of --ops")
+  ap.add_argument("--markdown", default=None,
+                  help="--qmatmul's markdown table (default OUT with .md)")
   args = ap.parse_args()
+  if args.qmatmul:
+    from flash_dllm_bench import qmatmul_bench
+    qmatmul_bench.run(args)
+    return
 
   cfg = {}
   if args.smoke:

@@ -17,11 +17,13 @@ import pytest
 from pallas_kernels.attention import kernel as attention
 from pallas_kernels.cache_update import kernel as cache_update
 from pallas_kernels.matmul import kernel as matmul
+from pallas_kernels.qmatmul import kernel as qmatmul
 from pallas_kernels.rms_norm import kernel as rms_norm
 from pallas_kernels.token_logprob import kernel as token_logprob
 
 S = jax.ShapeDtypeStruct
 BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
+FP8, I8 = jnp.float8_e4m3fn, jnp.int8
 
 
 def _custom_calls(fn, *args):
@@ -69,6 +71,60 @@ def test_stream_matmul():
   calls = _custom_calls(lambda x, w: matmul.matmul(x, w),
                         S((16, 4096), BF16), S((4096, 12288), BF16))
   _assert_triton_only(calls, 1)
+
+
+def _triton_dots(fn, *args):
+  """The operand types of every tt.dot in the Triton modules fn lowers to
+  (each module's IR is MLIR bytecode inside the custom call's config)."""
+  from jax._src.lib.mlir import ir
+  from jaxlib.triton import dialect
+  module = jax.jit(fn).trace(*args).lower(
+      lowering_platforms=("cuda",)).compiler_ir()
+  dots = []
+
+  def walk(op):
+    for region in op.regions:
+      for block in region.blocks:
+        for inner in block.operations:
+          if inner.name == "stablehlo.custom_call":
+            config = ir.DictAttr(inner.attributes["mhlo.backend_config"])
+            ctx = ir.Context()
+            dialect.register_dialect(ctx)
+            text = str(ir.Module.parse(
+                ir.StringAttr(config["ir"]).value_bytes, context=ctx))
+            dots.extend(re.findall(
+                r"tt\.dot .*: (tensor<\S+>) \* (tensor<\S+>)", text))
+          walk(inner)
+
+  walk(module.operation)
+  return dots
+
+
+@pytest.mark.parametrize("w_dtype", [I8, FP8], ids=["int8", "fp8"])
+@pytest.mark.parametrize("activations", ["bf16", "fp8"])
+@pytest.mark.parametrize("m,e,o,z,swiglu,split", [
+    (16, 4096, 12288, 1, True, None),   # LLaDA-8B gate+up, batch 1
+    (144, 12288, 4096, 96, False, 1),   # down, groups of 128, fused epilogue
+    (300, 4096, 4096, 1, False, None)])  # q/k/v/o, split-E
+def test_stream_qmatmul(w_dtype, activations, m, e, o, z, swiglu, split):
+  """Both weight dtypes under both activations; W8A8 with e4m3 weights is an
+  fp8 x fp8 dot, every other pair a bf16 one."""
+  def run(x, w, s, wu, su, r):
+    return qmatmul.matmul(
+        x, w, s, w_up_OxE=wu if swiglu else None,
+        scale_up_OxZ=su if swiglu else None,
+        residual_MxO=None if swiglu else r, activations=activations,
+        split_e=split)
+  args = (S((m, e), BF16), S((o, e), w_dtype), S((o, z), F32),
+          S((o, e), w_dtype), S((o, z), F32), S((m, o), BF16))
+  _assert_triton_only(_custom_calls(run, *args), 1)
+  fp8 = activations == "fp8" and w_dtype == FP8
+  operand = "f8E4M3FN" if fp8 else "bf16"
+  dots = _triton_dots(run, *args)
+  assert len(dots) == 1 + swiglu, dots
+  for a, b in dots:
+    assert a == f"tensor<16x128x{operand}>", dots
+    assert b == f"tensor<128x64x{operand}>", dots
 
 
 @pytest.mark.parametrize("n,e", [(4608, 4096), (144, 3584), (17, 384)])

@@ -78,6 +78,39 @@ def test_bench_kernels_smoke_with_tuning(tmp_path):
       assert "block_k" in t["best"] or "block_n" in t["best"]
 
 
+@pytest.mark.slow
+def test_bench_kernels_qmatmul_smoke_writes_the_table(tmp_path):
+  """--qmatmul --smoke: every shape has the bf16 baseline and each 8-bit
+  format and path, each row against the run's ceilings and bf16's time,
+  within bf16 error of its reference; the markdown table has every row."""
+  import json
+  from flash_dllm_bench.qmatmul_bench import VARIANTS
+  out, md = tmp_path / "q.json", tmp_path / "q.md"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "bench_kernels.py"), str(out),
+       "--smoke", "--qmatmul", "--markdown", str(md)],
+      capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  data = json.loads(out.read_text())
+  assert all(v > 0 for v in data["ceilings"].values())
+  rows = data["rows"]
+  assert len(rows) == 3 * len(VARIANTS)
+  for shape in {r["shape"] for r in rows}:
+    got = [(r["format"], r["impl"]) for r in rows if r["shape"] == shape]
+    assert got == VARIANTS
+  for r in rows:
+    assert r["us"] > 0 and r["gb_s"] > 0 and r["tflop_s"] > 0
+    assert r["max_err"] < 0.02, r
+    assert r["ceiling"] == ("fp8" if r["format"] == "fp8_w8a8" else "bf16")
+    bf16 = next(b for b in rows if b["shape"] == r["shape"]
+                and b["format"] == "bf16")
+    assert abs(r["vs_bf16"] - bf16["us"] / r["us"]) < 1e-6
+    assert (r["impl"] == "pallas") == bool(r["tried"])
+  lines = md.read_text().splitlines()
+  assert "fp8 matmul" in lines[0]
+  assert sum(line.startswith("| ") for line in lines) == 1 + len(rows)
+
+
 def test_bench_params_match_init_params_in_shape_dtype_and_scale():
   import jax
   import jax.numpy as jnp

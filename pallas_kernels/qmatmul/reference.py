@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 FP8 = jnp.float8_e4m3fn
 FP8_MAX = 448.0
+INT8_MAX = 127.0
 
 
 def quantize_rows(x_MxE: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -25,6 +26,24 @@ def quantize_rows(x_MxE: jax.Array) -> tuple[jax.Array, jax.Array]:
   scale_M = jnp.max(jnp.abs(x), axis=-1) / FP8_MAX
   scale_M = jnp.where(scale_M > 0, scale_M, 1.0)
   return (x / scale_M[:, None]).astype(FP8), scale_M
+
+
+def quantize(w_OxE: jax.Array, dtype, group: int | None = None
+             ) -> tuple[jax.Array, jax.Array]:
+  """(w_OxE in dtype, scale_OxZ float32), symmetric, max |w| to the format's
+  largest value per output channel (group None) or per `group` inputs."""
+  o, e = w_OxE.shape
+  if group is not None and (group < 1 or e % group):
+    raise ValueError(f"group {group} does not divide E = {e}")
+  z = 1 if group is None else e // group
+  w = w_OxE.astype(jnp.float32).reshape(o, z, e // z)
+  top = INT8_MAX if jnp.dtype(dtype) == jnp.int8 else FP8_MAX
+  scale_OxZ = jnp.max(jnp.abs(w), axis=-1) / top
+  scale_OxZ = jnp.where(scale_OxZ > 0, scale_OxZ, 1.0)
+  q = w / scale_OxZ[:, :, None]
+  if jnp.dtype(dtype) == jnp.int8:
+    q = jnp.clip(jnp.round(q), -INT8_MAX, INT8_MAX)
+  return q.reshape(o, e).astype(dtype), scale_OxZ
 
 
 def dequantize(w_OxE: jax.Array, scale_OxZ: jax.Array) -> jax.Array:
