@@ -58,6 +58,8 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
 PROJECTION = re.compile(
     r"(q_proj|k_proj|v_proj|attn_out|gate_proj|up_proj|down_proj)/kernel$")
 HEAD = "lm_head"
+# Paths of quantized weights and their scales (not the norms' scales).
+QUANTIZED = re.compile(r"(/kernel_q|(_proj|attn_out|lm_head)/scale)$")
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 
 
@@ -177,3 +179,17 @@ def _flatten(params) -> dict[str, Any]:
 def _unflatten(flat: dict[str, Any]):
   from flax import traverse_util
   return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def add_flags(parser) -> None:
+  """--quantize FMT and --quantize-head on an argparse parser."""
+  parser.add_argument(
+      "--quantize", choices=tuple(FORMATS), default=None,
+      help="8-bit weights: " + "; ".join(
+          f"{f.name}: {'e4m3' if f.w8a8 else 'int8'}, "
+          f"{'per output channel' if f.group is None else f'per {f.group} inputs'}"
+          f"{', W8A8 where the GPU has fp8' if f.w8a8 else ', weight-only'}"
+          for f in FORMATS.values())
+      + " (a bf16 checkpoint is quantized as it loads; default: as stored)")
+  parser.add_argument("--quantize-head", action="store_true",
+                      help="quantize the LM head too (per output channel)")
