@@ -118,15 +118,18 @@ def quantized_linear(x_BxQxE: jax.Array, w_OxE: jax.Array,
     return y_MxO.reshape(*lead, o_local)
 
   w_up, s_up = up if up is not None else (None, None)
-  args = (x_BxQxE, w_OxE, scale_OxZ, bias_O, w_up, s_up, residual_BxQxO)
   if mesh is None:
-    return product(*args)
-  if impl in ("reference", "xla"):  # partitioned by XLA, as ops.linear
-    if gathered:
-      x_BxQxE = jax.lax.with_sharding_constraint(x_BxQxE, P("data"))
-    y = product(x_BxQxE, *args[1:])
-    if gathered and col is not None:
-      y = jax.lax.with_sharding_constraint(y, out_spec)
+    return product(x_BxQxE, w_OxE, scale_OxZ, bias_O, w_up, s_up,
+                   residual_BxQxO)
+  # Whole rows of x and of the residual in, column shards out. Left free,
+  # XLA propagated the residual add's column split back into the residual
+  # stream, whose norms then summed over E across devices.
+  rows = lambda a: None if a is None else (
+      jax.lax.with_sharding_constraint(a, P("data")))
+  args = (rows(x_BxQxE), w_OxE, scale_OxZ, bias_O, w_up, s_up,
+          rows(residual_BxQxO))
+  if impl in ("reference", "xla"):  # partitioned by XLA
+    y = jax.lax.with_sharding_constraint(product(*args), out_spec)
   else:
     specs = (P("data"), P(col, None), P(col, None), P(col), P(col, None),
              P(col, None), out_spec)
