@@ -101,8 +101,8 @@ def main(argv=None):
     cfg = cfg.replace(quantize=args.quantize,
                       quantize_head=args.quantize_head)
   wbytes = quantize.weight_bytes(params)
-  print(f"weights in memory: {wbytes / 1e9:.2f} GB "
-        f"({cfg.quantize or 'bf16'}"
+  print(f"weights in memory: {wbytes / 1e9:.2f} GB ({wbytes:,} bytes, "
+        f"{cfg.quantize or 'bf16'}"
         f"{', LM head too' if cfg.quantize_head else ''})")
   print(f"[{time.perf_counter() - t_start:.0f} s] "
         f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
@@ -143,7 +143,9 @@ def main(argv=None):
         print(rows[-1], flush=True)  # a run cut short keeps what it measured
         if args.json:
           args.json.write_text(json.dumps(dict(
-              copy_Bps=bw, matmul_flops=mm, rows=rows), indent=1))
+              copy_Bps=bw, matmul_flops=mm, weight_bytes=wbytes,
+              quantize=cfg.quantize, quantize_head=cfg.quantize_head,
+              rows=rows), indent=1))
   print("\n| strategy | batch | gen | steps | forwards | ms/step | steady "
         "ms/step | roofline ms/step | roofline / measured (steady) | "
         "compile s | peak GB |")

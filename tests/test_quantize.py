@@ -174,3 +174,27 @@ def test_bad_inputs_each_get_their_message(tmp_path):
 def test_old_config_without_the_fields_loads_as_bf16():
   config = checkpoint.load_config(TINY_CHECKPOINT)
   assert config.quantize is None and config.quantize_head is False
+
+
+@pytest.mark.slow
+def test_bench_strategies_and_quant_error_take_quantize(tmp_path):
+  """bench_strategies quantizes its random weights and records their bytes;
+  quant_error prints its tables for the shipped model."""
+  import json
+  import subprocess
+  import sys
+  from tests.paths import ROOT
+  out = tmp_path / "bench.json"
+  run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True,
+                                  text=True, timeout=600, cwd=ROOT)
+  bench = run("scripts/bench_strategies.py", "--smoke", "--quantize", "fp8",
+              "--only", "flash-dllm", "--json", str(out))
+  assert bench.returncode == 0, bench.stderr[-2000:]
+  doc = json.loads(out.read_text())
+  assert doc["quantize"] == "fp8" and 0 < doc["weight_bytes"]
+  assert "weights in memory" in bench.stdout and len(doc["rows"]) == 1
+  err = run("scripts/quant_error.py", "--smoke", "--batch", "1", "--formats",
+            "int8", "fp8")
+  assert err.returncode == 0, err.stderr[-2000:]
+  assert "| fp8 |" in err.stdout and "| int8 |" in err.stdout
+  assert "| 9 |" in err.stdout  # a row per layer of the 10-layer model
