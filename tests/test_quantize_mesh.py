@@ -70,3 +70,39 @@ def test_quantized_mesh_forward_is_bitwise_the_one_device_forward(
   # default float32 GEMM sums column shards in another order (mesh_case).
   out = run_script(SCRIPT, fmt, impl, dtype, arch, xla_flags=STRICT_CPU)
   assert "QUANT-MESH-OK" in out, out
+
+
+LOAD = r'''
+import sys, tempfile
+import jax, numpy as np
+from flash_dllm_jax import checkpoint, quantize
+from flash_dllm_jax.convert import convert_checkpoint
+from tests import hf_fixtures
+d = tempfile.mkdtemp()
+src, _ = hf_fixtures.write_llada(d + "/hf")
+convert_checkpoint(src, d + "/bf16", progress=False)
+one, _, _ = checkpoint.load(d + "/bf16", quantize="fp8", quantize_head=True)
+for path in (d + "/hf", d + "/bf16"):
+  got, config, _ = checkpoint.load(path, mesh="model=2", quantize="fp8",
+                                   quantize_head=True)
+  assert config.quantize == "fp8"
+  q = got["layers_0"]["q_proj"]
+  rows = jax.sharding.PartitionSpec("model", None)
+  assert q["kernel_q"].sharding.spec == rows, q["kernel_q"].sharding
+  assert q["scale"].sharding.spec == rows
+  assert got["lm_head"]["kernel_q"].sharding.is_fully_replicated
+  a, b = quantize._flatten(one), quantize._flatten(got)
+  assert a.keys() == b.keys()
+  for k in a:
+    assert np.array_equal(np.asarray(a[k]).view(np.uint8),
+                          np.asarray(b[k]).view(np.uint8)), k
+print("LOAD-OK")
+'''
+
+
+@pytest.mark.slow
+def test_load_quantize_onto_a_mesh_shards_kernel_q_and_scale_by_columns():
+  """load(mesh='model=2', quantize=) of an HF dir and of an orbax copy:
+  kernel_q and scale sharded along their rows (the output columns), the
+  quantized LM head replicated, the bits those of one device's load."""
+  assert "LOAD-OK" in run_script(LOAD, devices=2)
