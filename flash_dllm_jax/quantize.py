@@ -193,3 +193,15 @@ def add_flags(parser) -> None:
       + " (a bf16 checkpoint is quantized as it loads; default: as stored)")
   parser.add_argument("--quantize-head", action="store_true",
                       help="quantize the LM head too (per output channel)")
+
+
+def check_params(params, config) -> None:
+  """A ValueError when the tree and config disagree on quantization."""
+  held = is_quantized(params)
+  if config.quantize is not None and not held:
+    raise ValueError(f"the config says quantize={config.quantize!r} but the "
+                     "parameters hold unquantized kernels (quantize them "
+                     "with quantize_params, or load(..., quantize=))")
+  if config.quantize is None and held:
+    raise ValueError("the parameters hold 8-bit kernels but the config has "
+                     "quantize=None (use the config load returns with them)")

@@ -164,6 +164,11 @@ def test_bad_inputs_each_get_their_message(tmp_path):
     checkpoint.load(tmp_path / "q", quantize="fp8")
   with pytest.raises(ValueError, match="unknown quantization format"):
     checkpoint.load(TINY_CHECKPOINT, quantize="int4")
+  with pytest.raises(ValueError, match="config says quantize='int8' but the "
+                     "parameters hold unquantized kernels"):
+    logits(params, np.zeros((1, 4), np.int32), config=qconfig)
+  with pytest.raises(ValueError, match="hold 8-bit kernels but the config"):
+    logits(qparams, np.zeros((1, 4), np.int32), config=config)
   src, _ = hf_fixtures.write_llada(tmp_path / "hf", n_layers=1)
   with pytest.raises(ConversionError, match="int8-g128 needs its input size"):
     convert_checkpoint(src, tmp_path / "g", quantize="int8-g128",
@@ -198,3 +203,33 @@ def test_bench_strategies_and_quant_error_take_quantize(tmp_path):
   assert err.returncode == 0, err.stderr[-2000:]
   assert "| fp8 |" in err.stdout and "| int8 |" in err.stdout
   assert "| 9 |" in err.stdout  # a row per layer of the 10-layer model
+
+
+def test_dispatch_picks_the_kernel_by_rows_per_sequence_never_the_batch(
+    monkeypatch):
+  """On a GPU ('pallas'), Q <= QMATMUL_STREAM_MAX_Q streams the weights and
+  larger Q goes to XLA, whatever the batch; each call here still runs the
+  reference (recorded on its way), which gives every row the same bits
+  whatever the batch."""
+  from flash_dllm_jax import ops
+  from pallas_kernels.qmatmul import api, reference
+  chosen = []
+
+  def recording(*args, implementation=None, **kwargs):
+    chosen.append(implementation)
+    return reference.matmul(*args, **kwargs)
+
+  monkeypatch.setattr(api, "matmul", recording)
+  w_OxE, scale_OxZ = quantize.quantize_weight(
+      np.random.default_rng(0).standard_normal((128, 32)), "int8")
+  limit = ops.QMATMUL_STREAM_MAX_Q
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((64, 2 * limit,
+                                                            128)), jnp.float32)
+  for b, q, want in [(1, limit, "pallas"), (64, limit, "pallas"),
+                     (1, limit + 1, "xla"), (64, 2 * limit, "xla")]:
+    y = ops.quantized_linear(x[:b, :q], w_OxE, scale_OxZ, fmt="int8",
+                             implementation="pallas")
+    assert chosen[-1] == want, (b, q, chosen)
+    np.testing.assert_array_equal(
+        y[:1], ops.quantized_linear(x[:1, :q], w_OxE, scale_OxZ, fmt="int8",
+                                    implementation="pallas"))
