@@ -183,13 +183,14 @@ def _unflatten(flat: dict[str, Any]):
 
 def add_flags(parser) -> None:
   """--quantize FMT and --quantize-head on an argparse parser."""
+  def describe(f: Format) -> str:
+    scales = ("per output channel" if f.group is None
+              else f"per {f.group} inputs")
+    acts = "W8A8 where the GPU has fp8" if f.w8a8 else "weight-only"
+    return f"{f.name}: {'e4m3' if f.w8a8 else 'int8'}, {scales}, {acts}"
   parser.add_argument(
       "--quantize", choices=tuple(FORMATS), default=None,
-      help="8-bit weights: " + "; ".join(
-          f"{f.name}: {'e4m3' if f.w8a8 else 'int8'}, "
-          f"{'per output channel' if f.group is None else f'per {f.group} inputs'}"
-          f"{', W8A8 where the GPU has fp8' if f.w8a8 else ', weight-only'}"
-          for f in FORMATS.values())
+      help="8-bit weights: " + "; ".join(map(describe, FORMATS.values()))
       + " (a bf16 checkpoint is quantized as it loads; default: as stored)")
   parser.add_argument("--quantize-head", action="store_true",
                       help="quantize the LM head too (per output channel)")

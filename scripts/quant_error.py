@@ -87,7 +87,8 @@ def table(results: dict, sizes: dict) -> str:
   lines = ["| format | weights MB | logits rel L2 | max abs logit error | "
            "argmax agree | argmax agree (masked) | worst layer rel L2 |",
            "|---|---|---|---|---|---|---|"]
-  lines.append(f"| bf16 | {sizes['bf16'] / 1e6:,.1f} | – | – | – | – | – |")
+  bf16_mb = sizes["bf16"] / 1e6
+  lines.append(f"| bf16 | {bf16_mb:,.1f} | – | – | – | – | – |")
   for fmt, r in results.items():
     worst = int(np.argmax(r["layers"]))
     lines.append(
