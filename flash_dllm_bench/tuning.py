@@ -19,6 +19,10 @@ def add_args(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--attention-max-block-r", type=int, default=None,
                   help="attention kernel: most rows (query x folded head) "
                   "per program (default: Tiling().max_block_r)")
+  ap.add_argument("--stream-max-q", type=int, default=None,
+                  help="8-bit weights: most query rows per sequence that "
+                  "run the weight-streaming kernel, more go to XLA's GEMM "
+                  "(default: ops.QMATMUL_STREAM_MAX_Q)")
 
 
 def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
@@ -34,6 +38,8 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
       ap.error(f"--gpu-option {option!r}: expected xla_gpu_NAME=VALUE")
     options[key] = {"true": True, "false": False}.get(
         value.lower(), int(value) if value.lstrip("-").isdigit() else value)
+  if args.stream_max_q is not None and args.stream_max_q < 0:
+    ap.error("--stream-max-q must be >= 0")
   if args.split_target is not None and args.split_target < 1:
     ap.error("--split-target must be >= 1")
   r = args.attention_max_block_r
@@ -43,4 +49,5 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   default = Tiling()
   return Kernels(attention=Tiling(
       split_target=args.split_target or default.split_target,
-      max_block_r=r or default.max_block_r))
+      max_block_r=r or default.max_block_r),
+      stream_max_q=args.stream_max_q)

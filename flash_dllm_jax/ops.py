@@ -88,16 +88,19 @@ def quantized_linear(x_BxQxE: jax.Array, w_OxE: jax.Array,
   """x @ W^T (+ b), or silu(x @ W^T) * (x @ W_up^T) with up=(w_up, scale_up),
   plus residual_BxQxO, for 8-bit weights (quantize.py) in x's dtype.
 
-  On CPU the plain-JAX reference, with the activations the format has on
-  the H200 (fp8 W8A8 for "fp8"). On a GPU the weight-streaming kernel when
-  Q <= QMATMUL_STREAM_MAX_Q and XLA's GEMM above. Under a mesh the weight
-  is column-sharded over "model" like ops.linear's: the kernel runs per
-  shard (rows on "data", its output columns on "model"); gathered gathers
-  x before and the output columns after, so every element is the
-  one-device dot product.
+  x is [..., Q, E], Q the rows of one sequence. On CPU the plain-JAX
+  reference, with the activations the format has on the H200 (fp8 W8A8
+  for "fp8"). On a GPU the weight-streaming kernel when Q <=
+  QMATMUL_STREAM_MAX_Q (or Kernels.stream_max_q) and XLA's GEMM above.
+  Under a mesh the weight is column-sharded over "model" like ops.linear's:
+  the kernel runs per shard (rows on "data", its output columns on
+  "model"); gathered gathers x before and the output columns after, so
+  every element is the one-device dot product.
   """
   impl = _kernels(implementation)
-  if impl == "pallas" and x_BxQxE.shape[-2] > QMATMUL_STREAM_MAX_Q:
+  limit = getattr(implementation, "stream_max_q", None)
+  if impl == "pallas" and x_BxQxE.shape[-2] > (
+      QMATMUL_STREAM_MAX_Q if limit is None else limit):
     impl = "xla"
   acts = quantize.activations(fmt)
   o, ndim = w_OxE.shape[0], x_BxQxE.ndim
@@ -205,11 +208,18 @@ def write_cache(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
 @dataclasses.dataclass(frozen=True)
 class Kernels:
   """A kernel choice with settings, accepted wherever `implementation` is:
-  name as `implementation` (None: by backend) and the attention kernel's
-  tiling rules (benchmarks sweep them; static, so part of the jit key)."""
+  name as `implementation` (None: by backend), the attention kernel's
+  tiling rules and the rows per sequence up to which 8-bit weights stream
+  (`quantized_linear`; benchmarks sweep them; static, so part of the jit
+  key)."""
 
   name: str | None = None
   attention: attention_api.Tiling = attention_api.Tiling()
+  stream_max_q: int | None = None  # default QMATMUL_STREAM_MAX_Q
+
+  def __post_init__(self):
+    if self.stream_max_q is not None and self.stream_max_q < 0:
+      raise ValueError(f"stream_max_q must be >= 0, got {self.stream_max_q}")
 
 
 def _kernels(implementation: "str | Kernels | None") -> str:

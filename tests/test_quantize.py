@@ -230,6 +230,10 @@ def test_dispatch_picks_the_kernel_by_rows_per_sequence_never_the_batch(
     y = ops.quantized_linear(x[:b, :q], w_OxE, scale_OxZ, fmt="int8",
                              implementation="pallas")
     assert chosen[-1] == want, (b, q, chosen)
+    ops.quantized_linear(x[:b, :q], w_OxE, scale_OxZ, fmt="int8",
+                         implementation=ops.Kernels(
+                             "pallas", stream_max_q=2 * limit))
+    assert chosen[-1] == "pallas"  # a benchmark's setting moves the line
     np.testing.assert_array_equal(
         y[:1], ops.quantized_linear(x[:1, :q], w_OxE, scale_OxZ, fmt="int8",
                                     implementation="pallas"))
