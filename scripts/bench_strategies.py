@@ -94,10 +94,10 @@ def main(argv=None):
   else:
     cfg = ModelConfig.llada_8b()
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
-  params = timing.bench_params(cfg)
-  if args.quantize:  # on device, from the random bf16 weights
-    params = quantize.quantize_params(params, args.quantize,
-                                      head=args.quantize_head)
+  # quantized on device from the random bf16 weights, leaf by leaf
+  params = timing.bench_params(cfg, quantize=args.quantize,
+                               quantize_head=args.quantize_head)
+  if args.quantize:
     cfg = cfg.replace(quantize=args.quantize,
                       quantize_head=args.quantize_head)
   wbytes = quantize.weight_bytes(params)

@@ -237,3 +237,12 @@ def test_dispatch_picks_the_kernel_by_rows_per_sequence_never_the_batch(
     np.testing.assert_array_equal(
         y[:1], ops.quantized_linear(x[:1, :q], w_OxE, scale_OxZ, fmt="int8",
                                     implementation="pallas"))
+
+
+def test_bench_params_quantized_leaf_by_leaf_equal_quantize_params():
+  from flash_dllm_bench import timing
+  config = ModelConfig.tiny("llada", d_model=128, n_heads=8, dtype="bfloat16")
+  assert tree_equal(
+      timing.bench_params(config, quantize="int8-g128", quantize_head=True),
+      quantize.quantize_params(timing.bench_params(config), "int8-g128",
+                               head=True))
