@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from flash_dllm_jax.eval.records import peak_memory_bytes  # noqa: F401 (re-exported)
 
 
-def bench_params(config, seed: int = 0, pool: int = 1 << 22):
+def bench_params(config, seed: int = 0, pool: int = 1 << 22,
+                 quantize: str | None = None, quantize_head: bool = False):
   """Parameters shaped and scaled like `init_params` (N(0, 1/fan_in)
   kernels, unit-variance embeddings, unit norm scales), built fast for
   benchmarks: one `pool`-sized normal draw, and each weight tiles that draw
@@ -22,21 +23,34 @@ def bench_params(config, seed: int = 0, pool: int = 1 << 22):
   H200). Leaves are built one at a time by a function compiled once per
   distinct shape, so no giant program is compiled and the build costs about
   one write of the weights. Timing does not depend on the values; do not use
-  these weights to judge quality."""
+  these weights to judge quality.
+  quantize (a format of flash_dllm_jax/quantize.py): each weight is
+  quantized on device as soon as it is built, so memory peaks near the
+  8-bit weights plus one bf16 leaf."""
+  from flax import traverse_util
+
+  from flash_dllm_jax import quantize as quantized
   from flash_dllm_jax.model import init_params
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   pool_P = jax.random.normal(jax.random.key(seed), (pool,), jnp.float32)
-  leaves = []
+  leaves, flat = [], {}
   for i, (path, leaf) in enumerate(paths):
     if leaf.ndim == 1:  # norm scales
       leaves.append(jnp.ones(leaf.shape, leaf.dtype))
-      continue
-    scale = 1.0 if "embed" in jax.tree_util.keystr(path) else (
-        leaf.shape[0] ** -0.5)
-    offset = (i * 104_729) % pool  # a prime stride: leaves differ
-    leaves.append(_tiled_leaf(pool_P, jnp.int32(offset), jnp.float32(scale),
-                              tuple(leaf.shape), jnp.dtype(leaf.dtype)))
+    else:
+      scale = 1.0 if "embed" in jax.tree_util.keystr(path) else (
+          leaf.shape[0] ** -0.5)
+      offset = (i * 104_729) % pool  # a prime stride: leaves differ
+      leaves.append(_tiled_leaf(pool_P, jnp.int32(offset),
+                                jnp.float32(scale), tuple(leaf.shape),
+                                jnp.dtype(leaf.dtype)))
+    if quantize is not None:
+      name = "/".join(str(k.key) for k in path)
+      flat.update(quantized.quantize_leaf(name, leaves.pop(), quantize,
+                                          quantize_head))
+  if quantize is not None:
+    return traverse_util.unflatten_dict(flat, sep="/")
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 

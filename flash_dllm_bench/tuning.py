@@ -25,6 +25,10 @@ def add_args(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--attention-stages", type=int, default=None,
                   help="attention kernel: pipeline stages (default: "
                   "Tiling().num_stages)")
+  ap.add_argument("--stream-max-q", type=int, default=None,
+                  help="8-bit weights: most query rows per sequence that "
+                  "run the weight-streaming kernel, more go to XLA's GEMM "
+                  "(default: ops.QMATMUL_STREAM_MAX_Q)")
 
 
 def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
@@ -40,6 +44,8 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
       ap.error(f"--gpu-option {option!r}: expected xla_gpu_NAME=VALUE")
     options[key] = {"true": True, "false": False}.get(
         value.lower(), int(value) if value.lstrip("-").isdigit() else value)
+  if args.stream_max_q is not None and args.stream_max_q < 0:
+    ap.error("--stream-max-q must be >= 0")
   if args.split_target is not None and args.split_target < 1:
     ap.error("--split-target must be >= 1")
   r = args.attention_max_block_r
@@ -55,4 +61,4 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
         num_stages=args.attention_stages or default.num_stages)
   except ValueError as e:
     ap.error(str(e))
-  return Kernels(attention=tiling)
+  return Kernels(attention=tiling, stream_max_q=args.stream_max_q)

@@ -31,7 +31,7 @@ from flax import traverse_util
 
 from jax.sharding import NamedSharding
 
-from flash_dllm_jax import parallel
+from flash_dllm_jax import parallel, quantize as quantize_lib
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.tokenizer import Tokenizer
 
@@ -152,7 +152,53 @@ def _stored_shapes(checkpointer, group_dir: Path) -> dict[str, tuple]:
           traverse_util.flatten_dict(dict(tree), sep="/").items()}
 
 
+def quantized_config(config: ModelConfig, fmt: str | None,
+                     head: bool = False, where: str = "the checkpoint"
+                     ) -> ModelConfig:
+  """The config of `config`'s weights after `load(quantize=fmt)`: `config`
+  itself when fmt is None or what it already stores, the format recorded
+  when a bf16/float32 checkpoint gets quantized, and a ValueError when fmt
+  conflicts with the format it is stored in."""
+  if fmt is None:
+    if head:
+      raise ValueError("quantize_head needs a quantize format")
+    return config
+  quantize_lib.get_format(fmt)
+  if config.quantize is None:
+    return config.replace(quantize=fmt, quantize_head=head)
+  if (config.quantize, config.quantize_head) != (fmt, head):
+    stored = config.quantize + (" with the LM head" if config.quantize_head
+                                else "")
+    raise ValueError(f"{where} is stored quantized as {stored}; it cannot "
+                     f"be loaded as quantize={fmt!r}"
+                     f"{', quantize_head=True' if head else ''} (leave "
+                     "quantize unset to load it as stored)")
+  return config
+
+
+def _check_quantizable(checkpointer, ckpt_dir: Path, groups, fmt: str,
+                       head: bool) -> None:
+  """Every kernel to quantize can take `fmt`, from the metadata alone."""
+  for group in groups:
+    for path, shape in _stored_shapes(checkpointer,
+                                      ckpt_dir / "params" / group).items():
+      if quantize_lib.quantizes(path, head):
+        leaf_fmt = quantize_lib.get_format(fmt).head_format if (
+            path == quantize_lib.HEAD) else fmt
+        quantize_lib.check_shape(leaf_fmt, shape, path)
+
+
+def _placed(path: str, array, mesh):
+  """An array on the device, or on its shards of `mesh`."""
+  if mesh is None:
+    return jax.device_put(array)
+  sharding = NamedSharding(mesh, parallel.param_spec(path, array.shape, mesh))
+  return array if getattr(array, "sharding", None) == sharding else (
+      jax.device_put(array, sharding))
+
+
 def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
+         quantize: str | None = None, quantize_head: bool = False,
          fuse_qkv: bool | None = None,
          ) -> tuple[Params, ModelConfig, Tokenizer | None]:
   """Restores (params, config, tokenizer) from a checkpoint directory.
@@ -165,14 +211,24 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   A Hugging Face LLaDA/Dream directory loads too, tensor by tensor through
   the converter's name table and checks (convert/streaming.py; dtype
   default bfloat16), with nothing written to disk.
+  quantize (a format of flash_dllm_jax/quantize.py; quantize_head: the LM
+  head too): a bf16/float32 checkpoint is quantized as it loads, on
+  device, each group (HF: each tensor) as soon as it is read, so device
+  memory stays near the 8-bit weights plus one group. A checkpoint stored
+  quantized loads as stored (its config says so); `dtype` never applies
+  to its 8-bit kernels and their scales.
   fuse_qkv: join each layer's q/k/v projections into one (model/fuse.py);
   None does so on a GPU, where the one GEMM is faster at few rows.
   """
   ckpt_dir = Path(ckpt_dir).absolute()
   if _kind(ckpt_dir) == "hf":
     from flash_dllm_jax.convert.streaming import load_hf
-    return _fused(*load_hf(ckpt_dir, dtype=dtype, mesh=mesh), fuse_qkv)
-  config = load_config(ckpt_dir)
+    return _fused(*load_hf(ckpt_dir, dtype=dtype, mesh=mesh,
+                           quantize=quantize, quantize_head=quantize_head),
+                  fuse_qkv)
+  stored = load_config(ckpt_dir)
+  config = quantized_config(stored, quantize, quantize_head, str(ckpt_dir))
+  fmt = config.quantize if stored.quantize is None else None
   manifest = _read_json(ckpt_dir / "manifest.json", "the parameter manifest")
   if manifest.get("format") != FORMAT:
     raise ValueError(f"{ckpt_dir}: unsupported checkpoint format "
@@ -181,25 +237,39 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   mesh = parallel.parse_mesh(mesh)
   parallel.check_config(config, mesh)
   checkpointer = ocp.PyTreeCheckpointer()
+  for group in manifest["groups"]:
+    if not (ckpt_dir / "params" / group).is_dir():
+      raise FileNotFoundError(f"checkpoint {ckpt_dir} lacks parameter group "
+                              f"params/{group}")
+  if fmt is not None:
+    _check_quantizable(checkpointer, ckpt_dir, manifest["groups"], fmt,
+                       config.quantize_head)
+  # 8-bit kernels and their scales keep their stored dtypes.
+  cast = lambda p: None if quantize_lib.QUANTIZED.search(p) else np_dtype
   flat: dict[str, jax.Array] = {}
   for group, paths in manifest["groups"].items():
     group_dir = ckpt_dir / "params" / group
-    if not group_dir.is_dir():
-      raise FileNotFoundError(f"checkpoint {ckpt_dir} lacks parameter group "
-                              f"params/{group}")
     if mesh is None:
-      args = {p: ocp.RestoreArgs(restore_type=np.ndarray, dtype=np_dtype)
+      args = {p: ocp.RestoreArgs(restore_type=np.ndarray, dtype=cast(p))
               for p in paths}
     else:
       shapes = _stored_shapes(checkpointer, group_dir)
       args = {p: ocp.ArrayRestoreArgs(
-          dtype=np_dtype, sharding=NamedSharding(
+          dtype=cast(p), sharding=NamedSharding(
               mesh, parallel.param_spec(p, shapes[p], mesh))) for p in paths}
     restore_args = traverse_util.unflatten_dict(args, sep="/")
     tree = checkpointer.restore(
         group_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args))
     for path, array in traverse_util.flatten_dict(tree, sep="/").items():
-      flat[path] = array if mesh is not None else jnp.asarray(array)
+      array = array if mesh is not None else jnp.asarray(array)
+      if fmt is None:
+        flat[path] = array
+        continue
+      for new_path, new in quantize_lib.quantize_leaf(
+          path, array, fmt, config.quantize_head).items():
+        flat[new_path] = _placed(new_path, new, mesh)
+      del array
+    del tree
   tokenizer = None
   if manifest.get("tokenizer"):
     if not (ckpt_dir / "tokenizer.json").is_file():

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from flash_dllm_jax import strategies
+from flash_dllm_jax import quantize, strategies
 
 CHECKPOINT_ENV = "FLASH_DLLM_JAX_CHECKPOINT"
 DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "checkpoints"
@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                         "at once with --mesh)")
   gen.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="compute dtype (default: the checkpoint's)")
+  quantize.add_flags(gen)
   gen.add_argument("--seed", type=int, default=0)
   gen.add_argument("--mesh", default=None,
                    help="device mesh: data=D splits the batch, model=M the "
@@ -114,7 +115,9 @@ def _generate(args) -> int:
   check_checkpoint(checkpoint, args.checkpoint is not None)
   start_compile_cache(args)
   mesh = parse_mesh(args.mesh)
-  params, config, tokenizer = load(checkpoint, dtype=args.dtype, mesh=mesh)
+  params, config, tokenizer = load(checkpoint, dtype=args.dtype, mesh=mesh,
+                                   quantize=args.quantize,
+                                   quantize_head=args.quantize_head)
   name = args.strategy or config.spec.default_strategy
   sampler = strategies.build_sampler(name, config.arch,
                                      strategies.options_from_args(args))

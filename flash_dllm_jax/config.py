@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flash_dllm_jax import architectures
+from flash_dllm_jax import architectures, quantize
 
 Architecture = str  # a name in flash_dllm_jax.architectures.ARCHITECTURES
 _DTYPES = ("bfloat16", "float32")
@@ -41,6 +41,8 @@ class ModelConfig:
   bos_token_id: int | None = None
   eot_token_id: int | None = None  # LLaDA <|eot_id|>, Dream <|im_end|>
   dtype: str = "bfloat16"  # compute dtype
+  quantize: str | None = None  # 8-bit weight format (quantize.FORMATS)
+  quantize_head: bool = False  # the LM head quantized too
   fused_qkv: bool = False  # one qkv_proj per layer (model/fuse.py)
 
   def __post_init__(self):
@@ -73,6 +75,14 @@ class ModelConfig:
       errors.append(f"fused_qkv must be a bool, got {self.fused_qkv!r}")
     if self.dtype not in _DTYPES:
       errors.append(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+    if self.quantize is not None and self.quantize not in quantize.FORMATS:
+      errors.append(f"quantize must be None or one of "
+                    f"{tuple(quantize.FORMATS)}, got {self.quantize!r}")
+    if self.quantize_head not in (True, False):
+      errors.append(f"quantize_head must be a bool, got "
+                    f"{self.quantize_head!r}")
+    elif self.quantize_head and self.quantize is None:
+      errors.append("quantize_head=True needs a quantize format")
     if errors:
       raise ValueError("invalid ModelConfig: " + "; ".join(errors))
 

@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax import architectures, parallel, prompts, strategies
+from flash_dllm_jax import (architectures, parallel, prompts, quantize,
+                            strategies)
 from flash_dllm_jax.compilation import (CPU_COMPILER_OPTIONS,  # noqa: F401
                                         GPU_COMPILER_OPTIONS,
                                         _BatchInvariantJit, compiler_options)
@@ -187,6 +188,7 @@ def unpack_model(model, config: ModelConfig | None = None, tokenizer=None):
   if config is None:
     raise ValueError("pass config= (or the (params, config, tokenizer) that "
                      "load returns)")
+  quantize.check_params(params, config)
   return params, config, tokenizer
 
 

@@ -20,11 +20,12 @@ import jax.numpy as jnp
 
 from jax.sharding import PartitionSpec as P
 
-from flash_dllm_jax import parallel
+from flash_dllm_jax import parallel, quantize
 from pallas_kernels.attention import api as attention_api
 from pallas_kernels.cache_update import api as cache_api
 from pallas_kernels.cache_update import reference as cache_reference
 from pallas_kernels.common import resolve_implementation
+from pallas_kernels.qmatmul import api as qmatmul_api
 from pallas_kernels.rms_norm import api as norm_api
 from pallas_kernels.token_logprob import api as logprob_api
 
@@ -68,6 +69,84 @@ def linear(x_MxE: jax.Array, kernel_ExO: jax.Array,
     y = y + bias_O.astype(jnp.float32)
   y = y.astype(x_MxE.dtype)
   return y if mesh is None else jax.lax.with_sharding_constraint(y, rows)
+
+
+# Rows per sequence (Q of x [B, Q, E]) up to which a GPU runs the
+# weight-streaming kernel (decode steps); above it XLA's GEMM (cuBLASLt's
+# fp8 GEMM for W8A8). Chosen by Q, never by B x Q, so that which kernel a
+# row gets, and so its bits, never depends on the batch.
+QMATMUL_STREAM_MAX_Q = 64
+
+
+def quantized_linear(x_BxQxE: jax.Array, w_OxE: jax.Array,
+                     scale_OxZ: jax.Array, bias_O: jax.Array | None = None,
+                     *, fmt: str, up: tuple[jax.Array, jax.Array] | None = None,
+                     residual_BxQxO: jax.Array | None = None,
+                     gathered: bool = False,
+                     implementation: "str | Kernels | None" = None
+                     ) -> jax.Array:
+  """x @ W^T (+ b), or silu(x @ W^T) * (x @ W_up^T) with up=(w_up, scale_up),
+  plus residual_BxQxO, for 8-bit weights (quantize.py) in x's dtype.
+
+  x is [..., Q, E], Q the rows of one sequence. On CPU the plain-JAX
+  reference, with the activations the format has on the H200 (fp8 W8A8
+  for "fp8"). On a GPU the weight-streaming kernel when Q <=
+  QMATMUL_STREAM_MAX_Q (or Kernels.stream_max_q) and XLA's GEMM above.
+  Under a mesh the weight is column-sharded over "model" like ops.linear's:
+  the kernel runs per shard (rows on "data", its output columns on
+  "model"); gathered gathers x before and the output columns after, so
+  every element is the one-device dot product.
+  """
+  impl = _kernels(implementation)
+  limit = getattr(implementation, "stream_max_q", None)
+  if impl == "pallas" and x_BxQxE.shape[-2] > (
+      QMATMUL_STREAM_MAX_Q if limit is None else limit):
+    impl = "xla"
+  acts = quantize.activations(fmt)
+  o, ndim = w_OxE.shape[0], x_BxQxE.ndim
+  mesh = parallel.active_mesh()
+  col = "model" if mesh is not None and o % mesh.shape["model"] == 0 else None
+  out_spec = P("data", *[None] * (ndim - 2), col)
+
+  def product(x, w, s, b, w_up, s_up, residual):
+    lead, o_local = x.shape[:-1], w.shape[0]
+    x_MxE = x.reshape(-1, x.shape[-1])
+    r_MxO = None if residual is None else residual.reshape(-1, o_local)
+    if b is not None:
+      b_MxO = jnp.broadcast_to(b, (x_MxE.shape[0], o_local))
+      r_MxO = b_MxO if r_MxO is None else r_MxO + b_MxO
+    y_MxO = qmatmul_api.matmul(x_MxE, w, s, w_up_OxE=w_up, scale_up_OxZ=s_up,
+                               residual_MxO=r_MxO, activations=acts,
+                               implementation=impl)
+    return y_MxO.reshape(*lead, o_local)
+
+  w_up, s_up = up if up is not None else (None, None)
+  if mesh is None:
+    return product(x_BxQxE, w_OxE, scale_OxZ, bias_O, w_up, s_up,
+                   residual_BxQxO)
+  # Whole rows of x and of the residual in, column shards out. Left free,
+  # XLA propagated the residual add's column split back into the residual
+  # stream, whose norms then summed over E across devices.
+  rows = lambda a: None if a is None else (
+      jax.lax.with_sharding_constraint(a, P("data")))
+  args = (rows(x_BxQxE), w_OxE, scale_OxZ, bias_O, w_up, s_up,
+          rows(residual_BxQxO))
+  if impl in ("reference", "xla"):  # partitioned by XLA
+    y = jax.lax.with_sharding_constraint(product(*args), out_spec)
+  else:
+    specs = (P("data"), P(col, None), P(col, None), P(col), P(col, None),
+             P(col, None), out_spec)
+    present = [i for i, a in enumerate(args) if a is not None]
+
+    def shard(*arrays):
+      full = [None] * len(args)
+      for i, a in zip(present, arrays):
+        full[i] = a
+      return product(*full)
+
+    y = parallel.shard_map(shard, mesh, tuple(specs[i] for i in present),
+                           out_spec)(*(args[i] for i in present))
+  return jax.lax.with_sharding_constraint(y, P("data")) if gathered else y
 
 
 def rms_norm(x_BxQxE: jax.Array, scale_E: jax.Array, *, eps: float,
@@ -129,11 +208,18 @@ def write_cache(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
 @dataclasses.dataclass(frozen=True)
 class Kernels:
   """A kernel choice with settings, accepted wherever `implementation` is:
-  name as `implementation` (None: by backend) and the attention kernel's
-  tiling rules (benchmarks sweep them; static, so part of the jit key)."""
+  name as `implementation` (None: by backend), the attention kernel's
+  tiling rules and the rows per sequence up to which 8-bit weights stream
+  (`quantized_linear`; benchmarks sweep them; static, so part of the jit
+  key)."""
 
   name: str | None = None
   attention: attention_api.Tiling = attention_api.Tiling()
+  stream_max_q: int | None = None  # default QMATMUL_STREAM_MAX_Q
+
+  def __post_init__(self):
+    if self.stream_max_q is not None and self.stream_max_q < 0:
+      raise ValueError(f"stream_max_q must be >= 0, got {self.stream_max_q}")
 
 
 def _kernels(implementation: "str | Kernels | None") -> str:

@@ -49,6 +49,10 @@ _RULES = [
     (r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)"
      r"/kernel$", P(None, "model")),
     (r"(q_proj|k_proj|v_proj|qkv_proj)/bias$", P("model")),
+    # 8-bit kernels are stored [out, in] with scales [out, Z]: the same
+    # output columns are their rows.
+    (r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)/"
+     r"(kernel_q|scale)$", P("model", None)),
     (r"^embed$", P("model", None)),
 ]
 

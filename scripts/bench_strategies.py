@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 from flash_dllm_bench import timing, tuning  # noqa: E402
+from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 
@@ -78,20 +79,31 @@ def main(argv=None):
                   help="also decode with twice --per-step tokens per step: "
                   "the time difference over the step difference is the "
                   "steady step, without the first step's prefill")
+  quantize.add_flags(ap)
   tuning.add_args(ap)
   args = ap.parse_args(argv)
   kernels = tuning.apply(ap, args)  # before any trace
   t_start = time.perf_counter()  # progress lines: where a cut run was
   if args.smoke:
-    cfg = ModelConfig.tiny("llada", dtype="bfloat16")
+    # d_model 128: a whole group of 128 inputs for int8-g128
+    cfg = ModelConfig.tiny("llada", dtype="bfloat16", **(
+        dict(d_model=128, n_heads=8) if args.quantize else {}))
     args.batch, args.gen, args.prompt, args.reps = [2], [32], 16, 1
     args.block, args.block_m = 16, 8
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
     cfg = ModelConfig.llada_8b()
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
-  params = timing.bench_params(cfg)
-  wbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  # quantized on device from the random bf16 weights, leaf by leaf
+  params = timing.bench_params(cfg, quantize=args.quantize,
+                               quantize_head=args.quantize_head)
+  if args.quantize:
+    cfg = cfg.replace(quantize=args.quantize,
+                      quantize_head=args.quantize_head)
+  wbytes = quantize.weight_bytes(params)
+  print(f"weights in memory: {wbytes / 1e9:.2f} GB ({wbytes:,} bytes, "
+        f"{cfg.quantize or 'bf16'}"
+        f"{', LM head too' if cfg.quantize_head else ''})")
   print(f"[{time.perf_counter() - t_start:.0f} s] "
         f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s; "
@@ -131,7 +143,9 @@ def main(argv=None):
         print(rows[-1], flush=True)  # a run cut short keeps what it measured
         if args.json:
           args.json.write_text(json.dumps(dict(
-              copy_Bps=bw, matmul_flops=mm, rows=rows), indent=1))
+              copy_Bps=bw, matmul_flops=mm, weight_bytes=wbytes,
+              quantize=cfg.quantize, quantize_head=cfg.quantize_head,
+              rows=rows), indent=1))
   print("\n| strategy | batch | gen | steps | forwards | ms/step | steady "
         "ms/step | roofline ms/step | roofline / measured (steady) | "
         "compile s | peak GB |")

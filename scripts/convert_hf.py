@@ -8,6 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.convert import (ConversionError,  # noqa: E402
                                     convert_checkpoint)
 
@@ -18,12 +19,14 @@ def main(argv=None) -> int:
   parser.add_argument("dst_dir", help="the new checkpoint directory")
   parser.add_argument("--dtype", choices=("bfloat16", "float32"),
                       default="bfloat16", help="stored parameter dtype")
+  quantize.add_flags(parser)
   parser.add_argument("--force", action="store_true",
                       help="replace dst_dir if it exists (after success)")
   args = parser.parse_args(argv)
   try:
     convert_checkpoint(args.src_dir, args.dst_dir, dtype=args.dtype,
-                       force=args.force)
+                       force=args.force, quantize=args.quantize,
+                       quantize_head=args.quantize_head)
   except ConversionError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

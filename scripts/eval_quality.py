@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
 
 STRATEGIES = ("llada", "threshold", "fast-dllm-prefix", "fast-dllm-dual",
@@ -155,13 +156,14 @@ def main(argv=None) -> int:
   ap.add_argument("--batch-size", type=int, default=128,
                   help="rows per batch (capped at the problem count)")
   ap.add_argument("--mesh", default=None, help="as eval_gsm8k's --mesh")
+  quantize.add_flags(ap)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--out-dir", type=Path, default=Path("runs/eval/quality"))
   ap.add_argument("--no-progress", dest="progress", action="store_false")
   args = ap.parse_args(argv)
 
   from flash_dllm_jax import parallel
-  from flash_dllm_jax.checkpoint import load, load_config
+  from flash_dllm_jax.checkpoint import load, load_config, quantized_config
   from flash_dllm_jax.eval import report, runner
   from flash_dllm_jax.strategies import build_sampler
   from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
@@ -172,7 +174,8 @@ def main(argv=None) -> int:
       raise ValueError("--batch-size and --limit must be >= 1")
     parallel.initialize_distributed()
     mesh = parallel.parse_mesh(args.mesh)
-    config = load_config(args.checkpoint)
+    config = quantized_config(load_config(args.checkpoint), args.quantize,
+                              args.quantize_head, str(args.checkpoint))
     samplers = {}
     for L in args.gen_lengths:
       for spec in args.strategies:
@@ -181,7 +184,8 @@ def main(argv=None) -> int:
             name, config.arch, {**sampler_options(name, L), **options})
     task = GSM8K(args.data, num_fewshot=0, chat=True)
     batch = min(args.batch_size, args.limit or len(task.test), len(task.test))
-    model = load(args.checkpoint, mesh=mesh)
+    model = load(args.checkpoint, mesh=mesh, quantize=args.quantize,
+                 quantize_head=args.quantize_head)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
@@ -192,6 +196,9 @@ def main(argv=None) -> int:
     settings = {"task": task.name,
                 "checkpoint": str(args.checkpoint.absolute()),
                 "arch": config.arch, "dtype": config.dtype, "strategy": name,
+                **({"quantize": config.quantize,
+                    "quantize_head": config.quantize_head}
+                   if config.quantize else {}),
                 "sampler": dataclasses.asdict(sampler), "batch_size": batch,
                 "seed": args.seed, "stop_at_eos": True, **task.settings()}
     run_dir = args.out_dir / runner.run_name(name, settings)

@@ -29,6 +29,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from flash_dllm_jax import architectures, checkpoint
+from flash_dllm_jax import quantize as quantized
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert.tables import Mapped, expected_names, resolve
 from flash_dllm_jax.tokenizer import Tokenizer
@@ -45,12 +46,17 @@ class ConversionError(ValueError):
 def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
                        dtype: str = "bfloat16", force: bool = False,
                        progress: bool = True,
-                       max_group_bytes: int = 1 << 30) -> ModelConfig:
+                       max_group_bytes: int = 1 << 30,
+                       quantize: str | None = None,
+                       quantize_head: bool = False) -> ModelConfig:
   """Converts the HF checkpoint in `src_dir` into a new directory `dst_dir`
   (replaced only with `force`, and only once the conversion has succeeded).
 
   Params are cast to `dtype` and written one orbax group per source shard
   (split into parts of at most `max_group_bytes`, which bounds host memory).
+  quantize (a format of flash_dllm_jax/quantize.py; quantize_head: the LM
+  head too): each projection is quantized as it is read and stored as
+  kernel_q and scale; the config records the format.
   Returns the ModelConfig that was written. Raises ConversionError before
   touching `dst_dir` if anything is wrong with the source.
   """
@@ -62,28 +68,40 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
   headers = _read_headers(src)
   plan = _plan(headers, architectures.get(config.arch).name_table(), config,
                model_type)
+  try:
+    config = checkpoint.quantized_config(config, quantize, quantize_head,
+                                         str(src))
+    if quantize is not None:
+      check_quantizable(plan, config)
+  except ValueError as e:
+    raise ConversionError(str(e)) from None
   np_dtype = np.dtype(dtype)
   groups = _split_groups(plan, np_dtype.itemsize, max_group_bytes)
 
   with tqdm(total=sum(map(len, plan.values())), unit="tensor",
             desc="converting", disable=not progress) as bar, \
        _write_errors(dst), checkpoint.staging_dir(dst, force) as tmp:
+    written = {}
     for group, (shard, mapped) in groups.items():
       arrays = {}
       for m in mapped:
-        arrays[m.param_path] = _read_tensor(src / shard, m, np_dtype)
+        array = _read_tensor(src / shard, m, np_dtype)
+        if quantize is not None:
+          arrays.update({p: np.asarray(a) for p, a in quantized.quantize_leaf(
+              m.param_path, array, quantize, quantize_head).items()})
+        else:
+          arrays[m.param_path] = array
         bar.update()
       checkpoint.write_group(tmp, group, arrays)
-    checkpoint.write_metadata(
-        tmp, config, {g: sorted(m.param_path for m in mapped)
-                      for g, (_, mapped) in groups.items()},
-        tokenizer, model_type)
+      written[group] = sorted(arrays)
+    checkpoint.write_metadata(tmp, config, written, tokenizer, model_type)
     for name in _COPIED_FILES:
       if (src / name).is_file():
         shutil.copyfile(src / name, tmp / name)
   if progress:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"wrote {dst} ({config.num_params():,} params as {dtype}); "
+    as_ = dtype + (f", projections in {quantize}" if quantize else "")
+    print(f"wrote {dst} ({config.num_params():,} params as {as_}); "
           f"peak host memory {peak_mib:,.0f} MiB")
   return config
 
@@ -243,6 +261,21 @@ def _read_headers(src: Path) -> Headers:
     raise ConversionError("tensors listed in model.safetensors.index.json are "
                           "not in their shard: " + ", ".join(misplaced))
   return headers
+
+
+def check_quantizable(plan: dict[str, list[Mapped]],
+                      config: ModelConfig) -> None:
+  """Every kernel to quantize can take config.quantize (a ValueError naming
+  the layer and its shape otherwise), before a tensor is read."""
+  for mapped in plan.values():
+    for m in mapped:
+      shape = m.expected_shape
+      if m.rule.transform == "transpose":
+        shape = shape[::-1]
+      if quantized.quantizes(m.param_path, config.quantize_head):
+        fmt = (quantized.get_format(config.quantize).head_format
+               if m.param_path == quantized.HEAD else config.quantize)
+        quantized.check_shape(fmt, shape, m.param_path)
 
 
 def _plan(headers: Headers, table, config: ModelConfig,

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
 import numpy as np
 from flax import traverse_util
-from jax.sharding import NamedSharding
 
-from flash_dllm_jax import architectures, parallel
+from flash_dllm_jax import architectures, checkpoint, parallel
+from flash_dllm_jax import quantize as quantized
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import converter
 
@@ -39,27 +38,37 @@ def hf_config(src: str | Path, dtype: str | None = None) -> ModelConfig:
   return converter._read_model(Path(src), dtype or DEFAULT_DTYPE)[1]
 
 
-def load_hf(src: str | Path, dtype: str | None = None, mesh=None):
+def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
+            quantize: str | None = None, quantize_head: bool = False):
   """(params, config, tokenizer) of the HF directory `src`, as `load`
   returns them for its converted copy (`dtype` default bfloat16, as the
-  converter's). mesh: each weight goes straight onto its shards."""
+  converter's). mesh: each weight goes straight onto its shards.
+  quantize: each projection (and with quantize_head the LM head) is
+  quantized on device as soon as it is placed (see checkpoint.load)."""
   src = Path(src).absolute()
   dtype = dtype or DEFAULT_DTYPE
   model_type, config, tokenizer = converter._read_model(src, dtype)
   table = architectures.get(config.arch).name_table()
   plan = converter._plan(converter._read_headers(src), table, config,
                          model_type)
+  config = checkpoint.quantized_config(config, quantize, quantize_head,
+                                       str(src))
+  if quantize is not None:
+    converter.check_quantizable(plan, config)
   mesh = parallel.parse_mesh(mesh)
   parallel.check_config(config, mesh)
   np_dtype = np.dtype(dtype)
   flat = {}
   for shard, mapped in plan.items():
     for m in mapped:
-      array = converter._read_tensor(src / shard, m, np_dtype)
-      if mesh is None:
-        flat[m.param_path] = jax.device_put(array)
-      else:
-        spec = parallel.param_spec(m.param_path, array.shape, mesh)
-        flat[m.param_path] = jax.device_put(array, NamedSharding(mesh, spec))
+      array = checkpoint._placed(
+          m.param_path, converter._read_tensor(src / shard, m, np_dtype),
+          mesh)
+      if quantize is None:
+        flat[m.param_path] = array
+        continue
+      for path, new in quantized.quantize_leaf(
+          m.param_path, array, quantize, quantize_head).items():
+        flat[path] = checkpoint._placed(path, new, mesh)
       del array
   return traverse_util.unflatten_dict(flat, sep="/"), config, tokenizer

@@ -36,8 +36,17 @@ def split_qkv(y_BxQxO: jax.Array, config: ModelConfig):
           y[:, :, :, j + 1])
 
 
-def _join(q, k, v, config: ModelConfig):
-  """[..., H*D], [..., K*D], [..., K*D] -> [..., K*(J+2)*D] grouped by head."""
+# Leaves whose output features are the first axis (8-bit [O, E] kernels and
+# their [O, Z] scales); "kernel" and "bias" have them last.
+OUT_FIRST = ("kernel_q", "scale")
+
+
+def _join(q, k, v, config: ModelConfig, out_first: bool):
+  """q, k, v with H*D, K*D, K*D output features -> K*(J+2)*D grouped by
+  head, along the last axis (or the first, out_first)."""
+  if out_first:
+    return jnp.moveaxis(_join(*(jnp.moveaxis(a, 0, -1) for a in (q, k, v)),
+                              config, False), -1, 0)
   kh, j, d = config.n_kv_heads, config.q_per_kv, config.head_dim
   lead = q.shape[:-1]
   parts = (q.reshape(*lead, kh, j, d), k.reshape(*lead, kh, 1, d),
@@ -59,7 +68,8 @@ def fuse_qkv(params, config: ModelConfig):
   def join_layer(layer):
     out = {n: v for n, v in layer.items() if n not in PARTS}
     out["qkv_proj"] = {
-        name: _join(*(layer[p][name] for p in PARTS), config)
+        name: _join(*(layer[p][name] for p in PARTS), config,
+                    name in OUT_FIRST)
         for name in layer["q_proj"]}
     return out
 

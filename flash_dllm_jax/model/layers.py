@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax import ops
+from flash_dllm_jax import ops, quantize
 
 Initializer = Callable[..., jax.Array]
 
@@ -31,7 +31,13 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Module):
   """y = x @ kernel (+ bias); kernel is stored [in, out]. gathered: x and y
-  replicated over the mesh's "model" axis (see ops.linear)."""
+  replicated over the mesh's "model" axis (see ops.linear).
+
+  quantize (a format of flash_dllm_jax/quantize.py): the weight is stored
+  as kernel_q [out, in] in 8 bits with float32 scale [out, Z] and runs
+  through ops.quantized_linear; `weights_only` then returns
+  (kernel_q, scale, bias) without computing, for the fused calls of Block.
+  """
 
   features: int
   use_bias: bool = False
@@ -39,16 +45,31 @@ class Linear(nn.Module):
   param_dtype: jnp.dtype = jnp.float32
   kernel_init: Initializer = nn.initializers.variance_scaling(
       1.0, "fan_in", "normal")
+  quantize: str | None = None
+  implementation: str | None = None  # see flash_dllm_jax/ops.py
 
   @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:
-    kernel = self.param("kernel", self.kernel_init,
-                        (x.shape[-1], self.features), self.param_dtype)
+  def __call__(self, x: jax.Array, weights_only: bool = False):
     bias = None
     if self.use_bias:
       bias = self.param("bias", nn.initializers.normal(0.1), (self.features,),
                         self.param_dtype)
-    return ops.linear(x, kernel, bias, gathered=self.gathered)
+    if self.quantize is None:
+      kernel = self.param("kernel", self.kernel_init,
+                          (x.shape[-1], self.features), self.param_dtype)
+      return ops.linear(x, kernel, bias, gathered=self.gathered)
+    # Shapes only: quantized weights come from quantize.quantize_params.
+    fmt = quantize.get_format(self.quantize)
+    kernel_q = self.param("kernel_q", nn.initializers.zeros,
+                          (self.features, x.shape[-1]), fmt.dtype)
+    scale = self.param("scale", nn.initializers.ones,
+                       (self.features, quantize.scale_columns(
+                           self.quantize, x.shape[-1])), jnp.float32)
+    if weights_only:
+      return kernel_q, scale, bias
+    return ops.quantized_linear(x, kernel_q, scale, bias, fmt=self.quantize,
+                                gathered=self.gathered,
+                                implementation=self.implementation)
 
 
 def rope_angles(positions_BxQ: jax.Array, head_dim: int,

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import fuse
 from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope, rope_angles
-from flash_dllm_jax.model.transformer import Block, CachedExtras
+from flash_dllm_jax.model.transformer import Block, CachedExtras, vocab_head
 
 
 def embed(config: ModelConfig, params, tokens_BxQ: jax.Array) -> jax.Array:
@@ -53,11 +53,12 @@ def layer(config: ModelConfig, params, index: int, x_BxQxE: jax.Array,
 def head(config: ModelConfig, params, x_BxRxE: jax.Array,
          implementation: str | None = None) -> jax.Array:
   """Final norm and vocabulary head: logits_BxRxV in float32."""
-  dtype = jnp.dtype(config.dtype)
   x_BxRxE = RMSNorm(config.rms_norm_eps, implementation=implementation).apply(
       {"params": params["final_norm"]}, x_BxRxE)
-  return jnp.einsum("bre,ev->brv", x_BxRxE, params["lm_head"].astype(dtype),
-                    preferred_element_type=jnp.float32)
+  head_ = params["lm_head"]
+  if config.quantize_head:
+    head_ = (head_["kernel_q"], head_["scale"], None)
+  return vocab_head(config, head_, x_BxRxE, implementation)
 
 
 def queries(config: ModelConfig, params, index: int, x_BxTxE: jax.Array,
@@ -73,11 +74,13 @@ def queries(config: ModelConfig, params, index: int, x_BxTxE: jax.Array,
       {"params": p["attn_norm"]}, x_BxTxE)
   if cfg.fused_qkv:
     q_BxTxHxD = fuse.split_qkv(Linear(
-        fuse.qkv_features(cfg), use_bias=cfg.qkv_bias).apply(
+        fuse.qkv_features(cfg), use_bias=cfg.qkv_bias, quantize=cfg.quantize,
+        implementation=implementation).apply(
             {"params": p["qkv_proj"]}, n_BxTxE), cfg)[0]
   else:
-    q_BxTxHxD = Linear(cfg.n_heads * cfg.head_dim,
-                       use_bias=cfg.qkv_bias).apply(
+    q_BxTxHxD = Linear(cfg.n_heads * cfg.head_dim, use_bias=cfg.qkv_bias,
+                       quantize=cfg.quantize,
+                       implementation=implementation).apply(
         {"params": p["q_proj"]}, n_BxTxE).reshape(b, t, cfg.n_heads,
                                                   cfg.head_dim)
   cos_BxTxD, sin_BxTxD = rope_angles(positions_BxT, cfg.head_dim,

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from flash_dllm_jax import ops
+from flash_dllm_jax import ops, quantize
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import fuse
 from flash_dllm_jax.model.cache import KVCache
@@ -64,7 +64,8 @@ class Block(nn.Module):
     # back to the residual stream gather their input and output (ops.linear).
     dense = lambda n, f, bias=False, gathered=False: Linear(
         f, use_bias=bias, gathered=gathered, name=n,
-        param_dtype=self.param_dtype)
+        param_dtype=self.param_dtype, quantize=cfg.quantize,
+        implementation=self.implementation)
 
     n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, self.implementation,
                       name="attn_norm")(x_BxQxE)
@@ -109,8 +110,11 @@ class Block(nn.Module):
           implementation=self.implementation)
       if mass_BxS is not None:
         self.sow("intermediates", "attention_mass", mass_BxS)
+    o_BxQxHD = o_BxQxHxD.reshape(b, q, h * d)
+    if cfg.quantize is not None:
+      return self._quantized_tail(x_BxQxE, o_BxQxHD, dense), new_kv
     x_BxQxE = x_BxQxE + dense("attn_out", cfg.d_model, gathered=True)(
-        o_BxQxHxD.reshape(b, q, h * d))
+        o_BxQxHD)
 
     n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, self.implementation,
                       name="mlp_norm")(x_BxQxE)
@@ -119,6 +123,28 @@ class Block(nn.Module):
     x_BxQxE = x_BxQxE + dense("down_proj", cfg.d_model, gathered=True)(
         nn.silu(gate_BxQxF) * up_BxQxF)
     return x_BxQxE, new_kv
+
+  def _quantized_tail(self, x_BxQxE, o_BxQxHD, dense):
+    """attn_out and the MLP with 8-bit weights, through the fused epilogues
+    of ops.quantized_linear: the residual added to attn_out's and down's
+    float32 sums, silu(gate) * up from gate's and up's."""
+    cfg = self.config
+    fmt, impl = cfg.quantize, self.implementation
+    w, s, _ = dense("attn_out", cfg.d_model)(o_BxQxHD, weights_only=True)
+    x_BxQxE = ops.quantized_linear(o_BxQxHD, w, s, fmt=fmt, gathered=True,
+                                   residual_BxQxO=x_BxQxE,
+                                   implementation=impl)
+    n_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, impl,
+                      name="mlp_norm")(x_BxQxE)
+    w_gate, s_gate, _ = dense("gate_proj", cfg.mlp_hidden)(
+        n_BxQxE, weights_only=True)
+    w_up, s_up, _ = dense("up_proj", cfg.mlp_hidden)(n_BxQxE,
+                                                     weights_only=True)
+    h_BxQxF = ops.quantized_linear(n_BxQxE, w_gate, s_gate, fmt=fmt,
+                                   up=(w_up, s_up), implementation=impl)
+    w, s, _ = dense("down_proj", cfg.d_model)(h_BxQxF, weights_only=True)
+    return ops.quantized_linear(h_BxQxF, w, s, fmt=fmt, gathered=True,
+                                residual_BxQxO=x_BxQxE, implementation=impl)
 
 
 class Transformer(nn.Module):
@@ -172,21 +198,51 @@ class Transformer(nn.Module):
       x_BxQxE = jnp.take_along_axis(x_BxQxE, logit_rows_BxR[..., None], axis=1)
     x_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, self.implementation,
                       name="final_norm")(x_BxQxE)
-    head_init = nn.initializers.normal(self.head_init_scale / math.sqrt(
-        cfg.d_model))
-    head_ExV = self.param("lm_head", head_init, (cfg.d_model, cfg.vocab_size),
-                          self.param_dtype)
-    logits = jnp.einsum("bre,ev->brv", x_BxQxE, head_ExV.astype(dtype),
-                        preferred_element_type=jnp.float32)
+    if cfg.quantize_head:
+      logits = vocab_head(cfg, Linear(
+          cfg.vocab_size, quantize=head_format(cfg), name="lm_head")(
+              x_BxQxE, weights_only=True), x_BxQxE, self.implementation)
+    else:
+      head_init = nn.initializers.normal(self.head_init_scale / math.sqrt(
+          cfg.d_model))
+      head_ExV = self.param("lm_head", head_init,
+                            (cfg.d_model, cfg.vocab_size), self.param_dtype)
+      logits = vocab_head(cfg, head_ExV, x_BxQxE, self.implementation)
     new_cache = None if cache is None else KVCache(tuple(new_k), tuple(new_v))
     return logits, new_cache
+
+
+def head_format(config: ModelConfig) -> str:
+  """The 8-bit format of a quantized LM head (quantize.Format.head_format)."""
+  return quantize.get_format(config.quantize).head_format
+
+
+def vocab_head(config: ModelConfig, head, x_BxRxE: jax.Array,
+               implementation=None) -> jax.Array:
+  """logits_BxRxV in float32 of the final-normed rows: head is lm_head
+  [E, V], or (kernel_q [V, E], scale [V, Z], None) when it is quantized
+  (then x enters in float32 and the logits leave in float32)."""
+  if not config.quantize_head:
+    return jnp.einsum("bre,ev->brv", x_BxRxE,
+                      head.astype(jnp.dtype(config.dtype)),
+                      preferred_element_type=jnp.float32)
+  w_VxE, scale_VxZ = head[0], head[1]
+  return ops.quantized_linear(x_BxRxE.astype(jnp.float32), w_VxE, scale_VxZ,
+                              fmt=head_format(config), gathered=True,
+                              implementation=implementation)
 
 
 def init_params(config: ModelConfig, rng: jax.Array,
                 param_dtype=None, head_init_scale: float = 1.0):
   """Random parameters (N(0, 1/fan_in) kernels, unit embeddings) for tests and
   benchmarks; a pure function of `rng`, jitted so large models init on device.
+  A quantized config gets the unquantized tree's weights quantized.
   """
+  if config.quantize is not None:
+    params = init_params(config.replace(quantize=None, quantize_head=False),
+                         rng, param_dtype, head_init_scale)
+    return quantize.quantize_params(params, config.quantize,
+                                    head=config.quantize_head)
   param_dtype = jnp.dtype(param_dtype or config.dtype)
   model = Transformer(config, param_dtype, head_init_scale)
   tokens = jnp.zeros((1, 1), jnp.int32)

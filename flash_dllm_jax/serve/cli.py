@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+from flash_dllm_jax import quantize
 from flash_dllm_jax.strategies import STRATEGIES, all_options, strategies_taking
 
 log = logging.getLogger("flash_dllm_jax.serve")
@@ -43,6 +44,7 @@ def add_parser(sub, default_checkpoint: Path) -> None:
                   help="the `model` clients send (default: the checkpoint "
                        "directory's name)")
   ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None)
+  quantize.add_flags(ap)
   ap.add_argument("--host", default="127.0.0.1")
   ap.add_argument("--port", type=int, default=8000)
   ap.add_argument("--variant", action="append", default=[],
@@ -118,7 +120,9 @@ def main(args: argparse.Namespace) -> int:
                         steps_per_call=args.steps_per_call,
                         max_queue=args.max_queue,
                         request_timeout=args.request_timeout)
-    params, config, tokenizer = load(args.checkpoint, dtype=args.dtype)
+    params, config, tokenizer = load(args.checkpoint, dtype=args.dtype,
+                                     quantize=args.quantize,
+                                     quantize_head=args.quantize_head)
     sampler = build_sampler(args.strategy, config.arch, options)
     variants = [build_sampler(args.strategy, config.arch,
                               {**options, **parse_variant(v, i + 1)})

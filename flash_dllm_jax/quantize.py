@@ -1,0 +1,209 @@
+"""8-bit weights: the formats, quantizing a kernel, a parameter tree.
+
+A quantized projection stores `kernel_q` [O, E] (out x in, the layout
+cuBLASLt's fp8 GEMM and the weight-streaming kernel read) in the format's
+8-bit dtype and float32 `scale` [O, Z]: Z = 1 is one scale per output
+channel, Z = E / group one per group of `group` inputs. The weight it stands
+for is kernel_q * scale (pallas_kernels/qmatmul/reference.py). Quantization
+is symmetric absmax with round to nearest; an all-zero channel or group
+gets scale 1 (and zeros).
+
+Every projection of a block (q/k/v, attn_out, gate/up/down) is quantized;
+the embedding stays in its dtype, and so does the LM head unless `head`:
+then it is stored like a projection ('lm_head/kernel_q', 'lm_head/scale')
+in the format's `head_format` (per output channel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels.common import on_gpu
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+  """One 8-bit weight format.
+
+  dtype: the stored weight's dtype. qmax: the largest stored magnitude.
+  group: inputs per scale (None: one scale per output channel).
+  w8a8: activations go to e4m3 too (per-row dynamic scales) on GPUs with
+    fp8 tensor cores (compute capability >= 8.9) and on CPU (the reference,
+    so CPU tests see the H200's numerics); weight-only elsewhere.
+  head_format: the format of the LM head when it is quantized.
+  """
+
+  name: str
+  dtype: Any
+  qmax: float
+  group: int | None
+  w8a8: bool
+  head_format: str
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    Format("fp8", jnp.float8_e4m3fn, 448.0, None, True, "fp8"),
+    Format("int8", jnp.int8, 127.0, None, False, "int8"),
+    Format("int8-g128", jnp.int8, 127.0, 128, False, "int8"),
+)}
+
+# Param paths of the projections (Flax keys joined by '/'); kernels [E, O].
+PROJECTION = re.compile(
+    r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)"
+    r"/kernel$")
+HEAD = "lm_head"
+# Paths of quantized weights and their scales (not the norms' scales).
+QUANTIZED = re.compile(r"(/kernel_q|(_proj|attn_out|lm_head)/scale)$")
+FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
+
+
+def get_format(name: str) -> Format:
+  """The Format called `name`, or a ValueError naming the known ones."""
+  if name not in FORMATS:
+    raise ValueError(f"unknown quantization format {name!r}; known formats: "
+                     f"{', '.join(FORMATS)}")
+  return FORMATS[name]
+
+
+def activations(fmt: str) -> str:
+  """'fp8' (W8A8) or 'bf16' (weight-only) for format `fmt` on the default
+  backend (read at trace time)."""
+  if not get_format(fmt).w8a8:
+    return "bf16"
+  if not on_gpu():
+    return "fp8"
+  capability = getattr(jax.devices()[0], "compute_capability", "0.0")
+  major, minor = (int(p) for p in str(capability).split(".")[:2])
+  return "fp8" if (major, minor) >= FP8_MIN_COMPUTE_CAPABILITY else "bf16"
+
+
+def scale_columns(fmt: str, e: int) -> int:
+  """Z: how many scales one output channel of E inputs has."""
+  group = get_format(fmt).group
+  return 1 if group is None else e // group
+
+
+def check_shape(fmt: str, shape_ExO: tuple[int, ...], path: str) -> None:
+  """A ValueError naming `path` when its kernel cannot take `fmt`."""
+  group = get_format(fmt).group
+  if len(shape_ExO) != 2:
+    raise ValueError(f"{path}: a kernel to quantize must be 2-D [in, out], "
+                     f"got shape {tuple(shape_ExO)}")
+  if group is not None and shape_ExO[0] % group:
+    raise ValueError(f"{path} has shape {tuple(shape_ExO)} [in, out]: format "
+                     f"{fmt} needs its input size {shape_ExO[0]} divisible "
+                     f"by {group}")
+
+
+@functools.partial(jax.jit, static_argnames=("fmt",))
+def _quantize(kernel_ExO: jax.Array, fmt: str):
+  f = get_format(fmt)
+  e, o = kernel_ExO.shape
+  z = scale_columns(fmt, e)
+  w_OxZxG = kernel_ExO.astype(jnp.float32).T.reshape(o, z, e // z)
+  scale_OxZ = jnp.max(jnp.abs(w_OxZxG), axis=-1) / f.qmax
+  scale_OxZ = jnp.where(scale_OxZ > 0, scale_OxZ, 1.0)
+  q_OxZxG = jnp.clip(w_OxZxG / scale_OxZ[:, :, None], -f.qmax, f.qmax)
+  if jnp.issubdtype(f.dtype, jnp.integer):
+    q_OxZxG = jnp.round(q_OxZxG)
+  return q_OxZxG.reshape(o, e).astype(f.dtype), scale_OxZ
+
+
+def quantize_weight(kernel_ExO: jax.Array, fmt: str,
+                    path: str = "kernel") -> tuple[jax.Array, jax.Array]:
+  """(w_OxE in the format's dtype, scale_OxZ float32) of a kernel [E, O];
+  runs where the kernel is (jitted, on device)."""
+  check_shape(fmt, tuple(kernel_ExO.shape), path)
+  return _quantize(jnp.asarray(kernel_ExO), fmt)
+
+
+def is_quantized(params) -> bool:
+  """Whether a parameter tree already holds quantized kernels."""
+  return any(path.endswith("kernel_q") for path in _flatten(params))
+
+
+def quantizes(path: str, head: bool) -> bool:
+  """Whether the parameter at `path` is quantized (projections; the LM head
+  only with `head`)."""
+  return bool(PROJECTION.search(path)) or (head and path == HEAD)
+
+
+def quantize_leaf(path: str, array: jax.Array, fmt: str, head: bool
+                  ) -> dict[str, jax.Array]:
+  """{path: array} for a parameter that stays, or its two quantized
+  entries ('.../kernel_q', '.../scale') for one that `quantizes`."""
+  if not quantizes(path, head):
+    return {path: array}
+  prefix = path.removesuffix("kernel") if path != HEAD else HEAD + "/"
+  leaf_fmt = get_format(fmt).head_format if path == HEAD else fmt
+  w_OxE, scale_OxZ = quantize_weight(array, leaf_fmt, path)
+  return {prefix + "kernel_q": w_OxE, prefix + "scale": scale_OxZ}
+
+
+def quantize_params(params, fmt: str, head: bool = False):
+  """The tree with every projection (and with `head` the LM head)
+  quantized to `fmt`, each on the device(s) its kernel is on; other
+  parameters are left as they are. A tree already quantized is an error."""
+  get_format(fmt)
+  flat = _flatten(params)
+  if is_quantized(params):
+    raise ValueError("these parameters are already quantized (they hold "
+                     "kernel_q entries); quantize a bf16/float32 tree")
+  for path, array in flat.items():  # every shape checked before any work
+    if quantizes(path, head):
+      leaf_fmt = get_format(fmt).head_format if path == HEAD else fmt
+      check_shape(leaf_fmt, tuple(array.shape), path)
+  out = {}
+  for path, array in flat.items():
+    out.update(quantize_leaf(path, array, fmt, head))
+  return _unflatten(out)
+
+
+def weight_bytes(params) -> int:
+  """Bytes the parameters take in memory (all leaves, any dtype)."""
+  return int(sum(np.prod(x.shape, dtype=np.int64) * jnp.dtype(x.dtype).itemsize
+                 for x in jax.tree.leaves(params)))
+
+
+def _flatten(params) -> dict[str, Any]:
+  from flax import traverse_util
+  return traverse_util.flatten_dict(dict(params), sep="/")
+
+
+def _unflatten(flat: dict[str, Any]):
+  from flax import traverse_util
+  return traverse_util.unflatten_dict(flat, sep="/")
+
+
+def add_flags(parser) -> None:
+  """--quantize FMT and --quantize-head on an argparse parser."""
+  def describe(f: Format) -> str:
+    scales = ("per output channel" if f.group is None
+              else f"per {f.group} inputs")
+    acts = "W8A8 where the GPU has fp8" if f.w8a8 else "weight-only"
+    return f"{f.name}: {'e4m3' if f.w8a8 else 'int8'}, {scales}, {acts}"
+  parser.add_argument(
+      "--quantize", choices=tuple(FORMATS), default=None,
+      help="8-bit weights: " + "; ".join(map(describe, FORMATS.values()))
+      + " (a bf16 checkpoint is quantized as it loads; default: as stored)")
+  parser.add_argument("--quantize-head", action="store_true",
+                      help="quantize the LM head too (per output channel)")
+
+
+def check_params(params, config) -> None:
+  """A ValueError when the tree and config disagree on quantization."""
+  held = is_quantized(params)
+  if config.quantize is not None and not held:
+    raise ValueError(f"the config says quantize={config.quantize!r} but the "
+                     "parameters hold unquantized kernels (quantize them "
+                     "with quantize_params, or load(..., quantize=))")
+  if config.quantize is None and held:
+    raise ValueError("the parameters hold 8-bit kernels but the config has "
+                     "quantize=None (use the config load returns with them)")

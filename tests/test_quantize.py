@@ -1,0 +1,248 @@
+"""8-bit weights: the formats' round trip, a quantized tiny model against
+bf16, load(quantize=) against a converted quantized checkpoint, the CLI
+flag, Dream, and the errors of bad inputs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flash_dllm_jax import checkpoint, cli, quantize
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.convert import ConversionError, convert_checkpoint
+from flash_dllm_jax.forward import logits
+from flash_dllm_jax.model import init_params
+from pallas_kernels.qmatmul.reference import dequantize
+from tests import hf_fixtures
+from tests.paths import TINY_CHECKPOINT
+
+FORMATS = list(quantize.FORMATS)
+
+
+def tree_equal(a, b) -> bool:
+  """Same paths, dtypes and bits."""
+  fa, fb = (quantize._flatten(t) for t in (a, b))
+  return fa.keys() == fb.keys() and all(
+      fa[k].dtype == fb[k].dtype and np.array_equal(
+          np.asarray(fa[k]).view(np.uint8), np.asarray(fb[k]).view(np.uint8))
+      for k in fa)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_error_is_within_half_a_step(fmt):
+  """int8: |w - w_q * s| <= s / 2 (round to nearest); fp8 e4m3: within half
+  an ulp of the scaled value (2^-4 relative for normals, 2^-10 * s below).
+  A zero channel stays zero with scale 1; Z = E / 128 for int8-g128."""
+  rng = np.random.default_rng(0)
+  kernel_ExO = rng.standard_normal((256, 48)).astype(np.float32)
+  kernel_ExO[:, 5] = 0.0
+  kernel_ExO[:, 7] *= 1000.0  # a channel on another scale
+  w_OxE, scale_OxZ = quantize.quantize_weight(kernel_ExO, fmt)
+  f = quantize.FORMATS[fmt]
+  assert w_OxE.shape == (48, 256) and w_OxE.dtype == f.dtype
+  assert scale_OxZ.shape == (48, 2 if fmt == "int8-g128" else 1)
+  assert scale_OxZ.dtype == jnp.float32
+  back = np.asarray(dequantize(w_OxE, scale_OxZ)).T
+  step = np.repeat(np.asarray(scale_OxZ), 256 // scale_OxZ.shape[1], 1).T
+  err = np.abs(back - kernel_ExO)
+  if fmt == "fp8":
+    bound = np.maximum(np.abs(kernel_ExO) * 2.0 ** -4, step * 2.0 ** -10)
+  else:
+    bound = step / 2
+  assert (err <= bound * (1 + 1e-6)).all(), (err / bound).max()
+  assert (back[:, 5] == 0).all() and (np.asarray(scale_OxZ)[5] == 1).all()
+  # absmax: the largest magnitude of each channel (group) is representable
+  assert np.abs(np.asarray(w_OxE, np.float32)).max() == f.qmax
+
+
+def _tiny_pair(fmt, head=False, arch="llada"):
+  config = ModelConfig.tiny(arch, d_model=128, n_heads=8, dtype="bfloat16")
+  params = init_params(config, jax.random.key(3), head_init_scale=8.0)
+  qparams = quantize.quantize_params(params, fmt, head=head)
+  return config, params, config.replace(quantize=fmt,
+                                        quantize_head=head), qparams
+
+
+@pytest.mark.parametrize("head", [False, True])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantized_tiny_model_logits_close_to_bf16(fmt, head):
+  config, params, qconfig, qparams = _tiny_pair(fmt, head)
+  ids = np.random.default_rng(1).integers(0, 380, (2, 24)).astype(np.int32)
+  ref = logits(params, ids, config=config).logits_BxNxV
+  got = logits(qparams, ids, config=qconfig).logits_BxNxV
+  rel = float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref))
+  assert 0 < rel < (0.08 if fmt == "fp8" else 0.02), rel
+  # random weights: many near-ties among the top logits
+  agree = float(jnp.mean(got.argmax(-1) == ref.argmax(-1)))
+  assert agree >= (0.75 if fmt == "fp8" else 0.9), agree
+  flat = quantize._flatten(qparams)
+  assert flat["embed"].dtype == jnp.bfloat16
+  assert ("lm_head/kernel_q" in flat) == head and ("lm_head" in flat) != head
+  # each quantized [E, O] bf16 kernel: 2 E O bytes -> E O + 4 O Z
+  saved = sum(a.size - 4 * a.shape[1] * quantize.scale_columns(
+      fmt if path != "lm_head" else "int8", a.shape[0])
+      for path, a in quantize._flatten(params).items()
+      if quantize.quantizes(path, head))
+  assert quantize.weight_bytes(qparams) == quantize.weight_bytes(params) - saved
+
+
+def test_init_params_of_a_quantized_config_quantizes_the_bf16_init():
+  config, params, qconfig, qparams = _tiny_pair("int8", head=True)
+  assert tree_equal(init_params(qconfig, jax.random.key(3),
+                                head_init_scale=8.0), qparams)
+
+
+@pytest.mark.parametrize("fmt,head", [("fp8", True), ("int8", False)])
+def test_load_quantize_equals_the_converted_quantized_checkpoint(
+    tmp_path, fmt, head):
+  """HF dir -> convert_checkpoint(quantize=) -> load, against load(HF dir,
+  quantize=) and load(bf16 orbax copy, quantize=): bit for bit, and the
+  config records the format."""
+  src, _ = hf_fixtures.write_llada(tmp_path / "hf")
+  convert_checkpoint(src, tmp_path / "q", quantize=fmt, quantize_head=head,
+                     progress=False)
+  convert_checkpoint(src, tmp_path / "bf16", progress=False)
+  stored, config, _ = checkpoint.load(tmp_path / "q")
+  assert (config.quantize, config.quantize_head) == (fmt, head)
+  assert checkpoint.load_config(tmp_path / "q") == config
+  for other in (tmp_path / "hf", tmp_path / "bf16"):
+    got, got_config, _ = checkpoint.load(other, quantize=fmt,
+                                         quantize_head=head)
+    assert got_config == config and tree_equal(got, stored)
+  # the same with its own config: asking for what it stores is fine
+  again, _, _ = checkpoint.load(tmp_path / "q", quantize=fmt,
+                                quantize_head=head)
+  assert tree_equal(again, stored)
+
+
+def test_dream_checkpoint_quantizes_with_its_biases(tmp_path):
+  src, _ = hf_fixtures.write_dream(tmp_path / "dream", n_layers=2)
+  params, config, tokenizer = checkpoint.load(src)
+  qparams, qconfig, _ = checkpoint.load(src, quantize="int8")
+  assert qconfig.arch == "dream" and qconfig.quantize == "int8"
+  q = qparams["layers_0"]["q_proj"]
+  assert set(q) == {"kernel_q", "scale", "bias"}
+  np.testing.assert_array_equal(q["bias"], params["layers_0"]["q_proj"]["bias"])
+  ids = np.asarray([tokenizer.encode("a b c d e f")], np.int32)
+  ref = logits((params, config, tokenizer), ids).logits_BxNxV
+  got = logits((qparams, qconfig, tokenizer), ids).logits_BxNxV
+  assert float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref)) < 0.02
+
+
+def test_cli_generate_with_quantize(capsys):
+  argv = ["generate", "--checkpoint", str(TINY_CHECKPOINT), "--quantize",
+          "fp8", "--quantize-head", "--gen-length", "8", "--steps", "4",
+          "--block-length", "8", "--prompt", "Hi", "--output", "json",
+          "--no-progress"]
+  assert cli.main(argv) == 0
+  out = capsys.readouterr()
+  assert '"text"' in out.out
+  assert cli.main(argv[:4] + ["int8-g128"] + argv[5:]) == 1
+  err = capsys.readouterr().err
+  assert "int8-g128 needs its input size 64 divisible by 128" in err
+
+
+def test_bad_inputs_each_get_their_message(tmp_path):
+  config, params, qconfig, qparams = _tiny_pair("int8")
+  with pytest.raises(ValueError, match="unknown quantization format 'int4'; "
+                     "known formats: fp8, int8, int8-g128"):
+    quantize.quantize_params(params, "int4")
+  with pytest.raises(ValueError, match="quantize must be None or one of"):
+    config.replace(quantize="int4")
+  with pytest.raises(ValueError, match="quantize_head=True needs"):
+    config.replace(quantize_head=True)
+  with pytest.raises(ValueError, match="already quantized"):
+    quantize.quantize_params(qparams, "int8")
+  small = init_params(ModelConfig.tiny("llada"), jax.random.key(0))
+  with pytest.raises(ValueError, match=r"layers_0/attn_out/kernel has shape "
+                     r"\(64, 64\) \[in, out\]: format int8-g128 needs its "
+                     r"input size 64 divisible by 128"):
+    quantize.quantize_params(small, "int8-g128")
+  checkpoint.save(tmp_path / "q", qparams, qconfig)
+  with pytest.raises(ValueError, match=r"stored quantized as int8; it cannot "
+                     r"be loaded as quantize='fp8'"):
+    checkpoint.load(tmp_path / "q", quantize="fp8")
+  with pytest.raises(ValueError, match="unknown quantization format"):
+    checkpoint.load(TINY_CHECKPOINT, quantize="int4")
+  with pytest.raises(ValueError, match="config says quantize='int8' but the "
+                     "parameters hold unquantized kernels"):
+    logits(params, np.zeros((1, 4), np.int32), config=qconfig)
+  with pytest.raises(ValueError, match="hold 8-bit kernels but the config"):
+    logits(qparams, np.zeros((1, 4), np.int32), config=config)
+  src, _ = hf_fixtures.write_llada(tmp_path / "hf", n_layers=1)
+  with pytest.raises(ConversionError, match="int8-g128 needs its input size"):
+    convert_checkpoint(src, tmp_path / "g", quantize="int8-g128",
+                       progress=False)
+  assert not (tmp_path / "g").exists()
+
+
+def test_old_config_without_the_fields_loads_as_bf16():
+  config = checkpoint.load_config(TINY_CHECKPOINT)
+  assert config.quantize is None and config.quantize_head is False
+
+
+@pytest.mark.slow
+def test_bench_strategies_and_quant_error_take_quantize(tmp_path):
+  """bench_strategies quantizes its random weights and records their bytes;
+  quant_error prints its tables for the shipped model."""
+  import json
+  import subprocess
+  import sys
+  from tests.paths import ROOT
+  out = tmp_path / "bench.json"
+  run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True,
+                                  text=True, timeout=600, cwd=ROOT)
+  bench = run("scripts/bench_strategies.py", "--smoke", "--quantize", "fp8",
+              "--only", "flash-dllm", "--json", str(out))
+  assert bench.returncode == 0, bench.stderr[-2000:]
+  doc = json.loads(out.read_text())
+  assert doc["quantize"] == "fp8" and 0 < doc["weight_bytes"]
+  assert "weights in memory" in bench.stdout and len(doc["rows"]) == 1
+  err = run("scripts/quant_error.py", "--smoke", "--batch", "1", "--formats",
+            "int8", "fp8")
+  assert err.returncode == 0, err.stderr[-2000:]
+  assert "| fp8 |" in err.stdout and "| int8 |" in err.stdout
+  assert "| 9 |" in err.stdout  # a row per layer of the 10-layer model
+
+
+def test_dispatch_picks_the_kernel_by_rows_per_sequence_never_the_batch(
+    monkeypatch):
+  """On a GPU ('pallas'), Q <= QMATMUL_STREAM_MAX_Q streams the weights and
+  larger Q goes to XLA, whatever the batch; each call here still runs the
+  reference (recorded on its way), which gives every row the same bits
+  whatever the batch."""
+  from flash_dllm_jax import ops
+  from pallas_kernels.qmatmul import api, reference
+  chosen = []
+
+  def recording(*args, implementation=None, **kwargs):
+    chosen.append(implementation)
+    return reference.matmul(*args, **kwargs)
+
+  monkeypatch.setattr(api, "matmul", recording)
+  w_OxE, scale_OxZ = quantize.quantize_weight(
+      np.random.default_rng(0).standard_normal((128, 32)), "int8")
+  limit = ops.QMATMUL_STREAM_MAX_Q
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((64, 2 * limit,
+                                                            128)), jnp.float32)
+  for b, q, want in [(1, limit, "pallas"), (64, limit, "pallas"),
+                     (1, limit + 1, "xla"), (64, 2 * limit, "xla")]:
+    y = ops.quantized_linear(x[:b, :q], w_OxE, scale_OxZ, fmt="int8",
+                             implementation="pallas")
+    assert chosen[-1] == want, (b, q, chosen)
+    ops.quantized_linear(x[:b, :q], w_OxE, scale_OxZ, fmt="int8",
+                         implementation=ops.Kernels(
+                             "pallas", stream_max_q=2 * limit))
+    assert chosen[-1] == "pallas"  # a benchmark's setting moves the line
+    np.testing.assert_array_equal(
+        y[:1], ops.quantized_linear(x[:1, :q], w_OxE, scale_OxZ, fmt="int8",
+                                    implementation="pallas"))
+
+
+def test_bench_params_quantized_leaf_by_leaf_equal_quantize_params():
+  from flash_dllm_bench import timing
+  config = ModelConfig.tiny("llada", d_model=128, n_heads=8, dtype="bfloat16")
+  assert tree_equal(
+      timing.bench_params(config, quantize="int8-g128", quantize_head=True),
+      quantize.quantize_params(timing.bench_params(config), "int8-g128",
+                               head=True))

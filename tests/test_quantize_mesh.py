@@ -1,0 +1,108 @@
+"""8-bit weights under tensor parallelism give one device's bits (forced
+host devices): kernel_q and scale are sharded with their output columns,
+attn_out and down gather their input and output, and the LM head (with
+quantize_head) is replicated."""
+
+import pytest
+
+from tests.mesh_case import PRELUDE, STRICT_CPU, run_script
+
+SCRIPT = PRELUDE + r'''
+import sys
+from flash_dllm_jax import quantize
+from flash_dllm_jax.model import CachedExtras, KVCache
+fmt, impl, dtype = sys.argv[1:4]
+config, params = tiny4(sys.argv[4], d_model=128, head_dim=16, dtype=dtype)
+params = quantize.quantize_params(params, fmt, head=True)
+config = config.replace(quantize=fmt, quantize_head=True)
+model = Transformer(config, implementation=impl)
+rng = np.random.default_rng(0)
+B, S, Q, K, D = 4, 64, 8, config.n_kv_heads, config.head_dim
+kv = lambda: tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), dtype)
+                   for _ in range(config.n_layers))
+cache = KVCache(kv(), kv())
+tokens = jnp.asarray(rng.integers(0, 300, (B, Q)), jnp.int32)
+slots = jnp.asarray(np.stack([rng.permutation(S)[:Q] for _ in range(B)]),
+                    jnp.int32)
+valid = jnp.asarray(rng.random((B, S)) > 0.2)
+
+def cached(p):
+  return model.apply({"params": p}, tokens, slots, valid, cache=cache,
+                     slots_BxQ=slots, extras=CachedExtras())
+
+def uncached(p):
+  full = tokens.repeat(3, axis=1)
+  positions = jnp.broadcast_to(jnp.arange(full.shape[1]), full.shape)
+  return model.apply({"params": p}, full, positions,
+                     jnp.ones(full.shape, bool))[0]
+
+for name, fn in (("cached", cached), ("uncached", uncached)):
+  one = jax.jit(fn)(params)
+  for spec in ("model=2", "data=2,model=2"):
+    mesh = parallel.parse_mesh(spec)
+    sharded = parallel.shard_params(mesh, params)
+    q = sharded["layers_0"]["q_proj"]
+    assert q["kernel_q"].sharding.spec == jax.sharding.PartitionSpec(
+        "model", None), q["kernel_q"].sharding
+    assert q["scale"].sharding.spec == q["kernel_q"].sharding.spec
+    with parallel.use(mesh):
+      got = jax.jit(fn)(sharded)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(one), strict=True):
+      np.testing.assert_array_equal(a, b, f"{fmt} {impl} {name} {spec}")
+print("QUANT-MESH-OK")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt,arch,impl,dtype", [
+    ("fp8", "llada", "pallas_interpret", "bfloat16"),
+    ("fp8", "dream", "reference", "float32"),
+    ("int8", "dream", "pallas_interpret", "float32"),
+    ("int8-g128", "llada", "reference", "bfloat16")])
+def test_quantized_mesh_forward_is_bitwise_the_one_device_forward(
+    fmt, arch, impl, dtype):
+  """Cached and uncached logits (and caches) with every projection and the
+  LM head quantized: model=2 and data=2,model=2 equal one device bit for
+  bit, through XLA's partitioning ('reference') and through the kernels'
+  shard_map ('pallas_interpret')."""
+  # STRICT_CPU for both dtypes: the reference's products are float32 (of
+  # dequantized weights) whatever the activations' dtype, and XLA:CPU's
+  # default float32 GEMM sums column shards in another order (mesh_case).
+  out = run_script(SCRIPT, fmt, impl, dtype, arch, xla_flags=STRICT_CPU)
+  assert "QUANT-MESH-OK" in out, out
+
+
+LOAD = r'''
+import sys, tempfile
+import jax, numpy as np
+from flash_dllm_jax import checkpoint, quantize
+from flash_dllm_jax.convert import convert_checkpoint
+from tests import hf_fixtures
+d = tempfile.mkdtemp()
+src, _ = hf_fixtures.write_llada(d + "/hf")
+convert_checkpoint(src, d + "/bf16", progress=False)
+one, _, _ = checkpoint.load(d + "/bf16", quantize="fp8", quantize_head=True)
+for path in (d + "/hf", d + "/bf16"):
+  got, config, _ = checkpoint.load(path, mesh="model=2", quantize="fp8",
+                                   quantize_head=True)
+  assert config.quantize == "fp8"
+  q = got["layers_0"]["q_proj"]
+  rows = jax.sharding.PartitionSpec("model", None)
+  assert q["kernel_q"].sharding.spec == rows, q["kernel_q"].sharding
+  assert q["scale"].sharding.spec == rows
+  assert got["lm_head"]["kernel_q"].sharding.is_fully_replicated
+  a, b = quantize._flatten(one), quantize._flatten(got)
+  assert a.keys() == b.keys()
+  for k in a:
+    assert np.array_equal(np.asarray(a[k]).view(np.uint8),
+                          np.asarray(b[k]).view(np.uint8)), k
+print("LOAD-OK")
+'''
+
+
+@pytest.mark.slow
+def test_load_quantize_onto_a_mesh_shards_kernel_q_and_scale_by_columns():
+  """load(mesh='model=2', quantize=) of an HF dir and of an orbax copy:
+  kernel_q and scale sharded along their rows (the output columns), the
+  quantized LM head replicated, the bits those of one device's load."""
+  assert "LOAD-OK" in run_script(LOAD, devices=2)
