@@ -8,6 +8,9 @@ import argparse
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
+  ap.add_argument("--fused-qkv", choices=("auto", "on", "off"),
+                  default="auto", help="one joined q/k/v projection per "
+                  "layer (model/fuse.py); auto: on a GPU, as load() does")
   ap.add_argument("--gpu-option", action="append", default=[],
                   metavar="KEY=VALUE", help="add to generate.GPU_COMPILER_"
                   "OPTIONS for this run (e.g. xla_gpu_enable_cublaslt=true): "
@@ -62,3 +65,11 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   except ValueError as e:
     ap.error(str(e))
   return Kernels(attention=tiling, stream_max_q=args.stream_max_q)
+
+
+def fused_qkv(args: argparse.Namespace) -> bool:
+  """Whether the benchmark's model joins q/k/v (--fused-qkv)."""
+  import jax
+  if args.fused_qkv == "auto":
+    return jax.default_backend() in ("gpu", "cuda", "rocm")
+  return args.fused_qkv == "on"

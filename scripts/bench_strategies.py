@@ -94,6 +94,7 @@ def main(argv=None):
   else:
     cfg = ModelConfig.llada_8b()
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
+  cfg = cfg.replace(fused_qkv=tuning.fused_qkv(args))
   # quantized on device from the random bf16 weights, leaf by leaf
   params = timing.bench_params(cfg, quantize=args.quantize,
                                quantize_head=args.quantize_head)

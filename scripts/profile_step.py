@@ -66,6 +66,7 @@ def main(argv=None):
     args.per_step = min(args.per_step, args.block_m)
   else:
     cfg = ModelConfig.llada_8b()
+  cfg = cfg.replace(fused_qkv=tuning.fused_qkv(args))
   params = timing.bench_params(cfg)
   print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}",
         flush=True)

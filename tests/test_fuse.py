@@ -67,3 +67,22 @@ def test_tensor_parallel_spec_splits_whole_heads():
   assert spec == jax.sharding.PartitionSpec(None, "model")
   assert parallel.param_spec("layers_0/qkv_proj/bias", (128,)) == (
       jax.sharding.PartitionSpec("model"))
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8-g128"])
+def test_joined_8bit_projection_gives_the_same_forward(fmt):
+  """8-bit kernels are [O, E] with [O, Z] scales: joined along O."""
+  config = ModelConfig.tiny("dream", d_model=128, n_heads=4, n_kv_heads=2,
+                            head_dim=32, dtype="bfloat16")
+  from flash_dllm_jax import quantize
+  params = quantize.quantize_params(init_params(config, jax.random.key(5)),
+                                    fmt)
+  config = config.replace(quantize=fmt)
+  ids = jax.random.randint(jax.random.key(6), (2, 7), 0, config.vocab_size)
+  want = _logits(params, config, ids)
+  joined, fused = fuse_qkv(jax.tree.map(jnp.copy, params), config)
+  layer = joined["layers_0"]["qkv_proj"]
+  assert layer["kernel_q"].shape[0] == qkv_features(config)
+  assert layer["scale"].shape[0] == qkv_features(config)
+  np.testing.assert_allclose(np.asarray(_logits(joined, fused, ids)),
+                             np.asarray(want), rtol=2e-2, atol=2e-2)
