@@ -24,6 +24,9 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # pallas_kernels
 
 MS = (16, 32, 48, 64, 96, 128, 144, 160, 256, 512, 1024, 1296, 2048, 4096,
       4608)
