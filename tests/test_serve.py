@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -37,29 +38,48 @@ def free_port() -> int:
 
 
 class Server:
-  """A `python -m flash_dllm_jax serve` process and its URL."""
+  """A `python -m flash_dllm_jax serve` process and its URL.
+
+  The port is a free one picked just before the start; when another process
+  takes it in between (tests run in parallel), the server starts again on
+  another."""
 
   def __init__(self, checkpoint, strategy: str, options: dict, *flags: str,
                log_path=None, ready_timeout: float = 600.0,
                env: dict | None = None):
+    self.args = [sys.executable, "-m", "flash_dllm_jax", "serve",
+                 "--checkpoint", str(checkpoint), "--strategy", strategy,
+                 "--host", "127.0.0.1", *flags]
+    for k, v in options.items():
+      self.args += ["--" + k.replace("_", "-"), str(v)]
+    self.env = {**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": "highest",
+                "JAX_PLATFORMS": "cpu", **(env or {})}
+    if log_path is None:
+      fd, log_path = tempfile.mkstemp(prefix="serve-", suffix=".log")
+      os.close(fd)
+    self.log_path = log_path
+    self.deadline = time.monotonic() + ready_timeout
+    self.start()
+
+  def start(self):
     self.port = free_port()
     self.url = f"http://127.0.0.1:{self.port}"
-    args = [sys.executable, "-m", "flash_dllm_jax", "serve",
-            "--checkpoint", str(checkpoint), "--strategy", strategy,
-            "--host", "127.0.0.1", "--port", str(self.port), *flags]
-    for k, v in options.items():
-      args += ["--" + k.replace("_", "-"), str(v)]
-    env = {**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": "highest",
-           "JAX_PLATFORMS": "cpu", **(env or {})}
-    self.log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log,
+    self.log = open(self.log_path, "w")
+    self.proc = subprocess.Popen(self.args + ["--port", str(self.port)],
+                                 cwd=ROOT, env=self.env, stdout=self.log,
                                  stderr=subprocess.STDOUT)
-    self.deadline = time.monotonic() + ready_timeout
 
-  def wait_ready(self) -> dict:
+  def wait_ready(self, attempts: int = 3) -> dict:
     while time.monotonic() < self.deadline:
       if self.proc.poll() is not None:
-        raise RuntimeError(f"server exited with {self.proc.returncode}")
+        self.log.close()
+        log = open(self.log_path).read()
+        if attempts > 1 and "address already in use" in log.lower():
+          attempts -= 1
+          self.start()
+          continue
+        raise RuntimeError(f"server exited with {self.proc.returncode}:\n"
+                           f"{log[-3000:]}")
       try:
         r = httpx.get(self.url + "/health", timeout=5)
         if r.status_code == 200:
@@ -86,6 +106,7 @@ class Server:
     if self.proc.poll() is None:
       self.proc.kill()
       self.proc.wait()
+    self.log.close()
 
 
 @pytest.fixture(scope="module")
