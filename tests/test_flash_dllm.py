@@ -146,7 +146,10 @@ def test_dream_batch_invariance_and_termination():
     (dict(window_rule="best"), "window_rule"), (dict(stop="eot"), "stop"),
     (dict(rank="max"), "rank"),
     (dict(gamma=0.0), "gamma"), (dict(verify=True, block_m=1), "block_m >= 2"),
-    (dict(verify=True, recompute_all=True), "cannot be combined")])
+    (dict(verify=True, recompute_all=True), "cannot be combined"),
+    (dict(rule="factor"), "rule must be one of"),
+    (dict(steps=64), "applies to rule='fixed' only"),
+    (dict(rule="fixed", steps=8), r"up to 32 tokens a step, more than block_m")])
 def test_bad_arguments(kwargs, message):
   with pytest.raises(ValueError, match=message):
     FlashDLLMSampler(**kwargs)
@@ -210,10 +213,11 @@ def test_continuous_batching_needs_a_refillable_sampler():
 
 
 @pytest.mark.parametrize("verify", [False, True])
-def test_forced_schedule_commits_a_fixed_number_per_step(verify):
+def test_fixed_rule_commits_a_fixed_number_per_step(verify):
   config, params = tiny("llada")
   sampler = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
-                             mask_num=2, verify=verify, forced_commits=3)
+                             mask_num=2, verify=verify, rule="fixed",
+                             steps=8)
   out = generate(params, random_prompts(42, [5, 9]), config=config,
                  sampler=sampler, stop_at_eos=False)
   assert out.steps == 8  # 24 tokens, 3 per step
@@ -223,7 +227,7 @@ def test_forced_schedule_commits_a_fixed_number_per_step(verify):
   assert not (out.tokens_BxG == config.mask_token_id).any()
 
 
-def test_forced_schedule_keeps_the_verify_pass_in_the_compiled_loop():
+def test_fixed_rule_keeps_the_verify_pass_in_the_compiled_loop():
   """The benchmark schedule keeps no verified draft; the pass must still be
   compiled in (a pass whose output is unused is dead code to XLA, and the
   benchmark would time the draft pass alone)."""
@@ -235,7 +239,8 @@ def test_forced_schedule_keeps_the_verify_pass_in_the_compiled_loop():
 
   def dots(verify):
     sampler = FlashDLLMSampler(gen_length=16, block_m=4, track_num=2,
-                               mask_num=2, verify=verify, forced_commits=2)
+                               mask_num=2, verify=verify, rule="fixed",
+                               steps=8)
     hlo = decode_jit.lower(params, prompt, valid, rng, config=config,
                            sampler=sampler, stop_at_eos=False
                            ).compile().as_text()
@@ -268,7 +273,7 @@ def test_without_stop_at_eos_every_position_is_decoded():
   EOS; otherwise they are decoded like any other."""
   config, params = tiny("llada", eos_boost=1.2)
   sampler = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
-                             mask_num=2, forced_commits=3)
+                             mask_num=2, rule="fixed", steps=8)
   out = generate(params, random_prompts(43, [5, 9]), config=config,
                  sampler=sampler, stop_at_eos=False)
   assert (out.tokens_BxG == config.eos_token_id).any()  # EOS was decoded
