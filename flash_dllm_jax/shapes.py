@@ -23,6 +23,8 @@ eye. Each letter has one meaning everywhere:
   C  verify candidates: window drafts the verify pass re-checks
   X  excluded cache slots, as a list of positions (-1 = none)
   I  in-query keys: the pass's own new keys, attended besides the cache
+  Y  the keys one attention pass attends: the cache slots then the in-query
+     keys (Y = S + I), or one tile of them inside a kernel
 
   Model
   E  model width (d_model)

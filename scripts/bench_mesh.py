@@ -1,6 +1,6 @@
 """Multi-GPU decoding: data-parallel throughput and tensor-parallel step time.
 
-Random bf16 weights at the LLaDA-8B geometry, a forced schedule (every
+Random bf16 weights at the LLaDA-8B geometry, the fixed commit rule (every
 strategy commits --per-step tokens per step, as in bench_strategies.py):
 
   (a) data parallel: tokens/s of --dp-batch rows per GPU on 1 GPU against

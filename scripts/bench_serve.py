@@ -163,8 +163,8 @@ def main(argv=None):
   rates = [float(r) for r in args.rates.split(",")]
   options = {"gen_length": args.gen_length}
   stop_at_eos = True
-  if args.model == "llada-8b":  # forced schedule: steps independent of weights
-    options["forced_commits"] = 2
+  if args.model == "llada-8b":  # the fixed rule: steps independent of weights
+    options.update(rule="fixed", steps=args.gen_length // 2)
     stop_at_eos = False
   model, prompts = model_and_prompts(args)
   params, config, tok = model

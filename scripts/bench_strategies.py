@@ -1,4 +1,4 @@
-"""Per-strategy decode step time at the real model shapes, forced schedule.
+"""Per-strategy decode step time at the real model shapes, fixed commit rule.
 
 Random bf16 weights at the LLaDA-8B geometry; every strategy commits a fixed
 number of tokens per step (`--per-step`), so random weights do not distort
@@ -42,24 +42,24 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
   layers after a drift restart run the whole sequence, as often as the
   (random) weights make the drift test fire, so its floor is a lower bound."""
   steps = gen // k
-  forced = {  # (registry name, forced-schedule options, query tokens)
+  fixed = {  # (registry name, fixed-rule options, query tokens)
       "llada": (dict(steps=steps, block_length=block), [lambda p: p + gen]),
       "fast-dllm-prefix": (dict(block_length=block, rule="fixed",
                                 steps=steps), [lambda p: gen + 1]),
       "fast-dllm-dual": (dict(block_length=block, rule="fixed", steps=steps),
                          [lambda p: block + 1]),
-      "flash-cache": (dict(block_m=block_m, forced_commits=k),
+      "flash-cache": (dict(block_m=block_m, rule="fixed", steps=steps),
                       [lambda p: 8 * block_m]),
-      "flash-dllm": (dict(block_m=block_m, forced_commits=k),
+      "flash-dllm": (dict(block_m=block_m, rule="fixed", steps=steps),
                      [lambda p: 8 * block_m, lambda p: 2 * block_m]),
-      "elastic-cache": (dict(window=block_m, forced_commits=k),
+      "elastic-cache": (dict(window=block_m, rule="fixed", steps=steps),
                         [lambda p: layers + 2 * block_m]),
   }
   build = lambda name, options, queries: (
       build_sampler(name, "llada", {"gen_length": gen, **options}), *queries)
-  # built on demand: a forced schedule may not suit every sampler
+  # built on demand: a fixed schedule may not suit every sampler
   return {name: functools.partial(build, name, *spec)
-          for name, spec in forced.items()}
+          for name, spec in fixed.items()}
 
 
 def main(argv=None):
@@ -68,7 +68,7 @@ def main(argv=None):
   ap.add_argument("--gen", type=int, nargs="+", default=[256, 512])
   ap.add_argument("--prompt", type=int, default=768)
   ap.add_argument("--per-step", type=int, default=4,
-                  help="tokens committed per step (forced schedule)")
+                  help="tokens committed per step (the fixed rule)")
   ap.add_argument("--block", type=int, default=32)
   ap.add_argument("--block-m", type=int, default=16)
   ap.add_argument("--only", nargs="*", default=None, help="strategy names")

@@ -17,7 +17,7 @@ Settings: the LLaDA sampler with steps = gen length and block 32; threshold
 decoding and Fast-dLLM (prefix / dual cache) with block 32 (shorter
 generations: one block); Elastic-Cache, Flash-Cache (flash-cache) and
 Flash-dLLM (flash-dllm: Flash-Cache + Flash-Verify) with their samplers'
-defaults. "threshold" (the parallel decoding rule, no cache) is the
+defaults. "threshold" (the threshold commit rule, no cache) is the
 baseline of the tokens-per-step ratio.
 
 A strategy may carry sampler options: `flash-dllm:block_m=64` is Flash-dLLM

@@ -1,7 +1,7 @@
 """Where a strategy's decode step spends device time, kernel by kernel.
 
 The set-up of bench_strategies.py (random bf16 weights at the LLaDA-8B
-geometry, forced schedule), one decode traced with jax.profiler, and the
+geometry, the fixed commit rule), one decode traced with jax.profiler, and the
 trace's device kernels summed by category and by name per loop step
 (flash_dllm_bench/trace_summary.py). The first loop step is the prefill;
 the per-step busy times of the other steps are reported apart from it.
@@ -47,7 +47,7 @@ def main(argv=None):
   ap.add_argument("--gen", type=int, default=512)
   ap.add_argument("--prompt", type=int, default=768)
   ap.add_argument("--per-step", type=int, default=8,
-                  help="tokens committed per step (forced schedule)")
+                  help="tokens committed per step (the fixed rule)")
   ap.add_argument("--block", type=int, default=32)
   ap.add_argument("--block-m", type=int, default=16)
   ap.add_argument("--top", type=int, default=30)

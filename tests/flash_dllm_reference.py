@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax.model import CachedExtras
-from flash_dllm_jax.sampling import parallel_rules, select
+from flash_dllm_jax.sampling import commit_rules, select
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 
@@ -80,7 +80,7 @@ def decode(config, params, prompt, *, gen_length, block_m, track_num,
                                     appended=appended, exclude=exclude)
     width = budget
     x0, conf = (np.asarray(a[0, :len(window)])
-                for a in parallel_rules.confidence(logits))
+                for a in commit_rules.confidence(logits))
     forwards += 1
     conf = np.where(eos_fixed & (np.array(window) >= predicted_length), 0.0,
                     conf)

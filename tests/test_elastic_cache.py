@@ -168,7 +168,11 @@ def test_continuous_batching_equals_each_request_alone():
     (dict(track_num=0), "track_num must be a positive int"),
     (dict(gamma="high"), "gamma must be a real number"),  # NaN: test_sampler_options
     (dict(threshold=0.0), "threshold must be in"),
-    (dict(forced_commits=17), r"forced_commits must be None or an int in"),
+    (dict(rule="fixed", steps=8), r"steps \(8\) commits up to 32 tokens a "
+     r"step, more than window \(16\)"),
+    (dict(rule="fixed", steps=0), r"steps must be an int in \[1, gen_length"),
+    (dict(steps=64), "steps \\(64\\) applies to rule='fixed' only"),
+    (dict(rule="factor"), "rule must be one of"),
     (dict(refresh_every=0), "refresh_every must be None or a positive int"),
 ])
 def test_bad_arguments(kwargs, message):
@@ -177,9 +181,10 @@ def test_bad_arguments(kwargs, message):
     ElasticCacheSampler(**kwargs)
 
 
-def test_forced_schedule_commits_a_fixed_number_per_step():
+def test_fixed_rule_commits_a_fixed_number_per_step():
   config, params = tiny("llada")
-  sampler = ElasticCacheSampler(gen_length=24, window=4, forced_commits=3)
+  sampler = ElasticCacheSampler(gen_length=24, window=4, rule="fixed",
+                                steps=8)
   out = generate(params, random_prompts(28, [5, 9]), config=config,
                  sampler=sampler, stop_at_eos=False)
   assert out.steps == 8 and (out.forwards_B == 8).all()

@@ -18,6 +18,7 @@ from tests.paths import TINY_CHECKPOINT
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--checkpoint", str(TINY_CHECKPOINT), "--gen-length", "16", "--steps",
         "8", "--block-length", "8", "--no-progress"]
+SHORT = ["--data", str(ROOT / "data" / "synthetic_gsm")]  # short questions
 
 
 def _error(capsys, argv) -> str:
@@ -86,7 +87,7 @@ def test_a_new_strategy_is_one_registry_entry(monkeypatch, capsys, tmp_path):
   out = tmp_path / "o"
   assert cli.main(["gsm8k", "--strategy", "llada-random", "--limit", "2",
                    "--batch-size", "2", "--num-fewshot", "0", "--out-dir",
-                   str(out), *TINY]) == 0
+                   str(out), *SHORT, *TINY]) == 0
   (run,) = [p for p in out.iterdir() if p.is_dir()]
   assert run.name.startswith("llada-random-")
   settings = json.loads((run / "run.json").read_text())
@@ -105,7 +106,7 @@ def test_interrupted_command_resumes(monkeypatch, capsys, tmp_path):
 
   monkeypatch.setattr(runner, "generate", generate)
   argv = ["gsm8k", "--limit", "4", "--batch-size", "2", "--num-fewshot", "0",
-          "--out-dir", str(tmp_path), "--run-name", "r", *TINY[:-1]]
+          "--out-dir", str(tmp_path), "--run-name", "r", *SHORT, *TINY[:-1]]
   assert cli.main(argv) == 130
   err = capsys.readouterr().err
   assert "rerun the same command to resume" in err
@@ -157,7 +158,8 @@ def test_report_over_several_runs(tmp_path):
 def test_refillable_strategy_uses_continuous_batching(monkeypatch, tmp_path):
   """flash-cache decodes 5 problems through 2 slots in one generate call;
   the records equal a static batch of all 5 (results never depend on the
-  batch), and each counts its own steps."""
+  batch), and each counts its own steps (the shipped model's answers end at
+  different steps, so slots are refilled at different times)."""
   from flash_dllm_jax.eval import runner
   real, calls = runner.generate, []
 
@@ -166,7 +168,7 @@ def test_refillable_strategy_uses_continuous_batching(monkeypatch, tmp_path):
     return real(*args, **kw)
 
   monkeypatch.setattr(runner, "generate", generate)
-  common = ["gsm8k", "--strategy", "flash-cache", "--limit", "5",
+  common = ["gsm8k", "--strategy", "flash-cache", "--limit", "5", *SHORT,
             "--num-fewshot", "0", "--out-dir", str(tmp_path), "--gen-length",
             "16", "--block-m", "4", "--track-num", "2", "--mask-num", "2",
             "--no-progress"]
@@ -180,3 +182,4 @@ def test_refillable_strategy_uses_continuous_batching(monkeypatch, tmp_path):
   for pid, rec in slots.items():
     assert rec["token_ids"] == static[pid]["token_ids"]
     assert rec["steps"] == static[pid]["steps"] >= 1
+  assert len({rec["steps"] for rec in slots.values()}) > 1  # staggered refills

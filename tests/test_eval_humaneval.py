@@ -6,13 +6,12 @@ import json
 import os
 import secrets
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests import eval_case
 from tests.paths import TINY_CHECKPOINT
 from flash_dllm_jax.eval import executor
 from flash_dllm_jax.eval.tasks import make_render
@@ -245,26 +244,15 @@ def test_bad_data_is_reported(tmp_path):
 
 
 def test_script_end_to_end(tmp_path):
-  out = tmp_path / "out"
-  cmd = [sys.executable, str(ROOT / "scripts" / "eval_humaneval.py"),
-         "--limit", "3", "--batch-size", "2", "--gen-length", "16",
-         "--steps", "8", "--block-length", "8", "--timeout", "5",
-         "--out-dir", str(out), "--run-name", "tiny", "--no-progress",
-         "--checkpoint", str(TINY_CHECKPOINT)]
-  result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
-  assert result.returncode == 0, result.stderr
-  assert "| humaneval | tiny | llada | 3 | 0.0% |" in result.stdout
-  records = [json.loads(l) for l in (out / "tiny/records.jsonl").open()]
-  ids = sorted(r["id"] for r in records)
+  run = eval_case.run_script("humaneval", tmp_path / "out", "--timeout", "5")
+  assert "| humaneval | tiny | llada | 3 | 0.0% |" in run.result.stdout
+  ids = sorted(r["id"] for r in run.records)
   assert ids == [f"HumanEval/{i}" for i in range(3)]
-  for r in records:  # gibberish completions fail, but cleanly
+  for r in run.records:  # gibberish completions fail, but cleanly
     assert r["passed"] is False and r["result"] in ("failed", "timeout")
-    assert r["tokens"] >= 1 and r["forwards"] >= 1 and r["wall_s"] > 0
-  summary = json.loads((out / "tiny/summary.json").read_text())
-  assert summary["metric"] == "pass@1" and summary["score"] == 0.0
-  settings = json.loads((out / "tiny/run.json").read_text())
-  assert settings["timeout_s"] == 5.0 and settings["memory_mb"] == 1024
-  assert (out / "accuracy_vs_throughput.png").read_bytes()[:4] == b"\x89PNG"
+  assert run.summary["metric"] == "pass@1" and run.summary["score"] == 0.0
+  assert run.settings["timeout_s"] == 5.0
+  assert run.settings["memory_mb"] == 1024
 
 
 def test_without_bwrap_auto_falls_back_and_says_so(monkeypatch, tmp_path,

@@ -11,6 +11,7 @@ from flash_dllm_jax.generate import decode_jit, generate, left_pad
 from flash_dllm_jax.sampling import flash_budget
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from tests.test_sampling import (check_compiled_equals_python,
+                                 check_rows_do_not_depend_on_the_batch,
                                  random_prompts, tiny)
 
 UNLIMITED = dict(gen_length=24, block_m=4, track_num=40, mask_num=7,
@@ -51,41 +52,25 @@ def test_compiled_loop_equals_python_loop(arch, sampler):
 
 @pytest.mark.parametrize("arch,sampler", BY_ARCH)
 def test_rows_do_not_depend_on_the_batch(arch, sampler):
-  config, params = tiny(arch, eos_boost=1.2)
-  prompts = random_prompts(23, [4, 13, 30])
-  batch = generate(params, prompts, config=config, sampler=sampler)
-  others = random_prompts(24, [40, 2])
-  for i, p in enumerate(prompts):
-    alone = generate(params, [p], config=config, sampler=sampler)
-    np.testing.assert_array_equal(alone.tokens_BxG[0], batch.tokens_BxG[i])
-    assert alone.forwards_B[0] == batch.forwards_B[i]
-    mixed = generate(params, [others[0], p, others[1]], config=config,
-                     sampler=sampler)
-    np.testing.assert_array_equal(mixed.tokens_BxG[1], batch.tokens_BxG[i])
+  check_rows_do_not_depend_on_the_batch(arch, sampler, 1.2, 23, [4, 13, 30])
 
 
+@pytest.mark.parametrize("sampler,passes,seed", [(SMALL, 1, 25),
+                                                 (SMALL_VERIFY, 2, 26)],
+                         ids=["draft", "verify"])
 @pytest.mark.parametrize("eos_boost", [0.0, 1.2])
-def test_terminates_with_no_mask_and_one_forward_per_step(eos_boost):
+def test_terminates_and_counts_its_passes(sampler, passes, seed, eos_boost):
+  """No mask is left; a step runs the draft pass, and with verify a verify
+  pass when it has candidates. The row that ran longest was active in every
+  step, so without verify its forwards equal the steps."""
   config, params = tiny("llada", eos_boost=eos_boost)
-  out = generate(params, random_prompts(25, [6, 17]), config=config,
-                 sampler=SMALL)
+  out = generate(params, random_prompts(seed, [6, 17]), config=config,
+                 sampler=sampler)
   assert not (out.tokens_BxG == config.mask_token_id).any()
-  assert out.forwards_B.max() == out.steps <= SMALL.num_steps
-  assert (out.forwards_B >= 1).all()
-
-
-@pytest.mark.parametrize("eos_boost", [0.0, 1.2])
-def test_verify_terminates_and_counts_both_passes(eos_boost):
-  config, params = tiny("llada", eos_boost=eos_boost)
-  out = generate(params, random_prompts(26, [6, 17]), config=config,
-                 sampler=SMALL_VERIFY)
-  assert not (out.tokens_BxG == config.mask_token_id).any()
-  assert out.steps <= SMALL_VERIFY.num_steps
-  # one draft pass per active step, plus a verify pass on steps with
-  # candidates; the row that ran longest was active in every step.
+  assert out.steps <= sampler.num_steps
   assert out.forwards_B.max() >= out.steps
   assert (out.forwards_B >= 1).all()
-  assert (out.forwards_B <= 2 * out.steps).all()
+  assert (out.forwards_B <= passes * out.steps).all()
 
 
 @pytest.mark.parametrize("rule,window,extra", [
@@ -146,7 +131,10 @@ def test_dream_batch_invariance_and_termination():
     (dict(window_rule="best"), "window_rule"), (dict(stop="eot"), "stop"),
     (dict(rank="max"), "rank"),
     (dict(gamma=0.0), "gamma"), (dict(verify=True, block_m=1), "block_m >= 2"),
-    (dict(verify=True, recompute_all=True), "cannot be combined")])
+    (dict(verify=True, recompute_all=True), "cannot be combined"),
+    (dict(rule="factor"), "rule must be one of"),
+    (dict(steps=64), "applies to rule='fixed' only"),
+    (dict(rule="fixed", steps=8), r"up to 32 tokens a step, more than block_m")])
 def test_bad_arguments(kwargs, message):
   with pytest.raises(ValueError, match=message):
     FlashDLLMSampler(**kwargs)
@@ -210,10 +198,11 @@ def test_continuous_batching_needs_a_refillable_sampler():
 
 
 @pytest.mark.parametrize("verify", [False, True])
-def test_forced_schedule_commits_a_fixed_number_per_step(verify):
+def test_fixed_rule_commits_a_fixed_number_per_step(verify):
   config, params = tiny("llada")
   sampler = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
-                             mask_num=2, verify=verify, forced_commits=3)
+                             mask_num=2, verify=verify, rule="fixed",
+                             steps=8)
   out = generate(params, random_prompts(42, [5, 9]), config=config,
                  sampler=sampler, stop_at_eos=False)
   assert out.steps == 8  # 24 tokens, 3 per step
@@ -223,7 +212,7 @@ def test_forced_schedule_commits_a_fixed_number_per_step(verify):
   assert not (out.tokens_BxG == config.mask_token_id).any()
 
 
-def test_forced_schedule_keeps_the_verify_pass_in_the_compiled_loop():
+def test_fixed_rule_keeps_the_verify_pass_in_the_compiled_loop():
   """The benchmark schedule keeps no verified draft; the pass must still be
   compiled in (a pass whose output is unused is dead code to XLA, and the
   benchmark would time the draft pass alone)."""
@@ -235,7 +224,8 @@ def test_forced_schedule_keeps_the_verify_pass_in_the_compiled_loop():
 
   def dots(verify):
     sampler = FlashDLLMSampler(gen_length=16, block_m=4, track_num=2,
-                               mask_num=2, verify=verify, forced_commits=2)
+                               mask_num=2, verify=verify, rule="fixed",
+                               steps=8)
     hlo = decode_jit.lower(params, prompt, valid, rng, config=config,
                            sampler=sampler, stop_at_eos=False
                            ).compile().as_text()
@@ -268,7 +258,7 @@ def test_without_stop_at_eos_every_position_is_decoded():
   EOS; otherwise they are decoded like any other."""
   config, params = tiny("llada", eos_boost=1.2)
   sampler = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
-                             mask_num=2, forced_commits=3)
+                             mask_num=2, rule="fixed", steps=8)
   out = generate(params, random_prompts(43, [5, 9]), config=config,
                  sampler=sampler, stop_at_eos=False)
   assert (out.tokens_BxG == config.eos_token_id).any()  # EOS was decoded

@@ -155,8 +155,8 @@ def test_flash_dllm_decode_loop_lowers_for_cuda_at_full_size(arch):
   params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
   rng = jax.eval_shape(
       lambda: jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)))
-  sampler = FlashDLLMSampler(gen_length=512, block_m=16, forced_commits=4,
-                             verify=True)
+  sampler = FlashDLLMSampler(gen_length=512, block_m=16, rule="fixed",
+                             steps=128, verify=True)
   calls = _custom_calls(
       lambda p, x, m, r: decode_tokens(
           p, x, m, r, config=cfg, sampler=sampler, stop_at_eos=False,

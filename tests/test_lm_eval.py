@@ -23,6 +23,12 @@ from tests.paths import TINY_CHECKPOINT  # noqa: E402
 TINY = str(TINY_CHECKPOINT)
 
 
+def local_tasks(**kwargs):
+  """The project's tasks alone: indexing lm-eval's own task files costs
+  seconds per call, and these tests use none of them."""
+  return task_manager(include_defaults=False, **kwargs)
+
+
 @pytest.fixture(scope="module")
 def tiny_lm():
   return FlashDLLMJax(checkpoint=TINY, batch_size=4, mc_num=8)
@@ -34,7 +40,7 @@ def test_simple_evaluate_on_a_local_task():
           "batch_size": 2}
   results = lm_eval.simple_evaluate(
       model="flash_dllm_jax", model_args=args, tasks=["synthetic_gsm"],
-      task_manager=task_manager(), limit=3, log_samples=True)
+      task_manager=local_tasks(), limit=3, log_samples=True)
   metrics = results["results"]["synthetic_gsm"]
   assert {"exact_match,strict-match", "exact_match,flexible-extract"} <= set(
       metrics)
@@ -217,7 +223,7 @@ def test_lm_evals_apply_chat_template_uses_the_checkpoints_template():
       model="flash_dllm_jax",
       model_args={"checkpoint": TINY, "strategy": "threshold",
                   "gen_length": 32},
-      tasks=["synthetic_gsm"], task_manager=task_manager(), limit=1,
+      tasks=["synthetic_gsm"], task_manager=local_tasks(), limit=1,
       apply_chat_template=True, log_samples=True)
   sample = results["samples"]["synthetic_gsm"][0]
   prompt = sample["arguments"][0][0]
@@ -246,7 +252,7 @@ def test_simple_evaluate_runs_a_loglikelihood_task(tmp_path):
   results = lm_eval.simple_evaluate(
       model="flash_dllm_jax", model_args=args,
       tasks=["synthetic_gsm_choice"], limit=2, log_samples=True,
-      task_manager=task_manager(include_path=str(tmp_path)))
+      task_manager=local_tasks(include_path=str(tmp_path)))
   assert "acc,none" in results["results"]["synthetic_gsm_choice"]
   scored = results["config"]["flash_dllm_jax"]["throughput"]["loglikelihood"]
   assert scored["requests"] == 4 and scored["forwards"] == 4 * 4

@@ -16,6 +16,12 @@ from flash_dllm_jax.lm_eval import TASKS_DIR, scoring, task_manager  # noqa: E40
 from tests.paths import ROOT  # noqa: E402
 
 LM_EVAL_GSM8K = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+
+
+def local_tasks(**kwargs):
+  """The project's tasks alone: indexing lm-eval's own task files costs
+  seconds per call, and these tests use none of them."""
+  return task_manager(include_defaults=False, **kwargs)
 DATASET_KEYS = {"task", "tag", "dataset_path", "dataset_name",
                 "custom_dataset"}
 
@@ -37,7 +43,7 @@ def test_gsm8k_local_is_lm_evals_gsm8k_on_local_data():
 
 @pytest.mark.slow
 def test_local_tasks_build_the_project_prompts():
-  tm = task_manager()
+  tm = local_tasks()
   tasks = tm.load(["gsm8k_local", "synthetic_gsm_ood"])["tasks"]
   gsm = tasks["gsm8k_local"]
   gsm.set_fewshot_seed(1234)  # simple_evaluate's default fewshot seed
@@ -76,7 +82,7 @@ def test_shipped_model_scores_equal_the_project_records(tmp_path):
           "batch_size": 4, "chat": True, **options}
   results = lm_eval.simple_evaluate(
       model="flash_dllm_jax", model_args=args, tasks=["synthetic_gsm"],
-      task_manager=task_manager(), limit=6, log_samples=True)
+      task_manager=local_tasks(), limit=6, log_samples=True)
   samples = results["samples"]["synthetic_gsm"]
   pairs = []
   for s in samples:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from flash_dllm_jax import generate, load
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import init_params
+from flash_dllm_jax.sampling import commit_rules
 from flash_dllm_jax.strategies import STRATEGIES, build_sampler, sampler_options
 from tests.paths import ROOT, TINY_CHECKPOINT
 
@@ -102,6 +103,10 @@ def decode_cases(draw):
   name = draw(st.sampled_from(sorted(STRATEGIES)))
   taken = sampler_options(STRATEGIES[name].sampler)
   options = {k: v for k, v in SCHEDULE.items() if k in taken}
+  if "rule" in taken:  # the commit rule; `steps` is the fixed rule's schedule
+    options["rule"] = draw(st.sampled_from(commit_rules.RULES))
+    if options["rule"] != "fixed":
+      del options["steps"]
   for k in draw(st.lists(st.sampled_from(
       [k for k in _float_fields(name) if k in VALUES]), unique=True)):
     options[k] = draw(st.sampled_from(VALUES[k]))

@@ -71,6 +71,25 @@ def check_compiled_equals_python(arch, sampler, eos_boost, seed, lengths):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def check_rows_do_not_depend_on_the_batch(arch, sampler, eos_boost, seed,
+                                          lengths):
+  """Each prompt of `random_prompts(seed, lengths)` decodes to the same
+  tokens and forward count alone, in the batch, and in the middle of a
+  batch with other neighbours and more left padding (each row keeps its
+  own seed)."""
+  config, params = tiny(arch, eos_boost=eos_boost)
+  prompts = random_prompts(seed, lengths)
+  batch = generate(params, prompts, config=config, sampler=sampler, seed=3)
+  others = random_prompts(seed + 1, [40, 2])
+  for i, p in enumerate(prompts):
+    alone = generate(params, [p], config=config, sampler=sampler, seed=3)
+    np.testing.assert_array_equal(alone.tokens_BxG[0], batch.tokens_BxG[i])
+    assert alone.forwards_B[0] == batch.forwards_B[i]
+    mixed = generate(params, [others[0], p, others[1]], config=config,
+                     sampler=sampler, seed=[9, 3, 11])
+    np.testing.assert_array_equal(mixed.tokens_BxG[1], batch.tokens_BxG[i])
+
+
 LLADA_CASES = [
     dict(gen_length=16, steps=16, block_length=16),
     dict(gen_length=24, steps=12, block_length=8),
@@ -152,15 +171,4 @@ def test_compiled_loop_equals_python_loop(arch, sampler):
 
 @pytest.mark.parametrize("arch,sampler", SAMPLERS)
 def test_rows_do_not_depend_on_the_batch(arch, sampler):
-  config, params = tiny(arch, eos_boost=1.5)
-  prompts = random_prompts(5, [4, 13, 9, 30])
-  batch = generate(params, prompts, config=config, sampler=sampler, seed=3)
-  # Alone, and inside a batch with other neighbours and more left padding.
-  others = random_prompts(6, [40, 2])
-  for i, p in enumerate(prompts):
-    alone = generate(params, [p], config=config, sampler=sampler, seed=3)
-    np.testing.assert_array_equal(alone.tokens_BxG[0], batch.tokens_BxG[i])
-    assert alone.forwards_B[0] == batch.forwards_B[i]
-    mixed = generate(params, [others[0], p, others[1]], config=config,
-                     sampler=sampler, seed=[9, 3, 11])
-    np.testing.assert_array_equal(mixed.tokens_BxG[1], batch.tokens_BxG[i])
+  check_rows_do_not_depend_on_the_batch(arch, sampler, 1.5, 5, [4, 13, 9, 30])

@@ -6,86 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import numpy as np
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from flash_dllm_jax import generate, load
-from flash_dllm_jax.generate import answer_ids
+from flash_dllm_jax import load
 from flash_dllm_jax.strategies import build_sampler
-from tests.paths import ROOT, TINY_CHECKPOINT
+from tests.paths import TINY_CHECKPOINT
+from tests.serve_case import TINY_OPTIONS, Server, burst, offline, stream_raw
 
 pytestmark = pytest.mark.slow  # one server start (compilation) per module
-
-TINY_OPTIONS = {"gen_length": 16, "block_m": 8}
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-class Server:
-  """A `python -m flash_dllm_jax serve` process and its URL."""
-
-  def __init__(self, checkpoint, strategy: str, options: dict, *flags: str,
-               log_path=None, ready_timeout: float = 600.0,
-               env: dict | None = None):
-    self.port = free_port()
-    self.url = f"http://127.0.0.1:{self.port}"
-    args = [sys.executable, "-m", "flash_dllm_jax", "serve",
-            "--checkpoint", str(checkpoint), "--strategy", strategy,
-            "--host", "127.0.0.1", "--port", str(self.port), *flags]
-    for k, v in options.items():
-      args += ["--" + k.replace("_", "-"), str(v)]
-    env = {**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": "highest",
-           "JAX_PLATFORMS": "cpu", **(env or {})}
-    self.log = open(log_path, "w") if log_path else subprocess.DEVNULL
-    self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=self.log,
-                                 stderr=subprocess.STDOUT)
-    self.deadline = time.monotonic() + ready_timeout
-
-  def wait_ready(self) -> dict:
-    while time.monotonic() < self.deadline:
-      if self.proc.poll() is not None:
-        raise RuntimeError(f"server exited with {self.proc.returncode}")
-      try:
-        r = httpx.get(self.url + "/health", timeout=5)
-        if r.status_code == 200:
-          return r.json()
-        assert r.json()["status"] == "starting"
-      except httpx.TransportError:
-        pass
-      time.sleep(0.5)
-    raise TimeoutError("the server did not become ready")
-
-  def client(self) -> openai.OpenAI:
-    return openai.OpenAI(base_url=self.url + "/v1", api_key="unused",
-                         max_retries=0, timeout=300)
-
-  def metrics(self) -> dict:
-    text = httpx.get(self.url + "/metrics").text
-    return {s.name: s.value for fam in text_string_to_metric_families(text)
-            for s in fam.samples if not s.labels} | {
-        f"{s.name}{{{','.join(f'{k}={v}' for k, v in s.labels.items())}}}":
-        s.value for fam in text_string_to_metric_families(text)
-        for s in fam.samples if s.labels}
-
-  def close(self):
-    if self.proc.poll() is None:
-      self.proc.kill()
-      self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -106,14 +40,6 @@ def server(tmp_path_factory, model):
     yield srv
   finally:
     srv.close()
-
-
-def offline(model, sampler, rows, seeds, max_tokens):
-  """The answers' token ids from offline generate."""
-  out = generate(model, rows, sampler=sampler, seed=seeds)
-  config = model[1]
-  return [answer_ids(g, config)[:m] for g, m in zip(out.tokens_BxG,
-                                                    max_tokens)]
 
 
 def test_completion_chat_and_models(server):
@@ -143,24 +69,6 @@ def test_streaming_equals_whole_answer(server):
   assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
       whole.choices[0].finish_reason
   assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
-
-
-def _stream_raw(url, body, ids=None) -> list[str]:
-  """The content deltas of one SSE stream, read with httpx (the chunks'
-  token ids are appended to `ids`)."""
-  deltas = []
-  with httpx.stream("POST", url + "/v1/completions", json=body,
-                    timeout=300) as r:
-    assert r.status_code == 200
-    lines = [line for line in r.iter_lines() if line]
-  assert lines[-1] == "data: [DONE]"
-  for line in lines[:-1]:
-    obj = json.loads(line.removeprefix("data: "))
-    if obj["choices"]:
-      deltas.append(obj["choices"][0]["text"])
-      if ids is not None:
-        ids += obj["choices"][0]["token_ids"]
-  return deltas
 
 
 def test_64_concurrent_requests_equal_offline_generate(server, model):
@@ -195,7 +103,7 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
       return c.choices[0].token_ids, c.choices[0].text
     if job["kind"] == 1:  # token ids, streamed
       ids = []
-      deltas = _stream_raw(server.url, {"prompt": job["ids"], "stream": True,
+      deltas = stream_raw(server.url, {"prompt": job["ids"], "stream": True,
                                         **common}, ids)
       return ids, "".join(deltas)
     if job["kind"] == 2:  # text
@@ -220,7 +128,7 @@ def test_streaming_never_revises_text(server):
   bodies = [{"model": "tiny-random-llada", "prompt": f"story {i}:",
              "stream": True, "stop": ["zz"]} for i in range(8)]
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
-    streams = list(pool.map(lambda b: _stream_raw(server.url, b), bodies))
+    streams = list(pool.map(lambda b: stream_raw(server.url, b), bodies))
   client = server.client()
   for body, deltas in zip(bodies, streams):
     whole = client.completions.create(model=body["model"],
@@ -265,15 +173,9 @@ def test_deadline(server):
   assert r.status_code == 504 and r.json()["error"]["code"] == "timeout"
 
 
-async def _burst(url, n, body):
-  async with httpx.AsyncClient(timeout=300) as client:
-    return await asyncio.gather(*(client.post(url + "/v1/completions",
-                                              json=body) for _ in range(n)))
-
-
 def test_overload_gets_429_and_nothing_is_lost(server):
   before = server.metrics()
-  replies = asyncio.run(_burst(server.url, 200, {"model": "tiny-random-llada",
+  replies = asyncio.run(burst(server.url, 200, {"model": "tiny-random-llada",
                                                  "prompt": "load"}))
   codes = [r.status_code for r in replies]
   assert set(codes) <= {200, 429} and 429 in codes and 200 in codes
@@ -292,7 +194,7 @@ def test_disconnect_frees_its_slot(server):
   before = server.metrics()
   body = {"model": "tiny-random-llada", "prompt": "busy"}
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    background = pool.submit(asyncio.run, _burst(server.url, 40, body))
+    background = pool.submit(asyncio.run, burst(server.url, 40, body))
     time.sleep(0.2)  # the queue is full of work: the stream waits in it
     with httpx.stream("POST", server.url + "/v1/chat/completions",
                       json={"model": "tiny-random-llada", "stream": True,
@@ -327,7 +229,7 @@ def test_sigterm_finishes_in_flight_then_exits(server):
   SIGTERM arrives are answered; then the process exits 0."""
   body = {"model": "tiny-random-llada", "prompt": "term"}
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    background = pool.submit(asyncio.run, _burst(server.url, 48, body))
+    background = pool.submit(asyncio.run, burst(server.url, 48, body))
     for _ in range(200):
       if server.metrics()["dllm_queue_length"] > 0:
         break

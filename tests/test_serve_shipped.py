@@ -12,7 +12,7 @@ import pytest
 from flash_dllm_jax import load
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
 from flash_dllm_jax.strategies import build_sampler
-from tests.test_serve import Server, offline
+from tests.serve_case import Server, offline
 
 pytestmark = pytest.mark.slow
 

@@ -15,13 +15,12 @@ import httpx
 import numpy as np
 import pytest
 
-from flash_dllm_jax import generate
+from flash_dllm_jax import generate, load
 from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.serve.cli import parse_variant
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import ROOT, TINY_CHECKPOINT
-from tests.test_serve import (TINY_OPTIONS, Server, _stream_raw,  # noqa: F401
-                              model)
+from tests.serve_case import TINY_OPTIONS, Server, stream_raw
 
 VARIANTS = {1: {"threshold": 0.6}, 2: {"gen_length": 8}}
 
@@ -51,6 +50,11 @@ def test_bad_variants_and_mesh_exit_with_one_error():
 
 
 @pytest.fixture(scope="module")
+def model():
+  return load(TINY_CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory):
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
                "--batch-size", "4", "--max-prompt-tokens", "32",
@@ -69,7 +73,7 @@ def server(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_concurrent_variants_equal_offline_generate(server, model):  # noqa: F811
+def test_concurrent_variants_equal_offline_generate(server, model):
   _, config, _ = model
   rng = np.random.default_rng(1)
   jobs = []
@@ -86,7 +90,7 @@ def test_concurrent_variants_equal_offline_generate(server, model):  # noqa: F81
   def run(job):
     if job["stream"]:  # through httpx
       ids = []
-      _stream_raw(server.url, {"model": "tiny-random-llada", "stream": True,
+      stream_raw(server.url, {"model": "tiny-random-llada", "stream": True,
                                "prompt": job["ids"], "seed": job["seed"],
                                "decoding": job["decoding"]}, ids)
       return ids, None

@@ -32,6 +32,15 @@ def check_fits(prompt_len: int, gen_length: int, max_seq_len: int,
                      f"exceeds max_seq_len {max_seq_len}")
 
 
+def optional_positive_errors(sampler, *names: str) -> list[str]:
+  """An error for each named field that is neither None nor a positive
+  int (options such as refresh_every and max_refills)."""
+  return [f"{name} must be None or a positive int, got {value!r}"
+          for name in names if (value := getattr(sampler, name)) is not None
+          and not (isinstance(value, int) and not isinstance(value, bool)
+                   and value > 0)]
+
+
 def block_schedule_errors(gen_length, block_length, steps) -> list[str]:
   """Errors of a semi-autoregressive schedule: positive ints, gen_length a
   multiple of block_length, steps a multiple of the number of blocks."""

@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.sampling import checks, select
+from flash_dllm_jax.sampling import checks, commit_rules, select
+from flash_dllm_jax.sampling.loop import Uncached
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -36,7 +37,7 @@ def torch_linspace_f32(start: float, end: float, n: int) -> np.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
-class DreamSampler:
+class DreamSampler(Uncached):
   """Arguments and defaults of Dream's `diffusion_generate`."""
 
   gen_length: int = 512
@@ -70,13 +71,6 @@ class DreamSampler:
       errors.append(f"alg_temp must be >= 0, got {self.alg_temp}")
     if errors:
       raise ValueError("invalid Dream sampler arguments: " + "; ".join(errors))
-
-  @property
-  def num_steps(self) -> int:
-    return self.steps
-
-  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
-    return None
 
   @property
   def forwards_per_step(self) -> int:
@@ -152,14 +146,14 @@ class DreamSampler:
       p = jnp.asarray(self.reveal_probs())[step]
       chosen_BxG = masked_BxG & (select.row_uniform(choice_rng, (g,)) < p)
     else:
-      conf_BxG = jnp.where(masked_BxG, conf_BxG, select.NEG_INF)
       if self.alg_temp:
         # multinomial without replacement over softmax(conf / alg_temp) is
         # the top-k of conf / alg_temp + Gumbel noise.
         conf_BxG = conf_BxG / self.alg_temp + select.row_gumbel(
             choice_rng, (g,))
-      k_B = jnp.broadcast_to(jnp.asarray(self.transfer_counts())[step], (b,))
-      chosen_BxG = select.choose_top(conf_BxG, k_B)
+      rule = commit_rules.Fixed(tuple(self.transfer_counts().tolist()))
+      chosen_BxG = rule.commit(conf_BxG, masked_BxG,
+                               jnp.broadcast_to(step, (b,)))
     gen_BxG = jnp.where(chosen_BxG, x0_BxG.astype(gen_BxG.dtype), gen_BxG)
     return (tokens_BxN.at[:, prompt_len:].set(gen_BxG), None,
             self.forwards_per_step)

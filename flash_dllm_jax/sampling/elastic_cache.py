@@ -1,8 +1,9 @@
 """Elastic-Cache (arXiv 2510.14973; read from yxu-dev/Elastic-Cache).
 
 A sliding window instead of fixed blocks: each step decodes the first
-`window` still-masked positions (position order) with the confidence
-threshold (always at least the most confident one). Every layer keeps each
+`window` still-masked positions (position order) by its commit rule
+(commit_rules.py; the reference's: the confidence threshold, always at least
+the most confident one). Every layer keeps each
 position's K/V and its input hidden state as last computed. A step's query,
 a fixed budget of slots per row ([tracked | new | masks], -1 = unused), is
   tracked  the union over layers of the `track_num` decoded positions that
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax.model import KVCache
-from flash_dllm_jax.sampling import checks, elastic_forward, parallel_rules
+from flash_dllm_jax.sampling import checks, commit_rules, elastic_forward
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -74,12 +75,14 @@ class StepTrace(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class ElasticCacheSampler:
+class ElasticCacheSampler(commit_rules.WindowRule):
   """Elastic-Cache decoding (greedy); defaults follow the reference.
 
-  forced_commits: commit exactly this many window positions per step (most
-    confident first) instead of the threshold: the reference's top-k mode,
-    also the benchmarks' forced schedule.
+  rule / threshold / steps: the window's commit rule (commit_rules.py):
+    "threshold", or "fixed", LLaDA's even schedule of `steps` steps (default
+    gen_length): exactly gen_length / steps window positions a step, most
+    confident first (the reference's top-k mode, also the benchmarks'
+    schedule).
   max_refills: under continuous batching, at most this many slots take a new
     request per loop step (None: any number).
   block_caching: False queries every open mask each step (not only the
@@ -96,8 +99,9 @@ class ElasticCacheSampler:
   window: int = 16
   track_num: int = 1
   gamma: float = 0.9
+  rule: str = "threshold"
   threshold: float = 0.9
-  forced_commits: int | None = None
+  steps: int | None = None
   block_caching: bool = True
   refresh_every: int | None = None
   recompute_all: bool = False
@@ -116,20 +120,9 @@ class ElasticCacheSampler:
                     f"({self.gen_length})")
     if not isinstance(self.gamma, (int, float)) or math.isnan(self.gamma):
       errors.append(f"gamma must be a real number, got {self.gamma!r}")
-    if not (isinstance(self.threshold, (int, float))
-            and 0 < self.threshold <= 1):
-      errors.append(f"threshold must be in (0, 1], got {self.threshold!r}")
-    k = self.forced_commits
-    if k is not None and not (pos_int(k) and pos_int(self.window)
-                              and k <= self.window):
-      errors.append(f"forced_commits must be None or an int in [1, window], "
-                    f"got {k!r}")
-    if self.refresh_every is not None and not pos_int(self.refresh_every):
-      errors.append(f"refresh_every must be None or a positive int, got "
-                    f"{self.refresh_every!r}")
-    if self.max_refills is not None and not pos_int(self.max_refills):
-      errors.append(f"max_refills must be None or a positive int, got "
-                    f"{self.max_refills!r}")
+    errors += commit_rules.window_errors(self, ("window", self.window))
+    errors += checks.optional_positive_errors(self, "refresh_every",
+                                              "max_refills")
     if errors:
       raise ValueError("invalid Elastic-Cache arguments: " + "; ".join(errors))
 
@@ -194,14 +187,9 @@ class ElasticCacheSampler:
       logits_BxWxV, aux, sim_BxL, restart_B = self._layerwise(
           model, state, slots_BxQ, others_BxN)
 
-    x0_BxW, conf_BxW = parallel_rules.confidence(logits_BxWxV)
+    x0_BxW, conf_BxW = commit_rules.confidence(logits_BxWxV)
     real_BxW = window_BxW >= 0
-    if self.forced_commits is not None:
-      commit_BxW = parallel_rules.fixed_commit(
-          conf_BxW, real_BxW, jnp.full((b,), self.forced_commits, jnp.int32))
-    else:
-      commit_BxW = parallel_rules.threshold_commit(conf_BxW, real_BxW,
-                                                   self.threshold)
+    commit_BxW = self.commit_rule.commit(conf_BxW, real_BxW, state.steps_B)
     tokens_BxN = tokens_BxN.at[
         jnp.arange(b)[:, None], jnp.where(commit_BxW, window_BxW, n)].set(
             x0_BxW.astype(tokens_BxN.dtype), mode="drop")

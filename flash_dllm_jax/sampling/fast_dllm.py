@@ -30,13 +30,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from flash_dllm_jax.sampling import checks, parallel_rules
-from flash_dllm_jax.sampling.llada import LLaDASampler
+from flash_dllm_jax.sampling import checks, commit_rules
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
 CACHES = ("none", "prefix", "dual")
-RULES = ("threshold", "factor", "fixed")
 
 
 @struct.dataclass
@@ -54,9 +52,9 @@ class FastDLLMSampler:
   """Fast-dLLM decoding (greedy).
 
   cache: 'none' (a full forward every step), 'prefix' or 'dual'.
-  rule: 'threshold' (conf >= threshold, at least the top one), 'factor'
-    (Fast-dLLM's factor rule with `factor`) or 'fixed' (LLaDA's even
-    schedule of `steps` spread over the blocks).
+  rule: the commit rule (commit_rules.py): 'threshold' (conf >= threshold,
+    at least the top one), 'factor' (Fast-dLLM's factor rule with `factor`)
+    or 'fixed' (LLaDA's even schedule of `steps` spread over the blocks).
   steps: used by 'fixed' (defaults to gen_length); the other rules only
     check it divides into the blocks, as the reference asserts.
   refresh_every: with a cache, also refresh it with a full forward every k
@@ -81,16 +79,14 @@ class FastDLLMSampler:
                                           self.steps)
     if self.cache not in CACHES:
       errors.append(f"cache must be one of {CACHES}, got {self.cache!r}")
-    if self.rule not in RULES:
-      errors.append(f"rule must be one of {RULES}, got {self.rule!r}")
+    if self.rule not in commit_rules.RULES:
+      errors.append(f"rule must be one of {commit_rules.RULES}, got "
+                    f"{self.rule!r}")
     if not 0 < self.threshold <= 1:
       errors.append(f"threshold must be in (0, 1], got {self.threshold}")
     if not self.factor > 0:
       errors.append(f"factor must be > 0, got {self.factor}")
-    r = self.refresh_every
-    if r is not None and (not isinstance(r, int) or isinstance(r, bool)
-                          or r <= 0):
-      errors.append(f"refresh_every must be None or a positive int, got {r!r}")
+    errors += checks.optional_positive_errors(self, "refresh_every")
     if errors:
       raise ValueError("invalid Fast-dLLM sampler arguments: "
                        + "; ".join(errors))
@@ -116,11 +112,14 @@ class FastDLLMSampler:
     steps = self.steps if self.rule == "fixed" else self.gen_length
     return steps + (self.num_blocks if self.quirk else 0)
 
-  def schedule(self) -> jax.Array:
-    """[steps per block] tokens the fixed rule commits at each block step."""
-    plan = LLaDASampler(gen_length=self.gen_length, steps=self.steps,
-                        block_length=self.block_length)
-    return jnp.asarray(plan.transfer_counts()[:plan.steps_per_block])
+  @property
+  def commit_rule(self) -> commit_rules.CommitRule:
+    """The rule's policy; 'fixed' counts a block's steps (LLaDA's schedule
+    within each block)."""
+    counts = commit_rules.even_counts(self.block_length,
+                                      self.steps // self.num_blocks)
+    return commit_rules.make(self.rule, threshold=self.threshold,
+                             factor=self.factor, counts=counts)
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
     checks.check_fits(prompt_len, self.gen_length, max_seq_len,
@@ -175,16 +174,6 @@ class FastDLLMSampler:
     part_BxLxV, cache = jax.lax.cond(jnp.any(cached_B), partial, skip, cache)
     return jnp.where(refresh_B[:, None, None], full_BxLxV, part_BxLxV), cache
 
-  def _commit(self, conf_BxL, masked_BxL, age_B):
-    if self.rule == "threshold":
-      return parallel_rules.threshold_commit(conf_BxL, masked_BxL,
-                                             self.threshold)
-    if self.rule == "factor":
-      return parallel_rules.factor_commit(conf_BxL, masked_BxL, self.factor)
-    schedule = self.schedule()
-    k_B = schedule[jnp.minimum(age_B, schedule.shape[0] - 1)]
-    return parallel_rules.fixed_commit(conf_BxL, masked_BxL, k_B)
-
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
     aux, tokens_BxN = state.aux, state.tokens_BxN
@@ -196,10 +185,10 @@ class FastDLLMSampler:
 
     logits_BxLxV, cache = self._block_logits(model, tokens_BxN, aux, start_B,
                                              active_B)
-    x0_BxL, conf_BxL = parallel_rules.confidence(logits_BxLxV)
+    x0_BxL, conf_BxL = commit_rules.confidence(logits_BxLxV)
     block_BxL = jnp.take_along_axis(tokens_BxN, pos_BxL, axis=1)
     masked_BxL = block_BxL == mask_id
-    chosen_BxL = self._commit(conf_BxL, masked_BxL, aux.age_B)
+    chosen_BxL = self.commit_rule.commit(conf_BxL, masked_BxL, aux.age_B)
     block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype), block_BxL)
     tokens_BxN = jnp.put_along_axis(tokens_BxN, pos_BxL, block_BxL, axis=1,
                                     inplace=False)

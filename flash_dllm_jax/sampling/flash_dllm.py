@@ -6,8 +6,8 @@ the block_m-position window to decode, (mask_num - 1) * block_m further masks
 to refresh, and track_num * block_m tracked decoded positions. Their fresh
 K/V overwrite their slots; everything else is read from the cache. A row's
 first step runs every position (a prefill) so its cache starts complete.
-The window is decoded with the confidence threshold (at least one commit per
-step). The first commit batch holding EOS fixes the answer's end after the
+The window is decoded by its commit rule (commit_rules.py; the reference's
+is the confidence threshold, at least one commit per step). The first commit batch holding EOS fixes the answer's end after the
 largest such position; nothing at or after the end is decoded, and a row is
 finished once no mask remains before it. With `verify`, a second pass checks
 up to block_m // 2 of the remaining window drafts (flash_verify.py, which
@@ -21,8 +21,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.sampling import (checks, flash_budget, flash_forward,
-                                     flash_verify, parallel_rules)
+from flash_dllm_jax.sampling import (checks, commit_rules, flash_budget,
+                                     flash_forward, flash_verify)
 from flash_dllm_jax.sampling.flash_state import FlashCacheAux, StepTrace
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -31,7 +31,7 @@ NOT_SCORED = flash_budget.NOT_SCORED
 
 
 @dataclasses.dataclass(frozen=True)
-class FlashDLLMSampler:
+class FlashDLLMSampler(commit_rules.WindowRule):
   """Flash-Cache decoding; defaults follow the reference (VILA-Lab
   Flash-dLLM `generate_with_Flash_dLLM` and its GSM8K script).
 
@@ -49,10 +49,12 @@ class FlashDLLMSampler:
     run must equal it).
   verify / gamma: Flash-Verify and its acceptance level (0.8 for GSM8K and
     MBPP in the reference scripts, 0.85 for MATH and HumanEval).
-  forced_commits: benchmark schedule: commit exactly this many window
-    positions per step (most confident first) whatever their confidence, and
-    run the verify pass without accepting anything, so step counts do not
-    depend on (random) weights.
+  rule / threshold / steps: the window's commit rule (commit_rules.py):
+    "threshold" (the reference's), or "fixed", LLaDA's even schedule of
+    `steps` steps (default gen_length): exactly gen_length / steps window
+    positions a step, most confident first, whatever their confidence, with
+    the verify pass accepting nothing, so step counts do not depend on the
+    (random) weights: the benchmarks' schedule.
   max_refills: under continuous batching, at most this many slots take a new
     request per loop step, and such a step prefills those rows alone (None:
     any number, and a step with new requests prefills every row).
@@ -62,7 +64,9 @@ class FlashDLLMSampler:
   block_m: int = 16
   track_num: int = 4
   mask_num: int = 4
+  rule: str = "threshold"
   threshold: float = 0.9
+  steps: int | None = None
   rank_from_layer: int = 2
   verify: bool = False
   gamma: float = 0.8
@@ -71,7 +75,6 @@ class FlashDLLMSampler:
   stop: str = "eos"
   rank: str = "score"
   recompute_all: bool = False
-  forced_commits: int | None = None
   max_refills: int | None = 4
 
   def __post_init__(self):
@@ -81,8 +84,6 @@ class FlashDLLMSampler:
       value = getattr(self, name)
       if not isinstance(value, int) or value < (0 if name == "track_num" else 1):
         errors.append(f"{name} must be a positive int, got {value!r}")
-    if not 0 < self.threshold <= 1:
-      errors.append(f"threshold must be in (0, 1], got {self.threshold}")
     if not 0 < self.gamma <= 1:
       errors.append(f"gamma must be in (0, 1], got {self.gamma}")
     for name, allowed in (("window_rule", flash_budget.WINDOWS),
@@ -94,15 +95,8 @@ class FlashDLLMSampler:
     if self.verify and self.recompute_all:
       errors.append("recompute_all (the uncached exactness reference) cannot "
                     "be combined with verify, which reads the cache")
-    if self.forced_commits is not None and not (
-        isinstance(self.forced_commits, int)
-        and 1 <= self.forced_commits <= self.block_m):
-      errors.append(f"forced_commits must be an int in [1, block_m], got "
-                    f"{self.forced_commits!r}")
-    if self.max_refills is not None and not (
-        isinstance(self.max_refills, int) and self.max_refills >= 1):
-      errors.append(f"max_refills must be None or an int >= 1, got "
-                    f"{self.max_refills!r}")
+    errors += commit_rules.window_errors(self, ("block_m", self.block_m))
+    errors += checks.optional_positive_errors(self, "max_refills")
     if self.verify and self.block_m < 2:
       errors.append("verify needs block_m >= 2 (it checks block_m // 2 "
                     "candidates)")
@@ -231,7 +225,7 @@ class FlashDLLMSampler:
       logits_BxRxV, cache, rank_BxN = jax.lax.switch(
           which, [prefill, mixed, flash])
 
-    x0_BxR, conf_BxR = parallel_rules.confidence(logits_BxRxV)
+    x0_BxR, conf_BxR = commit_rules.confidence(logits_BxRxV)
     window_BxW = scored_BxR[:, :w]
     real_BxW = window_BxW >= 0
     drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
@@ -242,12 +236,7 @@ class FlashDLLMSampler:
       stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
       first_B = jnp.min(jnp.where(stop_BxW, window_BxW, n), axis=1)
       conf_w_BxW = jnp.where(window_BxW > first_B[:, None], 0.0, conf_w_BxW)
-    if self.forced_commits is not None:
-      commit_BxW = parallel_rules.fixed_commit(
-          conf_w_BxW, real_BxW, jnp.full((b,), self.forced_commits, jnp.int32))
-    else:
-      commit_BxW = parallel_rules.threshold_commit(conf_w_BxW, real_BxW,
-                                                   self.threshold)
+    commit_BxW = self.commit_rule.commit(conf_w_BxW, real_BxW, state.steps_B)
     rows_Bx1 = jnp.arange(b)[:, None]
     commit_slots_BxW = jnp.where(commit_BxW, window_BxW, n)
     tokens_BxN = tokens_BxN.at[rows_Bx1, commit_slots_BxW].set(
@@ -265,7 +254,7 @@ class FlashDLLMSampler:
       v = flash_verify.verify(
           model, tokens_BxN, recent_BxN, window_BxW, drafts_BxW, conf_w_BxW,
           eligible_BxW, new_end_B, cache, block_m=self.block_m,
-          gamma=self.gamma, accept_none=self.forced_commits is not None,
+          gamma=self.gamma, accept_none=self.rule == "fixed",
           exclude_BxS=exclude_BxS)
       plan, p_BxC, keep_BxC = v.plan, v.p_BxC, v.keep_BxC
       verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)

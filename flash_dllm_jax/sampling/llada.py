@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.sampling import checks, select
+from flash_dllm_jax.sampling import checks, commit_rules, select
+from flash_dllm_jax.sampling.loop import Uncached
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -21,7 +22,7 @@ REMASKING = ("low_confidence", "random")
 
 
 @dataclasses.dataclass(frozen=True)
-class LLaDASampler:
+class LLaDASampler(Uncached):
   """Arguments and defaults of LLaDA's `generate` (block_length defaults to
   the whole generation, as there)."""
 
@@ -59,22 +60,15 @@ class LLaDASampler:
     return self.steps // self.num_blocks
 
   @property
-  def num_steps(self) -> int:
-    return self.steps
-
-  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
-    return None
-
-  @property
   def forwards_per_step(self) -> int:
     return 2 if self.cfg_scale > 0 else 1
 
   def transfer_counts(self) -> np.ndarray:
     """[steps] tokens committed per step: a block's masks spread evenly over
     its steps, the remainder going to the first steps."""
-    base, extra = divmod(self.block_length, self.steps_per_block)
-    per_block = base + (np.arange(self.steps_per_block) < extra)
-    return np.tile(per_block, self.num_blocks).astype(np.int32)
+    per_block = commit_rules.even_counts(self.block_length,
+                                         self.steps_per_block)
+    return np.tile(np.asarray(per_block, np.int32), self.num_blocks)
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
     checks.check_fits(prompt_len, self.gen_length, max_seq_len)
@@ -116,9 +110,8 @@ class LLaDASampler:
 
     block_BxL = jax.lax.dynamic_slice_in_dim(tokens_BxN, start, block_len, 1)
     masked_BxL = block_BxL == config.mask_token_id
-    conf_BxL = jnp.where(masked_BxL, p_BxL, select.NEG_INF)
-    k_B = jnp.broadcast_to(jnp.asarray(self.transfer_counts())[step], (b,))
-    chosen_BxL = select.choose_top(conf_BxL, k_B)
+    rule = commit_rules.Fixed(tuple(self.transfer_counts().tolist()))
+    chosen_BxL = rule.commit(p_BxL, masked_BxL, jnp.broadcast_to(step, (b,)))
     block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype), block_BxL)
     tokens_BxN = jax.lax.dynamic_update_slice_in_dim(tokens_BxN, block_BxL,
                                                      start, 1)

@@ -34,6 +34,18 @@ def run_python(step_fn: StepFn, state: DecodeState,
   return state
 
 
+class Uncached:
+  """The ends of a sampler that keeps no state of its own and runs exactly
+  `steps` steps (LLaDA's and Dream's reference samplers)."""
+
+  @property
+  def num_steps(self) -> int:
+    return self.steps
+
+  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
+    return None
+
+
 class Sampler(Protocol):
   """A decoding policy: which positions to run and which tokens to commit.
 

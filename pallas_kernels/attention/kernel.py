@@ -43,7 +43,7 @@ VALID, SCORE = 1, 2  # bits of the per-row info byte
 
 
 def _dot_t(a, b):
-  """a [M, D] . b [N, D]^T -> [M, N] float32."""
+  """a [M, D] . b [Y, D]^T -> [M, Y] float32."""
   return lax.dot_general(a, b, (((1,), (1,)), ((), ())),
                          preferred_element_type=jnp.float32)
 
@@ -84,12 +84,12 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     k = plgpu.load(k_ref.at[rows, :], mask=key_ok[:, None], other=0)
     return rows, key_ok, k, row_ok[:, None] & key_ok[None, :]
 
-  def softmax_step(carry, s_RxN, mask, v):
+  def softmax_step(carry, s_RxY, mask, v):
     acc, m, l = carry
-    s_RxN = jnp.where(mask, s_RxN, NEG)
-    m_new = jnp.maximum(m, jnp.max(s_RxN, axis=1))
+    s_RxY = jnp.where(mask, s_RxY, NEG)
+    m_new = jnp.maximum(m, jnp.max(s_RxY, axis=1))
     alpha = jnp.exp(m - m_new)
-    p = jnp.where(mask, jnp.exp(s_RxN - m_new[:, None]), 0.0)
+    p = jnp.where(mask, jnp.exp(s_RxY - m_new[:, None]), 0.0)
     l = alpha * l + jnp.sum(p, axis=1)
     pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                          preferred_element_type=jnp.float32)
@@ -130,9 +130,9 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     def mass_body(t, carry):
       rows, _, k, mask = key_tile(t)
       mask &= score_rows[:, None]
-      s_RxN = _dot_t(q, k) * scale
-      p = jnp.where(mask, s_RxN if score == "logit"
-                    else jnp.exp(s_RxN - lse[:, None]), 0.0)
+      s_RxY = _dot_t(q, k) * scale
+      p = jnp.where(mask, s_RxY if score == "logit"
+                    else jnp.exp(s_RxY - lse[:, None]), 0.0)
       plgpu.store(mass_ref.at[rows], jnp.sum(p, axis=0),
                   mask=t * block_k + jnp.arange(block_k) < s)
       return carry  # yield the carried value: Triton can't yield a literal

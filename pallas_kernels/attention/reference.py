@@ -98,26 +98,26 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   key_ok_BxS = jnp.arange(s)[None, :] < k_len_B[:, None]
   if exclude_BxS is not None:
     key_ok_BxS &= ~exclude_BxS
-  keys_BxNxKxD = jnp.where(key_ok_BxS[..., None, None], k_cache_BxSxKxD, 0)
-  vals_BxNxKxD = jnp.where(key_ok_BxS[..., None, None], v_cache_BxSxKxD, 0)
-  mask_BxQxN = row_ok_BxQ[:, :, None] & key_ok_BxS[:, None, :]
+  keys_BxYxKxD = jnp.where(key_ok_BxS[..., None, None], k_cache_BxSxKxD, 0)
+  vals_BxYxKxD = jnp.where(key_ok_BxS[..., None, None], v_cache_BxSxKxD, 0)
+  mask_BxQxY = row_ok_BxQ[:, :, None] & key_ok_BxS[:, None, :]
   if k_new_BxIxKxD is not None:
-    keys_BxNxKxD = jnp.concatenate([keys_BxNxKxD, k_new_BxIxKxD], axis=1)
-    vals_BxNxKxD = jnp.concatenate([vals_BxNxKxD, v_new_BxIxKxD], axis=1)
+    keys_BxYxKxD = jnp.concatenate([keys_BxYxKxD, k_new_BxIxKxD], axis=1)
+    vals_BxYxKxD = jnp.concatenate([vals_BxYxKxD, v_new_BxIxKxD], axis=1)
     inq_BxQxI = inq_mask_BxQxI & row_ok_BxQ[:, :, None]
-    mask_BxQxN = jnp.concatenate([mask_BxQxN, inq_BxQxI], axis=2)
+    mask_BxQxY = jnp.concatenate([mask_BxQxY, inq_BxQxI], axis=2)
   q_BxQxKxJxD = q_BxQxHxD.reshape(b, q, kh, h // kh, d)
-  s_BxKxJxQxN = jnp.einsum("bqkjd,bnkd->bkjqn", q_BxQxKxJxD, keys_BxNxKxD,
+  s_BxKxJxQxY = jnp.einsum("bqkjd,bykd->bkjqy", q_BxQxKxJxD, keys_BxYxKxD,
                            preferred_element_type=f32, precision=hi) * scale
-  mask = mask_BxQxN[:, None, None]
-  s_BxKxJxQxN = jnp.where(mask, s_BxKxJxQxN, -jnp.inf)
-  m = jnp.max(s_BxKxJxQxN, axis=-1, keepdims=True)
+  mask = mask_BxQxY[:, None, None]
+  s_BxKxJxQxY = jnp.where(mask, s_BxKxJxQxY, -jnp.inf)
+  m = jnp.max(s_BxKxJxQxY, axis=-1, keepdims=True)
   m = jnp.where(jnp.isfinite(m), m, 0.0)
-  p_BxKxJxQxN = jnp.where(mask, jnp.exp(s_BxKxJxQxN - m), 0.0)
-  l = jnp.sum(p_BxKxJxQxN, axis=-1, keepdims=True)
-  p_BxKxJxQxN = p_BxKxJxQxN / jnp.where(l > 0, l, 1.0)
-  o_BxQxKxJxD = jnp.einsum("bkjqn,bnkd->bqkjd", p_BxKxJxQxN,
-                           vals_BxNxKxD.astype(f32), precision=hi)
+  p_BxKxJxQxY = jnp.where(mask, jnp.exp(s_BxKxJxQxY - m), 0.0)
+  l = jnp.sum(p_BxKxJxQxY, axis=-1, keepdims=True)
+  p_BxKxJxQxY = p_BxKxJxQxY / jnp.where(l > 0, l, 1.0)
+  o_BxQxKxJxD = jnp.einsum("bkjqy,bykd->bqkjd", p_BxKxJxQxY,
+                           vals_BxYxKxD.astype(f32), precision=hi)
   o_BxQxHxD = o_BxQxKxJxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
   if score_rows_BxQ is None:
     return o_BxQxHxD, None
@@ -125,7 +125,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
     score_rows_BxQ = score_rows_BxQ & (jnp.arange(q) < score_prefix)[None]
   w_BxQ = (score_rows_BxQ & row_ok_BxQ).astype(f32)
   if score == "logit":
-    p_BxKxJxQxN = jnp.where(mask, s_BxKxJxQxN, 0.0)
-  mass_BxKxS = jnp.einsum("bkjqs,bq->bks", p_BxKxJxQxN[..., :s], w_BxQ,
+    p_BxKxJxQxY = jnp.where(mask, s_BxKxJxQxY, 0.0)
+  mass_BxKxS = jnp.einsum("bkjqs,bq->bks", p_BxKxJxQxY[..., :s], w_BxQ,
                           precision=hi)
   return o_BxQxHxD, mass_BxKxS if head_mass else sum_heads(mass_BxKxS)
