@@ -13,7 +13,7 @@ from tests.paths import ROOT
 
 ENTRIES = sorted((ROOT / "benchmarks").glob("*.sh"))
 TOPICS = ("forward", "kernels", "strategies", "quality", "training",
-          "continuous", "batch-invariance", "multi-gpu")
+          "continuous", "batch-invariance", "multi-gpu", "quantized")
 
 
 def _braces(path):
