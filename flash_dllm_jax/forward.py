@@ -74,7 +74,7 @@ def logits(model, ids_BxN, positions=None, valid=None, *,
     'highest'; 'highest' is what the parity tests use).
   dtype: compute dtype ('bfloat16', 'float32'); default: the config's.
   hidden: also return each block's output.
-  implementation: kernel choice (flash_dllm_jax/ops.py); default: the
+  implementation: kernel choice (flash_dllm_jax/ops/); default: the
     backend's.
   """
   params, config, _ = unpack_model(model, config)

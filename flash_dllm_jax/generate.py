@@ -154,7 +154,7 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   """The decode as a pure function of device arrays (jit it with config,
   sampler, stop_at_eos, compiled and implementation static; under a mesh,
   trace it inside `parallel.use(mesh)`). Returns (gen_BxG, forwards_B,
-  steps, steps_B). implementation: kernel choice (flash_dllm_jax/ops.py)."""
+  steps, steps_B). implementation: kernel choice (flash_dllm_jax/ops/)."""
   b, p = prompt_BxP.shape
   g = sampler.gen_length
   g_all = g + tail_length(sampler)

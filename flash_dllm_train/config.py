@@ -43,7 +43,7 @@ class TrainConfig:
   # Likewise after this many steps of this invocation (tests, and splitting
   # a run at a chosen step).
   stop_after_steps: int | None = None
-  # The model's ops implementation (flash_dllm_jax/ops.py): None uses the
+  # The model's ops implementation (flash_dllm_jax/ops/): None uses the
   # GPU's fused (cuDNN) attention there; 'reference' the plain-JAX one.
   implementation: str | None = None
 

@@ -19,7 +19,7 @@ class RMSNorm(nn.Module):
 
   eps: float
   param_dtype: jnp.dtype = jnp.float32
-  implementation: str | None = None  # see flash_dllm_jax/ops.py
+  implementation: str | None = None  # see flash_dllm_jax/ops/
 
   @nn.compact
   def __call__(self, x_NxE: jax.Array) -> jax.Array:
@@ -46,7 +46,7 @@ class Linear(nn.Module):
   kernel_init: Initializer = nn.initializers.variance_scaling(
       1.0, "fan_in", "normal")
   quantize: str | None = None
-  implementation: str | None = None  # see flash_dllm_jax/ops.py
+  implementation: str | None = None  # see flash_dllm_jax/ops/
 
   @nn.compact
   def __call__(self, x: jax.Array, weights_only: bool = False):

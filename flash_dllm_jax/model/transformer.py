@@ -168,7 +168,7 @@ class Transformer(nn.Module):
   config: ModelConfig
   param_dtype: jnp.dtype = jnp.bfloat16
   head_init_scale: float = 1.0
-  implementation: str | None = None  # kernels: see flash_dllm_jax/ops.py
+  implementation: str | None = None  # kernels: see flash_dllm_jax/ops/
 
   @nn.compact
   def __call__(self, tokens_BxQ, positions_BxQ, key_valid_BxS, cache=None,

@@ -22,7 +22,7 @@ from flash_dllm_jax.model import CachedExtras, KVCache, Transformer
 class SequenceModel:
   """params, plus the batch's RoPE positions and key validity [B, N].
 
-  implementation: kernel choice for the cached path (flash_dllm_jax/ops.py).
+  implementation: kernel choice for the cached path (flash_dllm_jax/ops/).
   stop_ids: the tokens that end an answer in this decode (empty when every
     position is decoded), for strategies that drop positions after a stop.
   """

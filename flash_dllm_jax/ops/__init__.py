@@ -1,0 +1,23 @@
+"""The one dispatch point between model code and `pallas_kernels`.
+
+Model code calls these functions and never imports a kernel. Each picks a
+Pallas kernel where one exists for the backend and the shape measured faster
+(BENCHMARKS.md, "Kernels") or where its fixed summation order keeps a row's
+bits independent of batch and mesh, and the plain-JAX reference otherwise.
+
+`implementation`: None chooses by backend (Pallas on a GPU, reference
+elsewhere); 'reference', 'pallas' or 'pallas_interpret' (the kernel run by
+the Pallas interpreter, how CPU tests exercise the kernel path) force one;
+a `Kernels` adds kernel settings to that choice.
+"""
+
+from flash_dllm_jax.ops.attention import (attention, cached_attention,
+                                          rope_and_write, write_cache)
+from flash_dllm_jax.ops.choice import Kernels
+from flash_dllm_jax.ops.linear import (QMATMUL_STREAM_MAX_Q, linear,
+                                       quantized_linear)
+from flash_dllm_jax.ops.rows import rms_norm, token_logprob
+
+__all__ = ["Kernels", "QMATMUL_STREAM_MAX_Q", "attention", "cached_attention",
+           "linear", "quantized_linear", "rms_norm", "rope_and_write",
+           "token_logprob", "write_cache"]

@@ -1,0 +1,37 @@
+"""A kernel choice with settings (`Kernels`) and how ops read one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pallas_kernels.attention import api as attention_api
+from pallas_kernels.common import resolve_implementation
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+  """A kernel choice with settings, accepted wherever `implementation` is:
+  name as `implementation` (None: by backend), the attention kernel's
+  tiling rules and the rows per sequence up to which 8-bit weights stream
+  (`quantized_linear`; benchmarks sweep them; static, so part of the jit
+  key)."""
+
+  name: str | None = None
+  attention: attention_api.Tiling = attention_api.Tiling()
+  stream_max_q: int | None = None  # default QMATMUL_STREAM_MAX_Q
+
+  def __post_init__(self):
+    if self.stream_max_q is not None and self.stream_max_q < 0:
+      raise ValueError(f"stream_max_q must be >= 0, got {self.stream_max_q}")
+
+
+def kernel_name(implementation: "str | Kernels | None") -> str:
+  if isinstance(implementation, Kernels):
+    implementation = implementation.name
+  return resolve_implementation(implementation)
+
+
+def tiling(implementation) -> attention_api.Tiling:
+  if isinstance(implementation, Kernels):
+    return implementation.attention
+  return attention_api.Tiling()
