@@ -41,5 +41,8 @@ eye. Each letter has one meaning everywhere:
      output channel; E / 128 for groups of 128)
 
 Digits name fixed sizes (``top2_BxGx2``, ``ref_1xNxV``); a digit after a
-letter divides it (``freqs_BxQxD2``: D / 2 rotary frequencies).
+letter divides it (``freqs_BxQxD2``: D / 2 rotary frequencies); two letters
+together multiply (``q_BxKxQJxD``: a KV head's Q * J query rows, GQA heads
+folded into rows); the word ``split`` names an axis of key splits
+(``lse_splitxBxKxQJ``: one partial per split of the keys).
 """

@@ -30,11 +30,11 @@ def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, splits):
   out_lse_ref[...] = m + jnp.log(total)
 
 
-def merge_splits(o_PxBxKxRxD, lse_PxBxKxR, *, block_r: int, out_dtype,
+def merge_splits(o_splitxBxKxQJxD, lse_splitxBxKxQJ, *, block_r: int, out_dtype,
                  interpret: bool):
-  """(o_BxKxRxD, lse_BxKxR) from the partial outputs and log-sum-exps of P
-  key splits (R rows per (sequence, kv head) in tiles of block_r)."""
-  splits, b, kh, rrp, d = o_PxBxKxRxD.shape
+  """(o_BxKxQJxD, lse_BxKxQJ) from the partial outputs and log-sum-exps of P
+  key splits (QJ rows per (sequence, kv head) in tiles of block_r)."""
+  splits, b, kh, rrp, d = o_splitxBxKxQJxD.shape
   bk = lambda z: (z // kh, z % kh)
   return pl.pallas_call(
       functools.partial(_combine_kernel, splits=splits),
@@ -53,4 +53,4 @@ def merge_splits(o_PxBxKxRxD, lse_PxBxKxR, *, block_r: int, out_dtype,
                               lambda i, z: (*bk(z), i))],
       out_shape=[jax.ShapeDtypeStruct((b, kh, rrp, d), out_dtype),
                  jax.ShapeDtypeStruct((b, kh, rrp), jnp.float32)],
-      name="scheduled_attention_combine")(o_PxBxKxRxD, lse_PxBxKxR)
+      name="scheduled_attention_combine")(o_splitxBxKxQJxD, lse_splitxBxKxQJ)

@@ -84,12 +84,12 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     k = plgpu.load(k_ref.at[rows, :], mask=key_ok[:, None], other=0)
     return rows, key_ok, k, row_ok[:, None] & key_ok[None, :]
 
-  def softmax_step(carry, s_RxY, mask, v):
+  def softmax_step(carry, s_QJxY, mask, v):
     acc, m, l = carry
-    s_RxY = jnp.where(mask, s_RxY, NEG)
-    m_new = jnp.maximum(m, jnp.max(s_RxY, axis=1))
+    s_QJxY = jnp.where(mask, s_QJxY, NEG)
+    m_new = jnp.maximum(m, jnp.max(s_QJxY, axis=1))
     alpha = jnp.exp(m - m_new)
-    p = jnp.where(mask, jnp.exp(s_RxY - m_new[:, None]), 0.0)
+    p = jnp.where(mask, jnp.exp(s_QJxY - m_new[:, None]), 0.0)
     l = alpha * l + jnp.sum(p, axis=1)
     pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                          preferred_element_type=jnp.float32)
@@ -130,9 +130,9 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     def mass_body(t, carry):
       rows, _, k, mask = key_tile(t)
       mask &= score_rows[:, None]
-      s_RxY = _dot_t(q, k) * scale
-      p = jnp.where(mask, s_RxY if score == "logit"
-                    else jnp.exp(s_RxY - lse[:, None]), 0.0)
+      s_QJxY = _dot_t(q, k) * scale
+      p = jnp.where(mask, s_QJxY if score == "logit"
+                    else jnp.exp(s_QJxY - lse[:, None]), 0.0)
       plgpu.store(mass_ref.at[rows], jnp.sum(p, axis=0),
                   mask=t * block_k + jnp.arange(block_k) < s)
       return carry  # yield the carried value: Triton can't yield a literal
@@ -199,8 +199,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                                         tiling.split_target)
   do_mass = score_rows_BxQ is not None
 
-  q_BxKxRxD = q_BxQxHxD.reshape(b, q, kh, g, d).transpose(0, 2, 1, 3, 4)
-  q_BxKxRxD = jnp.pad(q_BxKxRxD.reshape(b, kh, rr, d),
+  q_BxKxQJxD = q_BxQxHxD.reshape(b, q, kh, g, d).transpose(0, 2, 1, 3, 4)
+  q_BxKxQJxD = jnp.pad(q_BxKxQJxD.reshape(b, kh, rr, d),
                       ((0, 0), (0, 0), (0, rrp - rr), (0, 0)))
   valid_BxQ = jnp.arange(q)[None, :] < q_len_B[:, None]
   info_BxQ = valid_BxQ.astype(jnp.int8) * VALID
@@ -208,7 +208,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
     if score_prefix is not None:
       score_rows_BxQ = score_rows_BxQ & (jnp.arange(q) < score_prefix)[None]
     info_BxQ += (valid_BxQ & score_rows_BxQ).astype(jnp.int8) * SCORE
-  info_BxR = _rows(info_BxQ, g, rrp)
+  info_BxQJ = _rows(info_BxQ, g, rrp)
 
   bk = lambda z: (z // kh, z % kh)
 
@@ -221,8 +221,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                              lambda i, j, z: (*bk(z), i, 0)),
                 cache_blk, cache_blk,
                 pl.BlockSpec((None, rows), lambda i, j, z: (z // kh, i))]
-    args = [k_len_B.astype(jnp.int32), q_BxKxRxD, k_cache_BxSxKxD,
-            v_cache_BxSxKxD, info_BxR]
+    args = [k_len_B.astype(jnp.int32), q_BxKxQJxD, k_cache_BxSxKxD,
+            v_cache_BxSxKxD, info_BxQJ]
     if has_excl:
       in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (z // kh, 0)))
       args.append(exclude_BxS.astype(jnp.int8))
@@ -270,12 +270,12 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
               name="scheduled_attention")(*args)
   o_P, lse_P = outs[0], outs[1]
   if splits == 1:
-    o_BxKxRxD, lse_BxKxR = o_P[0], lse_P[0]
+    o_BxKxQJxD, lse_BxKxQJ = o_P[0], lse_P[0]
   else:
-    o_BxKxRxD, lse_BxKxR = combine.merge_splits(
+    o_BxKxQJxD, lse_BxKxQJ = combine.merge_splits(
         o_P, lse_P, block_r=block_r, out_dtype=q_BxQxHxD.dtype,
         interpret=interpret)
-  o_BxQxHxD = o_BxKxRxD[:, :, :rr].reshape(b, kh, q, g, d).transpose(
+  o_BxQxHxD = o_BxKxQJxD[:, :, :rr].reshape(b, kh, q, g, d).transpose(
       0, 2, 1, 3, 4).reshape(b, q, h, d)
   if not do_mass:
     return o_BxQxHxD, None
@@ -289,9 +289,9 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
         in_specs=m_specs + [pl.BlockSpec(
             (None, None, mass_r), lambda i, j, z: (*bk(z), i))],
         out_specs=mass_spec, out_shape=mass_shape,
-        name="scheduled_attention_mass")(*m_args, lse_BxKxR)
+        name="scheduled_attention_mass")(*m_args, lse_BxKxQJ)
   # Partials exist only for row tiles holding a score row and slots < k_len.
-  has_score = jnp.any((info_BxR[:, :n_mt * mass_r].reshape(
+  has_score = jnp.any((info_BxQJ[:, :n_mt * mass_r].reshape(
       b, n_mt, mass_r) & SCORE) != 0, -1)
   written = (has_score[:, None, :, None]
              & (jnp.arange(s) < k_len_B[:, None])[:, None, None, :])
