@@ -10,12 +10,14 @@ def on_gpu() -> bool:
   return jax.default_backend() in ("gpu", "cuda", "rocm")
 
 
-def resolve_implementation(implementation: str | None) -> str:
-  """None picks 'pallas' on a GPU backend and 'reference' elsewhere."""
+def resolve_implementation(implementation: str | None,
+                           allowed: tuple[str, ...] = IMPLEMENTATIONS) -> str:
+  """None picks 'pallas' on a GPU backend and 'reference' elsewhere; a name
+  must be one of `allowed` (a kernel folder may add its own, e.g. 'xla')."""
   if implementation is None:
     return "pallas" if on_gpu() else "reference"
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or "
+  if implementation not in allowed:
+    raise ValueError(f"implementation must be one of {allowed} or "
                      f"None, got {implementation!r}")
   return implementation
 

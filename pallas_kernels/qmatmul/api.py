@@ -23,7 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.common import on_gpu
+from pallas_kernels import common
 from pallas_kernels.qmatmul import kernel, reference
 from pallas_kernels.qmatmul.reference import FP8
 
@@ -32,13 +32,8 @@ ACTIVATIONS = ("bf16", "fp8")
 
 
 def resolve_implementation(implementation: str | None) -> str:
-  """None picks 'pallas' on a GPU backend and 'reference' elsewhere."""
-  if implementation is None:
-    return "pallas" if on_gpu() else "reference"
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"implementation must be one of {IMPLEMENTATIONS} or "
-                     f"None, got {implementation!r}")
-  return implementation
+  """common.resolve_implementation with 'xla' allowed."""
+  return common.resolve_implementation(implementation, IMPLEMENTATIONS)
 
 
 def _check_weight(name, w, s, e):
@@ -114,13 +109,9 @@ def _xla_product(x_MxE, w_OxE, scale_OxZ, activations):
 @functools.partial(jax.jit, static_argnames=("activations",))
 def _xla(x_MxE, w_OxE, scale_OxZ, w_up_OxE, scale_up_OxZ, residual_MxO,
          activations):
-  y = _xla_product(x_MxE, w_OxE, scale_OxZ, activations)
-  if w_up_OxE is not None:
-    y = jax.nn.silu(y) * _xla_product(x_MxE, w_up_OxE, scale_up_OxZ,
-                                      activations)
-  if residual_MxO is not None:
-    y = y + residual_MxO.astype(jnp.float32)
-  return y.astype(x_MxE.dtype)
+  return reference.epilogue(
+      lambda w, s: _xla_product(x_MxE, w, s, activations), w_OxE, scale_OxZ,
+      w_up_OxE, scale_up_OxZ, residual_MxO, x_MxE.dtype)
 
 
 def matmul(x_MxE: jax.Array, w_OxE: jax.Array, scale_OxZ: jax.Array, *,

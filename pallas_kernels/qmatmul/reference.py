@@ -75,10 +75,18 @@ def matmul(x_MxE: jax.Array, w_OxE: jax.Array, scale_OxZ: jax.Array, *,
   if activations not in ("bf16", "fp8"):
     raise ValueError(f"activations must be 'bf16' or 'fp8', got "
                      f"{activations!r}")
-  y_MxO = _product(x_MxE, w_OxE, scale_OxZ, activations)
+  return epilogue(lambda w, s: _product(x_MxE, w, s, activations), w_OxE,
+                  scale_OxZ, w_up_OxE, scale_up_OxZ, residual_MxO,
+                  x_MxE.dtype)
+
+
+def epilogue(product, w_OxE, scale_OxZ, w_up_OxE, scale_up_OxZ,
+             residual_MxO, dtype):
+  """product(w, scale) -> [M, O] float32; SwiGLU with the up weight when
+  given, + residual, cast to `dtype` (shared by the XLA path)."""
+  y_MxO = product(w_OxE, scale_OxZ)
   if w_up_OxE is not None:
-    y_MxO = jax.nn.silu(y_MxO) * _product(x_MxE, w_up_OxE, scale_up_OxZ,
-                                          activations)
+    y_MxO = jax.nn.silu(y_MxO) * product(w_up_OxE, scale_up_OxZ)
   if residual_MxO is not None:
     y_MxO = y_MxO + residual_MxO.astype(jnp.float32)
-  return y_MxO.astype(x_MxE.dtype)
+  return y_MxO.astype(dtype)
