@@ -50,14 +50,15 @@ class Linear(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, weights_only: bool = False):
-    bias = None
-    if self.use_bias:
-      bias = self.param("bias", nn.initializers.normal(0.1), (self.features,),
-                        self.param_dtype)
+    # Declared after the kernel: Flax draws each parameter's init key in
+    # declaration order, so the order fixes a random model's weights.
+    bias = lambda: self.param("bias", nn.initializers.normal(0.1),
+                              (self.features,), self.param_dtype
+                              ) if self.use_bias else None
     if self.quantize is None:
       kernel = self.param("kernel", self.kernel_init,
                           (x.shape[-1], self.features), self.param_dtype)
-      return ops.linear(x, kernel, bias, gathered=self.gathered)
+      return ops.linear(x, kernel, bias(), gathered=self.gathered)
     # Shapes only: quantized weights come from quantize.quantize_params.
     fmt = quantize.get_format(self.quantize)
     kernel_q = self.param("kernel_q", nn.initializers.zeros,
@@ -65,6 +66,7 @@ class Linear(nn.Module):
     scale = self.param("scale", nn.initializers.ones,
                        (self.features, quantize.scale_columns(
                            self.quantize, x.shape[-1])), jnp.float32)
+    bias = bias()
     if weights_only:
       return kernel_q, scale, bias
     return ops.quantized_linear(x, kernel_q, scale, bias, fmt=self.quantize,
