@@ -69,7 +69,7 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
 
 def fused_qkv(args: argparse.Namespace) -> bool:
   """Whether the benchmark's model joins q/k/v (--fused-qkv)."""
-  import jax
+  from flash_dllm_jax.model.fuse import joins_by_default
   if args.fused_qkv == "auto":
-    return jax.default_backend() in ("gpu", "cuda", "rocm")
+    return joins_by_default()
   return args.fused_qkv == "on"

@@ -282,9 +282,9 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
 
 
 def _fused(params, config, tokenizer, fuse_qkv):
+  from flash_dllm_jax.model import fuse
   if fuse_qkv is None:
-    fuse_qkv = jax.default_backend() in ("gpu", "cuda", "rocm")
+    fuse_qkv = fuse.joins_by_default()
   if fuse_qkv:
-    from flash_dllm_jax.model.fuse import fuse_qkv as join
-    params, config = join(params, config)
+    params, config = fuse.fuse_qkv(params, config)
   return params, config, tokenizer

@@ -22,6 +22,11 @@ from flash_dllm_jax.config import ModelConfig
 PARTS = ("q_proj", "k_proj", "v_proj")
 
 
+def joins_by_default() -> bool:
+  """Whether `load(fuse_qkv=None)` joins q/k/v: on a GPU backend."""
+  return jax.default_backend() in ("gpu", "cuda", "rocm")
+
+
 def qkv_features(config: ModelConfig) -> int:
   """Output width of the joined projection: K * (J + 2) * D."""
   return config.n_kv_heads * (config.q_per_kv + 2) * config.head_dim
