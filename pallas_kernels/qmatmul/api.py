@@ -9,7 +9,10 @@ implementation:
                       int8 weights under fp8 rows) as the weight converted to
                       the rows' dtype inside the jit and a dot in that dtype
                       with float32 accumulation; per-group scales dequantize
-                      the weight before the dot.
+                      the weight to float32, and it runs as two bf16 dots
+                      (its top 16 bits and the rest), so the scaled weight
+                      is not rounded to bf16. The fp8 GEMM runs without fast
+                      accumulation (reduced-precision sums).
   'pallas' / 'pallas_interpret'
                       the weight-streaming kernel (kernel.py), which reads
                       1-byte weights and dequantizes in registers; what it
@@ -84,6 +87,23 @@ def check_args(x_MxE, w_OxE, scale_OxZ, w_up_OxE=None, scale_up_OxZ=None,
                      f"{residual_MxO.shape}")
 
 
+def _fp8_algorithm():
+  """cuBLASLt's fp8 GEMM without fast accumulation on a GPU (its default
+  accumulates in reduced precision); the CPU takes no algorithm."""
+  if jax.default_backend() in ("cuda", "gpu", "rocm"):
+    return jax.lax.DotAlgorithmPreset.ANY_F8_ANY_F8_F32
+  return jax.lax.Precision.DEFAULT
+
+
+def _split_bf16(w):
+  """(hi, lo) in bfloat16 with hi + lo = w (float32) to ~16 significant
+  bits. hi keeps w's top 16 bits by a mask: a bf16 round trip would do, but
+  XLA:GPU (excess precision allowed) drops it, and lo becomes 0."""
+  bits = jax.lax.bitcast_convert_type(w, jnp.uint32) & jnp.uint32(0xFFFF0000)
+  hi = jax.lax.bitcast_convert_type(bits, jnp.float32)
+  return hi.astype(jnp.bfloat16), (w - hi).astype(jnp.bfloat16)
+
+
 def _xla_product(x_MxE, w_OxE, scale_OxZ, activations):
   """float32 x @ W^T through XLA's dot (see the module docstring)."""
   dot = lambda a, b, precision=None: jax.lax.dot_general(
@@ -92,18 +112,23 @@ def _xla_product(x_MxE, w_OxE, scale_OxZ, activations):
   per_channel = scale_OxZ.shape[1] == 1
   if activations == "fp8":
     xq_MxE, sx_M = reference.quantize_rows(x_MxE)
-    if per_channel and w_OxE.dtype == FP8:
-      # DEFAULT whatever jax_default_matmul_precision says: cuBLASLt's fp8
-      # GEMM.
-      return dot(xq_MxE, w_OxE, jax.lax.Precision.DEFAULT) * (
+    # One row is a matrix-vector product, which takes no fp8 algorithm.
+    if per_channel and w_OxE.dtype == FP8 and x_MxE.shape[0] > 1:
+      return dot(xq_MxE, w_OxE, _fp8_algorithm()) * (
           sx_M[:, None] * scale_OxZ[:, 0])
     x_MxE, row_M = xq_MxE.astype(jnp.bfloat16), sx_M[:, None]
   else:
     row_M = 1.0
   if per_channel:
+    # 8-bit values are exact in x's dtype: the scale applies to the sum.
     return dot(x_MxE, w_OxE.astype(x_MxE.dtype)) * row_M * scale_OxZ[:, 0]
-  w = reference.dequantize(w_OxE, scale_OxZ).astype(x_MxE.dtype)
-  return dot(x_MxE, w) * row_M
+  w = reference.dequantize(w_OxE, scale_OxZ)
+  if x_MxE.dtype != jnp.bfloat16:
+    return dot(x_MxE, w.astype(x_MxE.dtype)) * row_M
+  # Group scales do not factor out of the sum, and one bf16 copy of the
+  # scaled weight would round it: x @ hi + x @ lo.
+  hi, lo = _split_bf16(w)
+  return (dot(x_MxE, hi) + dot(x_MxE, lo)) * row_M
 
 
 @functools.partial(jax.jit, static_argnames=("activations",))
