@@ -2,7 +2,7 @@
 # BENCHMARKS.md "8-bit weights": one part per ten-minute device call.
 #   bash benchmarks/quantized.sh OUT_DIR kernels   # GPU tests, GEMM table,
 #                                                  # row invariance, profile
-#   STREAM_MAX_Q=N bash benchmarks/quantized.sh OUT_DIR steps
+#   [SPLIT=N] [STREAM_MAX_Q=N] bash benchmarks/quantized.sh OUT_DIR steps
 #   bash benchmarks/quantized.sh OUT_DIR quality   # logit error, accuracy
 source "$(dirname "$0")/common.sh"
 PART=${2:?part: kernels, steps or quality}
@@ -23,9 +23,10 @@ kernels)
 steps)
   Q=${STREAM_MAX_Q:+--stream-max-q $STREAM_MAX_Q}
   $S --batch 1 32 --json "$OUT/bf16.json" | grep '^|'
-  $S --batch 32 --split-target 32 --json "$OUT/bf16-split32.json" | grep '^| f'
   $S --batch 1 32 --quantize fp8 $Q --json "$OUT/fp8.json" | grep '^| f'
   $S --batch 1 --quantize int8 $Q --json "$OUT/int8.json" | grep '^| f'
+  $S --batch 1 --quantize fp8 --quantize-head $Q --json "$OUT/fp8-head.json" \
+      | grep '^| f'
   ;;
 quality)
   [ -n "${SKIP_ERROR:-}" ] || timeout 150 python scripts/quant_error.py --random-shapes llada-8b \

@@ -43,6 +43,14 @@ VARIANTS = [("bf16", "xla"), ("int8", "pallas"), ("int8_g128", "pallas"),
 SWEEP_FEW = [{}, dict(block_n=128), dict(split_e=2), dict(split_e=1),
              dict(block_n=32), dict(num_warps=8), dict(block_e=256),
              dict(block_n=128, num_warps=8)]
+# A pass of 65-256 rows (the Flash-dLLM draft pass at batch 1): one or two
+# row tiles, so the weight is read about once.
+SWEEP_WIDE = [dict(block_m=128, num_warps=8), dict(block_m=64),
+              dict(block_m=64, num_warps=8), dict(block_m=128),
+              dict(block_m=256, num_warps=8),
+              dict(block_m=128, block_n=128, num_warps=8),
+              dict(block_m=128, num_warps=8, split_e=1),
+              dict(block_m=64, block_n=128), {}]
 SWEEP_MANY = [{}, dict(block_m=64), dict(block_m=64, block_n=128),
               dict(block_m=32), dict(block_m=64, num_warps=8),
               dict(block_m=128, num_warps=8), dict(split_e=1)]
@@ -113,7 +121,8 @@ def _configs(fmt, m, e, o, limit):
     return []
   grouped = FORMATS[fmt][1] is not None
   out, seen = [], set()
-  for c in SWEEP_FEW if m <= 256 else SWEEP_MANY:
+  for c in (SWEEP_FEW if m <= 64 else SWEEP_WIDE if m <= 256 else
+            SWEEP_MANY):
     bn, be = c.get("block_n", 64), c.get("block_e", 128)
     full = dict(block_m=16, num_warps=4, block_n=bn, block_e=be,
                 split_e=kernel.default_split(o, e, bn, be))

@@ -31,7 +31,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--stream-max-q", type=int, default=None,
                   help="8-bit weights: most query rows per sequence that "
                   "run the weight-streaming kernel, more go to XLA's GEMM "
-                  "(default: ops.QMATMUL_STREAM_MAX_Q)")
+                  "(default: ops.stream_max_q, by format)")
 
 
 def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):

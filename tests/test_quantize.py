@@ -207,10 +207,10 @@ def test_bench_strategies_and_quant_error_take_quantize(tmp_path):
 
 def test_dispatch_picks_the_kernel_by_rows_per_sequence_never_the_batch(
     monkeypatch):
-  """On a GPU ('pallas'), Q <= QMATMUL_STREAM_MAX_Q streams the weights and
-  larger Q goes to XLA, whatever the batch; each call here still runs the
-  reference (recorded on its way), which gives every row the same bits
-  whatever the batch."""
+  """On a GPU ('pallas'), Q <= ops.stream_max_q(format) streams the
+  weights and larger Q goes to XLA, whatever the batch; each call here still
+  runs the reference (recorded on its way), which gives every row the same
+  bits whatever the batch."""
   from flash_dllm_jax import ops
   from pallas_kernels.qmatmul import api, reference
   chosen = []
@@ -237,6 +237,15 @@ def test_dispatch_picks_the_kernel_by_rows_per_sequence_never_the_batch(
     np.testing.assert_array_equal(
         y[:1], ops.quantized_linear(x[:1, :q], w_OxE, scale_OxZ, fmt="int8",
                                     implementation="pallas"))
+  # W8A8 takes XLA's fp8 GEMM at every Q unless a setting says otherwise.
+  w8_OxE, s8_OxZ = quantize.quantize_weight(
+      np.random.default_rng(0).standard_normal((128, 32)), "fp8")
+  assert ops.stream_max_q("fp8") == ops.QMATMUL_W8A8_STREAM_MAX_Q == 0
+  for kernels, want in [("pallas", "xla"),
+                        (ops.Kernels("pallas", stream_max_q=limit), "pallas")]:
+    ops.quantized_linear(x[:1, :1], w8_OxE, s8_OxZ, fmt="fp8",
+                         implementation=kernels)
+    assert chosen[-1] == want, (kernels, chosen)
 
 
 def test_bench_params_quantized_leaf_by_leaf_equal_quantize_params():

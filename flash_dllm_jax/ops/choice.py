@@ -18,7 +18,7 @@ class Kernels:
 
   name: str | None = None
   attention: attention_api.Tiling = attention_api.Tiling()
-  stream_max_q: int | None = None  # default QMATMUL_STREAM_MAX_Q
+  stream_max_q: int | None = None  # default: ops.stream_max_q(format)
 
   def __post_init__(self):
     if self.stream_max_q is not None and self.stream_max_q < 0:

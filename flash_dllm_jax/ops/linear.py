@@ -54,10 +54,24 @@ def linear(x_MxE: jax.Array, kernel_ExO: jax.Array,
 
 
 # Rows per sequence (Q of x [B, Q, E]) up to which a GPU runs the
-# weight-streaming kernel (decode steps); above it XLA's GEMM (cuBLASLt's
-# fp8 GEMM for W8A8). Chosen by Q, never by B x Q, so that which kernel a
-# row gets, and so its bits, never depends on the batch.
+# weight-streaming kernel; above it XLA's GEMM. Chosen by Q and the format's
+# activations, never by B x Q, so that which kernel a row gets, and so its
+# bits, never depends on the batch. W8A8 (fp8 rows) takes cuBLASLt's fp8
+# GEMM at every Q: the whole Flash-dLLM step was no slower at batch 1 and
+# much faster at batch 32 than with the kernel for the small passes
+# (BENCHMARKS.md, "8-bit weights").
 QMATMUL_STREAM_MAX_Q = 64
+QMATMUL_W8A8_STREAM_MAX_Q = 0
+
+
+def stream_max_q(fmt: str, implementation=None) -> int:
+  """The Q up to which format `fmt` streams (Kernels.stream_max_q wins)."""
+  limit = getattr(implementation, "stream_max_q", None)
+  if limit is not None:
+    return limit
+  if quantize.activations(fmt) == "fp8":
+    return QMATMUL_W8A8_STREAM_MAX_Q
+  return QMATMUL_STREAM_MAX_Q
 
 
 def quantized_linear(x_BxQxE: jax.Array, w_OxE: jax.Array,
@@ -73,16 +87,15 @@ def quantized_linear(x_BxQxE: jax.Array, w_OxE: jax.Array,
   x is [..., Q, E], Q the rows of one sequence. On CPU the plain-JAX
   reference, with the activations the format has on the H200 (fp8 W8A8
   for "fp8"). On a GPU the weight-streaming kernel when Q <=
-  QMATMUL_STREAM_MAX_Q (or Kernels.stream_max_q) and XLA's GEMM above.
+  stream_max_q(fmt, implementation) and XLA's GEMM above.
   Under a mesh the weight is column-sharded over "model" like ops.linear's:
   the kernel runs per shard (rows on "data", its output columns on
   "model"); gathered gathers x before and the output columns after, so
   every element is the one-device dot product.
   """
   impl = kernel_name(implementation)
-  limit = getattr(implementation, "stream_max_q", None)
-  if impl == "pallas" and x_BxQxE.shape[-2] > (
-      QMATMUL_STREAM_MAX_Q if limit is None else limit):
+  if impl == "pallas" and x_BxQxE.shape[-2] > stream_max_q(fmt,
+                                                           implementation):
     impl = "xla"
   acts = quantize.activations(fmt)
   o, ndim = w_OxE.shape[0], x_BxQxE.ndim
