@@ -1,7 +1,12 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import jax
 import pytest
+
+from flash_dllm_jax import compilation
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -30,7 +35,16 @@ def _release_compiled_code():
   gc.collect()
 
 
-# In-process command-line tests must not turn on JAX's persistent
-# compilation cache for every later test in the process (tests that check
-# the cache run the CLI in a subprocess with their own directory).
-os.environ.setdefault("FLASH_DLLM_JAX_CACHE_DIR", "off")
+# One JAX persistent compilation cache per test run, shared by the xdist
+# workers (they inherit the controller's environment) and every command the
+# tests start: a program that one test, or one CLI subprocess, compiled is
+# loaded by the next that builds it (jax.clear_caches() above forgets it in
+# memory). Fresh per run, removed at exit, so no run sees another's
+# executables; tests of the cache itself set their own directory.
+if "FLASH_DLLM_JAX_TEST_CACHE" not in os.environ:
+  _cache = tempfile.mkdtemp(prefix="flash-dllm-jax-test-cache-")
+  os.environ["FLASH_DLLM_JAX_TEST_CACHE"] = _cache
+  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ["FLASH_DLLM_JAX_CACHE_DIR"] = os.environ[
+    "FLASH_DLLM_JAX_TEST_CACHE"]
+compilation.enable_persistent_cache(os.environ["FLASH_DLLM_JAX_CACHE_DIR"])
