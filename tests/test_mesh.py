@@ -29,10 +29,8 @@ cases = [
   ("dream", FlashDLLMSampler(**flash, threshold=0.6)),
   ("llada", FlashDLLMSampler(**flash, threshold=0.9, verify=True, gamma=0.4)),
 ]
-if hasattr(sampling, "ElasticCacheSampler"):
-  cases.append(("llada", sampling.ElasticCacheSampler(
-      gen_length=16, window=4, track_num=1, gamma=0.9)))
-  print("ELASTIC")
+cases.append(("llada", sampling.ElasticCacheSampler(
+    gen_length=16, window=4, track_num=1, gamma=0.9)))
 prompts = random_prompts(50, [4, 13, 9, 30, 6, 11])  # 6 rows: padded to 8
 models = {arch: tiny4(arch) for arch in ("llada", "dream")}
 for arch, sampler in cases:
@@ -54,8 +52,7 @@ print("MESH-OK", len(cases))
 
 def test_every_strategy_gives_the_one_device_tokens_on_every_mesh():
   out = _run(STRATEGIES, ";".join(MESHES))
-  n = 9 if "ELASTIC" in out else 8
-  assert f"MESH-OK {n}" in out, out
+  assert "MESH-OK 9" in out, out
 
 
 KERNELS_AND_LOADING = PRELUDE + r'''

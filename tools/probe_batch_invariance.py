@@ -44,10 +44,10 @@ FLAG_SETS = {
                             "--xla_gpu_enable_cublaslt=true",
 }
 TIMED_MS = (144, 4608)
-# --quantize: fewer M and the two large weights (a Pallas kernel compiles
-# per M).
+# --quantize: fewer M (a Pallas kernel compiles per M), the shipped model's
+# two weight shapes and LLaDA-8B's two large ones.
 QUANTIZED_MS = (16, 64, 144, 512, 1024, 4608)
-QUANTIZED_SHAPES = ((4096, 12288), (12288, 4096))
+QUANTIZED_SHAPES = ((384, 1152), (768, 384), (4096, 12288), (12288, 4096))
 
 
 # 8-bit GEMMs: (name, weight dtype, scale group or None, activations, impl)
@@ -55,7 +55,8 @@ QUANTIZED = (("fp8 W8A8 xla", "float8_e4m3fn", None, "fp8", "xla"),
              ("fp8 W8A8 pallas", "float8_e4m3fn", None, "fp8", "pallas"),
              ("int8 xla", "int8", None, "bf16", "xla"),
              ("int8 pallas", "int8", None, "bf16", "pallas"),
-             ("int8-g128 pallas", "int8", 128, "bf16", "pallas"))
+             ("int8-g128 pallas", "int8", 128, "bf16", "pallas"),
+             ("int8-g128 xla", "int8", 128, "bf16", "xla"))
 
 
 def _gemms(quantize: bool):
