@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flash_dllm_jax.compilation import compiler_options
 from flash_dllm_jax.generate import generate, left_pad
 from flash_dllm_jax.model import KVCache, Transformer, layerwise
 from flash_dllm_jax.sampling import (DecodeState, ElasticCacheSampler,
@@ -138,8 +139,9 @@ def test_compiled_loop_equals_python_loop():
   keys_B = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
   state = DecodeState.start(jnp.asarray(ids), 24, config.mask_token_id, keys_B)
   state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
-  compiled = jax.jit(lambda s: run_compiled(step_fn, s, 24))(state)
-  python = run_python(jax.jit(step_fn), state, 24)
+  compiled = jax.jit(lambda s: run_compiled(step_fn, s, 24),
+                     compiler_options=compiler_options())(state)
+  python = run_python(step_fn, state, 24)
   for a, b in zip(jax.tree.leaves(compiled), jax.tree.leaves(python)):
     if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
       a, b = jax.random.key_data(a), jax.random.key_data(b)

@@ -10,6 +10,7 @@ from typing import Callable, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
+from flash_dllm_jax.compilation import compiler_options
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState, advance
 
@@ -28,9 +29,11 @@ def run_compiled(step_fn: StepFn, state: DecodeState,
 
 def run_python(step_fn: StepFn, state: DecodeState,
                max_steps: int) -> DecodeState:
-  """The same loop driven from Python (one host round trip per step)."""
+  """The same loop driven from Python: the step compiled on its own (with
+  the decode loops' XLA options), one host round trip per step."""
+  step = jax.jit(step_fn, compiler_options=compiler_options())
   while bool(_running(state, max_steps)):
-    state = step_fn(state)
+    state = step(state)
   return state
 
 
