@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # BENCHMARKS.md "8-bit weights": one part per ten-minute device call.
 #   bash benchmarks/quantized.sh OUT_DIR kernels   # GPU tests, GEMM table,
-#                                                  # row invariance, profile
+#                                                  # row invariance
+#   bash benchmarks/quantized.sh OUT_DIR sweep     # wide row tiles at 144
+#                                                  # rows, XLA's fp8 GEMM
 #   [SPLIT=N] [STREAM_MAX_Q=N] bash benchmarks/quantized.sh OUT_DIR steps
 #   bash benchmarks/quantized.sh OUT_DIR quality   # logit error, accuracy
 source "$(dirname "$0")/common.sh"
-PART=${2:?part: kernels, steps or quality}
+PART=${2:?part: kernels, sweep, steps or quality}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 --gen 512 --only flash-dllm --steady ${SPLIT:+--split-target $SPLIT}"
 case $PART in
@@ -19,6 +21,15 @@ kernels)
   cat "$OUT/qmatmul.md"
   timeout 100 python tools/probe_batch_invariance.py --sets 4 --quantize \
       | tee "$OUT/gemm-rows-8bit.md"
+  ;;
+sweep)
+  timeout 240 python scripts/bench_kernels.py "$OUT/qmatmul-wide-144.json" --qmatmul \
+      --ms 144 --tune --tune-limit 9 --match pallas \
+      --markdown "$OUT/qmatmul-wide-144.md" > "$OUT/qmatmul-wide-144.log" 2>&1
+  timeout 120 python scripts/bench_kernels.py "$OUT/qmatmul-xla.json" --qmatmul \
+      --ms 144,4608 --match "fp8_w8a8 xla" --markdown "$OUT/qmatmul-xla.md" \
+      > "$OUT/qmatmul-xla.log" 2>&1
+  cat "$OUT/qmatmul-wide-144.md" "$OUT/qmatmul-xla.md"
   ;;
 steps)
   Q=${STREAM_MAX_Q:+--stream-max-q $STREAM_MAX_Q}
