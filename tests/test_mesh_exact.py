@@ -19,54 +19,60 @@ import sys
 from pallas_kernels.attention.api import Tiling
 from flash_dllm_jax.model import CachedExtras, KVCache
 from flash_dllm_jax.ops import Kernels
-arch, impl, dtype = sys.argv[1:4]
+arch, impls, dtype = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 fused = sys.argv[5:] == ["fused"]
+
+def check(model, impl):
+  """Cached, verify and uncached forwards of `model` on every mesh."""
+  rng = np.random.default_rng(0)
+  B, S, Q, K, D = 4, 512, 8, config.n_kv_heads, config.head_dim
+  kv = lambda: tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), dtype)
+                     for _ in range(config.n_layers))
+  cache = KVCache(kv(), kv())
+  tokens = jnp.asarray(rng.integers(0, 300, (B, Q)), jnp.int32)
+  slots = jnp.asarray(np.stack([rng.permutation(S)[:Q] for _ in range(B)]),
+                      jnp.int32)
+  valid = jnp.asarray(rng.random((B, S)) > 0.2)
+  rows = jnp.asarray(rng.random((B, Q)) > 0.3)
+  verify = CachedExtras(
+      write_cache=False, mass_rows_BxQ=rows,
+      exclude_BxS=jnp.asarray(rng.random((B, S)) > 0.9),
+      inq_mask_BxQxQ=jnp.asarray(rng.random((B, Q, Q)) > 0.5))
+
+  def cached(p, tokens, slots, valid, cache, extras):
+    (logits, new), state = model.apply(
+        {"params": p}, tokens, slots, valid, cache=cache, slots_BxQ=slots,
+        extras=extras, mutable=["intermediates"])
+    return logits, new, state["intermediates"]
+
+  def uncached(p, tokens, valid):
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    return model.apply({"params": p}, tokens, positions, valid)[0]
+
+  full = jnp.asarray(rng.integers(0, 300, (B, 24)), jnp.int32)
+  left_pad = jnp.arange(24)[None, :] >= jnp.array([0, 5, 11, 2])[:, None]
+  cases = {"cached": (cached, (tokens, slots, valid, cache,
+                               CachedExtras(mass_rows_BxQ=rows))),
+           "verify": (cached, (tokens, slots, valid, cache, verify)),
+           "uncached": (uncached, (full, left_pad))}
+  for name, (fn, args) in cases.items():
+    one = jax.jit(fn)(params, *args)
+    leaves = jax.tree.leaves(one)
+    assert name == "uncached" or len(jax.tree.leaves(one[2])) == 2, one[2]
+    for spec in sys.argv[4].split(";"):
+      mesh = parallel.parse_mesh(spec)
+      with parallel.use(mesh):
+        got = jax.jit(fn)(parallel.shard_params(mesh, params), *args)
+      for a, b in zip(jax.tree.leaves(got), leaves, strict=True):
+        np.testing.assert_array_equal(a, b, f"{arch} {impl} {name} {spec}")
+    print(impl, name, "equal on", sys.argv[4], flush=True)
+
 # Few programs per sequence: one device picks 1 key split for its 4 KV
 # heads, a shard of 2 or 1 heads would pick 2 if it chose from its own.
 config, params = tiny4(arch, head_dim=16, dtype=dtype, fused_qkv=fused)
-model = Transformer(config, implementation=Kernels(
-    impl, attention=Tiling(split_target=4)))
-rng = np.random.default_rng(0)
-B, S, Q, K, D = 4, 512, 8, config.n_kv_heads, config.head_dim
-kv = lambda: tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), dtype)
-                   for _ in range(config.n_layers))
-cache = KVCache(kv(), kv())
-tokens = jnp.asarray(rng.integers(0, 300, (B, Q)), jnp.int32)
-slots = jnp.asarray(np.stack([rng.permutation(S)[:Q] for _ in range(B)]),
-                    jnp.int32)
-valid = jnp.asarray(rng.random((B, S)) > 0.2)
-rows = jnp.asarray(rng.random((B, Q)) > 0.3)
-verify = CachedExtras(write_cache=False, mass_rows_BxQ=rows,
-                      exclude_BxS=jnp.asarray(rng.random((B, S)) > 0.9),
-                      inq_mask_BxQxQ=jnp.asarray(rng.random((B, Q, Q)) > 0.5))
-
-def cached(p, tokens, slots, valid, cache, extras):
-  (logits, new), state = model.apply(
-      {"params": p}, tokens, slots, valid, cache=cache, slots_BxQ=slots,
-      extras=extras, mutable=["intermediates"])
-  return logits, new, state["intermediates"]
-
-def uncached(p, tokens, valid):
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-  return model.apply({"params": p}, tokens, positions, valid)[0]
-
-full = jnp.asarray(rng.integers(0, 300, (B, 24)), jnp.int32)
-left_pad = jnp.arange(24)[None, :] >= jnp.array([0, 5, 11, 2])[:, None]
-cases = {"cached": (cached, (tokens, slots, valid, cache,
-                             CachedExtras(mass_rows_BxQ=rows))),
-         "verify": (cached, (tokens, slots, valid, cache, verify)),
-         "uncached": (uncached, (full, left_pad))}
-for name, (fn, args) in cases.items():
-  one = jax.jit(fn)(params, *args)
-  leaves = jax.tree.leaves(one)
-  assert name == "uncached" or len(jax.tree.leaves(one[2])) == 2, one[2]
-  for spec in sys.argv[4].split(";"):
-    mesh = parallel.parse_mesh(spec)
-    with parallel.use(mesh):
-      got = jax.jit(fn)(parallel.shard_params(mesh, params), *args)
-    for a, b in zip(jax.tree.leaves(got), leaves, strict=True):
-      np.testing.assert_array_equal(a, b, f"{arch} {impl} {name} {spec}")
-  print(name, "equal on", sys.argv[4], flush=True)
+for impl in impls:
+  check(Transformer(config, implementation=Kernels(
+      impl, attention=Tiling(split_target=4))), impl)
 print("BITWISE-OK")
 '''
 
@@ -75,20 +81,21 @@ print("BITWISE-OK")
 # under STRICT_CPU: the strict check, as bfloat16 rounding hides most
 # reorderings of a float32 sum.
 DTYPE_FLAGS = {"bfloat16": "", "float32": STRICT_CPU}
+MESHES = "model=2;model=4;data=2,model=2"
 
 
 @pytest.mark.parametrize("dtype", list(DTYPE_FLAGS))
-@pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
 @pytest.mark.parametrize("arch", ["llada", "dream"])
 def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
-    arch, impl, dtype):
+    arch, dtype):
   """Logits, caches and attention mass of cached, verify (no cache write,
-  in-query keys, exclusions) and uncached forwards equal one device's bit
-  for bit on every mesh: each output element is one full-length dot
-  product, the kernel picks one device's key splits, and the mass is summed
-  per head, gathered and summed over heads in one fixed order."""
-  meshes = "model=2;model=4;data=2,model=2;data=4"
-  out = _run(BITWISE, arch, impl, dtype, meshes,
+  in-query keys, exclusions) and uncached forwards, through the Pallas
+  kernels (interpreted) and through the reference, equal one device's bit
+  for bit on every mesh that splits the model (data=2 with it; pure data
+  parallelism: tests/test_mesh.py): each output element is one full-length
+  dot product, the kernel picks one device's key splits, and the mass is
+  summed per head, gathered and summed over heads in one fixed order."""
+  out = _run(BITWISE, arch, "pallas_interpret,reference", dtype, MESHES,
              xla_flags=DTYPE_FLAGS[dtype])
   assert "BITWISE-OK" in out, out
 
@@ -96,8 +103,7 @@ def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
 def test_tensor_parallel_joined_qkv_is_bitwise_the_one_device_forward():
   """The joined q/k/v projection (model/fuse.py) is column-sharded into
   whole heads: Dream's GQA forwards on every mesh equal one device's."""
-  out = _run(BITWISE, "dream", "pallas_interpret", "float32",
-             "model=2;model=4;data=2,model=2", "fused",
+  out = _run(BITWISE, "dream", "pallas_interpret", "float32", MESHES, "fused",
              xla_flags=DTYPE_FLAGS["float32"])
   assert "BITWISE-OK" in out, out
 
