@@ -47,8 +47,20 @@ assert len(jax.devices()) == 4, jax.devices()
 from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import generate
-from flash_dllm_jax.model import Transformer, init_params
+from flash_dllm_jax.model import KVCache, Transformer, init_params
 from tests.test_sampling import random_prompts
+
+def cached_inputs(config, rng, B, S, Q, dtype):
+  """Random (cache, tokens_BxQ, slots_BxQ, valid_BxS) of a cached forward:
+  a cache of S keys per layer, Q distinct slots per row."""
+  K, D = config.n_kv_heads, config.head_dim
+  kv = lambda: tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), dtype)
+                     for _ in range(config.n_layers))
+  cache = KVCache(kv(), kv())
+  tokens = jnp.asarray(rng.integers(0, 300, (B, Q)), jnp.int32)
+  slots = jnp.asarray(np.stack([rng.permutation(S)[:Q] for _ in range(B)]),
+                      jnp.int32)
+  return cache, tokens, slots, jnp.asarray(rng.random((B, S)) > 0.2)
 
 def tiny4(arch, eos_boost=1.2, **changes):
   config = ModelConfig.tiny(arch, **{**dict(n_heads=8, n_kv_heads=4,

@@ -59,7 +59,7 @@ KERNELS_AND_LOADING = PRELUDE + r'''
 import sys, tempfile
 from pathlib import Path
 from flash_dllm_jax import checkpoint
-from flash_dllm_jax.model import CachedExtras, KVCache
+from flash_dllm_jax.model import CachedExtras
 from flash_dllm_jax.sampling import LLaDASampler
 
 # 1. A cached forward through the Pallas kernels (interpreted) under each
@@ -67,13 +67,9 @@ from flash_dllm_jax.sampling import LLaDASampler
 # along heads, and the one-device logits, caches and mass, bit for bit.
 config, params = tiny4("llada", head_dim=32, n_layers=1)
 rng = np.random.default_rng(0)
-B, S, Q, K = 4, 32, 8, config.n_kv_heads
-kv = lambda: (jnp.asarray(rng.normal(size=(B, S, K, 32)), jnp.float32),)
-cache = KVCache(kv(), kv())
-tokens = jnp.asarray(rng.integers(0, 300, (B, Q)), jnp.int32)
-slots = jnp.asarray(np.stack([rng.permutation(S)[:Q] for _ in range(B)]),
-                    jnp.int32)
-valid = jnp.asarray(rng.random((B, S)) > 0.2)
+B, S, Q = 4, 32, 8
+cache, tokens, slots, valid = cached_inputs(config, rng, B, S, Q,
+                                            jnp.float32)
 extras = CachedExtras(mass_rows_BxQ=jnp.asarray(rng.random((B, Q)) > 0.3))
 
 def forward(p, tokens, slots, valid, cache):

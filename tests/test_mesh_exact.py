@@ -17,7 +17,7 @@ from tests.mesh_case import PRELUDE, STRICT_CPU, run_script as _run
 BITWISE = PRELUDE + r'''
 import sys
 from pallas_kernels.attention.api import Tiling
-from flash_dllm_jax.model import CachedExtras, KVCache
+from flash_dllm_jax.model import CachedExtras
 from flash_dllm_jax.ops import Kernels
 arch, impls, dtype = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
 fused = sys.argv[5:] == ["fused"]
@@ -25,14 +25,8 @@ fused = sys.argv[5:] == ["fused"]
 def check(model, impl):
   """Cached, verify and uncached forwards of `model` on every mesh."""
   rng = np.random.default_rng(0)
-  B, S, Q, K, D = 4, 512, 8, config.n_kv_heads, config.head_dim
-  kv = lambda: tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), dtype)
-                     for _ in range(config.n_layers))
-  cache = KVCache(kv(), kv())
-  tokens = jnp.asarray(rng.integers(0, 300, (B, Q)), jnp.int32)
-  slots = jnp.asarray(np.stack([rng.permutation(S)[:Q] for _ in range(B)]),
-                      jnp.int32)
-  valid = jnp.asarray(rng.random((B, S)) > 0.2)
+  B, S, Q = 4, 512, 8
+  cache, tokens, slots, valid = cached_inputs(config, rng, B, S, Q, dtype)
   rows = jnp.asarray(rng.random((B, Q)) > 0.3)
   verify = CachedExtras(
       write_cache=False, mass_rows_BxQ=rows,

@@ -10,21 +10,15 @@ from tests.mesh_case import PRELUDE, STRICT_CPU, run_script
 SCRIPT = PRELUDE + r'''
 import sys
 from flash_dllm_jax import quantize
-from flash_dllm_jax.model import CachedExtras, KVCache
+from flash_dllm_jax.model import CachedExtras
 fmt, impl, dtype = sys.argv[1:4]
 config, params = tiny4(sys.argv[4], d_model=128, head_dim=16, dtype=dtype)
 params = quantize.quantize_params(params, fmt, head=True)
 config = config.replace(quantize=fmt, quantize_head=True)
 model = Transformer(config, implementation=impl)
 rng = np.random.default_rng(0)
-B, S, Q, K, D = 4, 64, 8, config.n_kv_heads, config.head_dim
-kv = lambda: tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), dtype)
-                   for _ in range(config.n_layers))
-cache = KVCache(kv(), kv())
-tokens = jnp.asarray(rng.integers(0, 300, (B, Q)), jnp.int32)
-slots = jnp.asarray(np.stack([rng.permutation(S)[:Q] for _ in range(B)]),
-                    jnp.int32)
-valid = jnp.asarray(rng.random((B, S)) > 0.2)
+B, S, Q = 4, 64, 8
+cache, tokens, slots, valid = cached_inputs(config, rng, B, S, Q, dtype)
 
 def cached(p):
   return model.apply({"params": p}, tokens, slots, valid, cache=cache,
