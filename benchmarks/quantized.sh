@@ -5,7 +5,8 @@
 #   bash benchmarks/quantized.sh OUT_DIR sweep     # wide row tiles at 144
 #                                                  # rows, XLA's fp8 GEMM
 #   [SPLIT=N] [STREAM_MAX_Q=N] bash benchmarks/quantized.sh OUT_DIR steps
-#   bash benchmarks/quantized.sh OUT_DIR quality   # logit error, accuracy
+#   [FORMATS=fp8] [SKIP_ERROR=1] bash benchmarks/quantized.sh OUT_DIR quality
+#                                                  # logit error, accuracy
 source "$(dirname "$0")/common.sh"
 PART=${2:?part: kernels, sweep, steps or quality}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
@@ -45,7 +46,7 @@ quality)
   export XLA_PYTHON_CLIENT_MEM_FRACTION=0.13
   groups=("llada threshold fast-dllm-prefix" "fast-dllm-dual elastic-cache flash-cache"
           "flash-dllm flash-cache-confident flash-dllm-confident")
-  for fmt in fp8 int8; do
+  for fmt in ${FORMATS:-fp8 int8}; do
     for i in 0 1 2; do
       name=quality-1000-gen192-$fmt-$i
       (timeout ${EVAL_SECONDS:-400} python scripts/eval_quality.py --limit 1000 \
