@@ -5,10 +5,12 @@
 #   bash benchmarks/quantized.sh OUT_DIR sweep     # wide row tiles at 144
 #                                                  # rows, XLA's fp8 GEMM
 #   [SPLIT=N] [STREAM_MAX_Q=N] bash benchmarks/quantized.sh OUT_DIR steps
+#   bash benchmarks/quantized.sh OUT_DIR small     # batch 1: 8-bit embedding,
+#                                                  # the latency tiling
 #   [FORMATS=fp8] [SKIP_ERROR=1] bash benchmarks/quantized.sh OUT_DIR quality
 #                                                  # logit error, accuracy
 source "$(dirname "$0")/common.sh"
-PART=${2:?part: kernels, sweep, steps or quality}
+PART=${2:?part: kernels, sweep, steps, small or quality}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 --gen 512 --only flash-dllm --steady ${SPLIT:+--split-target $SPLIT}"
 case $PART in
@@ -39,6 +41,15 @@ steps)
   $S --batch 1 --quantize int8 $Q --json "$OUT/int8.json" | grep '^| f'
   $S --batch 1 --quantize fp8 --quantize-head $Q --json "$OUT/fp8-head.json" \
       | grep '^| f'
+  ;;
+small)
+  $S --batch 1 --json "$OUT/small-bf16.json" | grep '^|'
+  $S --batch 1 --quantize fp8 --quantize-head --quantize-embedding \
+      --json "$OUT/small-fp8-head-embedding.json" | grep '^| f'
+  $S --batch 1 --split-target 132 --json "$OUT/small-bf16-latency.json" \
+      | grep '^| f'
+  $S --batch 1 --split-target 132 --quantize fp8 --quantize-head \
+      --quantize-embedding --json "$OUT/small-fp8-all-latency.json" | grep '^| f'
   ;;
 quality)
   [ -n "${SKIP_ERROR:-}" ] || timeout 150 python scripts/quant_error.py --random-shapes llada-8b \
