@@ -15,7 +15,8 @@ from flash_dllm_jax.eval.records import peak_memory_bytes  # noqa: F401 (re-expo
 
 
 def bench_params(config, seed: int = 0, pool: int = 1 << 22,
-                 quantize: str | None = None, quantize_head: bool = False):
+                 quantize: str | None = None, quantize_head: bool = False,
+                 quantize_embedding: bool = False):
   """Parameters shaped and scaled like `init_params` (N(0, 1/fan_in)
   kernels, unit-variance embeddings, unit norm scales), built fast for
   benchmarks: one `pool`-sized normal draw, and each weight tiles that draw
@@ -24,7 +25,8 @@ def bench_params(config, seed: int = 0, pool: int = 1 << 22,
   distinct shape, so no giant program is compiled and the build costs about
   one write of the weights. Timing does not depend on the values; do not use
   these weights to judge quality.
-  quantize (a format of flash_dllm_jax/quantize.py): each weight is
+  quantize (a format of flash_dllm_jax/quantize.py; quantize_head,
+  quantize_embedding: the LM head, the embedding too): each weight is
   quantized on device as soon as it is built, so memory peaks near the
   8-bit weights plus one bf16 leaf."""
   from flax import traverse_util
@@ -48,7 +50,7 @@ def bench_params(config, seed: int = 0, pool: int = 1 << 22,
     if quantize is not None:
       name = "/".join(str(k.key) for k in path)
       flat.update(quantized.quantize_leaf(name, leaves.pop(), quantize,
-                                          quantize_head))
+                                          quantize_head, quantize_embedding))
   if quantize is not None:
     return traverse_util.unflatten_dict(flat, sep="/")
   return jax.tree_util.tree_unflatten(treedef, leaves)

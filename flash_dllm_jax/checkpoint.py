@@ -153,39 +153,47 @@ def _stored_shapes(checkpointer, group_dir: Path) -> dict[str, tuple]:
 
 
 def quantized_config(config: ModelConfig, fmt: str | None,
-                     head: bool = False, where: str = "the checkpoint"
-                     ) -> ModelConfig:
-  """The config of `config`'s weights after `load(quantize=fmt)`: `config`
-  itself when fmt is None or what it already stores, the format recorded
-  when a bf16/float32 checkpoint gets quantized, and a ValueError when fmt
-  conflicts with the format it is stored in."""
+                     head: bool = False, where: str = "the checkpoint", *,
+                     embedding: bool = False) -> ModelConfig:
+  """The config of `config`'s weights after `load(quantize=fmt)` (head:
+  quantize_head, embedding: quantize_embedding): `config` itself when fmt
+  is None or what it already stores, the format recorded when a
+  bf16/float32 checkpoint gets quantized, and a ValueError when they
+  conflict with the format it is stored in."""
+  asked = {"quantize_head": head, "quantize_embedding": embedding}
   if fmt is None:
-    if head:
-      raise ValueError("quantize_head needs a quantize format")
+    if head or embedding:
+      names = [name for name, on in asked.items() if on]
+      raise ValueError(f"{' and '.join(names)} "
+                       f"need{'s' * (len(names) == 1)} a quantize format")
     return config
   quantize_lib.get_format(fmt)
   if config.quantize is None:
-    return config.replace(quantize=fmt, quantize_head=head)
-  if (config.quantize, config.quantize_head) != (fmt, head):
-    stored = config.quantize + (" with the LM head" if config.quantize_head
+    return config.replace(quantize=fmt, **asked)
+  if (config.quantize, config.quantize_head, config.quantize_embedding) != (
+      fmt, head, embedding):
+    parts = [what for what, on in (("the LM head", config.quantize_head),
+                                   ("the embedding",
+                                    config.quantize_embedding)) if on]
+    stored = config.quantize + (" with " + " and ".join(parts) if parts
                                 else "")
+    flags = "".join(f", {name}=True" for name, on in asked.items() if on)
     raise ValueError(f"{where} is stored quantized as {stored}; it cannot "
-                     f"be loaded as quantize={fmt!r}"
-                     f"{', quantize_head=True' if head else ''} (leave "
+                     f"be loaded as quantize={fmt!r}{flags} (leave "
                      "quantize unset to load it as stored)")
   return config
 
 
-def _check_quantizable(checkpointer, ckpt_dir: Path, groups, fmt: str,
-                       head: bool) -> None:
-  """Every kernel to quantize can take `fmt`, from the metadata alone."""
+def _check_quantizable(checkpointer, ckpt_dir: Path, groups,
+                       config: ModelConfig) -> None:
+  """Every kernel to quantize can take config.quantize, from the metadata
+  alone."""
   for group in groups:
     for path, shape in _stored_shapes(checkpointer,
                                       ckpt_dir / "params" / group).items():
-      if quantize_lib.quantizes(path, head):
-        leaf_fmt = quantize_lib.get_format(fmt).head_format if (
-            path == quantize_lib.HEAD) else fmt
-        quantize_lib.check_shape(leaf_fmt, shape, path)
+      if quantize_lib.quantizes(path, config.quantize_head,
+                                config.quantize_embedding):
+        quantize_lib.check_leaf(config.quantize, path, shape)
 
 
 def _placed(path: str, array, mesh):
@@ -199,7 +207,7 @@ def _placed(path: str, array, mesh):
 
 def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
          quantize: str | None = None, quantize_head: bool = False,
-         fuse_qkv: bool | None = None,
+         quantize_embedding: bool = False, fuse_qkv: bool | None = None,
          ) -> tuple[Params, ModelConfig, Tokenizer | None]:
   """Restores (params, config, tokenizer) from a checkpoint directory.
 
@@ -212,11 +220,12 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   the converter's name table and checks (convert/streaming.py; dtype
   default bfloat16), with nothing written to disk.
   quantize (a format of flash_dllm_jax/quantize.py; quantize_head: the LM
-  head too): a bf16/float32 checkpoint is quantized as it loads, on
-  device, each group (HF: each tensor) as soon as it is read, so device
-  memory stays near the 8-bit weights plus one group. A checkpoint stored
-  quantized loads as stored (its config says so); `dtype` never applies
-  to its 8-bit kernels and their scales.
+  head too, quantize_embedding: the token embedding too): a bf16/float32
+  checkpoint is quantized as it loads, on device, each group (HF: each
+  tensor) as soon as it is read, so device memory stays near the 8-bit
+  weights plus one group. A checkpoint stored quantized loads as stored
+  (its config says so); `dtype` never applies to its 8-bit kernels and
+  their scales.
   fuse_qkv: join each layer's q/k/v projections into one (model/fuse.py);
   None does so on a GPU, where the one GEMM is faster at few rows.
   """
@@ -224,10 +233,12 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   if _kind(ckpt_dir) == "hf":
     from flash_dllm_jax.convert.streaming import load_hf
     return _fused(*load_hf(ckpt_dir, dtype=dtype, mesh=mesh,
-                           quantize=quantize, quantize_head=quantize_head),
+                           quantize=quantize, quantize_head=quantize_head,
+                           quantize_embedding=quantize_embedding),
                   fuse_qkv)
   stored = load_config(ckpt_dir)
-  config = quantized_config(stored, quantize, quantize_head, str(ckpt_dir))
+  config = quantized_config(stored, quantize, quantize_head, str(ckpt_dir),
+                            embedding=quantize_embedding)
   fmt = config.quantize if stored.quantize is None else None
   manifest = _read_json(ckpt_dir / "manifest.json", "the parameter manifest")
   if manifest.get("format") != FORMAT:
@@ -242,8 +253,7 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
       raise FileNotFoundError(f"checkpoint {ckpt_dir} lacks parameter group "
                               f"params/{group}")
   if fmt is not None:
-    _check_quantizable(checkpointer, ckpt_dir, manifest["groups"], fmt,
-                       config.quantize_head)
+    _check_quantizable(checkpointer, ckpt_dir, manifest["groups"], config)
   # 8-bit kernels and their scales keep their stored dtypes.
   cast = lambda p: None if quantize_lib.QUANTIZED.search(p) else np_dtype
   flat: dict[str, jax.Array] = {}
@@ -266,7 +276,8 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
         flat[path] = array
         continue
       for new_path, new in quantize_lib.quantize_leaf(
-          path, array, fmt, config.quantize_head).items():
+          path, array, fmt, config.quantize_head,
+          config.quantize_embedding).items():
         flat[new_path] = _placed(new_path, new, mesh)
       del array
     del tree

@@ -117,7 +117,8 @@ def _generate(args) -> int:
   mesh = parse_mesh(args.mesh)
   params, config, tokenizer = load(checkpoint, dtype=args.dtype, mesh=mesh,
                                    quantize=args.quantize,
-                                   quantize_head=args.quantize_head)
+                                   quantize_head=args.quantize_head,
+                                   quantize_embedding=args.quantize_embedding)
   name = args.strategy or config.spec.default_strategy
   sampler = strategies.build_sampler(name, config.arch,
                                      strategies.options_from_args(args))

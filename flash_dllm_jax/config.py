@@ -43,6 +43,7 @@ class ModelConfig:
   dtype: str = "bfloat16"  # compute dtype
   quantize: str | None = None  # 8-bit weight format (quantize.FORMATS)
   quantize_head: bool = False  # the LM head quantized too
+  quantize_embedding: bool = False  # the token embedding too (per row)
   fused_qkv: bool = False  # one qkv_proj per layer (model/fuse.py)
 
   def __post_init__(self):
@@ -78,11 +79,12 @@ class ModelConfig:
     if self.quantize is not None and self.quantize not in quantize.FORMATS:
       errors.append(f"quantize must be None or one of "
                     f"{tuple(quantize.FORMATS)}, got {self.quantize!r}")
-    if self.quantize_head not in (True, False):
-      errors.append(f"quantize_head must be a bool, got "
-                    f"{self.quantize_head!r}")
-    elif self.quantize_head and self.quantize is None:
-      errors.append("quantize_head=True needs a quantize format")
+    for name in ("quantize_head", "quantize_embedding"):
+      value = getattr(self, name)
+      if value not in (True, False):
+        errors.append(f"{name} must be a bool, got {value!r}")
+      elif value and self.quantize is None:
+        errors.append(f"{name}=True needs a quantize format")
     if errors:
       raise ValueError("invalid ModelConfig: " + "; ".join(errors))
 

@@ -53,7 +53,9 @@ _RULES = [
     # output columns are their rows.
     (r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)/"
      r"(kernel_q|scale)$", P("model", None)),
-    (r"^embed$", P("model", None)),
+    # The embedding [V, E] by vocabulary rows; 8-bit, its kernel_q [V, E]
+    # and scale [V, 1] the same rows (each device looks up its own tokens).
+    (r"^embed(/kernel_q|/scale)?$", P("model", None)),
 ]
 
 

@@ -9,9 +9,13 @@ is symmetric absmax with round to nearest; an all-zero channel or group
 gets scale 1 (and zeros).
 
 Every projection of a block (q/k/v, attn_out, gate/up/down) is quantized;
-the embedding stays in its dtype, and so does the LM head unless `head`:
-then it is stored like a projection ('lm_head/kernel_q', 'lm_head/scale')
-in the format's `head_format` (per output channel).
+the LM head stays in its dtype unless `head`: then it is stored like a
+projection ('lm_head/kernel_q' [V, E], 'lm_head/scale' [V, 1]) in the
+format's `head_format` (per output channel). The token embedding stays in
+its dtype unless `embedding`: then it is stored the same way,
+'embed/kernel_q' [V, E] and 'embed/scale' [V, 1] in `head_format`, one
+scale per token row (a gather's output channel), and a lookup scales only
+the rows it gathers (model/layers.embed_lookup).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -59,8 +64,9 @@ PROJECTION = re.compile(
     r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)"
     r"/kernel$")
 HEAD = "lm_head"
+EMBED = "embed"  # [V, E]: its rows are already the output channels
 # Paths of quantized weights and their scales (not the norms' scales).
-QUANTIZED = re.compile(r"(/kernel_q|(_proj|attn_out|lm_head)/scale)$")
+QUANTIZED = re.compile(r"(/kernel_q|(_proj|attn_out|^lm_head|^embed)/scale)$")
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 
 
@@ -90,6 +96,20 @@ def scale_columns(fmt: str, e: int) -> int:
   return 1 if group is None else e // group
 
 
+def leaf_format(fmt: str, path: str) -> str:
+  """The format the parameter at `path` is quantized to: `head_format` for
+  the LM head and the embedding, `fmt` for the projections."""
+  return get_format(fmt).head_format if path in (HEAD, EMBED) else fmt
+
+
+def check_leaf(fmt: str, path: str, shape: tuple[int, ...]) -> None:
+  """check_shape of the parameter at `path` (stored shape) in its
+  leaf_format; the embedding [V, E] is checked as its [in, out] = [E, V]."""
+  shape = tuple(shape)
+  check_shape(leaf_format(fmt, path), shape[::-1] if path == EMBED else shape,
+              path)
+
+
 def check_shape(fmt: str, shape_ExO: tuple[int, ...], path: str) -> None:
   """A ValueError naming `path` when its kernel cannot take `fmt`."""
   group = get_format(fmt).group
@@ -102,12 +122,15 @@ def check_shape(fmt: str, shape_ExO: tuple[int, ...], path: str) -> None:
                      f"by {group}")
 
 
-@functools.partial(jax.jit, static_argnames=("fmt",))
-def _quantize(kernel_ExO: jax.Array, fmt: str):
+@functools.partial(jax.jit, static_argnames=("fmt", "rows"))
+def _quantize(kernel: jax.Array, fmt: str, rows: bool = False):
+  """kernel is [E, O], or with `rows` already [O, E] (the embedding)."""
   f = get_format(fmt)
-  e, o = kernel_ExO.shape
+  w_OxE = kernel.astype(jnp.float32)
+  w_OxE = w_OxE if rows else w_OxE.T
+  o, e = w_OxE.shape
   z = scale_columns(fmt, e)
-  w_OxZxG = kernel_ExO.astype(jnp.float32).T.reshape(o, z, e // z)
+  w_OxZxG = w_OxE.reshape(o, z, e // z)
   scale_OxZ = jnp.max(jnp.abs(w_OxZxG), axis=-1) / f.qmax
   scale_OxZ = jnp.where(scale_OxZ > 0, scale_OxZ, 1.0)
   q_OxZxG = jnp.clip(w_OxZxG / scale_OxZ[:, :, None], -f.qmax, f.qmax)
@@ -124,45 +147,58 @@ def quantize_weight(kernel_ExO: jax.Array, fmt: str,
   return _quantize(jnp.asarray(kernel_ExO), fmt)
 
 
+def quantize_rows(table_VxE: jax.Array, fmt: str, path: str = EMBED
+                  ) -> tuple[jax.Array, jax.Array]:
+  """(w_VxE in the format's dtype, scale_VxZ float32) of a table [V, E]
+  quantized per row (the embedding: no transpose, jitted, on device)."""
+  check_shape(fmt, tuple(table_VxE.shape)[::-1], path)
+  return _quantize(jnp.asarray(table_VxE), fmt, rows=True)
+
+
 def is_quantized(params) -> bool:
   """Whether a parameter tree already holds quantized kernels."""
   return any(path.endswith("kernel_q") for path in _flatten(params))
 
 
-def quantizes(path: str, head: bool) -> bool:
+def quantizes(path: str, head: bool, embedding: bool = False) -> bool:
   """Whether the parameter at `path` is quantized (projections; the LM head
-  only with `head`)."""
-  return bool(PROJECTION.search(path)) or (head and path == HEAD)
+  only with `head`, the embedding only with `embedding`)."""
+  return (bool(PROJECTION.search(path)) or (head and path == HEAD)
+          or (embedding and path == EMBED))
 
 
-def quantize_leaf(path: str, array: jax.Array, fmt: str, head: bool
-                  ) -> dict[str, jax.Array]:
+def quantize_leaf(path: str, array: jax.Array, fmt: str, head: bool,
+                  embedding: bool = False) -> dict[str, jax.Array]:
   """{path: array} for a parameter that stays, or its two quantized
   entries ('.../kernel_q', '.../scale') for one that `quantizes`."""
-  if not quantizes(path, head):
+  if not quantizes(path, head, embedding):
     return {path: array}
-  prefix = path.removesuffix("kernel") if path != HEAD else HEAD + "/"
-  leaf_fmt = get_format(fmt).head_format if path == HEAD else fmt
-  w_OxE, scale_OxZ = quantize_weight(array, leaf_fmt, path)
+  leaf_fmt = leaf_format(fmt, path)
+  if path == EMBED:
+    w_OxE, scale_OxZ = quantize_rows(array, leaf_fmt, path)
+  else:
+    w_OxE, scale_OxZ = quantize_weight(array, leaf_fmt, path)
+  prefix = path + "/" if path in (HEAD, EMBED) else path.removesuffix("kernel")
   return {prefix + "kernel_q": w_OxE, prefix + "scale": scale_OxZ}
 
 
-def quantize_params(params, fmt: str, head: bool = False):
-  """The tree with every projection (and with `head` the LM head)
-  quantized to `fmt`, each on the device(s) its kernel is on; other
-  parameters are left as they are. A tree already quantized is an error."""
+def quantize_params(params, fmt: str, head: bool = False,
+                    embedding: bool = False):
+  """The tree with every projection (with `head` the LM head, with
+  `embedding` the token embedding) quantized to `fmt`, each on the
+  device(s) its kernel is on; other parameters are left as they are. A
+  tree already quantized is an error."""
   get_format(fmt)
   flat = _flatten(params)
   if is_quantized(params):
     raise ValueError("these parameters are already quantized (they hold "
                      "kernel_q entries); quantize a bf16/float32 tree")
   for path, array in flat.items():  # every shape checked before any work
-    if quantizes(path, head):
-      leaf_fmt = get_format(fmt).head_format if path == HEAD else fmt
-      check_shape(leaf_fmt, tuple(array.shape), path)
+    if quantizes(path, head, embedding):
+      check_leaf(fmt, path, array.shape)
   out = {}
   for path, array in flat.items():
-    out.update(quantize_leaf(path, array, fmt, head))
+    out.update(quantize_leaf(path, array, fmt, head, embedding))
   return _unflatten(out)
 
 
@@ -183,7 +219,8 @@ def _unflatten(flat: dict[str, Any]):
 
 
 def add_flags(parser) -> None:
-  """--quantize FMT and --quantize-head on an argparse parser."""
+  """--quantize FMT, --quantize-head and --quantize-embedding on an
+  argparse parser."""
   def describe(f: Format) -> str:
     scales = ("per output channel" if f.group is None
               else f"per {f.group} inputs")
@@ -195,6 +232,9 @@ def add_flags(parser) -> None:
       + " (a bf16 checkpoint is quantized as it loads; default: as stored)")
   parser.add_argument("--quantize-head", action="store_true",
                       help="quantize the LM head too (per output channel)")
+  parser.add_argument("--quantize-embedding", action="store_true",
+                      help="store the token embedding in 8 bits too (per "
+                      "token row; a lookup scales only the rows it takes)")
 
 
 def check_params(params, config) -> None:
@@ -207,3 +247,10 @@ def check_params(params, config) -> None:
   if config.quantize is None and held:
     raise ValueError("the parameters hold 8-bit kernels but the config has "
                      "quantize=None (use the config load returns with them)")
+  for path, field in ((HEAD, "quantize_head"), (EMBED, "quantize_embedding")):
+    stored = isinstance(params.get(path), Mapping)  # kernel_q and scale
+    if path in params and stored != getattr(config, field):
+      raise ValueError(f"the config says {field}={not stored} but the "
+                       f"parameters hold {path!r} "
+                       f"{'in 8 bits' if stored else 'unquantized'} (use "
+                       "the config load returns with them)")

@@ -97,14 +97,17 @@ def main(argv=None):
   cfg = cfg.replace(fused_qkv=tuning.fused_qkv(args))
   # quantized on device from the random bf16 weights, leaf by leaf
   params = timing.bench_params(cfg, quantize=args.quantize,
-                               quantize_head=args.quantize_head)
+                               quantize_head=args.quantize_head,
+                               quantize_embedding=args.quantize_embedding)
   if args.quantize:
     cfg = cfg.replace(quantize=args.quantize,
-                      quantize_head=args.quantize_head)
+                      quantize_head=args.quantize_head,
+                      quantize_embedding=args.quantize_embedding)
   wbytes = quantize.weight_bytes(params)
   print(f"weights in memory: {wbytes / 1e9:.2f} GB ({wbytes:,} bytes, "
         f"{cfg.quantize or 'bf16'}"
-        f"{', LM head too' if cfg.quantize_head else ''})")
+        f"{', LM head too' if cfg.quantize_head else ''}"
+        f"{', embedding too' if cfg.quantize_embedding else ''})")
   print(f"[{time.perf_counter() - t_start:.0f} s] "
         f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s; "
@@ -146,6 +149,7 @@ def main(argv=None):
           args.json.write_text(json.dumps(dict(
               copy_Bps=bw, matmul_flops=mm, weight_bytes=wbytes,
               quantize=cfg.quantize, quantize_head=cfg.quantize_head,
+              quantize_embedding=cfg.quantize_embedding,
               rows=rows), indent=1))
   print("\n| strategy | batch | gen | steps | forwards | ms/step | steady "
         "ms/step | roofline ms/step | roofline / measured (steady) | "

@@ -26,7 +26,8 @@ def main(argv=None) -> int:
   try:
     convert_checkpoint(args.src_dir, args.dst_dir, dtype=args.dtype,
                        force=args.force, quantize=args.quantize,
-                       quantize_head=args.quantize_head)
+                       quantize_head=args.quantize_head,
+                       quantize_embedding=args.quantize_embedding)
   except ConversionError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

@@ -175,7 +175,8 @@ def main(argv=None) -> int:
     parallel.initialize_distributed()
     mesh = parallel.parse_mesh(args.mesh)
     config = quantized_config(load_config(args.checkpoint), args.quantize,
-                              args.quantize_head, str(args.checkpoint))
+                              args.quantize_head, str(args.checkpoint),
+                              embedding=args.quantize_embedding)
     samplers = {}
     for L in args.gen_lengths:
       for spec in args.strategies:
@@ -185,7 +186,8 @@ def main(argv=None) -> int:
     task = GSM8K(args.data, num_fewshot=0, chat=True)
     batch = min(args.batch_size, args.limit or len(task.test), len(task.test))
     model = load(args.checkpoint, mesh=mesh, quantize=args.quantize,
-                 quantize_head=args.quantize_head)
+                 quantize_head=args.quantize_head,
+                 quantize_embedding=args.quantize_embedding)
   except (ValueError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
@@ -197,7 +199,9 @@ def main(argv=None) -> int:
                 "checkpoint": str(args.checkpoint.absolute()),
                 "arch": config.arch, "dtype": config.dtype, "strategy": name,
                 **({"quantize": config.quantize,
-                    "quantize_head": config.quantize_head}
+                    "quantize_head": config.quantize_head,
+                    **({"quantize_embedding": True}
+                       if config.quantize_embedding else {})}
                    if config.quantize else {}),
                 "sampler": dataclasses.asdict(sampler), "batch_size": batch,
                 "seed": args.seed, "stop_at_eos": True, **task.settings()}

@@ -117,6 +117,8 @@ def main(argv=None) -> int:
                   default=list(quantize.FORMATS))
   ap.add_argument("--quantize-head", action="store_true",
                   help="quantize the LM head too")
+  ap.add_argument("--quantize-embedding", action="store_true",
+                  help="quantize the token embedding too (per row)")
   ap.add_argument("--data", type=Path, default=DEFAULT_DATA,
                   help="jsonl with 'question' (prompts for a checkpoint)")
   ap.add_argument("--batch", type=int, default=8)
@@ -158,8 +160,10 @@ def main(argv=None) -> int:
   ref = run(params, config)
   results, sizes = {}, {"bf16": quantize.weight_bytes(params)}
   for fmt in args.formats:
-    qparams = quantize.quantize_params(params, fmt, head=args.quantize_head)
-    qconfig = config.replace(quantize=fmt, quantize_head=args.quantize_head)
+    qparams = quantize.quantize_params(params, fmt, head=args.quantize_head,
+                                       embedding=args.quantize_embedding)
+    qconfig = config.replace(quantize=fmt, quantize_head=args.quantize_head,
+                             quantize_embedding=args.quantize_embedding)
     sizes[fmt] = quantize.weight_bytes(qparams)
     results[fmt] = errors(ref, run(qparams, qconfig), valid, masked)
     del qparams
@@ -167,7 +171,8 @@ def main(argv=None) -> int:
   print(f"{source}; {ids.shape[0]} x {ids.shape[1]} tokens "
         f"({int(masked.sum())} masked); device {jax.devices()[0].device_kind}"
         f"; activations {acts}; LM head "
-        f"{'quantized' if args.quantize_head else 'bf16'}\n")
+        f"{'quantized' if args.quantize_head else 'bf16'}; embedding "
+        f"{'quantized' if args.quantize_embedding else 'bf16'}\n")
   print(table(results, sizes))
   return 0
 

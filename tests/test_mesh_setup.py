@@ -77,12 +77,15 @@ def test_param_specs_shard_every_projection_by_columns():
            "layers_1/down_proj/kernel": ("", "model"),
            "layers_1/attn_out/kernel": ("", "model"),
            "embed": ("model", ""), "lm_head": (),
+           "embed/kernel_q": ("model", ""), "embed/scale": ("model", ""),
            "layers_2/mlp_norm/scale": (), "final_norm/scale": ()}
   for path, want in cases.items():
     spec = param_spec(path, (64, 64) if len(want) != 1 else (64,), mesh)
     assert tuple(a or "" for a in spec) == want, path
   # a vocabulary the mesh does not divide: the embedding stays whole
-  assert tuple(param_spec("embed", (385, 64), mesh)) == ()
+  for path, shape in (("embed", (385, 64)), ("embed/kernel_q", (385, 64)),
+                      ("embed/scale", (385, 1))):
+    assert tuple(param_spec(path, shape, mesh)) == (), path
 
 
 @pytest.mark.parametrize("spec,message", [

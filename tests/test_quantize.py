@@ -1,6 +1,6 @@
 """8-bit weights: the formats' round trip, a quantized tiny model against
-bf16, load(quantize=) against a converted quantized checkpoint, the CLI
-flag, Dream, and the errors of bad inputs."""
+bf16, the 8-bit embedding's lookup, load(quantize=) against a converted
+quantized checkpoint, the CLI flag, Dream, and the errors of bad inputs."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +11,7 @@ from flash_dllm_jax import checkpoint, cli, quantize
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import ConversionError, convert_checkpoint
 from flash_dllm_jax.forward import logits
-from flash_dllm_jax.model import init_params
+from flash_dllm_jax.model import init_params, layerwise
 from pallas_kernels.qmatmul.reference import dequantize
 from tests import hf_fixtures
 from tests.paths import TINY_CHECKPOINT
@@ -55,18 +55,22 @@ def test_round_trip_error_is_within_half_a_step(fmt):
   assert np.abs(np.asarray(w_OxE, np.float32)).max() == f.qmax
 
 
-def _tiny_pair(fmt, head=False, arch="llada"):
+def _tiny_pair(fmt, head=False, arch="llada", embedding=False):
   config = ModelConfig.tiny(arch, d_model=128, n_heads=8, dtype="bfloat16")
   params = init_params(config, jax.random.key(3), head_init_scale=8.0)
-  qparams = quantize.quantize_params(params, fmt, head=head)
-  return config, params, config.replace(quantize=fmt,
-                                        quantize_head=head), qparams
+  qparams = quantize.quantize_params(params, fmt, head=head,
+                                     embedding=embedding)
+  return config, params, config.replace(
+      quantize=fmt, quantize_head=head, quantize_embedding=embedding), qparams
 
 
-@pytest.mark.parametrize("head", [False, True])
+@pytest.mark.parametrize("head,embedding", [
+    (False, False), (True, False), (True, True)],
+    ids=["projections", "head", "head-embedding"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_quantized_tiny_model_logits_close_to_bf16(fmt, head):
-  config, params, qconfig, qparams = _tiny_pair(fmt, head)
+def test_quantized_tiny_model_logits_close_to_bf16(fmt, head, embedding):
+  config, params, qconfig, qparams = _tiny_pair(fmt, head,
+                                                embedding=embedding)
   ids = np.random.default_rng(1).integers(0, 380, (2, 24)).astype(np.int32)
   ref = logits(params, ids, config=config).logits_BxNxV
   got = logits(qparams, ids, config=qconfig).logits_BxNxV
@@ -76,43 +80,89 @@ def test_quantized_tiny_model_logits_close_to_bf16(fmt, head):
   agree = float(jnp.mean(got.argmax(-1) == ref.argmax(-1)))
   assert agree >= (0.75 if fmt == "fp8" else 0.9), agree
   flat = quantize._flatten(qparams)
-  assert flat["embed"].dtype == jnp.bfloat16
   assert ("lm_head/kernel_q" in flat) == head and ("lm_head" in flat) != head
-  # each quantized [E, O] bf16 kernel: 2 E O bytes -> E O + 4 O Z
-  saved = sum(a.size - 4 * a.shape[1] * quantize.scale_columns(
-      fmt if path != "lm_head" else "int8", a.shape[0])
-      for path, a in quantize._flatten(params).items()
-      if quantize.quantizes(path, head))
+  assert ("embed" in flat) != embedding
+  if embedding:  # per row, in the head's format: Z = 1 whatever fmt's groups
+    assert flat["embed/kernel_q"].shape == (config.vocab_size, 128)
+    assert flat["embed/kernel_q"].dtype == quantize.FORMATS[fmt].dtype
+    assert flat["embed/scale"].shape == (config.vocab_size, 1)
+  else:
+    assert flat["embed"].dtype == jnp.bfloat16
+  # each quantized bf16 weight of O channels of E: 2 E O bytes -> E O + 4 O Z
+  saved = 0
+  for path, a in quantize._flatten(params).items():
+    if quantize.quantizes(path, head, embedding):
+      o, e = a.shape if path == "embed" else a.shape[::-1]
+      saved += a.size - 4 * o * quantize.scale_columns(
+          quantize.leaf_format(fmt, path), e)
   assert quantize.weight_bytes(qparams) == quantize.weight_bytes(params) - saved
+  if embedding:  # the table takes V E + 4 V bytes instead of 2 V E
+    v = config.vocab_size
+    assert quantize.weight_bytes(quantize.quantize_params(
+        params, fmt, head=head)) - quantize.weight_bytes(qparams) == (
+            v * 128 - 4 * v)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "int8"])
+def test_quantized_embedding_lookup_is_the_dequantized_rows_taken(fmt):
+  """Both lookups (Transformer, layerwise.embed) give the rows of the
+  dequantized table w.astype(f32) * scale, cast to bf16, bit for bit,
+  without ever building that [V, E] table."""
+  _, params, qconfig, qparams = _tiny_pair(fmt, head=True, embedding=True)
+  table = qparams["embed"]
+  dequantized_VxE = table["kernel_q"].astype(jnp.float32) * table["scale"]
+  ids = np.random.default_rng(1).integers(0, 384, (2, 24)).astype(np.int32)
+  want = jnp.take(dequantized_VxE, ids, axis=0).astype(jnp.bfloat16)
+  got = layerwise.embed(qconfig, qparams, ids)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                np.asarray(want, np.float32))
+  assert not np.array_equal(np.asarray(got, np.float32), np.asarray(
+      jnp.take(params["embed"], ids, axis=0), np.float32))  # 8 bits moved it
+  jaxpr = jax.make_jaxpr(lambda p: layerwise.embed(qconfig, p, ids))(qparams)
+  shapes = [v.aval.shape for e in jaxpr.eqns for v in e.outvars]
+  assert (qconfig.vocab_size, 128) not in shapes, shapes
+  # the Transformer looks up the same rows: logits equal those of the f32
+  # dequantized table stored as a plain embedding
+  plain = {**qparams, "embed": dequantized_VxE}
+  np.testing.assert_array_equal(
+      logits(qparams, ids, config=qconfig).logits_BxNxV,
+      logits(plain, ids, config=qconfig.replace(
+          quantize_embedding=False)).logits_BxNxV)
 
 
 def test_init_params_of_a_quantized_config_quantizes_the_bf16_init():
-  config, params, qconfig, qparams = _tiny_pair("int8", head=True)
+  config, params, qconfig, qparams = _tiny_pair("int8", head=True,
+                                                embedding=True)
   assert tree_equal(init_params(qconfig, jax.random.key(3),
                                 head_init_scale=8.0), qparams)
 
 
-@pytest.mark.parametrize("fmt,head", [("fp8", True), ("int8", False)])
+@pytest.mark.parametrize("fmt,head,embedding", [
+    ("fp8", True, True), ("int8", False, False), ("int8", False, True)])
 def test_load_quantize_equals_the_converted_quantized_checkpoint(
-    tmp_path, fmt, head):
+    tmp_path, fmt, head, embedding):
   """HF dir -> convert_checkpoint(quantize=) -> load, against load(HF dir,
-  quantize=) and load(bf16 orbax copy, quantize=): bit for bit, and the
-  config records the format."""
+  quantize=), load(bf16 orbax copy, quantize=) and save -> load of the
+  loaded tree: bit for bit, and the config records the format."""
+  asked = dict(quantize=fmt, quantize_head=head, quantize_embedding=embedding)
   src, _ = hf_fixtures.write_llada(tmp_path / "hf")
-  convert_checkpoint(src, tmp_path / "q", quantize=fmt, quantize_head=head,
-                     progress=False)
+  convert_checkpoint(src, tmp_path / "q", progress=False, **asked)
   convert_checkpoint(src, tmp_path / "bf16", progress=False)
   stored, config, _ = checkpoint.load(tmp_path / "q")
-  assert (config.quantize, config.quantize_head) == (fmt, head)
+  assert (config.quantize, config.quantize_head,
+          config.quantize_embedding) == (fmt, head, embedding)
   assert checkpoint.load_config(tmp_path / "q") == config
+  assert isinstance(stored["embed"], dict) == embedding
   for other in (tmp_path / "hf", tmp_path / "bf16"):
-    got, got_config, _ = checkpoint.load(other, quantize=fmt,
-                                         quantize_head=head)
+    got, got_config, _ = checkpoint.load(other, **asked)
     assert got_config == config and tree_equal(got, stored)
   # the same with its own config: asking for what it stores is fine
-  again, _, _ = checkpoint.load(tmp_path / "q", quantize=fmt,
-                                quantize_head=head)
+  again, _, _ = checkpoint.load(tmp_path / "q", **asked)
   assert tree_equal(again, stored)
+  checkpoint.save(tmp_path / "saved", stored, config)
+  saved, saved_config, _ = checkpoint.load(tmp_path / "saved")
+  assert saved_config == config and tree_equal(saved, stored)
 
 
 def test_dream_checkpoint_quantizes_with_its_biases(tmp_path):
@@ -129,21 +179,33 @@ def test_dream_checkpoint_quantizes_with_its_biases(tmp_path):
   assert float(jnp.linalg.norm(got - ref) / jnp.linalg.norm(ref)) < 0.02
 
 
-def test_cli_generate_with_quantize(capsys):
+def test_cli_generate_with_quantize(capsys, monkeypatch):
+  loaded = []
+
+  def recording_load(*args, **kwargs):
+    loaded.append(load(*args, **kwargs))
+    return loaded[-1]
+
+  load = checkpoint.load
+  monkeypatch.setattr(checkpoint, "load", recording_load)
   argv = ["generate", "--checkpoint", str(TINY_CHECKPOINT), "--quantize",
-          "fp8", "--quantize-head", "--gen-length", "8", "--steps", "4",
-          "--block-length", "8", "--prompt", "Hi", "--output", "json",
-          "--no-progress"]
+          "fp8", "--quantize-head", "--quantize-embedding", "--gen-length",
+          "8", "--steps", "4", "--block-length", "8", "--prompt", "Hi",
+          "--output", "json", "--no-progress"]
   assert cli.main(argv) == 0
   out = capsys.readouterr()
   assert '"text"' in out.out
+  params, config, _ = loaded[-1]
+  assert (config.quantize, config.quantize_head,
+          config.quantize_embedding) == ("fp8", True, True)
+  assert params["embed"]["kernel_q"].dtype == jnp.float8_e4m3fn
   assert cli.main(argv[:4] + ["int8-g128"] + argv[5:]) == 1
   err = capsys.readouterr().err
   assert "int8-g128 needs its input size 64 divisible by 128" in err
 
 
 def test_bad_inputs_each_get_their_message(tmp_path):
-  config, params, qconfig, qparams = _tiny_pair("int8")
+  config, params, qconfig, qparams = _tiny_pair("int8", embedding=True)
   with pytest.raises(ValueError, match="unknown quantization format 'int4'; "
                      "known formats: fp8, int8, int8-g128"):
     quantize.quantize_params(params, "int4")
@@ -151,6 +213,14 @@ def test_bad_inputs_each_get_their_message(tmp_path):
     config.replace(quantize="int4")
   with pytest.raises(ValueError, match="quantize_head=True needs"):
     config.replace(quantize_head=True)
+  with pytest.raises(ValueError, match="quantize_embedding=True needs a "
+                     "quantize format"):
+    config.replace(quantize_embedding=True)
+  with pytest.raises(ValueError, match="quantize_embedding must be a bool"):
+    qconfig.replace(quantize_embedding="yes")
+  with pytest.raises(ValueError, match="^quantize_embedding needs a quantize "
+                     "format"):
+    checkpoint.load(TINY_CHECKPOINT, quantize_embedding=True)
   with pytest.raises(ValueError, match="already quantized"):
     quantize.quantize_params(qparams, "int8")
   small = init_params(ModelConfig.tiny("llada"), jax.random.key(0))
@@ -159,9 +229,18 @@ def test_bad_inputs_each_get_their_message(tmp_path):
                      r"input size 64 divisible by 128"):
     quantize.quantize_params(small, "int8-g128")
   checkpoint.save(tmp_path / "q", qparams, qconfig)
-  with pytest.raises(ValueError, match=r"stored quantized as int8; it cannot "
-                     r"be loaded as quantize='fp8'"):
+  with pytest.raises(ValueError, match=r"stored quantized as int8 with the "
+                     r"embedding; it cannot be loaded as quantize='fp8' "):
     checkpoint.load(tmp_path / "q", quantize="fp8")
+  with pytest.raises(ValueError, match=r"stored quantized as int8 with the "
+                     r"embedding; it cannot be loaded as quantize='int8' "):
+    checkpoint.load(tmp_path / "q", quantize="int8")
+  checkpoint.save(tmp_path / "p", quantize.quantize_params(params, "int8"),
+                  config.replace(quantize="int8"))
+  with pytest.raises(ValueError, match=r"stored quantized as int8; it cannot "
+                     r"be loaded as quantize='int8', quantize_embedding=True "
+                     r"\(leave"):
+    checkpoint.load(tmp_path / "p", quantize="int8", quantize_embedding=True)
   with pytest.raises(ValueError, match="unknown quantization format"):
     checkpoint.load(TINY_CHECKPOINT, quantize="int4")
   with pytest.raises(ValueError, match="config says quantize='int8' but the "
@@ -169,6 +248,10 @@ def test_bad_inputs_each_get_their_message(tmp_path):
     logits(params, np.zeros((1, 4), np.int32), config=qconfig)
   with pytest.raises(ValueError, match="hold 8-bit kernels but the config"):
     logits(qparams, np.zeros((1, 4), np.int32), config=config)
+  with pytest.raises(ValueError, match="the config says quantize_embedding="
+                     "False but the parameters hold 'embed' in 8 bits"):
+    logits(qparams, np.zeros((1, 4), np.int32),
+           config=qconfig.replace(quantize_embedding=False))
   src, _ = hf_fixtures.write_llada(tmp_path / "hf", n_layers=1)
   with pytest.raises(ConversionError, match="int8-g128 needs its input size"):
     convert_checkpoint(src, tmp_path / "g", quantize="int8-g128",
@@ -179,6 +262,7 @@ def test_bad_inputs_each_get_their_message(tmp_path):
 def test_old_config_without_the_fields_loads_as_bf16():
   config = checkpoint.load_config(TINY_CHECKPOINT)
   assert config.quantize is None and config.quantize_head is False
+  assert config.quantize_embedding is False
 
 
 @pytest.mark.slow
@@ -252,6 +336,7 @@ def test_bench_params_quantized_leaf_by_leaf_equal_quantize_params():
   from flash_dllm_bench import timing
   config = ModelConfig.tiny("llada", d_model=128, n_heads=8, dtype="bfloat16")
   assert tree_equal(
-      timing.bench_params(config, quantize="int8-g128", quantize_head=True),
+      timing.bench_params(config, quantize="int8-g128", quantize_head=True,
+                          quantize_embedding=True),
       quantize.quantize_params(timing.bench_params(config), "int8-g128",
-                               head=True))
+                               head=True, embedding=True))

@@ -1,7 +1,8 @@
 """8-bit weights under tensor parallelism give one device's bits (forced
 host devices): kernel_q and scale are sharded with their output columns,
-attn_out and down gather their input and output, and the LM head (with
-quantize_head) is replicated."""
+attn_out and down gather their input and output, the LM head (with
+quantize_head) is replicated, and the 8-bit embedding (with
+quantize_embedding) is sharded along the vocabulary like a bf16 one."""
 
 import pytest
 
@@ -12,9 +13,11 @@ import sys
 from flash_dllm_jax import quantize
 from flash_dllm_jax.model import CachedExtras
 fmt, impl, dtype = sys.argv[1:4]
+embedding = sys.argv[5] == "True"
 config, params = tiny4(sys.argv[4], d_model=128, head_dim=16, dtype=dtype)
-params = quantize.quantize_params(params, fmt, head=True)
-config = config.replace(quantize=fmt, quantize_head=True)
+params = quantize.quantize_params(params, fmt, head=True, embedding=embedding)
+config = config.replace(quantize=fmt, quantize_head=True,
+                        quantize_embedding=embedding)
 model = Transformer(config, implementation=impl)
 rng = np.random.default_rng(0)
 B, S, Q = 4, 64, 8
@@ -39,6 +42,9 @@ for name, fn in (("cached", cached), ("uncached", uncached)):
     assert q["kernel_q"].sharding.spec == jax.sharding.PartitionSpec(
         "model", None), q["kernel_q"].sharding
     assert q["scale"].sharding.spec == q["kernel_q"].sharding.spec
+    if embedding:
+      for e in sharded["embed"].values():
+        assert e.sharding.spec == q["kernel_q"].sharding.spec, e.sharding
     with parallel.use(mesh):
       got = jax.jit(fn)(sharded)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(one), strict=True):
@@ -48,21 +54,22 @@ print("QUANT-MESH-OK")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt,arch,impl,dtype", [
-    ("fp8", "llada", "pallas_interpret", "bfloat16"),
-    ("fp8", "dream", "reference", "float32"),
-    ("int8", "dream", "pallas_interpret", "float32"),
-    ("int8-g128", "llada", "reference", "bfloat16")])
+@pytest.mark.parametrize("fmt,arch,impl,dtype,embedding", [
+    ("fp8", "llada", "pallas_interpret", "bfloat16", True),
+    ("fp8", "dream", "reference", "float32", False),
+    ("int8", "dream", "pallas_interpret", "float32", False),
+    ("int8-g128", "llada", "reference", "bfloat16", False)])
 def test_quantized_mesh_forward_is_bitwise_the_one_device_forward(
-    fmt, arch, impl, dtype):
+    fmt, arch, impl, dtype, embedding):
   """Cached and uncached logits (and caches) with every projection and the
-  LM head quantized: model=2 and data=2,model=2 equal one device bit for
-  bit, through XLA's partitioning ('reference') and through the kernels'
-  shard_map ('pallas_interpret')."""
+  LM head (in one case the embedding too) quantized: model=2 and
+  data=2,model=2 equal one device bit for bit, through XLA's partitioning
+  ('reference') and through the kernels' shard_map ('pallas_interpret')."""
   # STRICT_CPU for both dtypes: the reference's products are float32 (of
   # dequantized weights) whatever the activations' dtype, and XLA:CPU's
   # default float32 GEMM sums column shards in another order (mesh_case).
-  out = run_script(SCRIPT, fmt, impl, dtype, arch, xla_flags=STRICT_CPU)
+  out = run_script(SCRIPT, fmt, impl, dtype, arch, str(embedding),
+                   xla_flags=STRICT_CPU)
   assert "QUANT-MESH-OK" in out, out
 
 
@@ -75,16 +82,18 @@ from tests import hf_fixtures
 d = tempfile.mkdtemp()
 src, _ = hf_fixtures.write_llada(d + "/hf")
 convert_checkpoint(src, d + "/bf16", progress=False)
-one, _, _ = checkpoint.load(d + "/bf16", quantize="fp8", quantize_head=True)
+asked = dict(quantize="fp8", quantize_head=True, quantize_embedding=True)
+one, _, _ = checkpoint.load(d + "/bf16", **asked)
 for path in (d + "/hf", d + "/bf16"):
-  got, config, _ = checkpoint.load(path, mesh="model=2", quantize="fp8",
-                                   quantize_head=True)
-  assert config.quantize == "fp8"
+  got, config, _ = checkpoint.load(path, mesh="model=2", **asked)
+  assert config.quantize == "fp8" and config.quantize_embedding
   q = got["layers_0"]["q_proj"]
   rows = jax.sharding.PartitionSpec("model", None)
   assert q["kernel_q"].sharding.spec == rows, q["kernel_q"].sharding
   assert q["scale"].sharding.spec == rows
   assert got["lm_head"]["kernel_q"].sharding.is_fully_replicated
+  for e in got["embed"].values():  # kernel_q [V, E], scale [V, 1]
+    assert e.sharding.spec == rows, e.sharding
   a, b = quantize._flatten(one), quantize._flatten(got)
   assert a.keys() == b.keys()
   for k in a:
@@ -98,5 +107,6 @@ print("LOAD-OK")
 def test_load_quantize_onto_a_mesh_shards_kernel_q_and_scale_by_columns():
   """load(mesh='model=2', quantize=) of an HF dir and of an orbax copy:
   kernel_q and scale sharded along their rows (the output columns), the
-  quantized LM head replicated, the bits those of one device's load."""
+  quantized LM head replicated, the quantized embedding sharded along the
+  vocabulary, the bits those of one device's load."""
   assert "LOAD-OK" in run_script(LOAD, devices=2)

@@ -48,15 +48,17 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
                        progress: bool = True,
                        max_group_bytes: int = 1 << 30,
                        quantize: str | None = None,
-                       quantize_head: bool = False) -> ModelConfig:
+                       quantize_head: bool = False,
+                       quantize_embedding: bool = False) -> ModelConfig:
   """Converts the HF checkpoint in `src_dir` into a new directory `dst_dir`
   (replaced only with `force`, and only once the conversion has succeeded).
 
   Params are cast to `dtype` and written one orbax group per source shard
   (split into parts of at most `max_group_bytes`, which bounds host memory).
   quantize (a format of flash_dllm_jax/quantize.py; quantize_head: the LM
-  head too): each projection is quantized as it is read and stored as
-  kernel_q and scale; the config records the format.
+  head too, quantize_embedding: the token embedding too): each projection
+  is quantized as it is read and stored as kernel_q and scale; the config
+  records the format.
   Returns the ModelConfig that was written. Raises ConversionError before
   touching `dst_dir` if anything is wrong with the source.
   """
@@ -70,7 +72,8 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
                model_type)
   try:
     config = checkpoint.quantized_config(config, quantize, quantize_head,
-                                         str(src))
+                                         str(src),
+                                         embedding=quantize_embedding)
     if quantize is not None:
       check_quantizable(plan, config)
   except ValueError as e:
@@ -88,7 +91,8 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
         array = _read_tensor(src / shard, m, np_dtype)
         if quantize is not None:
           arrays.update({p: np.asarray(a) for p, a in quantized.quantize_leaf(
-              m.param_path, array, quantize, quantize_head).items()})
+              m.param_path, array, quantize, quantize_head,
+              quantize_embedding).items()})
         else:
           arrays[m.param_path] = array
         bar.update()
@@ -272,10 +276,9 @@ def check_quantizable(plan: dict[str, list[Mapped]],
       shape = m.expected_shape
       if m.rule.transform == "transpose":
         shape = shape[::-1]
-      if quantized.quantizes(m.param_path, config.quantize_head):
-        fmt = (quantized.get_format(config.quantize).head_format
-               if m.param_path == quantized.HEAD else config.quantize)
-        quantized.check_shape(fmt, shape, m.param_path)
+      if quantized.quantizes(m.param_path, config.quantize_head,
+                             config.quantize_embedding):
+        quantized.check_leaf(config.quantize, m.param_path, shape)
 
 
 def _plan(headers: Headers, table, config: ModelConfig,

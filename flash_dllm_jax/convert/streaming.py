@@ -39,12 +39,14 @@ def hf_config(src: str | Path, dtype: str | None = None) -> ModelConfig:
 
 
 def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
-            quantize: str | None = None, quantize_head: bool = False):
+            quantize: str | None = None, quantize_head: bool = False,
+            quantize_embedding: bool = False):
   """(params, config, tokenizer) of the HF directory `src`, as `load`
   returns them for its converted copy (`dtype` default bfloat16, as the
   converter's). mesh: each weight goes straight onto its shards.
-  quantize: each projection (and with quantize_head the LM head) is
-  quantized on device as soon as it is placed (see checkpoint.load)."""
+  quantize: each projection (with quantize_head the LM head, with
+  quantize_embedding the embedding) is quantized on device as soon as it
+  is placed (see checkpoint.load)."""
   src = Path(src).absolute()
   dtype = dtype or DEFAULT_DTYPE
   model_type, config, tokenizer = converter._read_model(src, dtype)
@@ -52,7 +54,7 @@ def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
   plan = converter._plan(converter._read_headers(src), table, config,
                          model_type)
   config = checkpoint.quantized_config(config, quantize, quantize_head,
-                                       str(src))
+                                       str(src), embedding=quantize_embedding)
   if quantize is not None:
     converter.check_quantizable(plan, config)
   mesh = parallel.parse_mesh(mesh)
@@ -68,7 +70,8 @@ def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
         flat[m.param_path] = array
         continue
       for path, new in quantized.quantize_leaf(
-          m.param_path, array, quantize, quantize_head).items():
+          m.param_path, array, quantize, quantize_head,
+          quantize_embedding).items():
         flat[path] = checkpoint._placed(path, new, mesh)
       del array
   return traverse_util.unflatten_dict(flat, sep="/"), config, tokenizer

@@ -1,7 +1,9 @@
-"""Building blocks: RMSNorm, linear layers through the dispatch point, RoPE."""
+"""Building blocks: RMSNorm, linear layers through the dispatch point, the
+embedding lookup, RoPE."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Callable
 
 import flax.linen as nn
@@ -72,6 +74,37 @@ class Linear(nn.Module):
     return ops.quantized_linear(x, kernel_q, scale, bias, fmt=self.quantize,
                                 gathered=self.gathered,
                                 implementation=self.implementation)
+
+
+class QuantizedEmbed(nn.Module):
+  """The 8-bit embedding's parameters, shapes only (quantize_params fills
+  them): kernel_q [V, E] in format `quantize`'s dtype and float32 scale
+  [V, 1]; returns them as the mapping embed_lookup takes."""
+
+  vocab_size: int
+  features: int
+  quantize: str
+
+  @nn.compact
+  def __call__(self) -> dict[str, jax.Array]:
+    dtype = quantize.get_format(self.quantize).dtype
+    return {"kernel_q": self.param("kernel_q", nn.initializers.zeros,
+                                   (self.vocab_size, self.features), dtype),
+            "scale": self.param("scale", nn.initializers.ones,
+                                (self.vocab_size, 1), jnp.float32)}
+
+
+def embed_lookup(embed, tokens_BxQ: jax.Array, dtype) -> jax.Array:
+  """x_BxQxE in `dtype`: the rows `tokens_BxQ` of the embedding as stored,
+  a table [V, E] or {'kernel_q': w_VxE 8-bit, 'scale': scale_Vx1 float32}.
+  An 8-bit table is never dequantized whole: the gathered rows are scaled
+  by their gathered scales in float32 (each element is w * scale exactly,
+  as a dequantized table would give) and cast to `dtype`."""
+  if not isinstance(embed, Mapping):
+    return jnp.take(embed, tokens_BxQ, axis=0).astype(dtype)
+  w_BxQxE = jnp.take(embed["kernel_q"], tokens_BxQ, axis=0)
+  scale_BxQx1 = jnp.take(embed["scale"], tokens_BxQ, axis=0)
+  return (w_BxQxE.astype(jnp.float32) * scale_BxQx1).astype(dtype)
 
 
 def rope_angles(positions_BxQ: jax.Array, head_dim: int,

@@ -19,14 +19,15 @@ import jax.numpy as jnp
 
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import fuse
-from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope, rope_angles
+from flash_dllm_jax.model.layers import (Linear, RMSNorm, apply_rope,
+                                         embed_lookup, rope_angles)
 from flash_dllm_jax.model.transformer import Block, CachedExtras, vocab_head
 
 
 def embed(config: ModelConfig, params, tokens_BxQ: jax.Array) -> jax.Array:
-  """The input of layer 0: x_BxQxE in the compute dtype."""
-  return jnp.take(params["embed"], tokens_BxQ, axis=0).astype(
-      jnp.dtype(config.dtype))
+  """The input of layer 0: x_BxQxE in the compute dtype (an 8-bit
+  embedding scales only the rows it gathers)."""
+  return embed_lookup(params["embed"], tokens_BxQ, jnp.dtype(config.dtype))
 
 
 def layer(config: ModelConfig, params, index: int, x_BxQxE: jax.Array,

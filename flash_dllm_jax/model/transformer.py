@@ -19,7 +19,8 @@ from flash_dllm_jax import ops, quantize
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import fuse
 from flash_dllm_jax.model.cache import KVCache
-from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope, rope_angles
+from flash_dllm_jax.model.layers import (Linear, QuantizedEmbed, RMSNorm,
+                                         apply_rope, embed_lookup, rope_angles)
 
 
 @struct.dataclass
@@ -176,9 +177,13 @@ class Transformer(nn.Module):
                mass_from_layer=0):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    embedding_VxE = self.param("embed", nn.initializers.normal(1.0),
-                               (cfg.vocab_size, cfg.d_model), self.param_dtype)
-    x_BxQxE = jnp.take(embedding_VxE, tokens_BxQ, axis=0).astype(dtype)
+    if cfg.quantize_embedding:  # {'kernel_q': [V, E], 'scale': [V, 1]}
+      embed = QuantizedEmbed(cfg.vocab_size, cfg.d_model, head_format(cfg),
+                             name="embed")()
+    else:
+      embed = self.param("embed", nn.initializers.normal(1.0),
+                         (cfg.vocab_size, cfg.d_model), self.param_dtype)
+    x_BxQxE = embed_lookup(embed, tokens_BxQ, dtype)
     cos_BxQxD, sin_BxQxD = rope_angles(positions_BxQ, cfg.head_dim,
                                        cfg.rope_theta)
     if cache is not None and slots_BxQ is None:
@@ -213,7 +218,8 @@ class Transformer(nn.Module):
 
 
 def head_format(config: ModelConfig) -> str:
-  """The 8-bit format of a quantized LM head (quantize.Format.head_format)."""
+  """The 8-bit format of a quantized LM head and embedding
+  (quantize.Format.head_format)."""
   return quantize.get_format(config.quantize).head_format
 
 
@@ -239,10 +245,12 @@ def init_params(config: ModelConfig, rng: jax.Array,
   A quantized config gets the unquantized tree's weights quantized.
   """
   if config.quantize is not None:
-    params = init_params(config.replace(quantize=None, quantize_head=False),
+    params = init_params(config.replace(quantize=None, quantize_head=False,
+                                        quantize_embedding=False),
                          rng, param_dtype, head_init_scale)
     return quantize.quantize_params(params, config.quantize,
-                                    head=config.quantize_head)
+                                    head=config.quantize_head,
+                                    embedding=config.quantize_embedding)
   param_dtype = jnp.dtype(param_dtype or config.dtype)
   model = Transformer(config, param_dtype, head_init_scale)
   tokens = jnp.zeros((1, 1), jnp.int32)

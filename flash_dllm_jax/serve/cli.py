@@ -122,7 +122,9 @@ def main(args: argparse.Namespace) -> int:
                         request_timeout=args.request_timeout)
     params, config, tokenizer = load(args.checkpoint, dtype=args.dtype,
                                      quantize=args.quantize,
-                                     quantize_head=args.quantize_head)
+                                     quantize_head=args.quantize_head,
+                                     quantize_embedding=(
+                                         args.quantize_embedding))
     sampler = build_sampler(args.strategy, config.arch, options)
     variants = [build_sampler(args.strategy, config.arch,
                               {**options, **parse_variant(v, i + 1)})
