@@ -7,8 +7,9 @@
 #   [SPLIT=N] [STREAM_MAX_Q=N] bash benchmarks/quantized.sh OUT_DIR steps
 #   bash benchmarks/quantized.sh OUT_DIR small     # batch 1: 8-bit embedding,
 #                                                  # the latency tiling
-#   [FORMATS=fp8] [SKIP_ERROR=1] bash benchmarks/quantized.sh OUT_DIR quality
+#   [FORMATS=fp8] [SKIP_ERROR=1] [ALL8=1] bash benchmarks/quantized.sh OUT_DIR quality
 #                                                  # logit error, accuracy
+#                                                  # (ALL8: 8-bit head, embedding)
 source "$(dirname "$0")/common.sh"
 PART=${2:?part: kernels, sweep, steps, small or quality}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
@@ -59,9 +60,10 @@ quality)
           "flash-dllm flash-cache-confident flash-dllm-confident")
   for fmt in ${FORMATS:-fp8 int8}; do
     for i in 0 1 2; do
-      name=quality-1000-gen192-$fmt-$i
+      name=quality-1000-gen192-$fmt${ALL8:+-all8}-$i
       (timeout ${EVAL_SECONDS:-400} python scripts/eval_quality.py --limit 1000 \
            --gen-lengths 192 --strategies ${groups[$i]} --quantize $fmt \
+           ${ALL8:+--quantize-head --quantize-embedding} \
            --no-progress --out-dir "$OUT/$name" > "$OUT/$name.log" 2>&1) &
     done
   done
