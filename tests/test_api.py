@@ -12,7 +12,8 @@ import transformers
 import flash_dllm_jax
 from flash_dllm_jax import prompts
 from flash_dllm_jax.generate import generate
-from flash_dllm_jax.strategies import STRATEGIES, build_sampler
+from flash_dllm_jax.sampling import Refillable
+from flash_dllm_jax.strategies import build_sampler
 from flash_dllm_jax.tokenizer import Tokenizer, build_tiny_tokenizer
 from tests.paths import TINY_CHECKPOINT
 from tests.test_sampling import random_prompts, tiny
@@ -138,12 +139,21 @@ def test_bad_prompt_forms(tiny_model, prompt, message):
     generate(tiny_model, prompt, **SMALL["llada"])
 
 
+# One strategy per sampler and batching path: fixed chunks of LLaDA's,
+# Dream's and Fast-dLLM's (cached) samplers; continuous batching of
+# Flash-dLLM (verify, confident window: the most per-row state a refill
+# resets) and Elastic-Cache. The others are options of these samplers
+# (tests/test_flash_dllm.py refills Flash-Cache and leftmost Flash-dLLM).
+BATCHING = ["llada", "dream", "fast-dllm-dual", "flash-dllm-confident",
+            "elastic-cache"]
+
+
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=[] if n == "llada" else pytest.mark.slow)
-    for n in sorted(STRATEGIES)])
-def test_batch_size_equals_one_batch_for_every_strategy(name):
-  """Fixed chunks (samplers without reset_rows) or continuous batching give
-  each row what one batch of all prompts gives it."""
+    for n in BATCHING])
+def test_batch_size_equals_one_batch_for_each_sampler(name):
+  """Fixed chunks (samplers that are not Refillable) or continuous batching
+  give each row what one batch of all prompts gives it."""
   arch = "dream" if name == "dream" else "llada"
   config, params = tiny(arch, eos_boost=1.5)
   opts = {"gen_length": 16} | ({"steps": 8} if name in ("llada", "dream")
@@ -163,7 +173,7 @@ def test_batch_size_equals_one_batch_for_every_strategy(name):
   np.testing.assert_array_equal(chunked.steps_B, whole.steps_B)
   assert sorted(sum((r for r, _ in seen), [])) == [0, 1, 2, 3, 4]
   assert all(n == 5 for _, n in seen)
-  if not hasattr(sampler, "reset_rows"):
+  if not isinstance(sampler, Refillable):
     assert [len(r) for r, _ in seen] == [2, 2, 1]
 
 
