@@ -86,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute dtype (default: the checkpoint's)")
   quantize.add_flags(gen)
   gen.add_argument("--seed", type=int, default=0)
+  gen.add_argument("--attention-split-target", type=int, default=None,
+                   metavar="N",
+                   help="attention programs a sequence fills before its keys "
+                   "are split (default 32, for batches of 32; 132, an H200's "
+                   "SM count, is the latency tiling for batch 1)")
   gen.add_argument("--mesh", default=None,
                    help="device mesh: data=D splits the batch, model=M the "
                         "weights and KV cache (tensor parallel), e.g. "
@@ -108,6 +113,7 @@ def _generate(args) -> int:
   from flash_dllm_jax.parallel import parse_mesh
 
   prompts = cli_io.read_prompts(args.prompt, args.prompt_file)
+  kernels = _kernels(args)
   batch_size = args.batch_size or (None if args.mesh else 32)
   if args.batch_size is not None and args.batch_size < 1:
     raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -126,7 +132,8 @@ def _generate(args) -> int:
   t0 = time.perf_counter()
   out = generate((params, config, tokenizer), prompts, sampler=sampler,
                  chat=args.chat, seed=args.seed, stop_at_eos=args.stop_at_eos,
-                 batch_size=batch_size, mesh=mesh, progress=progress)
+                 batch_size=batch_size, mesh=mesh, progress=progress,
+                 kernels=kernels)
   seconds = time.perf_counter() - t0
   meta = {"checkpoint": str(checkpoint), "arch": config.arch,
           "strategy": name}
@@ -136,6 +143,18 @@ def _generate(args) -> int:
         f"forwards, strategy {name}, {seconds:.2f} s including "
         "compilation]", file=sys.stderr)
   return 0
+
+
+def _kernels(args):
+  """The ops.Kernels the flags ask for (None: the defaults)."""
+  if args.attention_split_target is None:
+    return None
+  from flash_dllm_jax.ops import Kernels, Tiling
+  try:
+    tiling = Tiling(split_target=args.attention_split_target)
+  except ValueError as e:
+    raise ValueError(f"--attention-split-target: {e}") from None
+  return Kernels(attention=tiling)
 
 
 def main(argv: list[str] | None = None) -> int:

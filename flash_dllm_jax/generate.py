@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax import (architectures, parallel, prompts, quantize,
+from flash_dllm_jax import (architectures, ops, parallel, prompts, quantize,
                             strategies)
 from flash_dllm_jax.compilation import (CPU_COMPILER_OPTIONS,  # noqa: F401
                                         GPU_COMPILER_OPTIONS,
@@ -113,7 +113,8 @@ def bucket_groups(rows: Sequence[Sequence[int]], bucket: int = PROMPT_BUCKET,
 
 def _decode_rows(params, rows, seeds, *, config: ModelConfig,
                  sampler: Sampler, stop_at_eos: bool, batch_size: int | None,
-                 mesh) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+                 mesh, kernels: ops.Kernels | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
   """(gen_BxG, forwards_B, steps_B, loop steps) of one padded batch, through
   continuous batching when batch_size < len(rows), over the mesh if any."""
   ids, valid = left_pad(rows, config.pad_token_id,
@@ -136,12 +137,13 @@ def _decode_rows(params, rows, seeds, *, config: ModelConfig,
   if batch_size is not None and batch_size < n_rows:
     gen, forwards, steps_b, steps = _queue_jit(
         params, ids, valid, rng_B, config=config,
-        sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos)
+        sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos,
+        implementation=kernels)
   else:
     with parallel.use(mesh):
       gen, forwards, steps, steps_b = decode_jit(
-          params, ids, valid, rng_B,
-          config=config, sampler=sampler, stop_at_eos=stop_at_eos)
+          params, ids, valid, rng_B, config=config, sampler=sampler,
+          stop_at_eos=stop_at_eos, implementation=kernels)
   gen, forwards, steps_b = (np.asarray(a)[:n_rows]
                             for a in (gen, forwards, steps_b))
   return gen, forwards, steps_b, int(steps)
@@ -198,6 +200,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
              seed: int | Sequence[int] = 0, stop_at_eos: bool = True,
              batch_size: int | None = None, mesh=None,
              progress: Callable[[np.ndarray, int], None] | None = None,
+             kernels: ops.Kernels | None = None,
              **options: Any) -> GenerateOutput:
   """Generates answers for one prompt or a batch.
 
@@ -233,8 +236,17 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     there.
   progress: called as progress(row indices just decoded, number of rows)
     after each decode call.
+  kernels: kernel choice and settings (`ops.Kernels`; None: by backend),
+    e.g. `ops.Kernels(attention=ops.Tiling(split_target=132))`, the
+    latency tiling: attention splits its keys until a sequence fills an
+    H200's 132 SMs, faster at batch 1 and slower at batch 32 (BENCHMARKS.md,
+    "Strategy steps"). Fixed per call, so a row's answer still never
+    depends on the batch.
   """
   params, config, tokenizer = unpack_model(model, config, tokenizer)
+  if kernels is not None and not isinstance(kernels, ops.Kernels):
+    raise TypeError(f"kernels must be a flash_dllm_jax.ops.Kernels or None, "
+                    f"got {type(kernels).__name__}")
   sampler = _pick_sampler(config, strategy, sampler, options)
   rows = prompts.token_rows(prompt, tokenizer, chat)
   for i, row in enumerate(rows):
@@ -260,7 +272,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     out = _decode_rows(params, [rows[i] for i in chunk],
                        [seeds[i] for i in chunk], config=config,
                        sampler=sampler, stop_at_eos=stop_at_eos,
-                       batch_size=slots, mesh=mesh)
+                       batch_size=slots, mesh=mesh, kernels=kernels)
     gen[chunk], forwards[chunk], steps_b[chunk] = out[:3]
     steps += out[3]
     if progress is not None:

@@ -125,6 +125,36 @@ def test_generate_takes_chats_and_strings_in_one_batch(tiny_model):
   assert len(out.texts) == 2
 
 
+def test_kernels_reach_every_attention_call():
+  """kernels=: the decode loop's attention calls take its tiling (the
+  CLI's --attention-split-target); anything but an ops.Kernels is refused."""
+  from flash_dllm_jax import ops
+  from pallas_kernels.attention import api as attention_api
+  seen, real = [], attention_api.splits_for
+
+  def recording(*args, tiling, **kwargs):
+    seen.append(tiling.split_target)
+    return real(*args, tiling=tiling, **kwargs)
+
+  config, params = tiny("llada", eos_boost=1.5)
+  sampler = build_sampler("flash-cache", "llada", {"gen_length": 8,
+                                                   "block_m": 4})
+  kernels = ops.Kernels(name="pallas_interpret",
+                        attention=ops.Tiling(split_target=7))
+  attention_api.splits_for = recording
+  try:
+    out = generate(params, random_prompts(9, [5, 12]), config=config,
+                   sampler=sampler, kernels=kernels)
+  finally:
+    attention_api.splits_for = real
+  assert seen and set(seen) == {7}
+  assert not (out.tokens_BxG == config.mask_token_id).any()
+  with pytest.raises(TypeError, match="kernels must be a flash_dllm_jax.ops"
+                     ".Kernels or None, got str"):
+    generate(params, [[1, 2]], config=config, sampler=sampler,
+             kernels="pallas")
+
+
 @pytest.mark.parametrize("prompt,message", [
     ([{"role": "user"}], "prompt 0, message 0: 'content' must be a string"),
     ([[{"role": "user", "content": "hi"}, "x"]], "prompt 0: prompt must be"),

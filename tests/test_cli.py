@@ -40,6 +40,26 @@ def test_flash_dllm_json_output(capsys):
   assert "strategy flash-dllm" in err
 
 
+def test_attention_split_target_reaches_generate(capsys, monkeypatch):
+  """--attention-split-target N: generate gets Kernels with that tiling
+  (the flags' defaults: kernels=None)."""
+  # the module: the package re-exports its function under the same name
+  generate_module = sys.modules["flash_dllm_jax.generate"]
+  seen = []
+  real = generate_module.generate
+
+  def recording(*args, **kwargs):
+    seen.append(kwargs["kernels"])
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(generate_module, "generate", recording)
+  for extra in ([], ["--attention-split-target", "132"]):
+    code, _, err = run(capsys, *TINY, *FLASH, "--prompt", "Hi", *extra)
+    assert code == 0, err
+  assert seen[0] is None
+  assert seen[1].attention.split_target == 132 and seen[1].name is None
+
+
 def test_prompt_file_text_jsonl_and_stdin(tmp_path, capsys, monkeypatch):
   lines = tmp_path / "p.txt"
   lines.write_text("First question\n\n  Second one\n")
@@ -107,6 +127,8 @@ def test_prompt_file_errors(tmp_path, capsys, content, message):
      "--prompt #2 is not valid UTF-8: byte 0xc3 cannot be decoded at "
      "character 3 (near b'caf\\xc3')"),
     (["--prompt-file", "/nonexistent/p.txt"], "prompt file /nonexistent"),
+    (["--attention-split-target", "0", "--prompt", "x"],
+     "--attention-split-target: split_target must be an int >= 1, got 0"),
 ])
 def test_clear_errors(capsys, argv, message):
   code, _, err = run(capsys, *TINY, *argv)

@@ -7,6 +7,8 @@ import dataclasses
 from pallas_kernels.attention import api as attention_api
 from pallas_kernels.common import resolve_implementation
 
+Tiling = attention_api.Tiling  # the attention kernel's tiling rules
+
 
 @dataclasses.dataclass(frozen=True)
 class Kernels:
