@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from flash_dllm_jax import quantize, strategies
+from flash_dllm_jax.ops import choice
 
 CHECKPOINT_ENV = "FLASH_DLLM_JAX_CHECKPOINT"
 DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "checkpoints"
@@ -86,11 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="compute dtype (default: the checkpoint's)")
   quantize.add_flags(gen)
   gen.add_argument("--seed", type=int, default=0)
-  gen.add_argument("--attention-split-target", type=int, default=None,
-                   metavar="N",
-                   help="attention programs a sequence fills before its keys "
-                   "are split (default 32, for batches of 32; 132, an H200's "
-                   "SM count, is the latency tiling for batch 1)")
+  choice.add_flags(gen)
   gen.add_argument("--mesh", default=None,
                    help="device mesh: data=D splits the batch, model=M the "
                         "weights and KV cache (tensor parallel), e.g. "
@@ -113,7 +110,7 @@ def _generate(args) -> int:
   from flash_dllm_jax.parallel import parse_mesh
 
   prompts = cli_io.read_prompts(args.prompt, args.prompt_file)
-  kernels = _kernels(args)
+  kernels = choice.kernels_from_args(args)
   batch_size = args.batch_size or (None if args.mesh else 32)
   if args.batch_size is not None and args.batch_size < 1:
     raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -143,18 +140,6 @@ def _generate(args) -> int:
         f"forwards, strategy {name}, {seconds:.2f} s including "
         "compilation]", file=sys.stderr)
   return 0
-
-
-def _kernels(args):
-  """The ops.Kernels the flags ask for (None: the defaults)."""
-  if args.attention_split_target is None:
-    return None
-  from flash_dllm_jax.ops import Kernels, Tiling
-  try:
-    tiling = Tiling(split_target=args.attention_split_target)
-  except ValueError as e:
-    raise ValueError(f"--attention-split-target: {e}") from None
-  return Kernels(attention=tiling)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,9 @@ def test_parse_variant_types_and_errors():
 def test_bad_variants_and_mesh_exit_with_one_error():
   cases = [(["--variant", "threshold=0.9"], "same options"),
            (["--variant", "nope=1"], "unknown sampler option 'nope'"),
-           (["--mesh", "data=3"], "asks for 3 devices")]
+           (["--mesh", "data=3"], "asks for 3 devices"),
+           (["--attention-split-target", "0"],
+            "--attention-split-target: split_target must be an int >= 1")]
   for flags, needle in cases:
     r = subprocess.run(
         [sys.executable, "-m", "flash_dllm_jax", "serve", "--checkpoint",
@@ -60,6 +62,7 @@ def server(tmp_path_factory):
                "--batch-size", "4", "--max-prompt-tokens", "32",
                "--steps-per-call", "2", "--mesh", "data=2",
                "--variant", "threshold=0.6", "--variant", "gen_length=8",
+               "--attention-split-target", "132",  # the latency tiling
                log_path=tmp_path_factory.mktemp("serve") / "server.log",
                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
   try:

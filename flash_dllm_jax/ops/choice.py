@@ -37,3 +37,23 @@ def tiling(implementation) -> attention_api.Tiling:
   if isinstance(implementation, Kernels):
     return implementation.attention
   return attention_api.Tiling()
+
+
+def add_flags(parser) -> None:
+  """--attention-split-target N on an argparse parser (kernels_from_args)."""
+  parser.add_argument(
+      "--attention-split-target", type=int, default=None, metavar="N",
+      help="attention programs a sequence fills before its keys are split "
+      "(default 32, for batches of 32; 132, an H200's SM count, is the "
+      "latency tiling for batch 1)")
+
+
+def kernels_from_args(args) -> Kernels | None:
+  """The Kernels the add_flags flags ask for (None: the defaults)."""
+  if args.attention_split_target is None:
+    return None
+  try:
+    tiling = Tiling(split_target=args.attention_split_target)
+  except ValueError as e:
+    raise ValueError(f"--attention-split-target: {e}") from None
+  return Kernels(attention=tiling)

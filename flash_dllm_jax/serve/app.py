@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Callable
 
 from fastapi import FastAPI, Request as HttpRequest

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 from flash_dllm_jax import quantize
+from flash_dllm_jax.ops import choice
 from flash_dllm_jax.strategies import STRATEGIES, all_options, strategies_taking
 
 log = logging.getLogger("flash_dllm_jax.serve")
@@ -53,6 +54,7 @@ def add_parser(sub, default_checkpoint: Path) -> None:
                        "server's sampler options with these changed "
                        "(repeatable); a request picks one by stating equal "
                        "`temperature`, `top_p` or `decoding` options")
+  choice.add_flags(ap)
   ap.add_argument("--mesh", default=None,
                   help="'data=D', 'model=M' or 'data=D,model=M': split each "
                        "bucket's slots over D devices and the weights over M")
@@ -119,7 +121,8 @@ def main(args: argparse.Namespace) -> int:
                         max_prompt_tokens=args.max_prompt_tokens,
                         steps_per_call=args.steps_per_call,
                         max_queue=args.max_queue,
-                        request_timeout=args.request_timeout)
+                        request_timeout=args.request_timeout,
+                        kernels=choice.kernels_from_args(args))
     params, config, tokenizer = load(args.checkpoint, dtype=args.dtype,
                                      quantize=args.quantize,
                                      quantize_head=args.quantize_head,

@@ -66,11 +66,12 @@ def _where_keys(pick_B, a_B, b_B):
 class SlotEngine:
   """B slots for prompts padded to exactly `prompt_len` tokens. mesh (a jax
   Mesh, parallel.parse_mesh): the slots split over its `data` axis and the
-  weights over `model`, as `generate(mesh=)` does."""
+  weights over `model`, as `generate(mesh=)` does. implementation: the
+  kernel choice, a name or an ops.Kernels (`generate(kernels=)`)."""
 
   def __init__(self, params, config: ModelConfig, sampler, *,
                prompt_len: int, slots: int, steps_per_call: int,
-               stop_at_eos: bool = True, implementation: str | None = None,
+               stop_at_eos: bool = True, implementation=None,
                mesh=None):
     if mesh is not None:
       parallel.check_config(config, mesh)

@@ -10,6 +10,7 @@ import time
 
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import PROMPT_BUCKET
+from flash_dllm_jax.ops import Kernels
 from flash_dllm_jax.serve.engine import SlotEngine
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
@@ -44,6 +45,7 @@ class Settings:
   max_queue: int = 256
   request_timeout: float = 600.0
   stop_at_eos: bool = True  # False: decode every position (benchmarks)
+  kernels: Kernels | None = None  # kernel choice (generate(kernels=))
 
   def __post_init__(self):
     for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
@@ -94,7 +96,8 @@ class Service:
                                    slots=settings.slots,
                                    steps_per_call=settings.steps_per_call,
                                    stop_at_eos=settings.stop_at_eos,
-                                   mesh=mesh)
+                                   mesh=mesh,
+                                   implementation=settings.kernels)
         log.info("compiled variant %d bucket %d (%d slots) in %.1f s", i, p,
                  settings.slots, time.perf_counter() - t0)
     self.mode = "continuous" if engines[0, settings.buckets[0]].continuous \
