@@ -196,7 +196,7 @@ def _check_quantizable(checkpointer, ckpt_dir: Path, groups,
         quantize_lib.check_leaf(config.quantize, path, shape)
 
 
-def _placed(path: str, array, mesh):
+def placed(path: str, array, mesh):
   """An array on the device, or on its shards of `mesh`."""
   if mesh is None:
     return jax.device_put(array)
@@ -278,7 +278,7 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
       for new_path, new in quantize_lib.quantize_leaf(
           path, array, fmt, config.quantize_head,
           config.quantize_embedding).items():
-        flat[new_path] = _placed(new_path, new, mesh)
+        flat[new_path] = placed(new_path, new, mesh)
       del array
     del tree
   tokenizer = None

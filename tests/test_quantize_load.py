@@ -19,13 +19,16 @@ from tests.test_quantize import _tiny_pair, tree_equal
 @pytest.mark.parametrize("fmt,head,embedding", [
     ("fp8", True, True), ("int8", False, False), ("int8", False, True)])
 def test_load_quantize_equals_the_converted_quantized_checkpoint(
-    tmp_path, fmt, head, embedding):
+    tmp_path, capsys, fmt, head, embedding):
   """HF dir -> convert_checkpoint(quantize=) -> load, against load(HF dir,
   quantize=), load(bf16 orbax copy, quantize=) and save -> load of the
   loaded tree: bit for bit, and the config records the format."""
   asked = dict(quantize=fmt, quantize_head=head, quantize_embedding=embedding)
   src, _ = hf_fixtures.write_llada(tmp_path / "hf")
-  convert_checkpoint(src, tmp_path / "q", progress=False, **asked)
+  convert_checkpoint(src, tmp_path / "q", progress=True, **asked)
+  said = capsys.readouterr().out
+  parts = ["projections"] + ["LM head"] * head + ["embedding"] * embedding
+  assert f"{', '.join(parts)} in {fmt}" in said, said
   convert_checkpoint(src, tmp_path / "bf16", progress=False)
   stored, config, _ = checkpoint.load(tmp_path / "q")
   assert (config.quantize, config.quantize_head,

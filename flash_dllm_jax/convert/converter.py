@@ -12,7 +12,6 @@ full, no permission) is one ConversionError naming DST and the cause.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -21,26 +20,19 @@ import resource
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
-import ml_dtypes  # noqa: F401  (lets safetensors hand out bfloat16 numpy)
 import numpy as np
-from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from flash_dllm_jax import architectures, checkpoint
 from flash_dllm_jax import quantize as quantized
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.convert.tables import Mapped, expected_names, resolve
-from flash_dllm_jax.tokenizer import Tokenizer
+from flash_dllm_jax.convert import source
+from flash_dllm_jax.convert.source import ConversionError
+from flash_dllm_jax.convert.tables import Mapped
 
 _COPIED_FILES = ("generation_config.json", "added_tokens.json")
-_FLOAT_DTYPES = ("F32", "F16", "BF16")
-Headers = dict[str, dict[str, tuple[tuple[int, ...], str]]]
-
-
-class ConversionError(ValueError):
-  """The source cannot be converted; the message names every problem found."""
 
 
 def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
@@ -66,16 +58,16 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
   if dst.exists() and not force:
     raise ConversionError(f"destination {dst} already exists; pass "
                           "force=True (--force) to replace it")
-  model_type, config, tokenizer = _read_model(src, dtype)
-  headers = _read_headers(src)
-  plan = _plan(headers, architectures.get(config.arch).name_table(), config,
-               model_type)
+  model_type, config, tokenizer = source.read_model(src, dtype)
+  headers = source.read_headers(src)
+  plan = source.plan_tensors(
+      headers, architectures.get(config.arch).name_table(), config, model_type)
   try:
     config = checkpoint.quantized_config(config, quantize, quantize_head,
                                          str(src),
                                          embedding=quantize_embedding)
     if quantize is not None:
-      check_quantizable(plan, config)
+      source.check_quantizable(plan, config)
   except ValueError as e:
     raise ConversionError(str(e)) from None
   np_dtype = np.dtype(dtype)
@@ -88,7 +80,7 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
     for group, (shard, mapped) in groups.items():
       arrays = {}
       for m in mapped:
-        array = _read_tensor(src / shard, m, np_dtype)
+        array = source.read_tensor(src / shard, m, np_dtype)
         if quantize is not None:
           arrays.update({p: np.asarray(a) for p, a in quantized.quantize_leaf(
               m.param_path, array, quantize, quantize_head,
@@ -104,7 +96,9 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
         shutil.copyfile(src / name, tmp / name)
   if progress:
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    as_ = dtype + (f", projections in {quantize}" if quantize else "")
+    parts = ["projections"] + ["LM head"] * quantize_head + [
+        "embedding"] * quantize_embedding
+    as_ = dtype + (f", {', '.join(parts)} in {quantize}" if quantize else "")
     print(f"wrote {dst} ({config.num_params():,} params as {as_}); "
           f"peak host memory {peak_mib:,.0f} MiB")
   return config
@@ -181,138 +175,3 @@ def _split_groups(plan: dict[str, list[Mapped]], itemsize: int,
   return groups
 
 
-def _read_tensor(shard: Path, mapped: Mapped, dtype: np.dtype) -> np.ndarray:
-  """One tensor in our layout and dtype. The shard is mapped per tensor so
-  that only this tensor's pages, not the whole shard's, stay resident."""
-  try:
-    with safe_open(str(shard), framework="numpy") as f:
-      hf_array = f.get_tensor(mapped.hf_name)
-  except SafetensorError as e:
-    raise ConversionError(f"cannot read {mapped.hf_name} from {shard}: "
-                          f"{e}") from None
-  return np.asarray(mapped.rule.apply(hf_array), dtype, order="C")
-
-
-def _read_json(path: Path, required: bool) -> dict[str, Any] | None:
-  if not path.is_file():
-    if required:
-      raise ConversionError(f"{path.parent} has no {path.name}")
-    return None
-  try:
-    return json.loads(path.read_text())
-  except json.JSONDecodeError as e:
-    raise ConversionError(f"{path} is not valid JSON: {e}") from None
-
-
-def _read_model(src: Path, dtype: str
-                ) -> tuple[str, ModelConfig, Tokenizer]:
-  """model_type, ModelConfig and tokenizer of the source directory."""
-  if not src.is_dir():
-    raise ConversionError(f"source directory {src} does not exist")
-  hf = _read_json(src / "config.json", required=True)
-  model_type = str(hf.get("model_type"))
-  try:
-    architectures.for_model_type(hf.get("model_type"))
-  except ValueError as e:
-    raise ConversionError(f"{src}/config.json: {e}") from None
-  try:
-    tokenizer = Tokenizer.from_dir(src)
-  except Exception as e:  # missing files, bad JSON, inconsistent added ids
-    raise ConversionError(f"cannot read the tokenizer in {src}: {e}") from None
-  try:
-    config = ModelConfig.from_hf_config(
-        hf, eot_token_id=tokenizer.eot_id, dtype=dtype,
-        generation_config=_read_json(src / "generation_config.json", False))
-  except ValueError as e:
-    raise ConversionError(f"{src}/config.json: {e}") from None
-  if tokenizer.vocab_size > config.vocab_size:
-    raise ConversionError(f"the tokenizer has {tokenizer.vocab_size} ids but "
-                          f"the model only {config.vocab_size} embedding rows")
-  return model_type, config, tokenizer
-
-
-def _read_headers(src: Path) -> Headers:
-  """{shard file: {tensor name: (shape, dtype)}} read from the headers only."""
-  index = _read_json(src / "model.safetensors.index.json", required=False)
-  if index is not None:
-    weight_map = index.get("weight_map", {})
-    shards = sorted(set(weight_map.values()))
-  elif (src / "model.safetensors").is_file():
-    weight_map, shards = {}, ["model.safetensors"]
-  else:
-    raise ConversionError(f"{src} has neither model.safetensors.index.json "
-                          "nor model.safetensors")
-  missing = [s for s in shards if not (src / s).is_file()]
-  if missing:
-    raise ConversionError(f"missing shard file(s) listed in {src}/"
-                          f"model.safetensors.index.json: {', '.join(missing)}")
-  headers, corrupt = {}, []
-  for shard in shards:
-    try:
-      with safe_open(str(src / shard), framework="numpy") as f:
-        headers[shard] = {
-            name: (tuple(f.get_slice(name).get_shape()),
-                   f.get_slice(name).get_dtype()) for name in f.keys()}
-    except (SafetensorError, OSError) as e:
-      corrupt.append(f"{src / shard}: {e}")
-  if corrupt:
-    raise ConversionError("truncated or corrupt safetensors shard(s):\n  "
-                          + "\n  ".join(corrupt))
-  misplaced = [f"{name} (index says {shard})"
-               for name, shard in sorted(weight_map.items())
-               if name not in headers[shard]]
-  if misplaced:
-    raise ConversionError("tensors listed in model.safetensors.index.json are "
-                          "not in their shard: " + ", ".join(misplaced))
-  return headers
-
-
-def check_quantizable(plan: dict[str, list[Mapped]],
-                      config: ModelConfig) -> None:
-  """Every kernel to quantize can take config.quantize (a ValueError naming
-  the layer and its shape otherwise), before a tensor is read."""
-  for mapped in plan.values():
-    for m in mapped:
-      shape = m.expected_shape
-      if m.rule.transform == "transpose":
-        shape = shape[::-1]
-      if quantized.quantizes(m.param_path, config.quantize_head,
-                             config.quantize_embedding):
-        quantized.check_leaf(config.quantize, m.param_path, shape)
-
-
-def _plan(headers: Headers, table, config: ModelConfig,
-          model_type: str) -> dict[str, list[Mapped]]:
-  """Maps every tensor, checking names, duplicates, shapes and dtypes."""
-  plan: dict[str, list[Mapped]] = {}
-  unmapped, found, problems = [], {}, []
-  for shard, tensors in headers.items():
-    for name, (shape, dtype) in sorted(tensors.items()):
-      mapped = resolve(name, table, config)
-      if mapped is None:
-        unmapped.append(name)
-        continue
-      if mapped.param_path in found:
-        problems.append(f"{name} and {found[mapped.param_path]} both map to "
-                        f"{mapped.param_path}")
-      found[mapped.param_path] = name
-      if shape != mapped.expected_shape:
-        problems.append(f"shape mismatch: {name} has shape {shape}, expected "
-                        f"{mapped.expected_shape}")
-      if dtype not in _FLOAT_DTYPES:
-        problems.append(f"{name} has dtype {dtype}, expected one of "
-                        f"{_FLOAT_DTYPES}")
-      plan.setdefault(shard, []).append(mapped)
-  missing = sorted(set(expected_names(table, config)) - set(found.values()))
-  if unmapped or missing:
-    what = f"a {model_type} model with {config.n_layers} layers"
-    lines = [f"tensor names do not match {what}:"]
-    if unmapped:
-      lines.append(f"  unmapped tensors ({len(unmapped)}): "
-                   + ", ".join(sorted(unmapped)))
-    if missing:
-      lines.append(f"  missing tensors ({len(missing)}): " + ", ".join(missing))
-    raise ConversionError("\n".join(lines))
-  if problems:
-    raise ConversionError("\n".join(problems))
-  return plan

@@ -18,7 +18,7 @@ from flax import traverse_util
 from flash_dllm_jax import architectures, checkpoint, parallel
 from flash_dllm_jax import quantize as quantized
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.convert import converter
+from flash_dllm_jax.convert import source
 
 DEFAULT_DTYPE = "bfloat16"  # the converter's default
 
@@ -35,7 +35,7 @@ def is_hf_dir(path: str | Path) -> bool:
 
 def hf_config(src: str | Path, dtype: str | None = None) -> ModelConfig:
   """The ModelConfig of an HF directory (its tokenizer gives the EOT id)."""
-  return converter._read_model(Path(src), dtype or DEFAULT_DTYPE)[1]
+  return source.read_model(Path(src), dtype or DEFAULT_DTYPE)[1]
 
 
 def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
@@ -49,29 +49,28 @@ def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
   is placed (see checkpoint.load)."""
   src = Path(src).absolute()
   dtype = dtype or DEFAULT_DTYPE
-  model_type, config, tokenizer = converter._read_model(src, dtype)
+  model_type, config, tokenizer = source.read_model(src, dtype)
   table = architectures.get(config.arch).name_table()
-  plan = converter._plan(converter._read_headers(src), table, config,
-                         model_type)
+  plan = source.plan_tensors(source.read_headers(src), table, config,
+                             model_type)
   config = checkpoint.quantized_config(config, quantize, quantize_head,
                                        str(src), embedding=quantize_embedding)
   if quantize is not None:
-    converter.check_quantizable(plan, config)
+    source.check_quantizable(plan, config)
   mesh = parallel.parse_mesh(mesh)
   parallel.check_config(config, mesh)
   np_dtype = np.dtype(dtype)
   flat = {}
   for shard, mapped in plan.items():
     for m in mapped:
-      array = checkpoint._placed(
-          m.param_path, converter._read_tensor(src / shard, m, np_dtype),
-          mesh)
+      array = checkpoint.placed(
+          m.param_path, source.read_tensor(src / shard, m, np_dtype), mesh)
       if quantize is None:
         flat[m.param_path] = array
         continue
       for path, new in quantized.quantize_leaf(
           m.param_path, array, quantize, quantize_head,
           quantize_embedding).items():
-        flat[path] = checkpoint._placed(path, new, mesh)
+        flat[path] = checkpoint.placed(path, new, mesh)
       del array
   return traverse_util.unflatten_dict(flat, sep="/"), config, tokenizer
