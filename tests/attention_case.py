@@ -2,42 +2,48 @@
 with NaN-poisoned dead slots and padded query rows, the check of a result
 against the reference, and the shape cases."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.attention import reference
-from tests.kernel_case import assert_close
+from tests.kernel_case import assert_close, normal
 
 # The mass against the reference's: a sum of probabilities over heads.
 MASS_TOL = {jnp.float32: dict(rtol=1e-4, atol=1e-4),
             jnp.bfloat16: dict(rtol=1e-4, atol=1e-2)}
 
 
-def inputs(key, b, q, h, kh, d, s, t, k_lens, q_lens, dtype, excl=True,
+def inputs(rng, b, q, h, kh, d, s, t, k_lens, q_lens, dtype, excl=True,
            score=True, t_frac=0.6):
-  """Random problem; returns (args, kwargs) for scheduled_attention."""
-  ks = jax.random.split(key, 9)
-  rnd = lambda k, shape: jax.random.normal(k, shape, jnp.float32).astype(dtype)
-  k_len_B = jnp.array(k_lens, jnp.int32)
-  q_len_B = jnp.array(q_lens, jnp.int32)
-  q_BxQxHxD = rnd(ks[0], (b, q, h, d))
-  pad_BxQ = jnp.arange(q)[None, :] >= q_len_B[:, None]
-  q_BxQxHxD = jnp.where(pad_BxQ[..., None, None], jnp.nan, q_BxQxHxD)
-  exclude_BxS = (jax.random.bernoulli(ks[1], 0.2, (b, s)) if excl else None)
-  dead_BxS = jnp.arange(s)[None, :] >= k_len_B[:, None]
+  """Random problem from the numpy generator `rng` (kernel_case.rng);
+  returns (args, kwargs) for scheduled_attention."""
+  on_device = lambda x: jnp.asarray(x.astype(np.float32).astype(
+      jnp.dtype(dtype)))
+  k_len_B = np.array(k_lens, np.int32)
+  q_len_B = np.array(q_lens, np.int32)
+  pad_BxQ = np.arange(q)[None, :] >= q_len_B[:, None]
+  q_BxQxHxD = rng.standard_normal((b, q, h, d))
+  q_BxQxHxD[pad_BxQ] = np.nan
+  exclude_BxS = rng.random((b, s)) < 0.2 if excl else None
+  dead_BxS = np.arange(s)[None, :] >= k_len_B[:, None]
   if excl:
     dead_BxS |= exclude_BxS
-  poison = lambda x: jnp.where(dead_BxS[..., None, None], jnp.nan, x)
-  kw = dict(scale=d ** -0.5, exclude_BxS=exclude_BxS)
+
+  def poisoned():
+    x = rng.standard_normal((b, s, kh, d))
+    x[dead_BxS] = np.nan
+    return on_device(x)
+
+  kw = dict(scale=d ** -0.5, exclude_BxS=None if exclude_BxS is None
+            else jnp.asarray(exclude_BxS))
   if t:
-    kw.update(k_new_BxIxKxD=rnd(ks[2], (b, t, kh, d)),
-              v_new_BxIxKxD=rnd(ks[3], (b, t, kh, d)),
-              inq_mask_BxQxI=jax.random.bernoulli(ks[4], t_frac, (b, q, t)))
+    kw.update(k_new_BxIxKxD=normal(rng, (b, t, kh, d), dtype),
+              v_new_BxIxKxD=normal(rng, (b, t, kh, d), dtype),
+              inq_mask_BxQxI=jnp.asarray(rng.random((b, q, t)) < t_frac))
   if score:
-    kw["score_rows_BxQ"] = jax.random.bernoulli(ks[5], 0.6, (b, q))
-  args = (q_BxQxHxD, poison(rnd(ks[6], (b, s, kh, d))),
-          poison(rnd(ks[7], (b, s, kh, d))), k_len_B, q_len_B)
+    kw["score_rows_BxQ"] = jnp.asarray(rng.random((b, q)) < 0.6)
+  args = (on_device(q_BxQxHxD), poisoned(), poisoned(), jnp.asarray(k_len_B),
+          jnp.asarray(q_len_B))
   return args, kw
 
 

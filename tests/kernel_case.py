@@ -34,9 +34,17 @@ def gpu_only(test):
   return test
 
 
-def key(request):
-  """A random key from the test's own name: stable per test id."""
-  return jax.random.key(zlib.crc32(request.node.name.encode()))
+def rng(request) -> np.random.Generator:
+  """A numpy generator seeded from the test's own name: stable per test id,
+  and its draws compile nothing (each jax.random shape would)."""
+  return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+def normal(rng: np.random.Generator, shape, dtype=jnp.float32,
+           scale: float = 1.0) -> jax.Array:
+  """float32 N(0, scale^2) draws, rounded to `dtype`, on the device."""
+  x = (rng.standard_normal(shape) * scale).astype(np.float32)
+  return jnp.asarray(x.astype(jnp.dtype(dtype)))
 
 
 def f32(x):

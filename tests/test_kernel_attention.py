@@ -13,7 +13,7 @@ import pytest
 
 from pallas_kernels.attention import api, kernel, reference
 from tests.attention_case import CASES, check as _check, inputs as _inputs
-from tests.kernel_case import gpu_only, key as _key
+from tests.kernel_case import gpu_only, rng as _rng
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
@@ -21,7 +21,7 @@ from tests.kernel_case import gpu_only, key as _key
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_reference(request, name, dtype):
   b, q, h, kh, d, s, t, k_lens, q_lens, block_k, splits = CASES[name]
-  args, kw = _inputs(_key(request), b, q, h, kh, d, s, t, k_lens, q_lens,
+  args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,
                      dtype)
   got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
                                 block_k=block_k, num_splits=splits)
@@ -37,7 +37,7 @@ def test_logit_score_matches_reference(request, name, prefix, dtype):
   """score="logit": the summed pre-softmax q.k per key (Flash-dLLM's ranking
   of decoded tokens), fused, after a split merge, and on a prefix tile."""
   b, q, h, kh, d, s, t, k_lens, q_lens, block_k, splits = CASES[name]
-  args, kw = _inputs(_key(request), b, q, h, kh, d, s, t, k_lens, q_lens,
+  args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,
                      dtype)
   kw.update(score="logit", score_prefix=prefix)
   got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
@@ -50,7 +50,7 @@ def test_logit_score_matches_reference(request, name, prefix, dtype):
 @pytest.mark.parametrize("excl,score,t", [(False, False, 0), (True, False, 8),
                                           (False, True, 8)])
 def test_optional_inputs(request, excl, score, t):
-  args, kw = _inputs(_key(request), 2, 6, 4, 2, 64, 50, t, [50, 19], [6, 4],
+  args, kw = _inputs(_rng(request), 2, 6, 4, 2, 64, 50, t, [50, 19], [6, 4],
                      jnp.float32, excl=excl, score=score)
   got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
                                 block_k=16)
@@ -59,7 +59,7 @@ def test_optional_inputs(request, excl, score, t):
 
 def test_fully_masked_rows_are_zero(request):
   """No cache keys and no in-query keys for some rows: zeros, not NaN."""
-  args, kw = _inputs(_key(request), 2, 4, 4, 1, 64, 32, 6, [0, 0], [4, 2],
+  args, kw = _inputs(_rng(request), 2, 4, 4, 1, 64, 32, 6, [0, 0], [4, 2],
                      jnp.bfloat16, t_frac=0.0)
   kw["inq_mask_BxQxI"] = kw["inq_mask_BxQxI"].at[0, 1, 2].set(True)
   got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
@@ -70,7 +70,7 @@ def test_fully_masked_rows_are_zero(request):
 
 
 def test_exclude_list_matches_mask(request):
-  args, kw = _inputs(_key(request), 2, 4, 2, 2, 64, 45, 0, [45, 30], [4, 4],
+  args, kw = _inputs(_rng(request), 2, 4, 2, 2, 64, 45, 0, [45, 30], [4, 4],
                      jnp.float32, excl=False)
   ex_BxX = jnp.array([[3, 17, 44, -1], [0, 29, -1, -1]], jnp.int32)
   mask_BxS = reference.exclude_mask_from_positions(ex_BxX, 45)
@@ -83,7 +83,7 @@ def test_exclude_list_matches_mask(request):
 
 def test_reference_agrees_with_masked_attention(request):
   """Without new keys, exclusions or padding: the existing dense reference."""
-  args, kw = _inputs(_key(request), 2, 5, 8, 2, 64, 40, 0, [40, 27], [5, 5],
+  args, kw = _inputs(_rng(request), 2, 5, 8, 2, 64, 40, 0, [40, 27], [5, 5],
                      jnp.float32, excl=False)
   o, mass = reference.scheduled_attention(*args, **kw)
   valid = jnp.arange(40)[None, :] < args[3][:, None]
@@ -98,7 +98,7 @@ def test_reference_agrees_with_masked_attention(request):
 
 
 def test_unsupported_shapes_fall_back(request):
-  args, kw = _inputs(_key(request), 1, 3, 2, 1, 48, 20, 0, [20], [3],
+  args, kw = _inputs(_rng(request), 1, 3, 2, 1, 48, 20, 0, [20], [3],
                      jnp.float32)
   with pytest.raises(NotImplementedError):
     kernel.scheduled_attention(*args, **kw, interpret=True)
@@ -116,7 +116,7 @@ def test_triton_matches_reference(request, name, dtype):
                    [32, 17, 32, 5], 64, 1),
          "dream": (2, 16, 28, 4, 128, 2048, 16, [2000, 1500], [16, 9], 64, 4)}
   b, q, h, kh, d, s, t, k_lens, q_lens, block_k, splits = {**CASES, **big}[name]
-  args, kw = _inputs(_key(request), b, q, h, kh, d, s, t, k_lens, q_lens,
+  args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,
                      dtype)
   got = api.scheduled_attention(*args, **kw, implementation="pallas",
                                 block_k=block_k, num_splits=splits)

@@ -5,14 +5,13 @@ it runs on, and the fixed-order tree sum behind the mass.
 CPU runs the kernel in Pallas interpret mode; GPU-marked tests run Triton.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels.attention import api, kernel, reference
 from tests.attention_case import MASS_TOL, check as _check, inputs as _inputs
-from tests.kernel_case import assert_close, gpu, gpu_only, key as _key
+from tests.kernel_case import assert_close, gpu, gpu_only, rng as _rng
 
 
 # (B, Q, H, K, D, S, T, k_lens, q_lens, splits, prefix): block_r covers
@@ -34,7 +33,7 @@ def test_score_prefix_scores_the_first_queries_alone(request, name, dtype):
   """score_prefix: the mass of the score rows among the first queries, as
   the reference gives it, and score rows past the prefix are ignored."""
   b, q, h, kh, d, s, t, k_lens, q_lens, splits, prefix = PREFIX_CASES[name]
-  args, kw = _inputs(_key(request), b, q, h, kh, d, s, t, k_lens, q_lens,
+  args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,
                      dtype)
   assert kernel._default_block_r(q * h // kh) > 16  # the prefix tile is smaller
   kw["score_rows_BxQ"] = kw["score_rows_BxQ"].at[:, q - 1].set(True)
@@ -55,7 +54,7 @@ def test_score_prefix_scores_the_first_queries_alone(request, name, dtype):
 def test_triton_score_prefix_at_llada_shapes(request, prefix, score):
   """Flash-Cache's draft pass at LLaDA-8B's heads: 128 queries, the mass of
   the first 16, one key split (the default at 32 heads)."""
-  args, kw = _inputs(_key(request), 3, 128, 32, 32, 128, 1280, 0,
+  args, kw = _inputs(_rng(request), 3, 128, 32, 32, 128, 1280, 0,
                      [1280, 900, 1], [128, 100, 128], jnp.bfloat16)
   kw["score_rows_BxQ"] = jnp.arange(128)[None].repeat(3, 0) < 16
   kw["score"] = score
@@ -76,7 +75,7 @@ def test_a_row_does_not_depend_on_the_batch_it_runs_in(request, impl, dtype,
   tiles is a fixed tree of adds for the same reason. Also with the mass of
   a score prefix on its own 16-row tile (block_r 32 here)."""
   q, h, kh, d, s = 64, 4, 4, 64, 1024
-  args, kw = _inputs(_key(request), b, q, h, kh, d, s, 0,
+  args, kw = _inputs(_rng(request), b, q, h, kh, d, s, 0,
                      [1000] + [900] * (b - 1), [q] * b, dtype)
   for block_r, prefix in ((16, None), (32, 8)):
     run = lambda a, k: api.scheduled_attention(
@@ -98,12 +97,12 @@ def test_tree_sum_is_the_sum_along_one_axis(request, n):
   """The fixed-order tree (the mass over row tiles, then over heads) equals
   jnp.sum exactly on integer-valued floats (every partial sum exact) and to
   rounding on random ones, for counts that are not powers of two too."""
-  ints = jax.random.randint(_key(request), (3, n, 4, 70), -50, 50
-                            ).astype(jnp.float32)
+  rng = _rng(request)
+  ints = jnp.asarray(rng.integers(-50, 50, (3, n, 4, 70)), jnp.float32)
   for axis in (1, 2):
     np.testing.assert_array_equal(np.asarray(reference.tree_sum(ints, axis)),
                                   np.asarray(jnp.sum(ints, axis=axis)))
-  x = jax.random.uniform(_key(request), (3, n, 70))
+  x = jnp.asarray(rng.random((3, n, 70)), jnp.float32)
   np.testing.assert_allclose(np.asarray(reference.sum_heads(x)),
                              np.asarray(jnp.sum(x, axis=1)), rtol=1e-6)
 
@@ -119,7 +118,7 @@ def test_a_head_shard_gives_its_heads_bits(request, impl, dtype):
   programs a sequence, the shard's own default would take other splits."""
   tiling = api.Tiling(split_target=8)
   b, q, h, kh, d, s = 2, 8, 8, 4, 64, 1024
-  args, kw = _inputs(_key(request), b, q, h, kh, d, s, 6, [1000, 700],
+  args, kw = _inputs(_rng(request), b, q, h, kh, d, s, 6, [1000, 700],
                      [8, 5], dtype)
   splits = api.splits_for(args[0].shape, args[1].shape, tiling=tiling)
   assert splits == 2

@@ -14,30 +14,29 @@ import pytest
 
 from pallas_kernels.cache_update import api, kernel, reference
 from tests import kernel_case
-from tests.kernel_case import assert_close, gpu_only, key as _key
+from tests.kernel_case import assert_close, gpu_only, normal, rng as _rng
 
 # This kernel's bfloat16 rtol is a little looser than the base table's.
 TOL = {**kernel_case.TOL, jnp.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
 THETA = 10000.0
 
 
-def _inputs(key, b, q, h, kh, d, s, dtype, n_skip=1):
-  """Random q/k/v, positions, distinct slots (some -1), poisoned caches."""
-  ks = jax.random.split(key, 7)
-  q_BxQxHxD = jax.random.normal(ks[0], (b, q, h, d), jnp.float32).astype(dtype)
-  k_BxQxKxD = jax.random.normal(ks[1], (b, q, kh, d), jnp.float32).astype(dtype)
-  v_BxQxKxD = jax.random.normal(ks[2], (b, q, kh, d), jnp.float32).astype(dtype)
-  positions_BxQ = jax.random.randint(ks[3], (b, q), 0, 4096, jnp.int32)
-  slots_BxQ = jax.vmap(lambda k: jax.random.permutation(k, s)[:q])(
-      jax.random.split(ks[4], b)).astype(jnp.int32)
-  slots_BxQ = slots_BxQ.at[:, q - n_skip:].set(-1)  # padding queries
-  cache = lambda k: jax.random.normal(k, (b, s, kh, d), jnp.float32)
-  k_cache, v_cache = cache(ks[5]).astype(dtype), cache(ks[6]).astype(dtype)
+def _inputs(rng, b, q, h, kh, d, s, dtype, n_skip=1):
+  """Random q/k/v, positions, distinct slots (some -1), poisoned caches,
+  from the numpy generator `rng`."""
+  q_BxQxHxD = normal(rng, (b, q, h, d), dtype)
+  k_BxQxKxD = normal(rng, (b, q, kh, d), dtype)
+  v_BxQxKxD = normal(rng, (b, q, kh, d), dtype)
+  positions_BxQ = jnp.asarray(rng.integers(0, 4096, (b, q)), jnp.int32)
+  slots_BxQ = np.stack([rng.permutation(s)[:q] for _ in range(b)])
+  slots_BxQ[:, q - n_skip:] = -1  # padding queries
+  caches = rng.standard_normal((2, b, s, kh, d))
   # Sentinel rows: a NaN the kernel must neither read into outputs nor erase.
-  k_cache = k_cache.at[:, 1].set(jnp.nan)
-  v_cache = v_cache.at[:, 1].set(jnp.nan)
-  return (q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
-          k_cache, v_cache)
+  caches[:, :, 1] = np.nan
+  k_cache, v_cache = (jnp.asarray(c.astype(np.float32).astype(
+      jnp.dtype(dtype))) for c in caches)
+  return (q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ,
+          jnp.asarray(slots_BxQ, jnp.int32), k_cache, v_cache)
 
 
 def _bits(x):
@@ -78,14 +77,14 @@ CASES = [  # (B, Q, H, K, D, S)
 @pytest.mark.parametrize("shape", CASES, ids=lambda c: "x".join(map(str, c)))
 def test_matches_reference(request, shape, dtype):
   b, q, h, kh, d, s = shape
-  args = _inputs(_key(request), b, q, h, kh, d, s, dtype, n_skip=min(2, q - 1))
+  args = _inputs(_rng(request), b, q, h, kh, d, s, dtype, n_skip=min(2, q - 1))
   outs = api.rope_write(*args, theta=THETA, scale=d ** -0.5,
                         implementation="pallas_interpret")
   _check(args, outs, dtype, d ** -0.5)
 
 
 def test_all_slots_skipped_leaves_cache_bit_identical(request):
-  args = _inputs(_key(request), 2, 4, 4, 2, 64, 50, jnp.bfloat16, n_skip=4)
+  args = _inputs(_rng(request), 2, 4, 4, 2, 64, 50, jnp.bfloat16, n_skip=4)
   outs = api.rope_write(*args, theta=THETA, implementation="pallas_interpret")
   np.testing.assert_array_equal(_bits(outs[1]), _bits(args[5]))
   np.testing.assert_array_equal(_bits(outs[2]), _bits(args[6]))
@@ -95,7 +94,7 @@ def test_all_slots_skipped_leaves_cache_bit_identical(request):
 def test_donated_write_is_in_place(request):
   """Compiled HLO aliases both caches to outputs and never copies them."""
   b, q, h, kh, d, s = 2, 4, 8, 2, 64, 37
-  args = _inputs(_key(request), b, q, h, kh, d, s, jnp.float32)
+  args = _inputs(_rng(request), b, q, h, kh, d, s, jnp.float32)
   fn = jax.jit(functools.partial(api.rope_write, theta=THETA, scale=0.125,
                                  implementation="pallas_interpret"),
                donate_argnums=(5, 6))
@@ -114,7 +113,7 @@ def test_donated_write_is_in_place(request):
 
 def test_reference_rotation_matches_model_formula(request):
   """rotate() is x*cos + rotate_half(x)*sin with duplicated-half angles."""
-  x = jax.random.normal(_key(request), (1, 3, 2, 8))
+  x = normal(_rng(request), (1, 3, 2, 8))
   pos = jnp.array([[0, 5, 900]])
   inv = 1.0 / (THETA ** (np.arange(0, 8, 2) / 8))
   ang = np.asarray(pos)[..., None] * inv
@@ -127,7 +126,7 @@ def test_reference_rotation_matches_model_formula(request):
 
 
 def test_unsupported_head_dim_falls_back(request):
-  args = _inputs(_key(request), 1, 3, 2, 1, 48, 20, jnp.float32)
+  args = _inputs(_rng(request), 1, 3, 2, 1, 48, 20, jnp.float32)
   with pytest.raises(NotImplementedError):
     kernel.rope_write(*args, theta=THETA, interpret=True)
   outs = api.rope_write(*args, theta=THETA, implementation="pallas_interpret")
@@ -135,7 +134,7 @@ def test_unsupported_head_dim_falls_back(request):
 
 
 def test_auto_implementation_off_gpu_is_reference(request):
-  args = _inputs(_key(request), 1, 3, 2, 1, 64, 20, jnp.float32)
+  args = _inputs(_rng(request), 1, 3, 2, 1, 64, 20, jnp.float32)
   outs = api.rope_write(*args, theta=THETA)
   _check(args, outs, jnp.float32, 1.0)
 
@@ -147,7 +146,7 @@ def test_auto_implementation_off_gpu_is_reference(request):
                          ids=lambda c: "x".join(map(str, c)))
 def test_triton_matches_reference(request, shape, dtype):
   b, q, h, kh, d, s = shape
-  args = _inputs(_key(request), b, q, h, kh, d, s, dtype, n_skip=min(2, q - 1))
+  args = _inputs(_rng(request), b, q, h, kh, d, s, dtype, n_skip=min(2, q - 1))
   fn = jax.jit(functools.partial(api.rope_write, theta=THETA, scale=d ** -0.5,
                                  implementation="pallas"),
                donate_argnums=(5, 6))

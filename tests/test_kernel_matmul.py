@@ -6,23 +6,20 @@ an unwritten element fails); GPU-marked tests run Triton
 JAX_PLATFORMS=cuda).
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pallas_kernels.matmul import api, kernel, reference
-from tests.kernel_case import assert_close, gpu_only, key
+from tests.kernel_case import assert_close, gpu_only, normal, rng
 
 
 def _inputs(request, m, e, n, dtype, swiglu, residual):
-  ks = jax.random.split(key(request), 4)
-  rnd = lambda k, shape, sc=1.0: (
-      sc * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
-  x = rnd(ks[0], (m, e))
-  kw = dict(w_up_ExO=rnd(ks[2], (e, n), e ** -0.5) if swiglu else None,
-            residual_MxO=rnd(ks[3], (m, n)) if residual else None)
-  return x, rnd(ks[1], (e, n), e ** -0.5), kw
+  r = rng(request)
+  x, w = normal(r, (m, e), dtype), normal(r, (e, n), dtype, e ** -0.5)
+  kw = dict(w_up_ExO=normal(r, (e, n), dtype, e ** -0.5) if swiglu else None,
+            residual_MxO=normal(r, (m, n), dtype) if residual else None)
+  return x, w, kw
 
 
 def _check(x, w, kw, got, dtype, tol=None):

@@ -14,7 +14,7 @@ import pytest
 
 from pallas_kernels.qmatmul import api, kernel, reference
 from pallas_kernels.qmatmul.reference import FP8
-from tests.kernel_case import assert_close, f32, gpu, gpu_only, key
+from tests.kernel_case import assert_close, f32, gpu, gpu_only, normal, rng
 
 # name: (weight dtype, group, activations)
 FORMATS = {
@@ -33,16 +33,16 @@ def _inputs(request, m, e, o, fmt, epilogue, dtype=jnp.bfloat16):
   """x, (w, scale), and the epilogue keywords, all from the test's key."""
   w_dtype, group, _ = FORMATS[fmt]
   swiglu, residual = EPILOGUES[epilogue]
-  ks = jax.random.split(key(request), 4)
-  weight = lambda k: reference.quantize(
-      jax.random.normal(k, (o, e), jnp.float32) * e ** -0.5, w_dtype, group)
-  x = jax.random.normal(ks[0], (m, e), jnp.float32).astype(dtype)
-  w, s = weight(ks[1])
+  r = rng(request)
+  x = normal(r, (m, e), dtype)
+  weight = lambda: reference.quantize(normal(r, (o, e), scale=e ** -0.5),
+                                      w_dtype, group)
+  w, s = weight()
   kw = {}
   if swiglu:
-    kw["w_up_OxE"], kw["scale_up_OxZ"] = weight(ks[2])
+    kw["w_up_OxE"], kw["scale_up_OxZ"] = weight()
   if residual:
-    kw["residual_MxO"] = jax.random.normal(ks[3], (m, o)).astype(dtype)
+    kw["residual_MxO"] = normal(r, (m, o), dtype)
   return x, w, s, kw
 
 
@@ -132,9 +132,9 @@ def test_default_split_ignores_m_and_fills_the_gpu():
 
 def test_what_the_kernel_cannot_take_falls_through_to_xla(request):
   x, w, s, kw = _inputs(request, 9, 256, 64, "int8", "swiglu")
-  ks = jax.random.split(key(request), 2)
+  r = rng(request)
   (w64, s64), (u64, su64) = (reference.quantize(
-      jax.random.normal(k, (64, 256)) / 16, jnp.int8, 64) for k in ks)
+      normal(r, (64, 256), scale=1 / 16), jnp.int8, 64) for _ in range(2))
   kw64 = dict(w_up_OxE=u64, scale_up_OxZ=su64)
   with pytest.raises(NotImplementedError, match="block_e=64"):
     kernel.matmul(x, w64, s64, **kw64, interpret=True)

@@ -9,7 +9,7 @@ import pytest
 
 from flash_dllm_jax import ops
 from pallas_kernels.rms_norm import api, kernel, reference
-from tests.kernel_case import IMPLS, assert_close, f32 as _f32, gpu, key
+from tests.kernel_case import IMPLS, assert_close, f32 as _f32, gpu, rng
 
 EPS = 1e-5
 # The sums differ in order only: float32 agrees to rounding, bfloat16 to
@@ -19,9 +19,10 @@ TOL = {jnp.float32: dict(rtol=1e-6, atol=1e-6),
 
 
 def _inputs(request, n, e, dtype):
-  k1, k2 = jax.random.split(key(request))
-  x = (jax.random.normal(k1, (n, e), jnp.float32) * 3.0).astype(dtype)
-  scale = 1.0 + 0.2 * jax.random.normal(k2, (e,), jnp.float32)
+  r = rng(request)
+  x = jnp.asarray((r.standard_normal((n, e)) * 3.0).astype(np.float32)
+                  .astype(jnp.dtype(dtype)))
+  scale = jnp.asarray((1.0 + 0.2 * r.standard_normal(e)).astype(np.float32))
   return x, scale
 
 

@@ -9,13 +9,13 @@ import pytest
 
 from flash_dllm_jax import ops
 from pallas_kernels.token_logprob import api, kernel, reference
-from tests.kernel_case import IMPLS, assert_close, gpu, key
+from tests.kernel_case import IMPLS, assert_close, gpu, normal, rng
 
 
 def _inputs(request, n, v, dtype, spread=4.0):
-  k1, k2 = jax.random.split(key(request))
-  logits = (jax.random.normal(k1, (n, v), jnp.float32) * spread).astype(dtype)
-  return logits, jax.random.randint(k2, (n,), 0, v)
+  r = rng(request)
+  logits = normal(r, (n, v), dtype, scale=spread)
+  return logits, jnp.asarray(r.integers(0, v, n), jnp.int32)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
