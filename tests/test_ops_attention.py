@@ -8,18 +8,18 @@ import pytest
 from flash_dllm_jax import ops
 from pallas_kernels.attention import fused
 from pallas_kernels.attention.reference import masked_attention
+from tests.kernel_case import normal
 
 
 def _inputs(seed, b, q, s, h, k, d, dtype):
-  ks = jax.random.split(jax.random.key(seed), 4)
-  q_ = jax.random.normal(ks[0], (b, q, h, d), dtype)
-  k_ = jax.random.normal(ks[1], (b, s, k, d), dtype)
-  v_ = jax.random.normal(ks[2], (b, s, k, d), dtype)
-  lengths = jax.random.randint(ks[3], (b,), 1, s + 1)
-  left = jnp.arange(s)[None, :] >= s - lengths[:, None]  # left padding
-  valid = left.at[0].set(False)  # row 0: no valid key at all
-  valid = valid.at[1].set(jnp.arange(s) < s // 2)  # row 1: right padding
-  return q_, k_, v_, valid
+  rng = np.random.default_rng(seed)
+  q_, k_, v_ = (normal(rng, shape, dtype) for shape in
+                [(b, q, h, d), (b, s, k, d), (b, s, k, d)])
+  lengths = rng.integers(1, s + 1, b)
+  valid = np.arange(s)[None, :] >= s - lengths[:, None]  # left padding
+  valid[0] = False  # row 0: no valid key at all
+  valid[1] = np.arange(s) < s // 2  # row 1: right padding
+  return q_, k_, v_, jnp.asarray(valid)
 
 
 @pytest.mark.parametrize("h,k,d", [(4, 4, 64), (8, 2, 64), (7, 1, 128)])

@@ -29,10 +29,7 @@ def tiny(arch, eos_boost=0.0):
   if eos_boost:
     x = np.asarray(random_prompts(0, [24] * 4), np.int32)
     x[:, 8:] = config.mask_token_id
-    x = jnp.asarray(x)
-    pos = jnp.broadcast_to(jnp.arange(24), x.shape)
-    logits, _ = Transformer(config).apply({"params": params}, x, pos,
-                                          jnp.ones(x.shape, bool))
+    logits = _full_logits(config)(params, jnp.asarray(x))
     common = np.bincount(np.asarray(logits.argmax(-1)).ravel()).argmax()
     head = params["lm_head"]
     params["lm_head"] = head.at[:, config.eos_token_id].set(
@@ -40,16 +37,22 @@ def tiny(arch, eos_boost=0.0):
   return config, params
 
 
-def full_logits_fn(config, params):
+@functools.lru_cache(maxsize=None)
+def _full_logits(config):
+  """Jitted uncached logits [B, N, V] of every position (one compile per
+  shape, where op-by-op dispatch would compile every op)."""
   model = Transformer(config)
 
-  def fn(x):
-    x = jnp.asarray(x, jnp.int32)
+  def fn(params, x):
     pos = jnp.broadcast_to(jnp.arange(x.shape[1]), x.shape)
-    logits, _ = model.apply({"params": params}, x, pos, jnp.ones(x.shape, bool))
-    return np.asarray(logits)
+    return model.apply({"params": params}, x, pos, jnp.ones(x.shape, bool))[0]
 
-  return fn
+  return jax.jit(fn)
+
+
+def full_logits_fn(config, params):
+  full = _full_logits(config)
+  return lambda x: np.asarray(full(params, jnp.asarray(x, jnp.int32)))
 
 
 def random_prompts(seed, lengths, vocab=300):
