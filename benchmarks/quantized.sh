@@ -13,7 +13,7 @@
 source "$(dirname "$0")/common.sh"
 PART=${2:?part: kernels, sweep, steps, small or quality}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
---gen 512 --only flash-dllm --steady ${SPLIT:+--split-target $SPLIT}"
+--gen 512 --only flash-dllm --steady ${SPLIT:+--attention-split-target $SPLIT}"
 case $PART in
 kernels)
   JAX_PLATFORMS=cuda timeout 170 python -m pytest -q -m gpu -p no:cacheprovider \
@@ -47,9 +47,9 @@ small)
   $S --batch 1 --json "$OUT/small-bf16.json" | grep '^|'
   $S --batch 1 --quantize fp8 --quantize-head --quantize-embedding \
       --json "$OUT/small-fp8-head-embedding.json" | grep '^| f'
-  $S --batch 1 --split-target 132 --json "$OUT/small-bf16-latency.json" \
+  $S --batch 1 --attention-split-target 132 --json "$OUT/small-bf16-latency.json" \
       | grep '^| f'
-  $S --batch 1 --split-target 132 --quantize fp8 --quantize-head \
+  $S --batch 1 --attention-split-target 132 --quantize fp8 --quantize-head \
       --quantize-embedding --json "$OUT/small-fp8-all-latency.json" | grep '^| f'
   ;;
 quality)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from flash_dllm_jax.ops import choice
+
 
 def add_args(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--fused-qkv", choices=("auto", "on", "off"),
@@ -16,9 +18,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                   "OPTIONS for this run (e.g. xla_gpu_enable_cublaslt=true): "
                   "the decode loops' XLA options, which XLA_FLAGS does not "
                   "reach")
-  ap.add_argument("--split-target", type=int, default=None,
-                  help="attention kernel: programs per sequence that pick its "
-                  "key splits (default: Tiling().split_target)")
+  choice.add_flags(ap)  # --attention-split-target, as generate's
   ap.add_argument("--attention-max-block-r", type=int, default=None,
                   help="attention kernel: most rows (query x folded head) "
                   "per program (default: Tiling().max_block_r)")
@@ -49,8 +49,9 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
         value.lower(), int(value) if value.lstrip("-").isdigit() else value)
   if args.stream_max_q is not None and args.stream_max_q < 0:
     ap.error("--stream-max-q must be >= 0")
-  if args.split_target is not None and args.split_target < 1:
-    ap.error("--split-target must be >= 1")
+  split = args.attention_split_target
+  if split is not None and split < 1:
+    ap.error("--attention-split-target must be >= 1")
   r = args.attention_max_block_r
   if r is not None and (r < 16 or r & (r - 1)):
     ap.error(f"--attention-max-block-r must be a power of two >= 16, got {r}")
@@ -58,7 +59,7 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   default = Tiling()
   try:
     tiling = Tiling(
-        split_target=args.split_target or default.split_target,
+        split_target=split or default.split_target,
         max_block_r=r or default.max_block_r,
         block_k=args.attention_block_k or default.block_k,
         num_stages=args.attention_stages or default.num_stages)

@@ -38,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flash_dllm_jax import quantize  # noqa: E402
-from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
+from flash_dllm_jax.cli import (DEFAULT_CHECKPOINT,  # noqa: E402
+                                add_compile_cache_flags, start_compile_cache)
 
 STRATEGIES = ("llada", "threshold", "fast-dllm-prefix", "fast-dllm-dual",
               "elastic-cache", "flash-cache", "flash-dllm")
@@ -160,6 +161,7 @@ def main(argv=None) -> int:
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--out-dir", type=Path, default=Path("runs/eval/quality"))
   ap.add_argument("--no-progress", dest="progress", action="store_false")
+  add_compile_cache_flags(ap)
   args = ap.parse_args(argv)
 
   from flash_dllm_jax import parallel
@@ -173,6 +175,7 @@ def main(argv=None) -> int:
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
       raise ValueError("--batch-size and --limit must be >= 1")
     parallel.initialize_distributed()
+    start_compile_cache(args)
     mesh = parallel.parse_mesh(args.mesh)
     config = quantized_config(load_config(args.checkpoint), args.quantize,
                               args.quantize_head, str(args.checkpoint),

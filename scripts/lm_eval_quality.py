@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from eval_quality import STRATEGIES, sampler_options  # noqa: E402
-from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
+from flash_dllm_jax.cli import (DEFAULT_CHECKPOINT,  # noqa: E402
+                                add_compile_cache_flags, start_compile_cache)
 
 
 def _lm_eval_run(checkpoint, strategy, options, batch_size, limit, tm):
@@ -91,7 +92,9 @@ def main(argv=None) -> int:
   ap.add_argument("--batch-size", type=int, default=16)
   ap.add_argument("--limit", type=int, default=16)
   ap.add_argument("--out", type=Path, default=Path("runs/lm_eval_quality"))
+  add_compile_cache_flags(ap)
   args = ap.parse_args(argv)
+  start_compile_cache(args)
 
   import jax
   import flash_dllm_jax.lm_eval as fl

@@ -41,10 +41,14 @@ def run_script(script: str, *args: str, devices: int = 4, timeout: int = 600,
 # Shared by the subprocess scripts: tiny models whose heads (8, KV 4) and
 # MLP width split 4 ways, with tests.test_sampling's sharp logits and EOS.
 PRELUDE = r'''
+import os
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
 assert len(jax.devices()) == 4, jax.devices()
-from flash_dllm_jax import parallel
+from flash_dllm_jax import compilation, parallel
+# The test run's compilation cache (tests/conftest.py): the scripts share
+# what they compile with each other and with the test processes.
+compilation.enable_persistent_cache(os.environ.get("FLASH_DLLM_JAX_CACHE_DIR"))
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import generate
 from flash_dllm_jax.model import KVCache, Transformer, init_params
@@ -69,8 +73,8 @@ def tiny4(arch, eos_boost=1.2, **changes):
   x = np.asarray(random_prompts(0, [24] * 4), np.int32)
   x[:, 8:] = config.mask_token_id
   pos = jnp.broadcast_to(jnp.arange(24), x.shape)
-  logits, _ = Transformer(config).apply({"params": params}, jnp.asarray(x),
-                                        pos, jnp.ones(x.shape, bool))
+  logits, _ = jax.jit(Transformer(config).apply)(
+      {"params": params}, jnp.asarray(x), pos, jnp.ones(x.shape, bool))
   common = np.bincount(np.asarray(logits.argmax(-1)).ravel()).argmax()
   head = params["lm_head"]
   params["lm_head"] = head.at[:, config.eos_token_id].set(

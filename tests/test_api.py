@@ -169,13 +169,15 @@ def test_bad_prompt_forms(tiny_model, prompt, message):
     generate(tiny_model, prompt, **SMALL["llada"])
 
 
-# One strategy per sampler and batching path: fixed chunks of LLaDA's,
-# Dream's and Fast-dLLM's (cached) samplers; continuous batching of
-# Flash-dLLM (verify, confident window: the most per-row state a refill
-# resets) and Elastic-Cache. The others are options of these samplers
-# (tests/test_flash_dllm.py refills Flash-Cache and leftmost Flash-dLLM).
-BATCHING = ["llada", "dream", "fast-dllm-dual", "flash-dllm-confident",
-            "elastic-cache"]
+# One strategy per batching path of generate(batch_size=): fixed chunks
+# (LLaDA's sampler) and continuous batching (Flash-dLLM with verify and the
+# confident window: the most per-row state a refill resets). Whether a
+# sampler's rows depend on the batch is each sampler's own test
+# (tests/test_sampling.py, test_fast_dllm.py, test_flash_dllm.py,
+# test_elastic_cache.py: rows alone, in a batch and among other rows), as
+# is continuous batching of every Refillable sampler against each request
+# alone (test_flash_dllm.py, test_elastic_cache.py).
+BATCHING = ["llada", "flash-dllm-confident"]
 
 
 @pytest.mark.parametrize("name", [

@@ -197,14 +197,19 @@ def test_continuous_batching_needs_a_refillable_sampler():
                             sampler=LLaDASampler(gen_length=8, steps=8))
 
 
+def _fixed(verify):
+  return FlashDLLMSampler(gen_length=24, block_m=4, track_num=2, mask_num=2,
+                          verify=verify, rule="fixed", steps=8)
+
+
+FIXED_PROMPTS = random_prompts(42, [5, 9])
+
+
 @pytest.mark.parametrize("verify", [False, True])
 def test_fixed_rule_commits_a_fixed_number_per_step(verify):
   config, params = tiny("llada")
-  sampler = FlashDLLMSampler(gen_length=24, block_m=4, track_num=2,
-                             mask_num=2, verify=verify, rule="fixed",
-                             steps=8)
-  out = generate(params, random_prompts(42, [5, 9]), config=config,
-                 sampler=sampler, stop_at_eos=False)
+  out = generate(params, FIXED_PROMPTS, config=config, sampler=_fixed(verify),
+                 stop_at_eos=False)
   assert out.steps == 8  # 24 tokens, 3 per step
   # 8 draft passes; with verify, 7 verify passes (the last window holds only
   # the 3 positions it commits, so nothing is left to verify)
@@ -215,20 +220,16 @@ def test_fixed_rule_commits_a_fixed_number_per_step(verify):
 def test_fixed_rule_keeps_the_verify_pass_in_the_compiled_loop():
   """The benchmark schedule keeps no verified draft; the pass must still be
   compiled in (a pass whose output is unused is dead code to XLA, and the
-  benchmark would time the draft pass alone)."""
+  benchmark would time the draft pass alone). (The programs of the test
+  above: they come from the run's compilation cache.)"""
   config, params = tiny("llada")
-  b, p = 2, 6
-  prompt = jnp.asarray(random_prompts(44, [p, p]), jnp.int32)
-  valid = jnp.ones((b, p), bool)
-  rng = jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32))
+  ids, valid = left_pad(FIXED_PROMPTS, config.pad_token_id)
+  rng = jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32))
 
   def dots(verify):
-    sampler = FlashDLLMSampler(gen_length=16, block_m=4, track_num=2,
-                               mask_num=2, verify=verify, rule="fixed",
-                               steps=8)
-    hlo = decode_jit.lower(params, prompt, valid, rng, config=config,
-                           sampler=sampler, stop_at_eos=False
-                           ).compile().as_text()
+    hlo = decode_jit.lower(params, jnp.asarray(ids), jnp.asarray(valid), rng,
+                           config=config, sampler=_fixed(verify),
+                           stop_at_eos=False).compile().as_text()
     return hlo.count(" dot(")
 
   without, with_verify = dots(False), dots(True)
@@ -236,21 +237,21 @@ def test_fixed_rule_keeps_the_verify_pass_in_the_compiled_loop():
   assert with_verify >= without + 4 * config.n_layers, (without, with_verify)
 
 
-@pytest.mark.parametrize("verify", [False, True])
-def test_compiled_decode_is_one_loop_with_the_layers_unrolled(verify):
+@pytest.mark.parametrize("sampler", [SMALL, SMALL_VERIFY],
+                         ids=["draft", "verify"])
+def test_compiled_decode_is_one_loop_with_the_layers_unrolled(sampler):
   """The decode is one while loop whose body runs the layers unrolled: no
-  inner loop over layer-stacked weights (which ran slower on the H200)."""
+  inner loop over layer-stacked weights (which ran slower on the H200).
+  (The program of test_compiled_loop_equals_python_loop: it comes from the
+  run's compilation cache.)"""
   import re
-  config, params = tiny("llada")
-  prompt = jnp.asarray(random_prompts(45, [6, 6]), jnp.int32)
-  valid = jnp.ones((2, 6), bool)
-  rng = jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32))
-  sampler = FlashDLLMSampler(gen_length=16, block_m=4, track_num=2,
-                             mask_num=2, verify=verify)
-  hlo = decode_jit.lower(params, prompt, valid, rng, config=config,
-                         sampler=sampler, stop_at_eos=False
-                         ).compile().as_text()
+  config, params = tiny("llada", eos_boost=1.2)
+  ids, valid = left_pad(random_prompts(22, [5, 12, 8]), config.pad_token_id)
+  rng = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
+  hlo = decode_jit.lower(params, jnp.asarray(ids), jnp.asarray(valid), rng,
+                         config=config, sampler=sampler).compile().as_text()
   assert len(re.findall(r"\bwhile\(", hlo)) == 1
+  assert "layers_1/" in hlo and "layers_2/" not in hlo  # tiny: 2 layers
 
 
 def test_without_stop_at_eos_every_position_is_decoded():

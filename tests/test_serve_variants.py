@@ -58,18 +58,24 @@ def model():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("serve")
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
                "--batch-size", "4", "--max-prompt-tokens", "32",
                "--steps-per-call", "2", "--mesh", "data=2",
                "--variant", "threshold=0.6", "--variant", "gen_length=8",
                "--attention-split-target", "132",  # the latency tiling
-               log_path=tmp_path_factory.mktemp("serve") / "server.log",
+               "--compile-cache", str(tmp / "cache"),
+               log_path=tmp / "server.log",
                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
   try:
     health = srv.wait_ready()
     assert [v["threshold"] for v in health["variants"]] == [0.9, 0.6, 0.9]
     assert [v["gen_length"] for v in health["variants"]] == [16, 16, 8]
     assert health["mesh"] == {"data": 2, "model": 1}
+    # --compile-cache: the decode loops compiled at start are on disk, so a
+    # restarted server loads them.
+    cached = os.listdir(tmp / "cache")
+    assert any(e.startswith("jit__cycle") for e in cached), cached
     yield srv
   finally:
     srv.close()

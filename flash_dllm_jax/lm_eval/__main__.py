@@ -4,7 +4,9 @@ ARGS`) with the model `flash_dllm_jax` registered and, unless ARGS name one,
 
 With --output_path, the adapter's throughput (stats.py) is also written as
 throughput_<date>.json beside the results_<date>.json lm-eval wrote (the
-same numbers are in that file's config.flash_dllm_jax).
+same numbers are in that file's config.flash_dllm_jax). Compiled decode
+loops go to the CLI's persistent compilation cache
+($FLASH_DLLM_JAX_CACHE_DIR, off to turn it off).
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ def main(argv: list[str] | None = None) -> None:
   root = None if out is None else (out.parent if out.suffix == ".json" else out)
   seen = set(root.rglob("results_*.json")) if root and root.exists() else set()
   from lm_eval.__main__ import cli_evaluate
+
+  from flash_dllm_jax import compilation
+  compilation.enable_persistent_cache(compilation.default_cache_dir())
   sys.argv = ["python -m flash_dllm_jax.lm_eval", *argv]
   cli_evaluate()
   if out is not None and model.INSTANCES:

@@ -60,6 +60,8 @@ def add_parser(sub, default_checkpoint: Path) -> None:
                        "bucket's slots over D devices and the weights over M")
   ap.add_argument("--shutdown-timeout", type=float, default=30.0,
                   help="on SIGTERM, seconds to let in-flight requests finish")
+  from flash_dllm_jax.cli import add_compile_cache_flags
+  add_compile_cache_flags(ap)
   group = ap.add_argument_group("sampler options")
   for name, typ in all_options().items():
     flag = "--" + name.replace("_", "-")
@@ -102,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
 
   from flash_dllm_jax import parallel
   from flash_dllm_jax.checkpoint import load
+  from flash_dllm_jax.cli import start_compile_cache
   from flash_dllm_jax.serve.app import build_app
   from flash_dllm_jax.serve.service import Service, Settings
   from flash_dllm_jax.strategies import build_sampler
@@ -123,6 +126,7 @@ def main(args: argparse.Namespace) -> int:
                         max_queue=args.max_queue,
                         request_timeout=args.request_timeout,
                         kernels=choice.kernels_from_args(args))
+    start_compile_cache(args)
     params, config, tokenizer = load(args.checkpoint, dtype=args.dtype,
                                      quantize=args.quantize,
                                      quantize_head=args.quantize_head,
