@@ -16,12 +16,31 @@ applies the same rules with its logit shift, as FlashDLLMSampler does.
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax.model import CachedExtras
 from flash_dllm_jax.sampling import commit_rules, select
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
+
+
+@functools.partial(jax.jit,
+                   static_argnames=("config", "stop_ids", "mass_from_layer"))
+def _run_jit(params, valid_BxN, tokens, slots, cache, rows, extras, *, config,
+             stop_ids, mass_from_layer):
+  model = SequenceModel.for_batch(config, params, valid_BxN, stop_ids=stop_ids)
+  return model.run(tokens, slots, cache, rows, extras=extras,
+                   mass_from_layer=mass_from_layer)
+
+
+def _run(model, tokens, slots, cache, rows, *, extras, mass_from_layer=0):
+  """model.run through one jit per shape (op by op, every op compiles)."""
+  return _run_jit(model.params, model.valid_BxN, tokens, slots, cache, rows,
+                  extras, config=model.config, stop_ids=model.stop_ids,
+                  mass_from_layer=mass_from_layer)
 
 
 def _forward(model, x, query, cache, logit_rows, *, score_rows, width,
@@ -34,10 +53,10 @@ def _forward(model, x, query, cache, logit_rows, *, score_rows, width,
   extras = CachedExtras(
       mass_rows_BxQ=jnp.asarray(np.arange(len(slots)) < score_rows)[None],
       mass_score="logit", exclude_BxS=jnp.asarray(exclude)[None])
-  out = model.run(jnp.asarray(x[np.maximum(slots, 0)])[None],
-                  jnp.asarray(slots)[None], cache,
-                  jnp.asarray(np.asarray(logit_rows, np.int32))[None],
-                  extras=extras, mass_from_layer=from_layer)
+  out = _run(model, jnp.asarray(x[np.maximum(slots, 0)])[None],
+             jnp.asarray(slots)[None], cache,
+             jnp.asarray(np.asarray(logit_rows, np.int32))[None],
+             extras=extras, mass_from_layer=from_layer)
   score = None if out.mass_BxS is None else np.asarray(out.mass_BxS[0])
   return out.logits, out.cache, score
 
@@ -164,10 +183,9 @@ def _verify(model, x, x_draft, decoded_tail, cands, cache, block_m, gamma,
   extras = CachedExtras(write_cache=False,
                         exclude_BxS=jnp.asarray(exclude)[None],
                         inq_mask_BxQxQ=jnp.asarray(inq)[None])
-  out = model.run(jnp.asarray(np.array(tokens, np.int32))[None],
-                  jnp.asarray(np.array(rows, np.int32))[None], cache,
-                  jnp.asarray(np.array(score_rows, np.int32))[None],
-                  extras=extras)
+  out = _run(model, jnp.asarray(np.array(tokens, np.int32))[None],
+             jnp.asarray(np.array(rows, np.int32))[None], cache,
+             jnp.asarray(np.array(score_rows, np.int32))[None], extras=extras)
   p = np.asarray(select.prob_of(out.logits,
                                 jnp.asarray(x_draft[cands])[None])[0])
   p = np.where(np.array(cands) >= end, 0.0, p)

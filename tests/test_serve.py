@@ -37,6 +37,7 @@ def server(tmp_path_factory, model):
     health = srv.wait_ready()
     assert health["strategy"] == "flash-dllm" and health["batching"] == \
         "continuous" and health["prompt_buckets"] == [32, 64]
+    assert health["attention_tiling"]["split_target"] == 32  # the default
     yield srv
   finally:
     srv.close()

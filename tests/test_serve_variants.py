@@ -72,6 +72,7 @@ def server(tmp_path_factory):
     assert [v["threshold"] for v in health["variants"]] == [0.9, 0.6, 0.9]
     assert [v["gen_length"] for v in health["variants"]] == [16, 16, 8]
     assert health["mesh"] == {"data": 2, "model": 1}
+    assert health["attention_tiling"]["split_target"] == 132
     # --compile-cache: the decode loops compiled at start are on disk, so a
     # restarted server loads them.
     cached = os.listdir(tmp / "cache")

@@ -65,6 +65,7 @@ def build_app(get_service: Callable[[], Service | None],
     return {"status": "ready", "model": model_name, **service.decoding,
             "variants": [d["options"] for d in service.decodings],
             "mesh": service.mesh,
+            "attention_tiling": service.attention_tiling,
             "slots_per_bucket": service.settings.slots,
             "prompt_buckets": list(service.settings.buckets)}
 

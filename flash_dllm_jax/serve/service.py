@@ -10,7 +10,7 @@ import time
 
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import PROMPT_BUCKET
-from flash_dllm_jax.ops import Kernels
+from flash_dllm_jax.ops import Kernels, choice
 from flash_dllm_jax.serve.engine import SlotEngine
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
@@ -110,6 +110,7 @@ class Service:
                       for i, v in enumerate(self.samplers)]
     self.decoding = self.decodings[0]
     self.mesh = None if mesh is None else dict(mesh.shape)
+    self.attention_tiling = dataclasses.asdict(choice.tiling(settings.kernels))
     self.scheduler.start()
 
   # Request checks ---------------------------------------------------------
