@@ -33,15 +33,17 @@ cases.append(("llada", sampling.ElasticCacheSampler(
     gen_length=16, window=4, track_num=1, gamma=0.9)))
 prompts = random_prompts(50, [4, 13, 9, 30, 6, 11])  # 6 rows: padded to 8
 models = {arch: tiny4(arch) for arch in ("llada", "dream")}
-# Pure data parallelism splits rows only: one case per sampler class runs
-# on it (ROWS_ONLY), every case on the meshes that split the model.
-ROWS_ONLY = {0, 2, 5, 7, 8}
+# Every case runs on data=2,model=2 (rows and weights split); one case per
+# sampler class (ONE_PER_CLASS) also on model=4 and on pure data
+# parallelism: the samplers' state is split by rows only, and every
+# forward is bitwise one device's under model=4 (tests/test_mesh_exact.py).
+ONE_PER_CLASS = {0, 2, 5, 7, 8}
 for i, (arch, sampler) in enumerate(cases):
   t0 = time.time()
   config, params = models[arch]
   one = generate(params, prompts, config=config, sampler=sampler, seed=5)
   for spec in meshes:
-    if spec.endswith(",model=1") and i not in ROWS_ONLY:
+    if spec != "data=2,model=2" and i not in ONE_PER_CLASS:
       continue
     out = generate(params, prompts, config=config, sampler=sampler, seed=5,
                    mesh=spec)
@@ -56,8 +58,8 @@ print("MESH-OK", len(cases))
 
 
 def test_every_strategy_gives_the_one_device_tokens_on_every_mesh():
-  """Each sampler configuration on the meshes that split the model, one per
-  sampler class also on pure data parallelism."""
+  """Each sampler configuration on data=2,model=2, one per sampler class
+  also on model=4 and on pure data parallelism (data=4)."""
   out = _run(STRATEGIES, ";".join(MESHES))
   assert "MESH-OK 9" in out, out
 

@@ -35,7 +35,7 @@ def uncached(p):
 
 for name, fn in (("cached", cached), ("uncached", uncached)):
   one = jax.jit(fn)(params)
-  for spec in ("model=2", "data=2,model=2"):
+  for spec in ("data=2,model=2",):  # model=2's shards, rows split too
     mesh = parallel.parse_mesh(spec)
     sharded = parallel.shard_params(mesh, params)
     q = sharded["layers_0"]["q_proj"]
@@ -62,8 +62,8 @@ print("QUANT-MESH-OK")
 def test_quantized_mesh_forward_is_bitwise_the_one_device_forward(
     fmt, arch, impl, dtype, embedding):
   """Cached and uncached logits (and caches) with every projection and the
-  LM head (in one case the embedding too) quantized: model=2 and
-  data=2,model=2 equal one device bit for bit, through XLA's partitioning
+  LM head (in one case the embedding too) quantized: data=2,model=2 (the
+  shards of model=2, on half the rows each) equals one device bit for bit, through XLA's partitioning
   ('reference') and through the kernels' shard_map ('pallas_interpret')."""
   # STRICT_CPU for both dtypes: the reference's products are float32 (of
   # dequantized weights) whatever the activations' dtype, and XLA:CPU's
