@@ -79,7 +79,7 @@ def check_rows_do_not_depend_on_the_batch(arch, sampler, eos_boost, seed,
   """Each prompt of `random_prompts(seed, lengths)` decodes to the same
   tokens and forward count alone, in the batch, and in the middle of a
   batch with other neighbours and more left padding (each row keeps its
-  own seed)."""
+  own seed). Returns the batch's GenerateOutput."""
   config, params = tiny(arch, eos_boost=eos_boost)
   prompts = random_prompts(seed, lengths)
   batch = generate(params, prompts, config=config, sampler=sampler, seed=3)
@@ -91,6 +91,7 @@ def check_rows_do_not_depend_on_the_batch(arch, sampler, eos_boost, seed,
     mixed = generate(params, [others[0], p, others[1]], config=config,
                      sampler=sampler, seed=[9, 3, 11])
     np.testing.assert_array_equal(mixed.tokens_BxG[1], batch.tokens_BxG[i])
+  return batch
 
 
 LLADA_CASES = [
