@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.attention import reference
-from tests.kernel_case import assert_close, normal
+from tests.kernel_case import assert_close, normal, on_device
 
 # The mass against the reference's: a sum of probabilities over heads.
 MASS_TOL = {jnp.float32: dict(rtol=1e-4, atol=1e-4),
@@ -17,8 +17,6 @@ def inputs(rng, b, q, h, kh, d, s, t, k_lens, q_lens, dtype, excl=True,
            score=True, t_frac=0.6):
   """Random problem from the numpy generator `rng` (kernel_case.rng);
   returns (args, kwargs) for scheduled_attention."""
-  on_device = lambda x: jnp.asarray(x.astype(np.float32).astype(
-      jnp.dtype(dtype)))
   k_len_B = np.array(k_lens, np.int32)
   q_len_B = np.array(q_lens, np.int32)
   pad_BxQ = np.arange(q)[None, :] >= q_len_B[:, None]
@@ -32,7 +30,7 @@ def inputs(rng, b, q, h, kh, d, s, t, k_lens, q_lens, dtype, excl=True,
   def poisoned():
     x = rng.standard_normal((b, s, kh, d))
     x[dead_BxS] = np.nan
-    return on_device(x)
+    return on_device(x, dtype)
 
   kw = dict(scale=d ** -0.5, exclude_BxS=None if exclude_BxS is None
             else jnp.asarray(exclude_BxS))
@@ -42,7 +40,7 @@ def inputs(rng, b, q, h, kh, d, s, t, k_lens, q_lens, dtype, excl=True,
               inq_mask_BxQxI=jnp.asarray(rng.random((b, q, t)) < t_frac))
   if score:
     kw["score_rows_BxQ"] = jnp.asarray(rng.random((b, q)) < 0.6)
-  args = (on_device(q_BxQxHxD), poisoned(), poisoned(), jnp.asarray(k_len_B),
+  args = (on_device(q_BxQxHxD, dtype), poisoned(), poisoned(), jnp.asarray(k_len_B),
           jnp.asarray(q_len_B))
   return args, kw
 

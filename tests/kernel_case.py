@@ -40,11 +40,15 @@ def rng(request) -> np.random.Generator:
   return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
+def on_device(x: np.ndarray, dtype=jnp.float32) -> jax.Array:
+  """A numpy array rounded to float32, then to `dtype`, on the device."""
+  return jnp.asarray(np.asarray(x, np.float32).astype(jnp.dtype(dtype)))
+
+
 def normal(rng: np.random.Generator, shape, dtype=jnp.float32,
            scale: float = 1.0) -> jax.Array:
   """float32 N(0, scale^2) draws, rounded to `dtype`, on the device."""
-  x = (rng.standard_normal(shape) * scale).astype(np.float32)
-  return jnp.asarray(x.astype(jnp.dtype(dtype)))
+  return on_device(rng.standard_normal(shape) * scale, dtype)
 
 
 def f32(x):

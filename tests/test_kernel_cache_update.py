@@ -14,7 +14,8 @@ import pytest
 
 from pallas_kernels.cache_update import api, kernel, reference
 from tests import kernel_case
-from tests.kernel_case import assert_close, gpu_only, normal, rng as _rng
+from tests.kernel_case import (assert_close, gpu_only, normal, on_device,
+                               rng as _rng)
 
 # This kernel's bfloat16 rtol is a little looser than the base table's.
 TOL = {**kernel_case.TOL, jnp.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
@@ -33,8 +34,7 @@ def _inputs(rng, b, q, h, kh, d, s, dtype, n_skip=1):
   caches = rng.standard_normal((2, b, s, kh, d))
   # Sentinel rows: a NaN the kernel must neither read into outputs nor erase.
   caches[:, :, 1] = np.nan
-  k_cache, v_cache = (jnp.asarray(c.astype(np.float32).astype(
-      jnp.dtype(dtype))) for c in caches)
+  k_cache, v_cache = (on_device(c, dtype) for c in caches)
   return (q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ,
           jnp.asarray(slots_BxQ, jnp.int32), k_cache, v_cache)
 

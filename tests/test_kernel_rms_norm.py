@@ -9,7 +9,8 @@ import pytest
 
 from flash_dllm_jax import ops
 from pallas_kernels.rms_norm import api, kernel, reference
-from tests.kernel_case import IMPLS, assert_close, f32 as _f32, gpu, rng
+from tests.kernel_case import (IMPLS, assert_close, f32 as _f32, gpu,
+                               normal, on_device, rng)
 
 EPS = 1e-5
 # The sums differ in order only: float32 agrees to rounding, bfloat16 to
@@ -20,9 +21,8 @@ TOL = {jnp.float32: dict(rtol=1e-6, atol=1e-6),
 
 def _inputs(request, n, e, dtype):
   r = rng(request)
-  x = jnp.asarray((r.standard_normal((n, e)) * 3.0).astype(np.float32)
-                  .astype(jnp.dtype(dtype)))
-  scale = jnp.asarray((1.0 + 0.2 * r.standard_normal(e)).astype(np.float32))
+  x = normal(r, (n, e), dtype, scale=3.0)
+  scale = on_device(1.0 + 0.2 * r.standard_normal(e))
   return x, scale
 
 

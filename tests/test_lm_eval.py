@@ -217,6 +217,18 @@ def test_cli_writes_throughput_beside_the_results(tmp_path):
   assert "synthetic_gsm" in done.stdout
 
 
+def test_cli_names_a_compile_cache_it_cannot_create(tmp_path, monkeypatch):
+  """The CLI's persistent compilation cache ($FLASH_DLLM_JAX_CACHE_DIR) that
+  cannot be created is one error line, before lm-eval starts."""
+  from flash_dllm_jax.lm_eval.__main__ import main
+  blocker = tmp_path / "a-file"
+  blocker.write_text("")
+  monkeypatch.setenv("FLASH_DLLM_JAX_CACHE_DIR", str(blocker / "cache"))
+  with pytest.raises(SystemExit, match=r"^error: cannot create the "
+                     r"compilation cache .*a-file/cache"):
+    main(["--tasks", "synthetic_gsm"])
+
+
 @pytest.mark.slow
 def test_lm_evals_apply_chat_template_uses_the_checkpoints_template():
   results = lm_eval.simple_evaluate(

@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> None:
   from lm_eval.__main__ import cli_evaluate
 
   from flash_dllm_jax import compilation
-  compilation.enable_persistent_cache(compilation.default_cache_dir())
+  try:
+    compilation.enable_persistent_cache(compilation.default_cache_dir())
+  except ValueError as e:  # a cache directory that cannot be created
+    sys.exit(f"error: {e}")
   sys.argv = ["python -m flash_dllm_jax.lm_eval", *argv]
   cli_evaluate()
   if out is not None and model.INSTANCES:
