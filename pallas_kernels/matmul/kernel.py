@@ -17,11 +17,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import split_e as se
 from pallas_kernels.common import is_pow2, next_pow2
-
-
-def _silu(g):
-  return g / (1.0 + jnp.exp(-g))
 
 
 def _kernel(*refs, m, n, e, bm, bn, be, splits, swiglu, residual, final):
@@ -33,10 +30,7 @@ def _kernel(*refs, m, n, e, bm, bn, be, splits, swiglu, residual, final):
   rows, cols = pl.ds(i * bm, bm), pl.ds(j * bn, bn)
   row_ok = i * bm + jnp.arange(bm) < m
   col_ok = j * bn + jnp.arange(bn) < n
-  n_e = pl.cdiv(e, be)
-  per = pl.cdiv(n_e, splits)
-  e0 = jnp.minimum(sp * per, n_e)
-  e1 = jnp.minimum(e0 + per, n_e)
+  e0, e1 = se.block_range(e, be, splits, sp)
 
   def body(t, accs):
     ek = pl.ds(t * be, be)
@@ -53,17 +47,8 @@ def _kernel(*refs, m, n, e, bm, bn, be, splits, swiglu, residual, final):
 
   zeros = jnp.zeros((bm, bn), jnp.float32)
   accs = lax.fori_loop(e0, e1, body, (zeros, zeros) if swiglu else (zeros,))
-  mask = row_ok[:, None] & col_ok[None, :]
-  if not final:
-    for acc, ref in zip(accs, out_refs):
-      plgpu.store(ref.at[rows, cols], acc, mask=mask)
-    return
-  y = _silu(accs[0]) * accs[1] if swiglu else accs[0]
-  if residual:
-    y += plgpu.load(res_ref.at[rows, cols], mask=mask,
-                    other=0).astype(jnp.float32)
-  plgpu.store(out_refs[0].at[rows, cols], y.astype(out_refs[0].dtype),
-              mask=mask)
+  se.store_tile(accs, out_refs, res_ref, rows, cols,
+                row_ok[:, None] & col_ok[None, :], swiglu=swiglu, final=final)
 
 
 def default_split(m, n, e, block_m, block_n, block_e, target=264):
@@ -96,31 +81,20 @@ def matmul(x_MxE, w_ExO, *, w_up_ExO=None, residual_MxO=None,
   if num_stages is None:
     per_stage = (bm * block_e + block_e * block_n * (
         1 + (w_up_ExO is not None))) * x_MxE.dtype.itemsize
-    num_stages = max(1, min(4, (180 << 10) // per_stage))
+    num_stages = se.pipeline_depth(per_stage)
   swiglu, residual = w_up_ExO is not None, residual_MxO is not None
   final = splits == 1
-  full = lambda a: pl.BlockSpec(a.shape, lambda i, j, k: (0,) * a.ndim)
   args = [x_MxE, w_ExO] + ([w_up_ExO] if swiglu else [])
   if residual and final:
     args.append(residual_MxO)
-  if final:
-    out_shape = [jax.ShapeDtypeStruct((m, n), x_MxE.dtype)]
-    out_specs = [pl.BlockSpec((m, n), lambda i, j, k: (0, 0))]
-  else:
-    part = jax.ShapeDtypeStruct((splits, m, n), jnp.float32)
-    out_shape = [part] * (1 + swiglu)
-    out_specs = [pl.BlockSpec((None, m, n), lambda i, j, k: (k, 0, 0))] * (
-        1 + swiglu)
   kernel = functools.partial(
       _kernel, m=m, n=n, e=e, bm=bm, bn=block_n, be=block_e, splits=splits,
       swiglu=swiglu, residual=residual and final, final=final)
-  outs = pl.pallas_call(
-      kernel, grid=(pl.cdiv(m, bm), pl.cdiv(n, block_n), splits),
-      in_specs=[full(a) for a in args], out_specs=out_specs,
-      out_shape=out_shape, interpret=interpret, name="stream_matmul",
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps,
-                                           num_stages=num_stages),
-  )(*args)
+  outs = se.launch(
+      kernel, args, (pl.cdiv(m, bm), pl.cdiv(n, block_n), splits),
+      se.outputs(m, n, splits, 1 + swiglu, x_MxE.dtype),
+      name="stream_matmul", interpret=interpret, num_warps=num_warps,
+      num_stages=num_stages)
   if final:
     return outs[0]
   y = jnp.sum(outs[0], axis=0)

@@ -26,14 +26,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels import split_e as se
 from pallas_kernels.common import is_pow2
 from pallas_kernels.qmatmul.reference import FP8, quantize_rows
 
 WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(FP8))
-
-
-def _silu(g):
-  return g / (1.0 + jnp.exp(-g))
 
 
 def _zero(dtype):
@@ -54,10 +51,7 @@ def _kernel(*refs, m, o, e, bm, bn, be, splits, grouped, fp8_x, compute,
   precision = lax.Precision.HIGHEST if compute == jnp.float32 else None
   row_ok = i * bm + jnp.arange(bm) < m
   col_ok = j * bn + jnp.arange(bn) < o
-  n_e = pl.cdiv(e, be)
-  per = pl.cdiv(n_e, splits)
-  e0 = jnp.minimum(sp * per, n_e)
-  e1 = jnp.minimum(e0 + per, n_e)
+  e0, e1 = se.block_range(e, be, splits, sp)
 
   def body(t, accs):
     ek = pl.ds(t * be, be)
@@ -86,17 +80,8 @@ def _kernel(*refs, m, o, e, bm, bn, be, splits, grouped, fp8_x, compute,
   if fp8_x:
     sx = plgpu.load(sx_ref.at[rows], mask=row_ok, other=0.0)
     accs = tuple(acc * sx[:, None] for acc in accs)
-  mask = row_ok[:, None] & col_ok[None, :]
-  if not final:
-    for acc, ref in zip(accs, out_refs):
-      plgpu.store(ref.at[rows, cols], acc, mask=mask)
-    return
-  y = _silu(accs[0]) * accs[1] if swiglu else accs[0]
-  if residual:
-    y += plgpu.load(res_ref.at[rows, cols], mask=mask,
-                    other=0.0).astype(jnp.float32)
-  plgpu.store(out_refs[0].at[rows, cols], y.astype(out_refs[0].dtype),
-              mask=mask)
+  se.store_tile(accs, out_refs, res_ref, rows, cols,
+                row_ok[:, None] & col_ok[None, :], swiglu=swiglu, final=final)
 
 
 def default_split(o, e, block_n, block_e, target=264):
@@ -147,7 +132,7 @@ def matmul(x_MxE, w_OxE, scale_OxZ, *, w_up_OxE=None, scale_up_OxZ=None,
   x_bytes = 1 if fp8_x else x_MxE.dtype.itemsize
   if num_stages is None:
     per_stage = block_m * block_e * x_bytes + block_e * block_n * (1 + swiglu)
-    num_stages = max(1, min(4, (180 << 10) // per_stage))
+    num_stages = se.pipeline_depth(per_stage)
   final = splits == 1
   args = [*quantize_rows(x_MxE)] if fp8_x else [x_MxE]
   args += [w_OxE, scale_OxZ.astype(jnp.float32)]
@@ -155,32 +140,21 @@ def matmul(x_MxE, w_OxE, scale_OxZ, *, w_up_OxE=None, scale_up_OxZ=None,
     args += [w_up_OxE, scale_up_OxZ.astype(jnp.float32)]
   if residual and final:
     args.append(residual_MxO)
-  full = lambda a: pl.BlockSpec(a.shape, lambda i, j, k: (0,) * a.ndim)
-  if final:
-    out_shape = [jax.ShapeDtypeStruct((m, o), x_MxE.dtype)]
-    out_specs = [pl.BlockSpec((m, o), lambda i, j, k: (0, 0))]
-  else:
-    part = jax.ShapeDtypeStruct((splits, m, o), jnp.float32)
-    out_shape = [part] * (1 + swiglu)
-    out_specs = [pl.BlockSpec((None, m, o), lambda i, j, k: (k, 0, 0))] * (
-        1 + swiglu)
   kernel = functools.partial(
       _kernel, m=m, o=o, e=e, bm=block_m, bn=block_n, be=block_e,
       splits=splits, grouped=grouped, fp8_x=fp8_x, compute=compute,
       swiglu=swiglu, residual=residual and final, final=final)
-  outs = pl.pallas_call(
-      kernel, grid=(pl.cdiv(m, block_m), pl.cdiv(o, block_n), splits),
-      in_specs=[full(a) for a in args], out_specs=out_specs,
-      out_shape=out_shape, interpret=interpret, name="stream_qmatmul",
-      compiler_params=plgpu.CompilerParams(num_warps=num_warps,
-                                           num_stages=num_stages),
-  )(*args)
+  outs = se.launch(
+      kernel, args, (pl.cdiv(m, block_m), pl.cdiv(o, block_n), splits),
+      se.outputs(m, o, splits, 1 + swiglu, x_MxE.dtype),
+      name="stream_qmatmul", interpret=interpret, num_warps=num_warps,
+      num_stages=num_stages)
   if final:
     return outs[0]
   # One fixed chain of elementwise adds (an XLA reduce may reorder by shape).
   y, *up = [functools.reduce(lambda a, b: a + b, list(p)) for p in outs]
   if swiglu:
-    y = _silu(y) * up[0]
+    y = se.silu(y) * up[0]
   if residual:
     y = y + residual_MxO.astype(jnp.float32)
   return y.astype(x_MxE.dtype)
