@@ -14,15 +14,13 @@ from flash_dllm_jax.compilation import (CPU_COMPILER_OPTIONS,  # noqa: F401
                                         GPU_COMPILER_OPTIONS,
                                         _BatchInvariantJit, compiler_options)
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.prompts import bucket_groups, left_pad
 from flash_dllm_jax.sampling import (DecodeState, Sampler, make_step,
                                      run_compiled, run_python)
 from flash_dllm_jax.sampling import checks, continuous
 from flash_dllm_jax.sampling.loop import Refillable, tail_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import fill_after_stop
-
-PROMPT_BUCKET = 32  # prompts are left-padded to a multiple of this (fewer compiles)
-
 
 class GenerateOutput(NamedTuple):
   """texts[b]: the answer up to its first stop token, special tokens removed.
@@ -64,51 +62,6 @@ def _pick_sampler(config: ModelConfig, strategy, sampler,
     raise ValueError(f"options {sorted(options)} given together with "
                      "sampler= (or a sampler object as strategy=)")
   return chosen
-
-
-def padded_length(n: int, bucket: int = PROMPT_BUCKET,
-                  room: int | None = None) -> int:
-  """n rounded up to a multiple of bucket, but to no more than `room` (the
-  positions the model leaves for a prompt) where n itself fits: padding
-  never makes a fitting prompt fail."""
-  p = -(-n // bucket) * bucket
-  return p if room is None else max(n, min(p, room))
-
-
-def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
-             bucket: int = PROMPT_BUCKET,
-             room: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """(ids_BxP int32, valid_BxP bool), P rounded up to a multiple of bucket
-  (capped at room, see `padded_length`).
-
-  Pads are masked keys and RoPE positions count from each row's first real
-  token, so extra left padding changes a row's result only through the
-  order of floating-point sums (see `bucket_groups`).
-  """
-  if not rows or any(len(r) == 0 for r in rows):
-    raise ValueError("every prompt needs at least one token")
-  p = padded_length(max(len(r) for r in rows), bucket, room)
-  ids = np.full((len(rows), p), pad_id, np.int32)
-  valid = np.zeros((len(rows), p), bool)
-  for b, row in enumerate(rows):
-    ids[b, p - len(row):] = row
-    valid[b, p - len(row):] = True
-  return ids, valid
-
-
-def bucket_groups(rows: Sequence[Sequence[int]], bucket: int = PROMPT_BUCKET,
-                  room: int | None = None) -> list[np.ndarray]:
-  """Row indices grouped by padded prompt length (each row's own length
-  rounded up to `bucket`, capped at room), longest first.
-
-  Each group decodes as its own batch, so a row's padding, and with it every
-  floating-point sum over its keys, depends on the row alone: in bfloat16,
-  extra left padding changes the reduction order enough to flip near-tied
-  tokens, which would make an answer depend on the batch it came in.
-  """
-  padded = np.array([padded_length(len(r), bucket, room) for r in rows])
-  return [np.flatnonzero(padded == p) for p in sorted(set(padded),
-                                                       reverse=True)]
 
 
 def _decode_rows(params, rows, seeds, *, config: ModelConfig,

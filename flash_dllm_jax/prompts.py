@@ -1,4 +1,4 @@
-"""Prompts in every accepted form -> token id rows.
+"""Prompts in every accepted form -> token id rows -> padded batches.
 
 A prompt is a string, a chat (a list of {"role", "content"} messages:
 system / user / assistant, any number of turns), or token ids. A batch is a
@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 Message = dict[str, str]
+PROMPT_BUCKET = 32  # prompts are left-padded to a multiple of this (fewer compiles)
 PROMPT_FORMS = ("prompt must be a string, a list of chat messages ({'role', "
                 "'content'} dicts), token ids, or a list of such prompts")
 
@@ -116,3 +117,48 @@ def token_rows(prompt, tokenizer, chat: bool | None) -> list[list[int]]:
     else:
       raise TypeError(f"prompt {i}: {PROMPT_FORMS}")
   return rows
+
+
+def padded_length(n: int, bucket: int = PROMPT_BUCKET,
+                  room: int | None = None) -> int:
+  """n rounded up to a multiple of bucket, but to no more than `room` (the
+  positions the model leaves for a prompt) where n itself fits: padding
+  never makes a fitting prompt fail."""
+  p = -(-n // bucket) * bucket
+  return p if room is None else max(n, min(p, room))
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
+             bucket: int = PROMPT_BUCKET,
+             room: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+  """(ids_BxP int32, valid_BxP bool), P rounded up to a multiple of bucket
+  (capped at room, see `padded_length`).
+
+  Pads are masked keys and RoPE positions count from each row's first real
+  token, so extra left padding changes a row's result only through the
+  order of floating-point sums (see `bucket_groups`).
+  """
+  if not rows or any(len(r) == 0 for r in rows):
+    raise ValueError("every prompt needs at least one token")
+  p = padded_length(max(len(r) for r in rows), bucket, room)
+  ids = np.full((len(rows), p), pad_id, np.int32)
+  valid = np.zeros((len(rows), p), bool)
+  for b, row in enumerate(rows):
+    ids[b, p - len(row):] = row
+    valid[b, p - len(row):] = True
+  return ids, valid
+
+
+def bucket_groups(rows: Sequence[Sequence[int]], bucket: int = PROMPT_BUCKET,
+                  room: int | None = None) -> list[np.ndarray]:
+  """Row indices grouped by padded prompt length (each row's own length
+  rounded up to `bucket`, capped at room), longest first.
+
+  Each group decodes as its own batch, so a row's padding, and with it every
+  floating-point sum over its keys, depends on the row alone: in bfloat16,
+  extra left padding changes the reduction order enough to flip near-tied
+  tokens, which would make an answer depend on the batch it came in.
+  """
+  padded = np.array([padded_length(len(r), bucket, room) for r in rows])
+  return [np.flatnonzero(padded == p) for p in sorted(set(padded),
+                                                       reverse=True)]

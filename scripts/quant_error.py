@@ -43,7 +43,7 @@ DEFAULT_DATA = ROOT / "data" / "synthetic_gsm" / "test.jsonl"
 def prompt_batch(config, tokenizer, data: Path, n: int, gen: int):
   """(ids_BxN, valid_BxN, masked_BxN): the first n questions of a jsonl
   file, chat-rendered, left-padded, each followed by gen mask tokens."""
-  from flash_dllm_jax.generate import left_pad
+  from flash_dllm_jax.prompts import left_pad
   from flash_dllm_jax.prompts import token_rows
   lines = data.read_text().splitlines()[:n]
   questions = [json.loads(line)["question"] for line in lines]

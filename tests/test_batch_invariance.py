@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.generate import decode_jit, generate, left_pad
+from flash_dllm_jax.generate import decode_jit, generate
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model.transformer import init_params
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from tests.test_sampling import random_prompts

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from flash_dllm_jax.compilation import compiler_options
-from flash_dllm_jax.generate import generate, left_pad
+from flash_dllm_jax.generate import generate
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model import KVCache, Transformer, layerwise
 from flash_dllm_jax.sampling import (DecodeState, ElasticCacheSampler,
                                      make_step, run_compiled, run_python)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.generate import left_pad
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model import KVCache, init_params, layerwise
 from flash_dllm_jax.sampling import DecodeState, ElasticCacheSampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import answer_ids, generate, left_pad
+from flash_dllm_jax.generate import answer_ids, generate
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model import KVCache, Transformer
 from flash_dllm_jax.sampling import FastDLLMSampler, LLaDASampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import decode_jit, generate, left_pad
+from flash_dllm_jax.generate import decode_jit, generate
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling import flash_budget
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from tests.test_sampling import (check_compiled_equals_python,

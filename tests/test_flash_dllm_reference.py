@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import decode_jit, left_pad
+from flash_dllm_jax.generate import decode_jit
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from tests import flash_dllm_reference
 from tests.test_sampling import random_prompts, tiny

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import left_pad
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling import flash_verify
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from flash_dllm_jax.generate import answer_ids, generate, left_pad
+from flash_dllm_jax.generate import answer_ids, generate
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
 from tests.test_sampling import random_prompts, tiny
 
@@ -119,7 +120,7 @@ def test_sampler_and_options_are_exclusive():
 
 
 def test_bucket_groups_split_rows_by_their_own_padded_length():
-  from flash_dllm_jax.generate import bucket_groups
+  from flash_dllm_jax.prompts import bucket_groups
   rows = [[1] * n for n in (5, 40, 32, 33, 64, 1)]
   groups = bucket_groups(rows, bucket=32)
   assert [g.tolist() for g in groups] == [[1, 3, 4], [0, 2, 5]]

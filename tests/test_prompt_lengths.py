@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from flash_dllm_jax import generate, load
-from flash_dllm_jax.generate import bucket_groups, left_pad, padded_length
+from flash_dllm_jax.prompts import bucket_groups, left_pad, padded_length
 from flash_dllm_jax.sampling import LLaDASampler
 from tests.paths import TINY_CHECKPOINT
 

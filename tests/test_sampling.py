@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.generate import (decode_jit, decode_tokens, generate,
-                                     left_pad)
+from flash_dllm_jax.generate import decode_jit, decode_tokens, generate
+from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model import Transformer, init_params
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
 from flash_dllm_jax.sampling.dream import torch_linspace_f32

@@ -33,8 +33,8 @@ from flash_dllm_jax import checkpoint, parallel  # noqa: E402
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
 from flash_dllm_jax.eval.tasks import make_render  # noqa: E402
 from flash_dllm_jax.eval.tasks.gsm8k import GSM8K  # noqa: E402
-from flash_dllm_jax.generate import (CPU_COMPILER_OPTIONS,  # noqa: E402
-                                     bucket_groups, left_pad)
+from flash_dllm_jax.generate import CPU_COMPILER_OPTIONS  # noqa: E402
+from flash_dllm_jax.prompts import bucket_groups, left_pad  # noqa: E402
 from flash_dllm_jax.sampling.sequence_model import SequenceModel  # noqa: E402
 
 

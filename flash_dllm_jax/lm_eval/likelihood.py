@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.generate import PROMPT_BUCKET
+from flash_dllm_jax.prompts import PROMPT_BUCKET
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 

@@ -5,7 +5,7 @@
 
 generate_until: contexts (with chat=true, each as one user turn of the
 checkpoint's chat template) are tokenized without BOS, grouped by padded
-prompt length (generate.PROMPT_BUCKET) and decoded through the compiled
+prompt length (prompts.PROMPT_BUCKET) and decoded through the compiled
 `generate`, batch_size rows at a time with the last batch of a bucket
 padded by copies to batch_size / 8, / 4, / 2 or batch_size rows (at most
 four compiles per bucket; `padded_rows`), or, for strategies that refill
@@ -41,8 +41,8 @@ from tqdm import tqdm
 
 from flash_dllm_jax import parallel
 from flash_dllm_jax.checkpoint import load, load_config
-from flash_dllm_jax.generate import (PROMPT_BUCKET, answer_ids,
-                                     bucket_groups, generate)
+from flash_dllm_jax.generate import answer_ids, generate
+from flash_dllm_jax.prompts import PROMPT_BUCKET, bucket_groups
 from flash_dllm_jax.lm_eval import likelihood
 from flash_dllm_jax.sampling import Refillable
 from flash_dllm_jax.lm_eval.args import parse

@@ -9,7 +9,7 @@ import math
 import time
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.generate import PROMPT_BUCKET
+from flash_dllm_jax.prompts import PROMPT_BUCKET
 from flash_dllm_jax.ops import Kernels, choice
 from flash_dllm_jax.serve.engine import SlotEngine
 from flash_dllm_jax.serve.metrics import Metrics
