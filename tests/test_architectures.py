@@ -11,7 +11,7 @@ from flash_dllm_jax import architectures, strategies
 from flash_dllm_jax.architectures import dream, llada
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import default_sampler
-from flash_dllm_jax.convert.tables import TABLES
+from flash_dllm_jax.convert import tables
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.tokenizer import build_tiny_tokenizer
@@ -40,7 +40,8 @@ def test_specs(spec, sampler):
   assert config.spec is spec
   assert (config.qkv_bias, config.rope_in_float32, config.logits_shift) == (
       spec.qkv_bias, spec.rope_in_float32, spec.logits_shift)
-  assert spec.name_table() is TABLES[spec.name]
+  assert spec.name_table() is getattr(tables, spec.name.upper())
+  assert spec.likelihood_masks == {"llada": "count", "dream": "rate"}[spec.name]
   assert type(default_sampler(config)) is sampler
   assert spec.default_strategy in strategies.strategies_for(spec.name)
   tok, _ = build_tiny_tokenizer(spec.name)
@@ -67,11 +68,15 @@ def test_a_new_architecture_is_one_spec(monkeypatch):
   HF config reading, default strategy and strategy checks follow it."""
   spec = dataclasses.replace(
       llada.SPEC, name="mini", hf_model_types=("mini-lm",), label="Mini",
-      default_strategy="threshold",
+      default_strategy="threshold", likelihood_masks="rate",
       read_hf_config=lambda hf: {**llada.read_hf_config(hf), "arch": "mini"})
   monkeypatch.setitem(architectures.ARCHITECTURES, "mini", spec)
   config = ModelConfig.tiny("mini")
   assert config.rope_in_float32 and not config.qkv_bias
+  assert config.spec.likelihood_masks == "rate"  # lm-eval's noising
+  with pytest.raises(ValueError, match="mini: likelihood_masks must be one "
+                     "of \\('count', 'rate'\\), got 'tokens'"):
+    dataclasses.replace(spec, likelihood_masks="tokens")
   assert isinstance(default_sampler(config), FastDLLMSampler)
   assert "llada" not in strategies.strategies_for("mini")
   assert "flash-dllm" in strategies.strategies_for("mini")

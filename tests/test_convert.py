@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 from flash_dllm_jax import checkpoint
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import convert_checkpoint
-from flash_dllm_jax.convert.tables import TABLES, expected_names, resolve
+from flash_dllm_jax import architectures
+from flash_dllm_jax.convert.tables import expected_names, resolve
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.tokenizer import Tokenizer, build_tiny_tokenizer
 from tests import hf_fixtures
@@ -29,7 +30,7 @@ def expected_params(arch, oracle, dtype):
            for n, t in oracle.state_dict().items()}
   n_layers = oracle.config.num_hidden_layers
   out = {}
-  for rule in TABLES[arch]:
+  for rule in architectures.get(arch).name_table():
     for layer in range(n_layers) if rule.per_layer else [None]:
       path = rule.param_path.format(layer=layer)
       tensor = state[rule.hf_name.format(layer=layer)].to(
@@ -146,7 +147,7 @@ def test_tables_cover_the_genuine_index(name):
   config = ModelConfig.from_hf_config(REFERENCE / name / "config.json")
   index = json.loads((REFERENCE / name / "model.safetensors.index.json"
                       ).read_text())["weight_map"]
-  table = TABLES[config.arch]
+  table = config.spec.name_table()
   assert sorted(index) == sorted(expected_names(table, config))
   init = traverse_util.flatten_dict(jax.eval_shape(
       lambda key: init_params(config, key), jax.random.key(0)), sep="/")

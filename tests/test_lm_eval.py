@@ -145,7 +145,7 @@ def test_dream_estimate_uses_the_logit_shift():
   params = init_params(config, jax.random.key(0))
   prefix, target = [5, 6, 7, 8, 9], [10, 11, 12]
   rng = np.random.default_rng(0)
-  masks, weights = likelihood.draw_masks(rng, 3, 8, 4, "dream", 0.1)
+  masks, weights = likelihood.draw_masks(rng, 3, 8, 4, "rate", 0.1)
   assert ((weights >= 1) & (weights <= 10 + 1e-9)).all()
   value, forwards = likelihood.estimate(params, config, prefix, target, masks,
                                         weights, group=4)
@@ -156,12 +156,15 @@ def test_dream_estimate_uses_the_logit_shift():
 
 def test_llada_masks_are_stratified():
   rng = np.random.default_rng(3)
-  masks, weights = likelihood.draw_masks(rng, 10, 8, 4, "llada")
+  masks, weights = likelihood.draw_masks(rng, 10, 8, 4, "count")
   counts = masks.sum(1)
   assert ((counts >= 1) & (counts <= 10)).all()
   np.testing.assert_allclose(weights, 10 / counts)
   for g in (counts[:4], counts[4:]):  # one k per group, then steps of L/4
     assert set(np.diff(g) % 10) <= {2, 3}
+  with pytest.raises(ValueError, match="mask scheme must be 'count' or "
+                     "'rate', got 'llada'"):
+    likelihood.draw_masks(rng, 10, 8, 4, "llada")
 
 
 def test_loglikelihood_rolling_is_refused(tiny_lm):

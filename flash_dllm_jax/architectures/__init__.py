@@ -15,6 +15,9 @@ import importlib
 from typing import Any, Callable, Mapping
 
 
+LIKELIHOOD_MASKS = ("count", "rate")
+
+
 @dataclasses.dataclass(frozen=True)
 class Architecture:
   """name: ModelConfig.arch. hf_model_types: config.json `model_type`s it
@@ -25,6 +28,9 @@ class Architecture:
   default_strategy: the STRATEGIES entry `generate` uses when given none.
   chat_template: the genuine checkpoint's template.
   qkv_bias, rope_in_float32, logits_shift: the model flags (see ModelConfig).
+  likelihood_masks: how lm-eval's log-likelihood noises the continuation
+    (lm_eval/likelihood.py): "count" (exactly x of L tokens, LLaDA's
+    eval) or "rate" (each token at a rate, Dream's adapter).
   tiny_*: what `ModelConfig.tiny` and `build_tiny_tokenizer` use for test
   fixtures in this format; tiny_bos_is_eos: the model config's BOS is EOS.
   """
@@ -39,10 +45,16 @@ class Architecture:
   qkv_bias: bool
   rope_in_float32: bool
   logits_shift: int
+  likelihood_masks: str
   tiny_numerics: Mapping[str, float]
   tiny_special_tokens: tuple[str, ...]
   tiny_tokenizer_config: Mapping[str, Any]
   tiny_bos_is_eos: bool = False
+
+  def __post_init__(self):
+    if self.likelihood_masks not in LIKELIHOOD_MASKS:
+      raise ValueError(f"{self.name}: likelihood_masks must be one of "
+                       f"{LIKELIHOOD_MASKS}, got {self.likelihood_masks!r}")
 
 
 _MODULES = ("llada", "dream")

@@ -45,6 +45,7 @@ SPEC = Architecture(
     read_hf_config=read_hf_config, name_table=_name_table,
     default_strategy="dream", chat_template=DREAM_CHAT_TEMPLATE,
     qkv_bias=True, rope_in_float32=False, logits_shift=1,
+    likelihood_masks="rate",
     tiny_numerics={"rms_norm_eps": 1e-6, "rope_theta": 1e6},
     tiny_special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>",
                          "<|beginoftext|>", "<|mask|>"),

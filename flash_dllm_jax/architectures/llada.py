@@ -48,6 +48,7 @@ SPEC = Architecture(
     read_hf_config=read_hf_config, name_table=_name_table,
     default_strategy="llada", chat_template=LLADA_CHAT_TEMPLATE,
     qkv_bias=False, rope_in_float32=True, logits_shift=0,
+    likelihood_masks="count",
     tiny_numerics={"rms_norm_eps": 1e-5, "rope_theta": 500000.0},
     tiny_special_tokens=("<|startoftext|>", "<|endoftext|>", "<|eot_id|>",
                          "<|start_header_id|>", "<|end_header_id|>",

@@ -102,10 +102,6 @@ DREAM = _rules("", [
      _E_F),
 ])
 
-# Keyed by config.json's model_type, lower-cased.
-TABLES: dict[str, tuple[Rule, ...]] = {"llada": LLADA, "dream": DREAM}
-
-
 @dataclasses.dataclass(frozen=True)
 class Mapped:
   """One HF tensor resolved against a table and a config."""

@@ -4,11 +4,11 @@ log p(target | prefix) >= -E_t E_mask [ sum over masked target tokens of
 -log p_theta(token | noisy sequence) / t ], estimated from `mc_num` noisy
 copies of prefix + target (the prefix is never masked):
 
-- LLaDA (its `eval_llada.py`): in each group of `group` copies, copy i masks
+- "count", LLaDA (its `eval_llada.py`): in each group of `group` copies, copy i masks
   exactly x_i of the L target tokens, x_i = round(k + i L / group) wrapped
   into [1, L] for one k ~ U{1..L} per group (stratified ratios), the
   positions a uniform random subset; weight 1 / t_i = L / x_i.
-- Dream (its lm-eval adapter): t_i = (u + i / group) mod 1 for one
+- "rate", Dream (its lm-eval adapter): t_i = (u + i / group) mod 1 for one
   u ~ U[0, 1) per group, p_i = (1 - eps) t_i + eps, each target token masked
   independently with probability p_i; weight 1 / p_i; position j is
   predicted by logits row j - 1 (its logit shift). Unlike that adapter the
@@ -36,10 +36,13 @@ from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 
 def draw_masks(rng: np.random.Generator, target_len: int, mc_num: int,
-               group: int, arch: str, eps: float = 1e-3
+               group: int, scheme: str, eps: float = 1e-3
                ) -> tuple[np.ndarray, np.ndarray]:
   """(masked_MxL bool, weight_M float64) for mc_num copies, stratified in
-  groups of `group` (mc_num must be a multiple of it)."""
+  groups of `group` (mc_num must be a multiple of it); scheme: "count" or
+  "rate" (the module docstring; an Architecture's likelihood_masks)."""
+  if scheme not in ("count", "rate"):
+    raise ValueError(f"mask scheme must be 'count' or 'rate', got {scheme!r}")
   if target_len < 1:
     raise ValueError("the continuation has no tokens")
   if mc_num % group:
@@ -47,7 +50,7 @@ def draw_masks(rng: np.random.Generator, target_len: int, mc_num: int,
   el = target_len
   masks, weights = [], []
   for _ in range(mc_num // group):
-    if arch == "llada":
+    if scheme == "count":
       k = int(rng.integers(1, el + 1))
       x = np.round(np.linspace(k, k + (group - 1) * (el / group), group))
       x = ((x.astype(np.int64) - 1) % el) + 1

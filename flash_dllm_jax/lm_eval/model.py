@@ -222,7 +222,8 @@ class FlashDLLMJax(LM):
     """The masks of request `index` (its own NumPy generator)."""
     rng = np.random.default_rng((self.args.seed, index))
     return likelihood.draw_masks(rng, target_len, self.args.mc_num,
-                                 self.args.batch_size, self.config.arch,
+                                 self.args.batch_size,
+                                 self.config.spec.likelihood_masks,
                                  self.args.sampling_eps)
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
