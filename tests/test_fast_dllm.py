@@ -141,7 +141,7 @@ def test_cached_rows_line_up_with_the_full_forward(arch):
   want = jax.jit(model.logits)(tokens, rows)
   for cache in ("prefix", "dual"):
     sampler = FastDLLMSampler(gen_length=16, block_length=8, cache=cache)
-    block_logits = jax.jit(lambda aux: sampler._block_logits(
+    block_logits = jax.jit(lambda aux: sampler.block_logits(
         model, tokens, aux, start_B, jnp.ones((b,), bool)))
     aux = sampler.init_aux(model, tokens)
     got_full, filled = block_logits(aux)  # age 0: the full forward

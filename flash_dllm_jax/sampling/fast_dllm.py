@@ -144,8 +144,8 @@ class FastDLLMSampler:
     slots_BxQ = start_B[:, None] - shift + jnp.arange(span + shift)
     return jnp.where(slots_BxQ < n, slots_BxQ, -1)
 
-  def _block_logits(self, model: SequenceModel, tokens_BxN: jax.Array,
-                    aux: BlockState, start_B: jax.Array, active_B: jax.Array):
+  def block_logits(self, model: SequenceModel, tokens_BxN: jax.Array,
+                   aux: BlockState, start_B: jax.Array, active_B: jax.Array):
     """(logits_BxLxV of the block's positions, new cache); each row's from
     exactly one forward, the full one iff it refreshes this step."""
     b, n = tokens_BxN.shape
@@ -183,8 +183,8 @@ class FastDLLMSampler:
     start_B = prompt_len + block_B * self.block_length
     pos_BxL = start_B[:, None] + jnp.arange(self.block_length)
 
-    logits_BxLxV, cache = self._block_logits(model, tokens_BxN, aux, start_B,
-                                             active_B)
+    logits_BxLxV, cache = self.block_logits(model, tokens_BxN, aux, start_B,
+                                            active_B)
     x0_BxL, conf_BxL = commit_rules.confidence(logits_BxLxV)
     block_BxL = jnp.take_along_axis(tokens_BxN, pos_BxL, axis=1)
     masked_BxL = block_BxL == mask_id
