@@ -6,6 +6,7 @@ import json
 import os
 import secrets
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -175,8 +176,14 @@ def test_bwrap_confines_writes_to_the_temporary_directory(tmp_path):
     source = (f"open({str(path)!r}, 'w').write('x')\n"
               "open('inside.txt', 'w').write('fine')\n")
     result = executor.run_program(source, executor.Limits(sandbox="bwrap"))
-    assert result.status == "failed" and "Error" in result.detail, result
     assert not path.exists()
+    if not path.is_relative_to("/tmp"):  # there: the private /tmp's copy
+      assert result.status == "failed" and "Error" in result.detail, result
+  # The interpreter's own folders are read-only, under /tmp too.
+  venv = Path(sys.prefix) / f"escape-{secrets.token_hex(4)}.txt"
+  result = executor.run_program(f"open({str(venv)!r}, 'w').write('x')\n",
+                                executor.Limits(sandbox="bwrap"))
+  assert result.status == "failed" and not venv.exists(), result
   # Its own directory, and a private /tmp that the host never sees.
   name = f"fdj-private-{secrets.token_hex(4)}"
   inside = executor.run_program("open('inside.txt', 'w').write('fine')\n"
@@ -184,6 +191,26 @@ def test_bwrap_confines_writes_to_the_temporary_directory(tmp_path):
                                 executor.Limits(sandbox="bwrap"))
   assert not (Path("/tmp") / name).exists()
   assert inside.passed, inside
+
+
+def test_bwrap_keeps_an_interpreter_installed_under_tmp(monkeypatch):
+  """A virtual environment under /tmp (say, of a clone there) would vanish
+  behind the private /tmp: it is bound back, read-only, once (its bin/ is
+  inside it); an interpreter elsewhere adds no binding."""
+  for name in ("base_prefix", "base_exec_prefix"):
+    monkeypatch.setattr(executor.sys, name, "/usr")
+  monkeypatch.setattr(executor.sys, "prefix", "/tmp/clone/.venv")
+  monkeypatch.setattr(executor.sys, "exec_prefix", "/tmp/clone/.venv")
+  monkeypatch.setattr(executor.sys, "executable", "/tmp/clone/.venv/bin/py")
+  args = executor._bwrap_args(Path("/tmp/work"))
+  i = args.index("--tmpfs")
+  assert args[i:i + 5] == ["--tmpfs", "/tmp", "--ro-bind", "/tmp/clone/.venv",
+                           "/tmp/clone/.venv"]
+  assert args.count("--ro-bind") == 2 and args.count("--bind") == 1
+  for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix"):
+    monkeypatch.setattr(executor.sys, name, "/usr")
+  monkeypatch.setattr(executor.sys, "executable", "/usr/bin/python3")
+  assert executor._bwrap_args(Path("/tmp/work")).count("--ro-bind") == 1
 
 
 @pytest.mark.skipif(executor.bwrap_problem() is not None,

@@ -9,7 +9,8 @@ few destructive os/shutil/subprocess calls before running the program.
 Two sandboxes (`Limits.sandbox`; 'auto' picks the first that works here):
   bwrap: bubblewrap, when installed and able to create namespaces: no
     network (a new network namespace), a read-only file system except the
-    temporary directory (and a private /tmp), its own PID namespace, so
+    temporary directory (and a private /tmp, where only the interpreter's
+    own folders are kept, read-only), its own PID namespace, so
     every process the program starts, in any session, dies with it.
   rlimit: the limits alone; the process group is killed at the end, and a
     program can still reach the network and write where the evaluator may.
@@ -101,11 +102,26 @@ class Limits:
                        f"got {self.sandbox!r}")
 
 
+def _interpreter_under_tmp() -> list[Path]:
+  """The interpreter's folders that the private /tmp would hide (a virtual
+  environment, or a Python, installed under /tmp)."""
+  places = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix,
+                              sys.base_exec_prefix)]
+  places += [Path(sys.executable).parent, Path(sys.executable).resolve().parent]
+  places += [p.resolve() for p in places]
+  under = {p for p in places if p.is_relative_to("/tmp") and p != Path("/tmp")}
+  return sorted(p for p in under if not any(p.is_relative_to(q) and p != q
+                                            for q in under))
+
+
 def _bwrap_args(work: Path) -> list[str]:
   """bubblewrap: every namespace new (no network, own PIDs), the host file
-  system read-only, a private /tmp, only `work` writable."""
+  system read-only, a private /tmp (the interpreter's own folders kept,
+  read-only), only `work` writable."""
+  keep = [a for p in _interpreter_under_tmp()
+          for a in ("--ro-bind", str(p), str(p))]
   return [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/",
-          "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+          "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *keep,
           "--bind", str(work), str(work), "--chdir", str(work),
           "--unshare-all", "--die-with-parent", "--new-session",
           "--cap-drop", "ALL", "--"]
