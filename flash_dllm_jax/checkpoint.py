@@ -28,7 +28,6 @@ import ml_dtypes  # noqa: F401  (registers numpy bfloat16)
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import traverse_util
-
 from jax.sharding import NamedSharding
 
 from flash_dllm_jax import parallel, quantize as quantize_lib

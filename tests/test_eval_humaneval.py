@@ -14,7 +14,7 @@ import pytest
 
 from tests import eval_case
 from tests.paths import TINY_CHECKPOINT
-from flash_dllm_jax.eval import executor
+from flash_dllm_jax.eval import executor, sandbox
 from flash_dllm_jax.eval.tasks import make_render
 from flash_dllm_jax.eval.tasks.humaneval import HumanEval, program
 from flash_dllm_jax.tokenizer import Tokenizer
@@ -121,11 +121,11 @@ def test_limits_are_checked():
 
 # The sandboxes that can run here; what each guarantees is in the README.
 MODES = [pytest.param("bwrap", marks=pytest.mark.skipif(
-    executor.bwrap_problem() is not None,
-    reason=str(executor.bwrap_problem()))), "rlimit"]
+    sandbox.bwrap_problem() is not None,
+    reason=str(sandbox.bwrap_problem()))), "rlimit"]
 # Without bwrap a run's processes are bounded and all found again only
 # through its own cgroup (or RLIMIT_NPROC, which does not bind root).
-CONTAINED = executor.pids_cgroup_root() is not None
+CONTAINED = sandbox.pids_cgroup_root() is not None
 
 
 def _contained(mode, what):
@@ -167,8 +167,8 @@ def test_a_setsid_escape_dies_with_the_run(mode, then):
   assert not _running(marker)
 
 
-@pytest.mark.skipif(executor.bwrap_problem() is not None,
-                    reason=str(executor.bwrap_problem()))
+@pytest.mark.skipif(sandbox.bwrap_problem() is not None,
+                    reason=str(sandbox.bwrap_problem()))
 def test_bwrap_confines_writes_to_the_temporary_directory(tmp_path):
   outside = [ROOT / f"escape-{secrets.token_hex(4)}.txt",
              tmp_path / "escape.txt", Path.home() / "escape.txt"]
@@ -198,23 +198,23 @@ def test_bwrap_keeps_an_interpreter_installed_under_tmp(monkeypatch):
   behind the private /tmp: it is bound back, read-only, once (its bin/ is
   inside it); an interpreter elsewhere adds no binding."""
   for name in ("base_prefix", "base_exec_prefix"):
-    monkeypatch.setattr(executor.sys, name, "/usr")
-  monkeypatch.setattr(executor.sys, "prefix", "/tmp/clone/.venv")
-  monkeypatch.setattr(executor.sys, "exec_prefix", "/tmp/clone/.venv")
-  monkeypatch.setattr(executor.sys, "executable", "/tmp/clone/.venv/bin/py")
-  args = executor._bwrap_args(Path("/tmp/work"))
+    monkeypatch.setattr(sandbox.sys, name, "/usr")
+  monkeypatch.setattr(sandbox.sys, "prefix", "/tmp/clone/.venv")
+  monkeypatch.setattr(sandbox.sys, "exec_prefix", "/tmp/clone/.venv")
+  monkeypatch.setattr(sandbox.sys, "executable", "/tmp/clone/.venv/bin/py")
+  args = sandbox.bwrap_args(Path("/tmp/work"))
   i = args.index("--tmpfs")
   assert args[i:i + 5] == ["--tmpfs", "/tmp", "--ro-bind", "/tmp/clone/.venv",
                            "/tmp/clone/.venv"]
   assert args.count("--ro-bind") == 2 and args.count("--bind") == 1
   for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix"):
-    monkeypatch.setattr(executor.sys, name, "/usr")
-  monkeypatch.setattr(executor.sys, "executable", "/usr/bin/python3")
-  assert executor._bwrap_args(Path("/tmp/work")).count("--ro-bind") == 1
+    monkeypatch.setattr(sandbox.sys, name, "/usr")
+  monkeypatch.setattr(sandbox.sys, "executable", "/usr/bin/python3")
+  assert sandbox.bwrap_args(Path("/tmp/work")).count("--ro-bind") == 1
 
 
-@pytest.mark.skipif(executor.bwrap_problem() is not None,
-                    reason=str(executor.bwrap_problem()))
+@pytest.mark.skipif(sandbox.bwrap_problem() is not None,
+                    reason=str(sandbox.bwrap_problem()))
 def test_bwrap_has_no_network():
   """A server on the host's 127.0.0.1 gets no connection from the program;
   the same program reaches it under the rlimit sandbox (which has network:
@@ -234,9 +234,9 @@ def test_bwrap_has_no_network():
 
 
 def test_auto_uses_bwrap_where_it_works():
-  want = "bwrap" if executor.bwrap_problem() is None else "rlimit"
-  assert executor.sandbox_mode("auto") == want
-  assert executor.sandbox_mode("rlimit") == "rlimit"
+  want = "bwrap" if sandbox.bwrap_problem() is None else "rlimit"
+  assert sandbox.sandbox_mode("auto") == want
+  assert sandbox.sandbox_mode("rlimit") == "rlimit"
   assert HumanEval().settings()["sandbox"] == want
 
 
@@ -285,16 +285,16 @@ def test_script_end_to_end(tmp_path):
 def test_without_bwrap_auto_falls_back_and_says_so(monkeypatch, tmp_path,
                                                    capsys):
   monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
-  executor.bwrap_problem.cache_clear()
+  sandbox.bwrap_problem.cache_clear()
   try:
-    assert executor.bwrap_problem().startswith("bwrap is not installed")
-    assert executor.sandbox_mode("auto") == "rlimit"
+    assert sandbox.bwrap_problem().startswith("bwrap is not installed")
+    assert sandbox.sandbox_mode("auto") == "rlimit"
     assert "warning: test programs run in the rlimit sandbox" in (
         capsys.readouterr().err)
     with pytest.raises(ValueError, match="'bwrap' was asked for, but bwrap "
                        "is not installed"):
-      executor.sandbox_mode("bwrap")
+      sandbox.sandbox_mode("bwrap")
     result = executor.run_program("print('ran')\n", executor.Limits())
     assert result.passed and result.output == "ran\n"
   finally:
-    executor.bwrap_problem.cache_clear()
+    sandbox.bwrap_problem.cache_clear()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from flash_dllm_jax.cli import (DEFAULT_CHECKPOINT, add_compile_cache_flags,
                                 start_compile_cache)
+from flash_dllm_jax.eval import sandbox
 from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
                                        options_from_args)
 
@@ -75,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
                   help="seconds per test run (wall; CPU capped too)")
   he.add_argument("--memory-mb", type=int, default=1024,
                   help="address-space limit of a test run")
-  he.add_argument("--sandbox", choices=("auto", "bwrap", "rlimit"),
+  he.add_argument("--sandbox", choices=sandbox.SANDBOXES,
                   default="auto", help="how test programs are confined: "
                   "bubblewrap (no network, read-only file system, own PID "
                   "namespace) or resource limits alone; auto: bwrap where "

@@ -24,13 +24,10 @@ fork bomb is bounded only by the timeout.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import dataclasses
-import functools
 import math
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
+
+from flash_dllm_jax.eval import sandbox
 
 # Runs inside the child: limits first, then the guard, then the program; the
 # random token written after it proves the program ran to its end (a
@@ -68,9 +67,6 @@ with open("finished", "w") as f:
 TAIL_CHARS = 2000
 
 
-SANDBOXES = ("auto", "bwrap", "rlimit")
-
-
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """timeout_s: wall seconds (CPU seconds are capped at its ceiling too);
@@ -97,119 +93,9 @@ class Limits:
     if not isinstance(self.processes, int) or self.processes < 1:
       raise ValueError(f"process limit must be an int >= 1, "
                        f"got {self.processes!r}")
-    if self.sandbox not in SANDBOXES:
-      raise ValueError(f"sandbox must be one of {SANDBOXES}, "
+    if self.sandbox not in sandbox.SANDBOXES:
+      raise ValueError(f"sandbox must be one of {sandbox.SANDBOXES}, "
                        f"got {self.sandbox!r}")
-
-
-def _interpreter_under_tmp() -> list[Path]:
-  """The interpreter's folders that the private /tmp would hide (a virtual
-  environment, or a Python, installed under /tmp)."""
-  places = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix,
-                              sys.base_exec_prefix)]
-  places += [Path(sys.executable).parent, Path(sys.executable).resolve().parent]
-  places += [p.resolve() for p in places]
-  under = {p for p in places if p.is_relative_to("/tmp") and p != Path("/tmp")}
-  return sorted(p for p in under if not any(p.is_relative_to(q) and p != q
-                                            for q in under))
-
-
-def _bwrap_args(work: Path) -> list[str]:
-  """bubblewrap: every namespace new (no network, own PIDs), the host file
-  system read-only, a private /tmp (the interpreter's own folders kept,
-  read-only), only `work` writable."""
-  keep = [a for p in _interpreter_under_tmp()
-          for a in ("--ro-bind", str(p), str(p))]
-  return [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/",
-          "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *keep,
-          "--bind", str(work), str(work), "--chdir", str(work),
-          "--unshare-all", "--die-with-parent", "--new-session",
-          "--cap-drop", "ALL", "--"]
-
-
-@functools.cache
-def bwrap_problem() -> str | None:
-  """Why bubblewrap cannot sandbox here (not installed, or namespaces not
-  allowed), or None when it can."""
-  if shutil.which("bwrap") is None:
-    return "bwrap is not installed (Debian package bubblewrap)"
-  with tempfile.TemporaryDirectory(prefix="fdj-probe-") as tmp:
-    try:
-      r = subprocess.run([*_bwrap_args(Path(tmp)), sys.executable, "-I",
-                          "-c", "pass"], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-      return f"bwrap cannot start a sandbox here: {e}"
-  if r.returncode:
-    return f"bwrap cannot start a sandbox here: {r.stderr.strip()}"
-  return None
-
-
-def sandbox_mode(requested: str = "auto") -> str:
-  """The sandbox a run with Limits(sandbox=requested) gets."""
-  problem = bwrap_problem() if requested != "rlimit" else None
-  if requested == "bwrap" and problem:
-    raise ValueError(f"sandbox 'bwrap' was asked for, but {problem}")
-  if problem:
-    _say_fallback(problem)
-  return "rlimit" if requested == "rlimit" or problem else "bwrap"
-
-
-@functools.cache
-def _say_fallback(problem: str) -> None:
-  print(f"warning: test programs run in the rlimit sandbox (network and "
-        f"writes not confined): {problem}", file=sys.stderr)
-
-
-_PIDS_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup",
-               "/sys/fs/cgroup/unified")
-
-
-@functools.cache
-def pids_cgroup_root() -> Path | None:
-  """A cgroup hierarchy (v1 or v2) where this process may create children
-  with a `pids` controller, or None."""
-  for root in map(Path, _PIDS_ROOTS):
-    probe = root / f"fdj-probe-{os.getpid()}"
-    try:
-      probe.mkdir()
-    except OSError:
-      continue
-    ok = (probe / "pids.max").is_file() and (probe / "cgroup.procs").is_file()
-    probe.rmdir()
-    if ok:
-      return root
-  return None
-
-
-@contextlib.contextmanager
-def _cgroup(processes: int):
-  """A fresh cgroup of at most `processes` processes (None without one);
-  every process left in it is killed and the cgroup removed at the end."""
-  root = pids_cgroup_root()
-  if root is None:
-    yield None
-    return
-  path = root / f"fdj-exec-{secrets.token_hex(8)}"
-  path.mkdir()
-  try:
-    (path / "pids.max").write_text(str(processes))
-    yield path
-  finally:
-    for _ in range(1000):
-      pids = [int(x) for x in (path / "cgroup.procs").read_text().split()]
-      if not pids:
-        break
-      for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-          os.kill(pid, signal.SIGKILL)
-      time.sleep(0.01)
-    for _ in range(100):
-      try:
-        path.rmdir()
-        break
-      except OSError:
-        time.sleep(0.01)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,9 +151,9 @@ def run_program(source: str, limits: Limits = Limits()) -> ExecResult:
   """Runs `source` as a script in a sandboxed child process; never raises
   for anything the program does."""
   t0 = time.perf_counter()
-  mode = sandbox_mode(limits.sandbox)
+  mode = sandbox.sandbox_mode(limits.sandbox)
   with tempfile.TemporaryDirectory(prefix="fdj-exec-") as tmp, \
-       _cgroup(limits.processes) as cgroup:
+       sandbox.pids_cgroup(limits.processes) as cgroup:
     work, token = Path(tmp), secrets.token_hex(16)
     (work / "program.py").write_text(source, encoding="utf-8")
     env = {"PATH": os.defpath, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8"}
@@ -275,7 +161,7 @@ def run_program(source: str, limits: Limits = Limits()) -> ExecResult:
             str(limits.memory_mb * 2**20), str(math.ceil(limits.timeout_s)),
             str(limits.file_mb * 2**20), str(limits.processes), token]
     if mode == "bwrap":
-      args = _bwrap_args(work) + args
+      args = sandbox.bwrap_args(work) + args
     if cgroup is not None:  # joins the cgroup, then becomes the child
       args = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
               str(cgroup / "cgroup.procs"), *args]

@@ -17,7 +17,7 @@ import hashlib
 from pathlib import Path
 from typing import Sequence
 
-from flash_dllm_jax.eval import executor
+from flash_dllm_jax.eval import executor, sandbox
 from flash_dllm_jax.eval.tasks import (Problem, Render, cut_at_stops,
                                        read_jsonl)
 
@@ -68,7 +68,7 @@ class HumanEval:
             "timeout_s": self.limits.timeout_s,
             "memory_mb": self.limits.memory_mb,
             "processes": self.limits.processes,
-            "sandbox": executor.sandbox_mode(self.limits.sandbox)}
+            "sandbox": sandbox.sandbox_mode(self.limits.sandbox)}
 
   def problems(self, render: Render) -> list[Problem]:
     out = []
