@@ -15,7 +15,9 @@ import jax
 import numpy as np
 
 Message = dict[str, str]
-PROMPT_BUCKET = 32  # prompts are left-padded to a multiple of this (fewer compiles)
+# Prompts are left-padded to a multiple of this: fewer distinct shapes to
+# compile.
+PROMPT_BUCKET = 32
 PROMPT_FORMS = ("prompt must be a string, a list of chat messages ({'role', "
                 "'content'} dicts), token ids, or a list of such prompts")
 

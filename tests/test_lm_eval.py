@@ -162,8 +162,8 @@ def test_llada_masks_are_stratified():
   np.testing.assert_allclose(weights, 10 / counts)
   for g in (counts[:4], counts[4:]):  # one k per group, then steps of L/4
     assert set(np.diff(g) % 10) <= {2, 3}
-  with pytest.raises(ValueError, match="mask scheme must be 'count' or "
-                     "'rate', got 'llada'"):
+  with pytest.raises(ValueError, match="mask scheme must be one of "
+                     "\\('count', 'rate'\\), got 'llada'"):
     likelihood.draw_masks(rng, 10, 8, 4, "llada")
 
 

@@ -23,13 +23,12 @@ SANDBOXES = ("auto", "bwrap", "rlimit")
 def _interpreter_under_tmp() -> list[Path]:
   """The interpreter's folders that the private /tmp would hide (a virtual
   environment, or a Python, installed under /tmp)."""
-  places = [Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix,
-                              sys.base_exec_prefix)]
-  places += [Path(sys.executable).parent, Path(sys.executable).resolve().parent]
-  places += [p.resolve() for p in places]
-  under = {p for p in places if p.is_relative_to("/tmp") and p != Path("/tmp")}
-  return sorted(p for p in under if not any(p.is_relative_to(q) and p != q
-                                            for q in under))
+  named = {Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix,
+                             sys.base_exec_prefix, Path(sys.executable).parent)}
+  under = {p for p in named | {p.resolve() for p in named}
+           if p.is_relative_to("/tmp") and p != Path("/tmp")}
+  return sorted(p for p in under  # the outermost ones: a bind covers its tree
+                if not any(p != q and p.is_relative_to(q) for q in under))
 
 
 def bwrap_args(work: Path) -> list[str]:

@@ -4,10 +4,10 @@ log p(target | prefix) >= -E_t E_mask [ sum over masked target tokens of
 -log p_theta(token | noisy sequence) / t ], estimated from `mc_num` noisy
 copies of prefix + target (the prefix is never masked):
 
-- "count", LLaDA (its `eval_llada.py`): in each group of `group` copies, copy i masks
-  exactly x_i of the L target tokens, x_i = round(k + i L / group) wrapped
-  into [1, L] for one k ~ U{1..L} per group (stratified ratios), the
-  positions a uniform random subset; weight 1 / t_i = L / x_i.
+- "count", LLaDA (its `eval_llada.py`): in each group of `group` copies,
+  copy i masks exactly x_i of the L target tokens, x_i = round(k + i L /
+  group) wrapped into [1, L] for one k ~ U{1..L} per group (stratified
+  ratios), the positions a uniform random subset; weight 1 / t_i = L / x_i.
 - "rate", Dream (its lm-eval adapter): t_i = (u + i / group) mod 1 for one
   u ~ U[0, 1) per group, p_i = (1 - eps) t_i + eps, each target token masked
   independently with probability p_i; weight 1 / p_i; position j is
@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flash_dllm_jax.architectures import LIKELIHOOD_MASKS
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import PROMPT_BUCKET
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -41,8 +42,9 @@ def draw_masks(rng: np.random.Generator, target_len: int, mc_num: int,
   """(masked_MxL bool, weight_M float64) for mc_num copies, stratified in
   groups of `group` (mc_num must be a multiple of it); scheme: "count" or
   "rate" (the module docstring; an Architecture's likelihood_masks)."""
-  if scheme not in ("count", "rate"):
-    raise ValueError(f"mask scheme must be 'count' or 'rate', got {scheme!r}")
+  if scheme not in LIKELIHOOD_MASKS:
+    raise ValueError(f"mask scheme must be one of {LIKELIHOOD_MASKS}, "
+                     f"got {scheme!r}")
   if target_len < 1:
     raise ValueError("the continuation has no tokens")
   if mc_num % group:
