@@ -34,6 +34,8 @@ def bench_params(config, seed: int = 0, pool: int = 1 << 22,
   from flash_dllm_jax import quantize as quantized
   from flash_dllm_jax.model import init_params
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  qconfig = config.replace(quantize=quantize, quantize_head=quantize_head,
+                           quantize_embedding=quantize_embedding)
   paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   pool_P = jax.random.normal(jax.random.key(seed), (pool,), jnp.float32)
   leaves, flat = [], {}
@@ -42,15 +44,14 @@ def bench_params(config, seed: int = 0, pool: int = 1 << 22,
       leaves.append(jnp.ones(leaf.shape, leaf.dtype))
     else:
       scale = 1.0 if "embed" in jax.tree_util.keystr(path) else (
-          leaf.shape[0] ** -0.5)
+          leaf.shape[-2] ** -0.5)
       offset = (i * 104_729) % pool  # a prime stride: leaves differ
       leaves.append(_tiled_leaf(pool_P, jnp.int32(offset),
                                 jnp.float32(scale), tuple(leaf.shape),
                                 jnp.dtype(leaf.dtype)))
     if quantize is not None:
       name = "/".join(str(k.key) for k in path)
-      flat.update(quantized.quantize_leaf(name, leaves.pop(), quantize,
-                                          quantize_head, quantize_embedding))
+      flat.update(quantized.quantize_leaf(qconfig, name, leaves.pop()))
   if quantize is not None:
     return traverse_util.unflatten_dict(flat, sep="/")
   return jax.tree_util.tree_unflatten(treedef, leaves)
@@ -120,7 +121,7 @@ def decode_runner(cfg, params, sampler, b: int, prompt_len: int, mesh=None,
   rng = jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32))
   mesh = parallel.parse_mesh(mesh)
   if mesh is not None:
-    params = parallel.shard_params(mesh, params)
+    params = parallel.shard_params(mesh, cfg, params)
     prompt, valid, rng = (parallel.shard_rows(mesh, x)
                           for x in (prompt, valid, rng))
 

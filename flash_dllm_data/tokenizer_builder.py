@@ -16,7 +16,7 @@ import tokenizers
 from tokenizers import AddedToken, models
 from tokenizers import pre_tokenizers, trainers
 
-from flash_dllm_jax.chat_templates import LLADA_CHAT_TEMPLATE
+from flash_dllm_jax.architectures.llada.chat import CHAT_TEMPLATE as LLADA_CHAT_TEMPLATE
 from flash_dllm_jax.tokenizer import Tokenizer, byte_level_pipeline
 
 SPECIAL_TOKENS = ("<|startoftext|>", "<|endoftext|>", "<|eot_id|>",

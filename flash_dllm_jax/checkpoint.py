@@ -31,6 +31,7 @@ from flax import traverse_util
 from jax.sharding import NamedSharding
 
 from flash_dllm_jax import parallel, quantize as quantize_lib
+from flash_dllm_jax.model import roles
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.tokenizer import Tokenizer
 
@@ -190,16 +191,17 @@ def _check_quantizable(checkpointer, ckpt_dir: Path, groups,
   for group in groups:
     for path, shape in _stored_shapes(checkpointer,
                                       ckpt_dir / "params" / group).items():
-      if quantize_lib.quantizes(path, config.quantize_head,
-                                config.quantize_embedding):
-        quantize_lib.check_leaf(config.quantize, path, shape)
+      if quantize_lib.quantizes(config, path):
+        quantize_lib.check_leaf(config, path, shape)
 
 
-def placed(path: str, array, mesh):
-  """An array on the device, or on its shards of `mesh`."""
+def placed(config: ModelConfig, path: str, array, mesh):
+  """`config`'s parameter `path` on the device, or on its shards of
+  `mesh`."""
   if mesh is None:
     return jax.device_put(array)
-  sharding = NamedSharding(mesh, parallel.param_spec(path, array.shape, mesh))
+  sharding = NamedSharding(mesh, parallel.param_spec(config, path,
+                                                     array.shape, mesh))
   return array if getattr(array, "sharding", None) == sharding else (
       jax.device_put(array, sharding))
 
@@ -253,8 +255,10 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
                               f"params/{group}")
   if fmt is not None:
     _check_quantizable(checkpointer, ckpt_dir, manifest["groups"], config)
-  # 8-bit kernels and their scales keep their stored dtypes.
-  cast = lambda p: None if quantize_lib.QUANTIZED.search(p) else np_dtype
+  # 8-bit kernels and their scales keep their stored dtypes, float32
+  # parameters (a router) theirs.
+  cast = lambda p: None if np_dtype is None else roles.stored_dtype(
+      stored, p, np_dtype)
   flat: dict[str, jax.Array] = {}
   for group, paths in manifest["groups"].items():
     group_dir = ckpt_dir / "params" / group
@@ -265,7 +269,8 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
       shapes = _stored_shapes(checkpointer, group_dir)
       args = {p: ocp.ArrayRestoreArgs(
           dtype=cast(p), sharding=NamedSharding(
-              mesh, parallel.param_spec(p, shapes[p], mesh))) for p in paths}
+              mesh, parallel.param_spec(stored, p, shapes[p], mesh)))
+          for p in paths}
     restore_args = traverse_util.unflatten_dict(args, sep="/")
     tree = checkpointer.restore(
         group_dir, args=ocp.args.PyTreeRestore(restore_args=restore_args))
@@ -274,10 +279,9 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
       if fmt is None:
         flat[path] = array
         continue
-      for new_path, new in quantize_lib.quantize_leaf(
-          path, array, fmt, config.quantize_head,
-          config.quantize_embedding).items():
-        flat[new_path] = placed(new_path, new, mesh)
+      for new_path, new in quantize_lib.quantize_leaf(config, path,
+                                                      array).items():
+        flat[new_path] = placed(config, new_path, new, mesh)
       del array
     del tree
   tokenizer = None

@@ -1,4 +1,4 @@
-"""Model configuration: one frozen dataclass for LLaDA and Dream."""
+"""Model configuration: one frozen dataclass for every architecture."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ from pathlib import Path
 from typing import Any
 
 from flash_dllm_jax import architectures, quantize
+from flash_dllm_jax.moe_config import MoEConfig
 
 Architecture = str  # a name in flash_dllm_jax.architectures.ARCHITECTURES
 _DTYPES = ("bfloat16", "float32")
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Geometry, numerics and special token ids of a masked-diffusion LM.
 
-  `arch` names the architecture spec (flash_dllm_jax/architectures/) whose
-  flags switch the few places where LLaDA and Dream differ: q/k/v biases,
-  RoPE precision (LLaDA rotates in float32, Dream casts cos/sin to the
-  activation dtype) and Dream's logit shift (position i is predicted by raw
-  logits row i-1).
+  `arch` names the architecture spec (flash_dllm_jax/architectures/<arch>/)
+  that fixes the model's parts: its attention (q/k/v biases, QK-norm, RoPE
+  precision, mask kind), its logit shift and its tensor names. The fields
+  here are what a checkpoint's config.json sets: the geometry, `rope_fraction`
+  (the leading fraction of each head's dims that RoPE rotates) and `moe`
+  (None: a dense MLP in every layer).
   """
 
   arch: Architecture
@@ -45,6 +45,8 @@ class ModelConfig:
   quantize_head: bool = False  # the LM head quantized too
   quantize_embedding: bool = False  # the token embedding too (per row)
   fused_qkv: bool = False  # one qkv_proj per layer (model/fuse.py)
+  rope_fraction: float = 1.0
+  moe: MoEConfig | None = None
 
   def __post_init__(self):
     errors = []
@@ -60,8 +62,13 @@ class ModelConfig:
       if self.n_heads % self.n_kv_heads:
         errors.append(f"n_heads ({self.n_heads}) must be a multiple of "
                       f"n_kv_heads ({self.n_kv_heads})")
-      if self.head_dim % 2:
-        errors.append(f"head_dim must be even for RoPE, got {self.head_dim}")
+      if not (isinstance(self.rope_fraction, (int, float))
+              and 0 < self.rope_fraction <= 1):
+        errors.append(f"rope_fraction must be in (0, 1], got "
+                      f"{self.rope_fraction!r}")
+      elif self.rope_dim % 2:
+        errors.append(f"the rotated head dims ({self.rope_dim} of "
+                      f"{self.head_dim}) must be even for RoPE")
       for name in ("mask_token_id", "eos_token_id", "pad_token_id",
                    "bos_token_id", "eot_token_id"):
         value = getattr(self, name)
@@ -72,6 +79,11 @@ class ModelConfig:
         errors.append("mask_token_id must differ from eos_token_id")
     if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
       errors.append("rms_norm_eps and rope_theta must be positive")
+    if self.moe is not None and not isinstance(self.moe, MoEConfig):
+      errors.append(f"moe must be a MoEConfig or None, got {self.moe!r}")
+    elif self.moe is not None and self.moe.first_dense_layers > self.n_layers:
+      errors.append(f"moe.first_dense_layers ({self.moe.first_dense_layers})"
+                    f" exceeds n_layers ({self.n_layers})")
     if not isinstance(self.fused_qkv, bool):
       errors.append(f"fused_qkv must be a bool, got {self.fused_qkv!r}")
     if self.dtype not in _DTYPES:
@@ -94,17 +106,25 @@ class ModelConfig:
     return self.n_heads // self.n_kv_heads
 
   @property
+  def rope_dim(self) -> int:
+    """How many leading dims of each head RoPE rotates."""
+    return int(self.head_dim * self.rope_fraction)
+
+  def is_moe_layer(self, layer: int) -> bool:
+    return self.moe is not None and layer >= self.moe.first_dense_layers
+
+  @property
   def spec(self):
     """The architecture's spec (flash_dllm_jax.architectures.Architecture)."""
     return architectures.get(self.arch)
 
   @property
   def qkv_bias(self) -> bool:
-    return self.spec.qkv_bias
+    return self.spec.attention.qkv_bias
 
   @property
   def rope_in_float32(self) -> bool:
-    return self.spec.rope_in_float32
+    return self.spec.attention.rope_in_float32
 
   @property
   def logits_shift(self) -> int:
@@ -120,12 +140,22 @@ class ModelConfig:
     return tuple(ids)
 
   def num_params(self) -> int:
-    e, f, v = self.d_model, self.mlp_hidden, self.vocab_size
+    """Every parameter, all experts counted."""
+    e, v = self.d_model, self.vocab_size
     q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-    per_layer = 2 * e + e * q + 2 * e * kv + q * e + 3 * e * f
-    if self.qkv_bias:
-      per_layer += q + 2 * kv
-    return self.n_layers * per_layer + 2 * v * e + e
+    attention = 2 * e + e * q + 2 * e * kv + q * e
+    attention += (q + 2 * kv) * self.qkv_bias
+    attention += 2 * self.head_dim * self.spec.attention.qk_norm
+    total = 0
+    for layer in range(self.n_layers):
+      total += attention
+      if self.is_moe_layer(layer):
+        m = self.moe
+        total += (e * m.n_experts + m.n_experts * m.expert_bias
+                  + 3 * e * m.hidden * (m.n_experts + m.n_shared))
+      else:
+        total += 3 * e * self.mlp_hidden
+    return total + 2 * v * e + e
 
   def replace(self, **changes) -> "ModelConfig":
     return dataclasses.replace(self, **changes)
@@ -139,6 +169,8 @@ class ModelConfig:
     unknown = sorted(set(d) - names)
     if unknown:
       raise ValueError(f"unknown ModelConfig keys: {unknown}")
+    if isinstance(d.get("moe"), dict):
+      d = {**d, "moe": MoEConfig(**d["moe"])}
     return cls(**d)
 
   # Hugging Face configs -------------------------------------------------------
@@ -147,11 +179,14 @@ class ModelConfig:
                      eot_token_id: int | None = None,
                      dtype: str = "bfloat16",
                      generation_config: dict[str, Any] | None = None,
+                     special_ids: dict[str, int] | None = None,
                      ) -> "ModelConfig":
     """Reads a checkpoint's `config.json` (a dict or a path to it).
 
     `generation_config` (the checkpoint's generation_config.json) fills ids the
-    model config lacks, such as LLaDA's BOS.
+    model config lacks, such as LLaDA's BOS; `special_ids` are the
+    tokenizer's ({"mask_token_id": ..., "eos_token_id": ...}), for families
+    whose config lacks them.
     """
     if not isinstance(hf, dict):
       hf = json.loads(Path(hf).read_text())
@@ -161,7 +196,7 @@ class ModelConfig:
     model_type = hf.get("model_type")
     spec = architectures.for_model_type(model_type)
     try:
-      fields = spec.read_hf_config(hf)
+      fields = spec.read_hf_config(hf, dict(special_ids or {}))
     except KeyError as e:
       raise ValueError(f"config.json of model_type {model_type!r} lacks key "
                        f"{e.args[0]!r}") from None
@@ -169,29 +204,20 @@ class ModelConfig:
 
   # Presets --------------------------------------------------------------------
   @classmethod
-  def llada_8b(cls, **changes) -> "ModelConfig":
-    return cls(arch="llada", vocab_size=126464, d_model=4096, n_layers=32,
-               n_heads=32, n_kv_heads=32, head_dim=128, mlp_hidden=12288,
-               rms_norm_eps=1e-5, rope_theta=500000.0, max_seq_len=4096,
-               mask_token_id=126336, eos_token_id=126081, pad_token_id=126081,
-               bos_token_id=126080, eot_token_id=126348).replace(**changes)
+  def preset(cls, name: str, **changes) -> "ModelConfig":
+    """A published model's shapes ('llada-8b', 'dream-7b', ...: every
+    architecture's `presets`), with `changes`."""
+    return cls(**architectures.preset(name)).replace(**changes)
 
   @classmethod
-  def dream_7b(cls, **changes) -> "ModelConfig":
-    return cls(arch="dream", vocab_size=152064, d_model=3584, n_layers=28,
-               n_heads=28, n_kv_heads=4, head_dim=128, mlp_hidden=18944,
-               rms_norm_eps=1e-6, rope_theta=1e6, max_seq_len=131072,
-               mask_token_id=151666, eos_token_id=151643, pad_token_id=151643,
-               bos_token_id=151643, eot_token_id=151645).replace(**changes)
-
-  @classmethod
-  def tiny(cls, arch: Architecture = "llada", **changes) -> "ModelConfig":
-    """A few-layer model for tests: GQA 4:2, vocabulary of 384 ids."""
+  def tiny(cls, arch: Architecture, **changes) -> "ModelConfig":
+    """A few-layer model of `arch` for tests: GQA 4:2, 384 ids, plus what
+    the architecture's `tiny_changes` set (its numerics, an MoE)."""
     base = dict(arch=arch, vocab_size=384, d_model=64, n_layers=2, n_heads=4,
-                n_kv_heads=2, head_dim=16, mlp_hidden=128,
-                **architectures.get(arch).tiny_numerics, max_seq_len=512, mask_token_id=383, eos_token_id=380,
-                pad_token_id=380, bos_token_id=379, eot_token_id=381,
-                dtype="float32")
+                n_kv_heads=2, head_dim=16, mlp_hidden=128, max_seq_len=512,
+                rms_norm_eps=1e-5, rope_theta=10000.0, mask_token_id=383,
+                eos_token_id=380, pad_token_id=380, bos_token_id=379,
+                eot_token_id=381, dtype="float32")
+    base.update(architectures.get(arch).tiny_changes)
     base.update(changes)
     return cls(**base)
-

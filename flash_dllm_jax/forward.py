@@ -43,15 +43,16 @@ def default_positions(valid_BxN: np.ndarray) -> np.ndarray:
 
 @functools.partial(jax.jit, static_argnames=("config", "hidden",
                                              "implementation"))
-def _forward(params, ids_BxN, positions_BxN, valid_BxN, *, config, hidden,
-             implementation):
+def _forward(params, ids_BxN, positions_BxN, valid_BxN, blocks_BxN, *, config,
+             hidden, implementation):
   model = Transformer(config, implementation=implementation)
   variables = {"params": params}
   if not hidden:
-    logits, _ = model.apply(variables, ids_BxN, positions_BxN, valid_BxN)
+    logits, _ = model.apply(variables, ids_BxN, positions_BxN, valid_BxN,
+                            blocks_BxQ=blocks_BxN)
     return logits, None
   (logits, _), state = model.apply(
-      variables, ids_BxN, positions_BxN, valid_BxN,
+      variables, ids_BxN, positions_BxN, valid_BxN, blocks_BxQ=blocks_BxN,
       capture_intermediates=lambda m, name: (isinstance(m, Block)
                                              and name == "__call__"))
   inter = state["intermediates"]
@@ -63,7 +64,8 @@ def _forward(params, ids_BxN, positions_BxN, valid_BxN, *, config, hidden,
 def logits(model, ids_BxN, positions=None, valid=None, *,
            config: ModelConfig | None = None, precision: str = "highest",
            dtype: str | None = None, hidden: bool = False,
-           implementation: str | None = None) -> ForwardOutput:
+           implementation: str | None = None,
+           block_length: int | None = None) -> ForwardOutput:
   """The forward pass of `ids_BxN` (int array [B, N]).
 
   model: what `load` returns, or a params tree with `config=`.
@@ -76,6 +78,9 @@ def logits(model, ids_BxN, positions=None, valid=None, *,
   hidden: also return each block's output.
   implementation: kernel choice (flash_dllm_jax/ops/); default: the
     backend's.
+  block_length: for block-causal architectures (LLaDA2), the decode block:
+    a position sees its own block and earlier ones, blocks counted from
+    position 0 (None: one block, every position sees every valid one).
   """
   params, config, _ = unpack_model(model, config)
   if precision not in PRECISIONS:
@@ -100,9 +105,15 @@ def logits(model, ids_BxN, positions=None, valid=None, *,
   if ids.shape[1] > config.max_seq_len:
     raise ValueError(f"{ids.shape[1]} positions exceed max_seq_len "
                      f"{config.max_seq_len}")
+  blocks_BxN = None
+  if block_length is not None:
+    if not isinstance(block_length, int) or block_length < 1:
+      raise ValueError(f"block_length must be a positive int, got "
+                       f"{block_length!r}")
+    blocks_BxN = jnp.asarray(positions_BxN // block_length)
   with jax.default_matmul_precision(precision):
     out = _forward(params, jnp.asarray(ids, jnp.int32),
                    jnp.asarray(positions_BxN), jnp.asarray(valid_BxN),
-                   config=config, hidden=hidden,
+                   blocks_BxN, config=config, hidden=hidden,
                    implementation=implementation)
   return ForwardOutput(*out)

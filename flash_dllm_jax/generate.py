@@ -214,7 +214,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   mesh = parallel.parse_mesh(mesh)
   parallel.check_config(config, mesh)
   if mesh is not None:
-    params = parallel.shard_params(mesh, params)
+    params = parallel.shard_params(mesh, config, params)
   n_rows = len(rows)
   gen = np.zeros((n_rows, sampler.gen_length), np.int32)
   forwards, steps_b, steps = (np.zeros(n_rows, np.int32),

@@ -18,7 +18,13 @@ mesh and lets XLA's SPMD partitioner compile the unchanged decode loop:
          replicated (every device holds the full logits, so sampling needs
          no communication).
 
-`param_spec` maps a parameter path to its PartitionSpec; `shard_params` and
+  experts  (MoE layers) the experts are split over "model": each device runs
+         its own experts on the tokens routed to them, and every token's
+         expert outputs are gathered back before the same fixed-order sum
+         one device runs (model/moe.py).
+
+`param_spec` gives a parameter its PartitionSpec from the role its model
+part declared (model/roles.py); `shard_params` and
 `checkpoint.load(mesh=...)` place weights with it; `use(mesh)` makes the mesh
 the context of a traced decode, where `ops` runs the Pallas kernels per shard
 through `shard_map` (each kernel sees its own rows and heads).
@@ -32,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from typing import Any, Iterator
 
 import jax
@@ -42,22 +47,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 AXES = ("data", "model")
 CACHE_SPEC = P("data", None, "model", None)  # KV cache [B, S, K, D]
 HEADS_SPEC = CACHE_SPEC                      # q / k / v [B, Q, H or K, D]
-
-# Parameter path (the Flax tree keys joined by '/') -> spec. Kernels are
-# stored [in, out]; every projection is column-parallel (splits `out`).
-_RULES = [
-    (r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)"
-     r"/kernel$", P(None, "model")),
-    (r"(q_proj|k_proj|v_proj|qkv_proj)/bias$", P("model")),
-    # 8-bit kernels are stored [out, in] with scales [out, Z]: the same
-    # output columns are their rows.
-    (r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)/"
-     r"(kernel_q|scale)$", P("model", None)),
-    # The embedding [V, E] by vocabulary rows; 8-bit, its kernel_q [V, E]
-    # and scale [V, 1] the same rows (each device looks up its own tokens).
-    (r"^embed(/kernel_q|/scale)?$", P("model", None)),
-]
-
 
 def parse_mesh(spec: str | Mesh | None) -> Mesh | None:
   """'data=4', 'model=2' or 'data=2,model=2' -> a Mesh over the first local
@@ -98,28 +87,33 @@ def model_size(mesh: Mesh | None) -> int:
 def check_config(config, mesh: Mesh | None) -> None:
   """Clear error when the model cannot be split `model` ways."""
   m = model_size(mesh)
-  bad = [f"{name}={value}" for name, value in (
-      ("n_heads", config.n_heads), ("n_kv_heads", config.n_kv_heads),
-      ("mlp_hidden", config.mlp_hidden)) if value % m]
+  sizes = [("n_heads", config.n_heads), ("n_kv_heads", config.n_kv_heads),
+           ("mlp_hidden", config.mlp_hidden)]
+  if config.moe is not None:
+    sizes += [("moe.n_experts", config.moe.n_experts)]
+    if config.moe.n_shared:
+      sizes += [("shared experts' width",
+                 config.moe.n_shared * config.moe.hidden)]
+  bad = [f"{name}={value}" for name, value in sizes if value % m]
   if bad:
-    common = np.gcd.reduce([config.n_heads, config.n_kv_heads,
-                            config.mlp_hidden])
+    common = np.gcd.reduce([value for _, value in sizes])
     raise ValueError(f"mesh model={m} must divide the attention heads, the "
-                     f"KV heads and the MLP width; this model has "
-                     f"{', '.join(bad)} (model= must divide {common})")
+                     f"KV heads, the MLP widths and the experts; this model "
+                     f"has {', '.join(bad)} (model= must divide {common})")
 
 
-def param_spec(path: str, shape: tuple[int, ...], mesh: Mesh | None = None
-               ) -> P:
-  """The PartitionSpec of parameter `path` ('layers_3/q_proj/kernel')."""
-  for pattern, spec in _RULES:
-    if re.search(pattern, path):
-      if mesh is not None:  # a dimension the mesh does not divide stays whole
-        for dim, axis in zip(shape, spec):
-          if axis is not None and dim % mesh.shape[axis]:
-            return P()
-      return spec
-  return P()
+def param_spec(config, path: str, shape: tuple[int, ...],
+               mesh: Mesh | None = None) -> P:
+  """The PartitionSpec of `config`'s parameter `path` ('layers_3/q_proj/
+  kernel', or an 8-bit 'kernel_q' / 'scale') of stored `shape`."""
+  from flash_dllm_jax.model import roles
+  role, quantized = roles.role_of(config, path)
+  axes = role.axes(len(shape), quantized)
+  if mesh is not None:  # a dimension the mesh does not divide stays whole
+    for dim, axis in zip(shape, axes):
+      if axis is not None and dim % mesh.shape[axis]:
+        return P()
+  return P(*axes) if any(axes) else P()
 
 
 def _flat(params) -> dict[str, Any]:
@@ -127,19 +121,20 @@ def _flat(params) -> dict[str, Any]:
   return traverse_util.flatten_dict(dict(params), sep="/")
 
 
-def param_shardings(mesh: Mesh, params) -> Any:
+def param_shardings(mesh: Mesh, config, params) -> Any:
   """A tree like `params` (arrays or shape structs) of NamedShardings."""
   from flax import traverse_util
   return traverse_util.unflatten_dict(
-      {path: NamedSharding(mesh, param_spec(path, tuple(x.shape), mesh))
+      {path: NamedSharding(mesh, param_spec(config, path, tuple(x.shape),
+                                            mesh))
        for path, x in _flat(params).items()}, sep="/")
 
 
-def shard_params(mesh: Mesh, params) -> Any:
+def shard_params(mesh: Mesh, config, params) -> Any:
   """Places every weight on its shards (a no-op for weights already there)."""
   return jax.tree.map(lambda x, s: x if getattr(x, "sharding", None) == s
                       else jax.device_put(x, s),
-                      params, param_shardings(mesh, params))
+                      params, param_shardings(mesh, config, params))
 
 
 def shard_rows(mesh: Mesh, x):

@@ -8,22 +8,23 @@ for is kernel_q * scale (pallas_kernels/qmatmul/reference.py). Quantization
 is symmetric absmax with round to nearest; an all-zero channel or group
 gets scale 1 (and zeros).
 
-Every projection of a block (q/k/v, attn_out, gate/up/down) is quantized;
-the LM head stays in its dtype unless `head`: then it is stored like a
-projection ('lm_head/kernel_q' [V, E], 'lm_head/scale' [V, 1]) in the
-format's `head_format` (per output channel). The token embedding stays in
-its dtype unless `embedding`: then it is stored the same way,
-'embed/kernel_q' [V, E] and 'embed/scale' [V, 1] in `head_format`, one
-scale per token row (a gather's output channel), and a lookup scales only
-the rows it gathers (model/layers.embed_lookup).
+Which parameters are quantized is each one's role (model/roles.py):
+every projection of a block (q/k/v, attn_out, gate/up/down, each expert's)
+is; the LM head stays in its dtype unless the config's `quantize_head`:
+then it is stored like a projection ('lm_head/kernel_q' [V, E],
+'lm_head/scale' [V, 1]) in the format's `head_format` (per output
+channel). The token embedding stays in its dtype unless
+`quantize_embedding`: then it is stored the same way, kernel_q [V, E] and
+scale [V, 1] in `head_format`, one scale per token row (a gather's output
+channel), and a lookup scales only the rows it gathers
+(model/layers.embed_lookup). An expert stack [X, E, M] becomes kernel_q
+[X, M, E] and scale [X, M, Z], each expert quantized as a projection.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import re
-from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -59,14 +60,6 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("int8-g128", jnp.int8, 127.0, 128, False, "int8"),
 )}
 
-# Param paths of the projections (Flax keys joined by '/'); kernels [E, O].
-PROJECTION = re.compile(
-    r"(q_proj|k_proj|v_proj|qkv_proj|attn_out|gate_proj|up_proj|down_proj)"
-    r"/kernel$")
-HEAD = "lm_head"
-EMBED = "embed"  # [V, E]: its rows are already the output channels
-# Paths of quantized weights and their scales (not the norms' scales).
-QUANTIZED = re.compile(r"(/kernel_q|(_proj|attn_out|^lm_head|^embed)/scale)$")
 FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 
 
@@ -96,18 +89,36 @@ def scale_columns(fmt: str, e: int) -> int:
   return 1 if group is None else e // group
 
 
-def leaf_format(fmt: str, path: str) -> str:
+def _roles():
+  from flash_dllm_jax.model import roles
+  return roles
+
+
+def quantizes(config, path: str) -> bool:
+  """Whether the unquantized parameter at `path` is stored in 8 bits under
+  the config's quantize, quantize_head and quantize_embedding."""
+  return config.quantize is not None and _roles().quantizes(config, path)
+
+
+def _kind(config, path: str) -> str | None:
+  return _roles().table(config).get(path, _roles().REPLICATED).quantize
+
+
+def leaf_format(config, path: str) -> str:
   """The format the parameter at `path` is quantized to: `head_format` for
-  the LM head and the embedding, `fmt` for the projections."""
-  return get_format(fmt).head_format if path in (HEAD, EMBED) else fmt
+  the LM head and the embedding, config.quantize for the projections."""
+  if _kind(config, path) in ("head", "embedding"):
+    return get_format(config.quantize).head_format
+  return config.quantize
 
 
-def check_leaf(fmt: str, path: str, shape: tuple[int, ...]) -> None:
+def check_leaf(config, path: str, shape: tuple[int, ...]) -> None:
   """check_shape of the parameter at `path` (stored shape) in its
-  leaf_format; the embedding [V, E] is checked as its [in, out] = [E, V]."""
+  leaf_format: a kernel [.., in, out], the embedding [V, E] as [E, V]."""
   shape = tuple(shape)
-  check_shape(leaf_format(fmt, path), shape[::-1] if path == EMBED else shape,
-              path)
+  if _kind(config, path) == "embedding":
+    shape = shape[::-1]
+  check_shape(leaf_format(config, path), shape[-2:], path)
 
 
 def check_shape(fmt: str, shape_ExO: tuple[int, ...], path: str) -> None:
@@ -147,7 +158,7 @@ def quantize_weight(kernel_ExO: jax.Array, fmt: str,
   return _quantize(jnp.asarray(kernel_ExO), fmt)
 
 
-def quantize_rows(table_VxE: jax.Array, fmt: str, path: str = EMBED
+def quantize_rows(table_VxE: jax.Array, fmt: str, path: str = "embed"
                   ) -> tuple[jax.Array, jax.Array]:
   """(w_VxE in the format's dtype, scale_VxZ float32) of a table [V, E]
   quantized per row (the embedding: no transpose, jitted, on device)."""
@@ -160,45 +171,42 @@ def is_quantized(params) -> bool:
   return any(path.endswith("kernel_q") for path in _flatten(params))
 
 
-def quantizes(path: str, head: bool, embedding: bool = False) -> bool:
-  """Whether the parameter at `path` is quantized (projections; the LM head
-  only with `head`, the embedding only with `embedding`)."""
-  return (bool(PROJECTION.search(path)) or (head and path == HEAD)
-          or (embedding and path == EMBED))
-
-
-def quantize_leaf(path: str, array: jax.Array, fmt: str, head: bool,
-                  embedding: bool = False) -> dict[str, jax.Array]:
+def quantize_leaf(config, path: str, array: jax.Array
+                  ) -> dict[str, jax.Array]:
   """{path: array} for a parameter that stays, or its two quantized
   entries ('.../kernel_q', '.../scale') for one that `quantizes`."""
-  if not quantizes(path, head, embedding):
+  if not quantizes(config, path):
     return {path: array}
-  leaf_fmt = leaf_format(fmt, path)
-  if path == EMBED:
-    w_OxE, scale_OxZ = quantize_rows(array, leaf_fmt, path)
+  fmt, kind = leaf_format(config, path), _kind(config, path)
+  if kind == "embedding":
+    w_OxE, scale_OxZ = quantize_rows(array, fmt, path)
+  elif array.ndim == 3:  # an expert stack [X, E, M]
+    check_shape(fmt, tuple(array.shape[1:]), path)
+    w_OxE, scale_OxZ = jax.vmap(lambda k: _quantize(k, fmt))(
+        jnp.asarray(array))
   else:
-    w_OxE, scale_OxZ = quantize_weight(array, leaf_fmt, path)
-  prefix = path + "/" if path in (HEAD, EMBED) else path.removesuffix("kernel")
+    w_OxE, scale_OxZ = quantize_weight(array, fmt, path)
+  prefix = path.removesuffix("kernel") if path.endswith("/kernel") else (
+      path + "/")
   return {prefix + "kernel_q": w_OxE, prefix + "scale": scale_OxZ}
 
 
-def quantize_params(params, fmt: str, head: bool = False,
-                    embedding: bool = False):
-  """The tree with every projection (with `head` the LM head, with
-  `embedding` the token embedding) quantized to `fmt`, each on the
-  device(s) its kernel is on; other parameters are left as they are. A
-  tree already quantized is an error."""
-  get_format(fmt)
+def quantize_params(params, config):
+  """The tree with every parameter `config` quantizes (its projections; the
+  LM head and the embedding where it says so) in config.quantize, each on
+  the device(s) its kernel is on; other parameters are left as they are.
+  A tree already quantized is an error."""
+  get_format(config.quantize)
   flat = _flatten(params)
   if is_quantized(params):
     raise ValueError("these parameters are already quantized (they hold "
                      "kernel_q entries); quantize a bf16/float32 tree")
   for path, array in flat.items():  # every shape checked before any work
-    if quantizes(path, head, embedding):
-      check_leaf(fmt, path, array.shape)
+    if quantizes(config, path):
+      check_leaf(config, path, array.shape)
   out = {}
   for path, array in flat.items():
-    out.update(quantize_leaf(path, array, fmt, head, embedding))
+    out.update(quantize_leaf(config, path, array))
   return _unflatten(out)
 
 
@@ -247,10 +255,15 @@ def check_params(params, config) -> None:
   if config.quantize is None and held:
     raise ValueError("the parameters hold 8-bit kernels but the config has "
                      "quantize=None (use the config load returns with them)")
-  for path, field in ((HEAD, "quantize_head"), (EMBED, "quantize_embedding")):
-    stored = isinstance(params.get(path), Mapping)  # kernel_q and scale
-    if path in params and stored != getattr(config, field):
-      raise ValueError(f"the config says {field}={not stored} but the "
-                       f"parameters hold {path!r} "
-                       f"{'in 8 bits' if stored else 'unquantized'} (use "
-                       "the config load returns with them)")
+  flat = _flatten(params)
+  for kind, field in (("head", "quantize_head"),
+                      ("embedding", "quantize_embedding")):
+    for path, role in _roles().table(config).items():
+      if role.quantize != kind:
+        continue
+      stored = path + "/kernel_q" in flat
+      if (stored or path in flat) and stored != getattr(config, field):
+        raise ValueError(f"the config says {field}={not stored} but the "
+                         f"parameters hold {path!r} "
+                         f"{'in 8 bits' if stored else 'unquantized'} (use "
+                         "the config load returns with them)")

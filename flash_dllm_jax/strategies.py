@@ -17,29 +17,30 @@ import types
 import typing
 from typing import Any, Mapping
 
+from flash_dllm_jax import architectures
 from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
 
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-  """name: the CLI name; sampler: a frozen sampler dataclass; archs: the
-  checkpoint architectures it decodes (None: every registered one); fixed:
-  options the strategy pins."""
+  """name: the CLI name; sampler: a frozen sampler dataclass; fixed:
+  options the strategy pins. It decodes the architectures that name its
+  sampler (Architecture.samplers)."""
 
   name: str
   sampler: type
-  archs: tuple[str, ...] | None = None
   fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   help: str = ""
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("llada", LLaDASampler, archs=("llada",),
+    Strategy("llada", LLaDASampler,
              help="LLaDA's reference sampler (semi-AR blocks, no cache)"),
-    Strategy("dream", DreamSampler, archs=("dream",),
+    Strategy("dream", DreamSampler,
              help="Dream's reference sampler (no cache)"),
     Strategy("threshold", FastDLLMSampler, fixed={"cache": "none"},
              help="semi-AR blocks, a commit rule (--rule), no cache"),
@@ -65,6 +66,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              fixed={"recompute_all": False},
              help="Elastic-Cache: sliding window, per-layer attention-drift "
                   "refresh (gamma), threshold decoding"),
+    Strategy("llada2", LLaDA2Sampler,
+             help="LLaDA2's block-diffusion sampler (block-causal, "
+                  "threshold or schedule per block, no cache)"),
 )}
 
 
@@ -103,7 +107,12 @@ def strategies_taking(option: str) -> list[str]:
 
 
 def decodes(strategy: Strategy, arch: str) -> bool:
-  return strategy.archs is None or arch in strategy.archs
+  return strategy.sampler.__name__ in architectures.get(arch).samplers
+
+
+def archs_of(strategy: Strategy) -> list[str]:
+  """The architectures whose checkpoints `strategy` decodes."""
+  return [a for a in architectures.names() if decodes(strategy, a)]
 
 
 def strategies_for(arch: str) -> list[str]:
@@ -119,7 +128,8 @@ def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
                      f"{', '.join(sorted(STRATEGIES))}")
   strategy = STRATEGIES[name]
   if not decodes(strategy, arch):
-    raise ValueError(f"strategy {name!r} decodes {'/'.join(strategy.archs)} "
+    raise ValueError(f"strategy {name!r} decodes "
+                     f"{'/'.join(archs_of(strategy)) or 'no'} "
                      f"checkpoints, not {arch!r}; strategies for {arch!r}: "
                      f"{', '.join(strategies_for(arch))}")
   fields = sampler_options(strategy.sampler)

@@ -27,7 +27,7 @@ QWEN2_SPLIT_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|"
                      r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
                      r"\s+(?!\S)|\s+")
 _FALLBACK_TOKENS = {"mask_token": ("<|mdm_mask|>", "<|mask|>"),
-                    "eot_token": ("<|eot_id|>", "<|im_end|>")}
+                    "eot_token": ("<|eot_id|>", "<|im_end|>", "<|role_end|>")}
 _SPECIAL_KEYS = ("bos_token", "eos_token", "pad_token", "mask_token",
                  "unk_token", "cls_token")
 
@@ -108,6 +108,16 @@ class Tokenizer:
   mask_id = property(lambda self: self._special_id("mask_token"))
   eot_id = property(lambda self: self._special_id("eot_token"),
                     doc="End of a chat turn: <|eot_id|> or <|im_end|>.")
+
+  def special_ids(self) -> dict[str, int]:
+    """{"bos_token_id": id, ...} of the BOS, EOS, pad and mask tokens the
+    tokenizer names (for configs that lack them)."""
+    out = {}
+    for key in ("bos_token", "eos_token", "pad_token", "mask_token"):
+      token_id = self._special_id(key)
+      if token_id is not None:
+        out[key + "_id"] = token_id
+    return out
 
   # Chat -----------------------------------------------------------------------
   def apply_chat_template(self, messages: list[dict[str, Any]],

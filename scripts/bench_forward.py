@@ -82,8 +82,8 @@ def main(argv=None):
     args.decode = [1]
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
-    cfg = (ModelConfig.llada_8b() if args.arch == "llada"
-           else ModelConfig.dream_7b())
+    cfg = (ModelConfig.preset("llada-8b") if args.arch == "llada"
+           else ModelConfig.preset("dream-7b"))
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
   params = timing.bench_params(cfg)
   wbytes = weight_bytes(params)

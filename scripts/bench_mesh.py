@@ -62,7 +62,7 @@ def main(argv=None):
     args.dp_batch, args.tp_batch, args.gen, args.prompt = 2, [1, 4], 32, 16
     args.block, args.block_m, args.reps = 16, 8, 1
   else:
-    cfg = ModelConfig.llada_8b()
+    cfg = ModelConfig.preset("llada-8b")
   if len(jax.local_devices()) < n:
     sys.exit(f"error: {n} devices needed, {len(jax.local_devices())} present")
   sampler = strategies(args.gen, args.per_step, args.block,

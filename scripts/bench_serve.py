@@ -49,7 +49,7 @@ def model_and_prompts(args):
   if args.model == "llada-8b":
     from flash_dllm_bench import timing
     from flash_dllm_jax.config import ModelConfig
-    config = ModelConfig.llada_8b()
+    config = ModelConfig.preset("llada-8b")
     params = timing.bench_params(config)
     prompts = [[int(t) for t in rng.integers(0, config.mask_token_id - 1,
                                              args.prompt_len)]

@@ -92,7 +92,7 @@ def main(argv=None):
     args.block, args.block_m = 16, 8
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
-    cfg = ModelConfig.llada_8b()
+    cfg = ModelConfig.preset("llada-8b")
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
   cfg = cfg.replace(fused_qkv=tuning.fused_qkv(args))
   # quantized on device from the random bf16 weights, leaf by leaf

@@ -65,7 +65,7 @@ def main(argv=None):
     args.batch, args.gen, args.prompt, args.block_m = [2], 32, 16, 8
     args.per_step = min(args.per_step, args.block_m)
   else:
-    cfg = ModelConfig.llada_8b()
+    cfg = ModelConfig.preset("llada-8b")
   cfg = cfg.replace(fused_qkv=tuning.fused_qkv(args))
   params = timing.bench_params(cfg)
   print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}",

@@ -35,7 +35,7 @@ from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.forward import logits as forward  # noqa: E402
 
-SHAPES = {"llada-8b": ModelConfig.llada_8b, "dream-7b": ModelConfig.dream_7b}
+SHAPES = ("llada-8b", "dream-7b")
 DEFAULT_CHECKPOINT = ROOT / "checkpoints" / "synthetic-gsm-llada-16m"
 DEFAULT_DATA = ROOT / "data" / "synthetic_gsm" / "test.jsonl"
 
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
       if args.checkpoint is not None:
         raise ValueError("pass --checkpoint or --random-shapes, not both")
       from flash_dllm_jax.model import init_params
-      config = SHAPES[args.random_shapes](dtype="bfloat16")
+      config = ModelConfig.preset(args.random_shapes, dtype="bfloat16")
       if args.layers:
         config = config.replace(n_layers=args.layers)
       params = init_params(config, jax.random.key(0))
@@ -160,10 +160,9 @@ def main(argv=None) -> int:
   ref = run(params, config)
   results, sizes = {}, {"bf16": quantize.weight_bytes(params)}
   for fmt in args.formats:
-    qparams = quantize.quantize_params(params, fmt, head=args.quantize_head,
-                                       embedding=args.quantize_embedding)
     qconfig = config.replace(quantize=fmt, quantize_head=args.quantize_head,
                              quantize_embedding=args.quantize_embedding)
+    qparams = quantize.quantize_params(params, qconfig)
     sizes[fmt] = quantize.weight_bytes(qparams)
     results[fmt] = errors(ref, run(qparams, qconfig), valid, masked)
     del qparams

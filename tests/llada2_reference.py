@@ -87,9 +87,10 @@ def sample(logits_LxV, temperature=0.0, top_k=None, top_p=None, rng=None):
 
 def _pick_masks(conf, active, threshold, k):
   """Commit the above-threshold masks if there are at least k of them, else
-  the k most confident masks (k capped by the masks left)."""
-  high = (conf > threshold) & active
-  if high.sum() >= k:
+  the k most confident masks (k capped by the masks left); threshold None
+  (the engine's pure schedule) always takes the k most confident."""
+  high = (conf > threshold) & active if threshold is not None else None
+  if high is not None and high.sum() >= k:
     return high
   pick = np.zeros_like(active)
   order = np.argsort(-conf, kind="stable")[:min(k, int(active.sum()))]

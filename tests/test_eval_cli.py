@@ -75,7 +75,7 @@ def test_malformed_data_and_too_long_prompts(capsys, tmp_path):
 
 
 def test_a_new_strategy_is_one_registry_entry(monkeypatch, capsys, tmp_path):
-  entry = Strategy("llada-random", LLaDASampler, archs=("llada",),
+  entry = Strategy("llada-random", LLaDASampler,
                    fixed={"remasking": "random"})
   monkeypatch.setitem(strategies.STRATEGIES, entry.name, entry)
   sampler = build_sampler("llada-random", "llada", {"gen_length": 16,

@@ -63,9 +63,10 @@ def test_load_joins_only_on_a_gpu_by_default(tmp_path):
 
 
 def test_tensor_parallel_spec_splits_whole_heads():
-  spec = parallel.param_spec("layers_0/qkv_proj/kernel", (64, 128))
+  config = ModelConfig.tiny("dream", fused_qkv=True)
+  spec = parallel.param_spec(config, "layers_0/qkv_proj/kernel", (64, 128))
   assert spec == jax.sharding.PartitionSpec(None, "model")
-  assert parallel.param_spec("layers_0/qkv_proj/bias", (128,)) == (
+  assert parallel.param_spec(config, "layers_0/qkv_proj/bias", (128,)) == (
       jax.sharding.PartitionSpec("model"))
 
 
@@ -75,9 +76,9 @@ def test_joined_8bit_projection_gives_the_same_forward(fmt):
   config = ModelConfig.tiny("dream", d_model=128, n_heads=4, n_kv_heads=2,
                             head_dim=32, dtype="bfloat16")
   from flash_dllm_jax import quantize
-  params = quantize.quantize_params(init_params(config, jax.random.key(5)),
-                                    fmt)
   config = config.replace(quantize=fmt)
+  params = quantize.quantize_params(init_params(
+      config.replace(quantize=None), jax.random.key(5)), config)
   ids = jax.random.randint(jax.random.key(6), (2, 7), 0, config.vocab_size)
   want = _logits(params, config, ids)
   joined, fused = fuse_qkv(jax.tree.map(jnp.copy, params), config)

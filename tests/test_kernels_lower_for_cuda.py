@@ -150,7 +150,7 @@ def test_flash_dllm_decode_loop_lowers_for_cuda_at_full_size(arch):
   from flash_dllm_jax.generate import decode_tokens
   from flash_dllm_jax.model.transformer import init_params
   from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
-  cfg = ModelConfig.llada_8b() if arch == "llada" else ModelConfig.dream_7b()
+  cfg = ModelConfig.preset("llada-8b") if arch == "llada" else ModelConfig.preset("dream-7b")
   b = 32
   params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
   rng = jax.eval_shape(

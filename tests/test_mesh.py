@@ -94,7 +94,7 @@ real_map = parallel.shard_map
 parallel.shard_map = lambda fn, *a: mapped.append(fn) or real_map(fn, *a)
 for spec in sys.argv[1].split(";"):
   mesh = parallel.parse_mesh(spec)
-  args = [parallel.shard_params(mesh, params)]
+  args = [parallel.shard_params(mesh, config, params)]
   args += [parallel.shard_rows(mesh, a) for a in (tokens, slots, valid)]
   mapped.clear()
   with parallel.use(mesh):
@@ -142,7 +142,7 @@ for spec in ["data=1,model=4", "data=2,model=2"]:
          jax.tree_util.tree_flatten_with_path(loaded)[0]}
   sharded = 0
   for path, x in got.items():
-    want = parallel.param_spec(path, x.shape, mesh)
+    want = parallel.param_spec(config, path, x.shape, mesh)
     assert x.sharding.spec == want, (path, x.sharding.spec, want)
     np.testing.assert_array_equal(x, flat[path])
     shard = list(x.shape)

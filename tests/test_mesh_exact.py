@@ -56,7 +56,7 @@ def check(model, impl):
     for spec in sys.argv[4].split(";"):
       mesh = parallel.parse_mesh(spec)
       with parallel.use(mesh):
-        got = jax.jit(fn)(parallel.shard_params(mesh, params), *args)
+        got = jax.jit(fn)(parallel.shard_params(mesh, config, params), *args)
       for a, b in zip(jax.tree.leaves(got), leaves, strict=True):
         np.testing.assert_array_equal(a, b, f"{arch} {impl} {name} {spec}")
     print(impl, name, "equal on", sys.argv[4], flush=True)
@@ -128,7 +128,8 @@ mesh = parallel.parse_mesh("model=2")
 slots = jnp.broadcast_to(jnp.arange(Q), (B, Q))
 with parallel.use(mesh):
   text = jax.jit(forward).lower(
-      parallel.shard_params(mesh, params), jnp.zeros((B, Q), jnp.int32), slots,
+      parallel.shard_params(mesh, config, params),
+      jnp.zeros((B, Q), jnp.int32), slots,
       jnp.ones((B, S), bool), jax.device_put(
           KVCache.zeros(config, B, S), jax.sharding.NamedSharding(
               mesh, parallel.CACHE_SPEC))).compile().as_text()

@@ -71,6 +71,7 @@ def test_eval_shards_problems_across_processes_and_merges(tmp_path):
 
 def test_param_specs_shard_every_projection_by_columns():
   mesh = types.SimpleNamespace(shape={"data": 2, "model": 4})
+  config = ModelConfig.tiny("dream", n_layers=4)
   cases = {"layers_0/q_proj/kernel": ("", "model"),
            "layers_3/k_proj/bias": ("model",),
            "layers_1/up_proj/kernel": ("", "model"),
@@ -80,12 +81,13 @@ def test_param_specs_shard_every_projection_by_columns():
            "embed/kernel_q": ("model", ""), "embed/scale": ("model", ""),
            "layers_2/mlp_norm/scale": (), "final_norm/scale": ()}
   for path, want in cases.items():
-    spec = param_spec(path, (64, 64) if len(want) != 1 else (64,), mesh)
+    spec = param_spec(config, path, (64, 64) if len(want) != 1 else (64,),
+                      mesh)
     assert tuple(a or "" for a in spec) == want, path
   # a vocabulary the mesh does not divide: the embedding stays whole
   for path, shape in (("embed", (385, 64)), ("embed/kernel_q", (385, 64)),
                       ("embed/scale", (385, 1))):
-    assert tuple(param_spec(path, shape, mesh)) == (), path
+    assert tuple(param_spec(config, path, shape, mesh)) == (), path
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -100,13 +102,13 @@ def test_bad_mesh_specs(spec, message):
 @pytest.mark.parametrize("config,model,message", [
     (ModelConfig.tiny("llada"), 4, "n_kv_heads=2"),
     (ModelConfig.tiny("llada"), 3, "n_heads=4, n_kv_heads=2"),
-    (ModelConfig.dream_7b(), 8, "n_heads=28, n_kv_heads=4"),
+    (ModelConfig.preset("dream-7b"), 8, "n_heads=28, n_kv_heads=4"),
 ])
 def test_model_axis_must_divide_heads(config, model, message):
   mesh = types.SimpleNamespace(shape={"data": 1, "model": model})
   with pytest.raises(ValueError, match=message):
     check_config(config, mesh)
-  check_config(ModelConfig.llada_8b(), types.SimpleNamespace(
+  check_config(ModelConfig.preset("llada-8b"), types.SimpleNamespace(
       shape={"data": 1, "model": 8}))  # 32 heads, 32 KV heads: fine
 
 

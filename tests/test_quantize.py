@@ -55,10 +55,9 @@ def test_round_trip_error_is_within_half_a_step(fmt):
 def _tiny_pair(fmt, head=False, arch="llada", embedding=False):
   config = ModelConfig.tiny(arch, d_model=128, n_heads=8, dtype="bfloat16")
   params = init_params(config, jax.random.key(3), head_init_scale=8.0)
-  qparams = quantize.quantize_params(params, fmt, head=head,
-                                     embedding=embedding)
-  return config, params, config.replace(
-      quantize=fmt, quantize_head=head, quantize_embedding=embedding), qparams
+  qconfig = config.replace(quantize=fmt, quantize_head=head,
+                           quantize_embedding=embedding)
+  return config, params, qconfig, quantize.quantize_params(params, qconfig)
 
 
 @pytest.mark.parametrize("head,embedding", [(False, False), (True, True)],
@@ -87,15 +86,16 @@ def test_quantized_tiny_model_logits_close_to_bf16(fmt, head, embedding):
   # each quantized bf16 weight of O channels of E: 2 E O bytes -> E O + 4 O Z
   saved = 0
   for path, a in quantize._flatten(params).items():
-    if quantize.quantizes(path, head, embedding):
+    if quantize.quantizes(qconfig, path):
       o, e = a.shape if path == "embed" else a.shape[::-1]
       saved += a.size - 4 * o * quantize.scale_columns(
-          quantize.leaf_format(fmt, path), e)
+          quantize.leaf_format(qconfig, path), e)
   assert quantize.weight_bytes(qparams) == quantize.weight_bytes(params) - saved
   if embedding:  # the table takes V E + 4 V bytes instead of 2 V E
     v = config.vocab_size
     assert quantize.weight_bytes(quantize.quantize_params(
-        params, fmt, head=head)) - quantize.weight_bytes(qparams) == (
+        params, qconfig.replace(quantize_embedding=False))) - (
+            quantize.weight_bytes(qparams)) == (
             v * 128 - 4 * v)
 
 
@@ -208,5 +208,5 @@ def test_bench_params_quantized_leaf_by_leaf_equal_quantize_params():
   assert tree_equal(
       timing.bench_params(config, quantize="int8-g128", quantize_head=True,
                           quantize_embedding=True),
-      quantize.quantize_params(timing.bench_params(config), "int8-g128",
-                               head=True, embedding=True))
+      quantize.quantize_params(timing.bench_params(config), config.replace(
+          quantize="int8-g128", quantize_head=True, quantize_embedding=True)))

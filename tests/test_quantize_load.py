@@ -2,6 +2,8 @@
 and a save/load round trip, Dream's biases, the CLI flags, old configs and
 the errors of bad inputs."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,7 +91,7 @@ def test_bad_inputs_each_get_their_message(tmp_path):
   config, params, qconfig, qparams = _tiny_pair("int8", embedding=True)
   with pytest.raises(ValueError, match="unknown quantization format 'int4'; "
                      "known formats: fp8, int8, int8-g128"):
-    quantize.quantize_params(params, "int4")
+    quantize.quantize_params(params, types.SimpleNamespace(quantize="int4"))
   with pytest.raises(ValueError, match="quantize must be None or one of"):
     config.replace(quantize="int4")
   with pytest.raises(ValueError, match="quantize_head=True needs"):
@@ -103,12 +105,13 @@ def test_bad_inputs_each_get_their_message(tmp_path):
                      "format"):
     checkpoint.load(TINY_CHECKPOINT, quantize_embedding=True)
   with pytest.raises(ValueError, match="already quantized"):
-    quantize.quantize_params(qparams, "int8")
-  small = init_params(ModelConfig.tiny("llada"), jax.random.key(0))
+    quantize.quantize_params(qparams, qconfig)
+  small_config = ModelConfig.tiny("llada")
+  small = init_params(small_config, jax.random.key(0))
   with pytest.raises(ValueError, match=r"layers_0/attn_out/kernel has shape "
                      r"\(64, 64\) \[in, out\]: format int8-g128 needs its "
                      r"input size 64 divisible by 128"):
-    quantize.quantize_params(small, "int8-g128")
+    quantize.quantize_params(small, small_config.replace(quantize="int8-g128"))
   checkpoint.save(tmp_path / "q", qparams, qconfig)
   with pytest.raises(ValueError, match=r"stored quantized as int8 with the "
                      r"embedding; it cannot be loaded as quantize='fp8' "):
@@ -116,8 +119,8 @@ def test_bad_inputs_each_get_their_message(tmp_path):
   with pytest.raises(ValueError, match=r"stored quantized as int8 with the "
                      r"embedding; it cannot be loaded as quantize='int8' "):
     checkpoint.load(tmp_path / "q", quantize="int8")
-  checkpoint.save(tmp_path / "p", quantize.quantize_params(params, "int8"),
-                  config.replace(quantize="int8"))
+  checkpoint.save(tmp_path / "p", quantize.quantize_params(
+      params, config.replace(quantize="int8")), config.replace(quantize="int8"))
   with pytest.raises(ValueError, match=r"stored quantized as int8; it cannot "
                      r"be loaded as quantize='int8', quantize_embedding=True "
                      r"\(leave"):

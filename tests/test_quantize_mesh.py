@@ -15,9 +15,9 @@ from flash_dllm_jax.model import CachedExtras
 fmt, impl, dtype = sys.argv[1:4]
 embedding = sys.argv[5] == "True"
 config, params = tiny4(sys.argv[4], d_model=128, head_dim=16, dtype=dtype)
-params = quantize.quantize_params(params, fmt, head=True, embedding=embedding)
 config = config.replace(quantize=fmt, quantize_head=True,
                         quantize_embedding=embedding)
+params = quantize.quantize_params(params, config)
 model = Transformer(config, implementation=impl)
 rng = np.random.default_rng(0)
 B, S, Q = 4, 64, 8
@@ -37,7 +37,7 @@ for name, fn in (("cached", cached), ("uncached", uncached)):
   one = jax.jit(fn)(params)
   for spec in ("data=2,model=2",):  # model=2's shards, rows split too
     mesh = parallel.parse_mesh(spec)
-    sharded = parallel.shard_params(mesh, params)
+    sharded = parallel.shard_params(mesh, config, params)
     q = sharded["layers_0"]["q_proj"]
     assert q["kernel_q"].sharding.spec == jax.sharding.PartitionSpec(
         "model", None), q["kernel_q"].sharding

@@ -17,7 +17,8 @@ from flash_dllm_jax import generate, load
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.sampling import commit_rules
-from flash_dllm_jax.strategies import STRATEGIES, build_sampler, sampler_options
+from flash_dllm_jax.strategies import (STRATEGIES, archs_of, build_sampler,
+                                      sampler_options)
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 
@@ -28,7 +29,7 @@ def _float_fields(name: str) -> list[str]:
 
 
 def _arch(name: str) -> str:
-  return (STRATEGIES[name].archs or ("llada",))[0]  # None: every arch
+  return archs_of(STRATEGIES[name])[0]
 
 
 @st.composite

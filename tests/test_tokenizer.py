@@ -13,8 +13,10 @@ import jinja2
 import pytest
 import transformers
 
-from flash_dllm_jax.chat_templates import (DREAM_CHAT_TEMPLATE,
-                                           LLADA_CHAT_TEMPLATE)
+from flash_dllm_jax.architectures.dream.chat import (
+    CHAT_TEMPLATE as DREAM_CHAT_TEMPLATE)
+from flash_dllm_jax.architectures.llada.chat import (
+    CHAT_TEMPLATE as LLADA_CHAT_TEMPLATE)
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.tokenizer import Tokenizer, build_tiny_tokenizer
 from tests.hf_fixtures import write_qwen2_tokenizer_files

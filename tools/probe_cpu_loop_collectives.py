@@ -82,7 +82,7 @@ def main() -> None:
   mesh = parallel.parse_mesh(args.mesh)
   with parallel.use(mesh):
     sharded = np.asarray(run(
-        parallel.shard_params(mesh, params),
+        parallel.shard_params(mesh, config, params),
         *(parallel.shard_rows(mesh, a)
           for a in (tokens_BxN, valid_BxN, rows_BxR))))
   print(f"batch {b} x {p + g} positions, {args.mesh} vs one device, "

@@ -1,4 +1,5 @@
-"""Hugging Face LLaDA / Dream safetensors -> a flash_dllm_jax checkpoint.
+"""Hugging Face safetensors (any registered architecture) -> a
+flash_dllm_jax checkpoint.
 
 Everything that can be wrong with the source (files, headers, names, shapes)
 is checked from the safetensors headers before a single tensor is read. The
@@ -73,6 +74,7 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
   np_dtype = np.dtype(dtype)
   groups = _split_groups(plan, np_dtype.itemsize, max_group_bytes)
 
+  stacks = source.Stacks()
   with tqdm(total=sum(map(len, plan.values())), unit="tensor",
             desc="converting", disable=not progress) as bar, \
        _write_errors(dst), checkpoint.staging_dir(dst, force) as tmp:
@@ -80,16 +82,19 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
     for group, (shard, mapped) in groups.items():
       arrays = {}
       for m in mapped:
-        array = source.read_tensor(src / shard, m, np_dtype)
-        if quantize is not None:
-          arrays.update({p: np.asarray(a) for p, a in quantized.quantize_leaf(
-              m.param_path, array, quantize, quantize_head,
-              quantize_embedding).items()})
-        else:
-          arrays[m.param_path] = array
+        complete = stacks.add(m, source.read_tensor(src / shard, m, config,
+                                                    np_dtype))
+        for path, array in complete.items():
+          if quantize is not None:
+            arrays.update({p: np.asarray(a) for p, a in
+                           quantized.quantize_leaf(config, path,
+                                                   array).items()})
+          else:
+            arrays[path] = array
         bar.update()
-      checkpoint.write_group(tmp, group, arrays)
-      written[group] = sorted(arrays)
+      if arrays:  # expert slices wait for the group completing their stack
+        checkpoint.write_group(tmp, group, arrays)
+        written[group] = sorted(arrays)
     checkpoint.write_metadata(tmp, config, written, tokenizer, model_type)
     for name in _COPIED_FILES:
       if (src / name).is_file():

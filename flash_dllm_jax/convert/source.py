@@ -1,6 +1,7 @@
-"""What a Hugging Face LLaDA / Dream directory holds, checked from its
+"""What a Hugging Face checkpoint directory holds, checked from its
 config, tokenizer and safetensors headers before a single tensor is read:
-every problem is one ConversionError naming it."""
+every problem is one ConversionError naming it. `Stacks` gathers per-expert
+tensors into the stacked [X, ...] parameters they fill."""
 
 from __future__ import annotations
 
@@ -26,16 +27,46 @@ class ConversionError(ValueError):
   """The source cannot be converted; the message names every problem found."""
 
 
-def read_tensor(shard: Path, mapped: Mapped, dtype: np.dtype) -> np.ndarray:
-  """One tensor in our layout and dtype. The shard is mapped per tensor so
-  that only this tensor's pages, not the whole shard's, stay resident."""
+def read_tensor(shard: Path, mapped: Mapped, config: ModelConfig,
+                dtype: np.dtype) -> dict[str, np.ndarray]:
+  """{param path: array in our layout} of one HF tensor, in `dtype` (or
+  float32 where the parameter's role keeps it so). The shard is mapped per
+  tensor so that only this tensor's pages, not the whole shard's, stay
+  resident."""
+  from flash_dllm_jax.model import roles
   try:
     with safe_open(str(shard), framework="numpy") as f:
       hf_array = f.get_tensor(mapped.hf_name)
   except SafetensorError as e:
     raise ConversionError(f"cannot read {mapped.hf_name} from {shard}: "
                           f"{e}") from None
-  return np.asarray(mapped.rule.apply(hf_array), dtype, order="C")
+  return {path: np.asarray(part, roles.stored_dtype(config, path, dtype),
+                           order="C")
+          for path, part in mapped.apply(hf_array).items()}
+
+
+class Stacks:
+  """Per-expert slices -> the stacked [X, ...] parameters: `add` returns
+  the arrays that are complete (a non-expert tensor's at once)."""
+
+  def __init__(self):
+    self._open: dict[str, tuple[np.ndarray, int]] = {}
+
+  def add(self, mapped: Mapped, arrays: dict[str, np.ndarray]
+          ) -> dict[str, np.ndarray]:
+    if mapped.expert is None:
+      return arrays
+    done = {}
+    for path, part in arrays.items():
+      stack, filled = self._open.get(path) or (
+          np.empty((mapped.n_experts, *part.shape), part.dtype), 0)
+      stack[mapped.expert] = part
+      if filled + 1 == mapped.n_experts:
+        done[path] = stack
+        self._open.pop(path, None)
+      else:
+        self._open[path] = (stack, filled + 1)
+    return done
 
 
 def read_json(path: Path, required: bool) -> dict[str, Any] | None:
@@ -67,7 +98,8 @@ def read_model(src: Path, dtype: str
   try:
     config = ModelConfig.from_hf_config(
         hf, eot_token_id=tokenizer.eot_id, dtype=dtype,
-        generation_config=read_json(src / "generation_config.json", False))
+        generation_config=read_json(src / "generation_config.json", False),
+        special_ids=tokenizer.special_ids())
   except ValueError as e:
     raise ConversionError(f"{src}/config.json: {e}") from None
   if tokenizer.vocab_size > config.vocab_size:
@@ -118,12 +150,9 @@ def check_quantizable(plan: dict[str, list[Mapped]],
   the layer and its shape otherwise), before a tensor is read."""
   for mapped in plan.values():
     for m in mapped:
-      shape = m.expected_shape
-      if m.rule.transform == "transpose":
-        shape = shape[::-1]
-      if quantized.quantizes(m.param_path, config.quantize_head,
-                             config.quantize_embedding):
-        quantized.check_leaf(config.quantize, m.param_path, shape)
+      for path, shape in m.stored_shapes().items():
+        if quantized.quantizes(config, path):
+          quantized.check_leaf(config, path, shape)
 
 
 def plan_tensors(headers: Headers, table, config: ModelConfig,
@@ -137,10 +166,11 @@ def plan_tensors(headers: Headers, table, config: ModelConfig,
       if mapped is None:
         unmapped.append(name)
         continue
-      if mapped.param_path in found:
-        problems.append(f"{name} and {found[mapped.param_path]} both map to "
+      key = (mapped.param_path, mapped.expert)
+      if key in found:
+        problems.append(f"{name} and {found[key]} both map to "
                         f"{mapped.param_path}")
-      found[mapped.param_path] = name
+      found[key] = name
       if shape != mapped.expected_shape:
         problems.append(f"shape mismatch: {name} has shape {shape}, expected "
                         f"{mapped.expected_shape}")

@@ -1,4 +1,4 @@
-"""Loading a Hugging Face LLaDA / Dream directory straight into device memory.
+"""Loading a Hugging Face checkpoint directory straight into device memory.
 
 The same checks as the converter (files, headers, names, shapes, dtypes:
 everything before a tensor is read), then each tensor is read from its
@@ -60,17 +60,19 @@ def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
   mesh = parallel.parse_mesh(mesh)
   parallel.check_config(config, mesh)
   np_dtype = np.dtype(dtype)
-  flat = {}
+  flat, stacks = {}, source.Stacks()
   for shard, mapped in plan.items():
     for m in mapped:
-      array = checkpoint.placed(
-          m.param_path, source.read_tensor(src / shard, m, np_dtype), mesh)
-      if quantize is None:
-        flat[m.param_path] = array
-        continue
-      for path, new in quantized.quantize_leaf(
-          m.param_path, array, quantize, quantize_head,
-          quantize_embedding).items():
-        flat[path] = checkpoint.placed(path, new, mesh)
-      del array
+      complete = stacks.add(m, source.read_tensor(src / shard, m, config,
+                                                  np_dtype))
+      for param_path, host in complete.items():
+        array = checkpoint.placed(config, param_path, host, mesh)
+        del host
+        if quantize is None:
+          flat[param_path] = array
+          continue
+        for path, new in quantized.quantize_leaf(config, param_path,
+                                                 array).items():
+          flat[path] = checkpoint.placed(config, path, new, mesh)
+        del array
   return traverse_util.unflatten_dict(flat, sep="/"), config, tokenizer

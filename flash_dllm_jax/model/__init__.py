@@ -1,4 +1,4 @@
-"""LLaDA and Dream as one Flax transformer, plus its KV cache."""
+"""The transformer every architecture is composed from, plus its KV cache."""
 
 from flash_dllm_jax.model.cache import KVCache
 from flash_dllm_jax.model.transformer import CachedExtras, Transformer, init_params

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax import ops, quantize
+from flash_dllm_jax.model import roles
 
 Initializer = Callable[..., jax.Array]
 
@@ -39,6 +40,8 @@ class Linear(nn.Module):
   as kernel_q [out, in] in 8 bits with float32 scale [out, Z] and runs
   through ops.quantized_linear; `weights_only` then returns
   (kernel_q, scale, bias) without computing, for the fused calls of Block.
+  role: the kernel's (model/roles.py; default: column-parallel, quantized
+  as a projection); the bias shares its shard.
   """
 
   features: int
@@ -49,9 +52,13 @@ class Linear(nn.Module):
       1.0, "fan_in", "normal")
   quantize: str | None = None
   implementation: str | None = None  # see flash_dllm_jax/ops/
+  role: roles.Role = roles.Role("columns", "projection")
 
   @nn.compact
   def __call__(self, x: jax.Array, weights_only: bool = False):
+    roles.declare(self, "kernel", self.role)
+    if self.use_bias:
+      roles.declare(self, "bias", roles.Role(self.role.shard))
     # Declared after the kernel: Flax draws each parameter's init key in
     # declaration order, so the order fixes a random model's weights.
     bias = lambda: self.param("bias", nn.initializers.normal(0.1),
@@ -107,31 +114,37 @@ def embed_lookup(embed, tokens_BxQ: jax.Array, dtype) -> jax.Array:
   return (w_BxQxE.astype(jnp.float32) * scale_BxQx1).astype(dtype)
 
 
-def rope_angles(positions_BxQ: jax.Array, head_dim: int,
+def rope_angles(positions_BxQ: jax.Array, rope_dim: int,
                 theta: float) -> tuple[jax.Array, jax.Array]:
-  """cos and sin [B, Q, D] in float32 for split-halves (rotate_half) RoPE."""
+  """cos and sin [B, Q, R] in float32 for split-halves (rotate_half) RoPE
+  over the first R = rope_dim dims of a head."""
   # A host constant (as torch computes it), never an XLA-fused pow that can
   # differ by an ulp between compilations.
-  exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+  exponent = np.arange(0, rope_dim, 2, dtype=np.float32) / np.float32(rope_dim)
   inv_freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(
       np.float32)
-  freqs_BxQxD2 = positions_BxQ.astype(jnp.float32)[..., None] * inv_freq
-  angles_BxQxD = jnp.concatenate([freqs_BxQxD2, freqs_BxQxD2], axis=-1)
-  return jnp.cos(angles_BxQxD), jnp.sin(angles_BxQxD)
+  freqs_BxQxR2 = positions_BxQ.astype(jnp.float32)[..., None] * inv_freq
+  angles_BxQxR = jnp.concatenate([freqs_BxQxR2, freqs_BxQxR2], axis=-1)
+  return jnp.cos(angles_BxQxR), jnp.sin(angles_BxQxR)
 
 
-def apply_rope(x_BxQxHxD: jax.Array, cos_BxQxD: jax.Array,
-               sin_BxQxD: jax.Array, in_float32: bool) -> jax.Array:
-  """x * cos + rotate_half(x) * sin.
+def apply_rope(x_BxQxHxD: jax.Array, cos_BxQxR: jax.Array,
+               sin_BxQxR: jax.Array, in_float32: bool) -> jax.Array:
+  """x * cos + rotate_half(x) * sin on the first R dims of each head (the
+  rest pass through: partial RoPE).
 
   in_float32 (LLaDA): x is upcast and rotated in float32, then cast back.
   Otherwise (Dream): cos/sin are cast to x's dtype and the rotation runs there.
   """
   dtype = x_BxQxHxD.dtype
+  r = cos_BxQxR.shape[-1]
   compute = jnp.float32 if in_float32 else dtype
-  x = x_BxQxHxD.astype(compute)
-  cos = cos_BxQxD[:, :, None, :].astype(compute)
-  sin = sin_BxQxD[:, :, None, :].astype(compute)
-  half = x.shape[-1] // 2
+  x = x_BxQxHxD[..., :r].astype(compute)
+  cos = cos_BxQxR[:, :, None, :].astype(compute)
+  sin = sin_BxQxR[:, :, None, :].astype(compute)
+  half = r // 2
   rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return (x * cos + rotated * sin).astype(dtype)
+  out = (x * cos + rotated * sin).astype(dtype)
+  if r == x_BxQxHxD.shape[-1]:
+    return out
+  return jnp.concatenate([out, x_BxQxHxD[..., r:]], axis=-1)

@@ -39,10 +39,10 @@ def layer(config: ModelConfig, params, index: int, x_BxQxE: jax.Array,
   v_BxSxKxD): their K/V are written at slots_BxQ (-1 skips a row) and they
   attend over every valid slot. Returns (x_BxQxE, (k, v), mass_BxS or None),
   mass summing over heads and mass_rows_BxQ the probability of each slot."""
-  cos_BxQxD, sin_BxQxD = rope_angles(positions_BxQ, config.head_dim,
+  cos_BxQxD, sin_BxQxD = rope_angles(positions_BxQ, config.rope_dim,
                                      config.rope_theta)
   block = Block(config, jnp.dtype(config.dtype), implementation,
-                sow_mass=mass_rows_BxQ is not None)
+                sow_mass=mass_rows_BxQ is not None, layer=index)
   (x_BxQxE, kv), state = block.apply(
       {"params": params[f"layers_{index}"]}, x_BxQxE, positions_BxQ,
       cos_BxQxD, sin_BxQxD, key_valid_BxS, kv, slots_BxQ,
@@ -84,7 +84,10 @@ def queries(config: ModelConfig, params, index: int, x_BxTxE: jax.Array,
                        implementation=implementation).apply(
         {"params": p["q_proj"]}, n_BxTxE).reshape(b, t, cfg.n_heads,
                                                   cfg.head_dim)
-  cos_BxTxD, sin_BxTxD = rope_angles(positions_BxT, cfg.head_dim,
+  if cfg.spec.attention.qk_norm:
+    q_BxTxHxD = RMSNorm(cfg.rms_norm_eps, implementation=implementation
+                        ).apply({"params": p["q_norm"]}, q_BxTxHxD)
+  cos_BxTxD, sin_BxTxD = rope_angles(positions_BxT, cfg.rope_dim,
                                      cfg.rope_theta)
   return apply_rope(q_BxTxHxD, cos_BxTxD, sin_BxTxD, cfg.rope_in_float32)
 

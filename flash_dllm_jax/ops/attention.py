@@ -19,7 +19,8 @@ def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
               *, scale: float, implementation: str | None = None
               ) -> jax.Array:
   """Bidirectional GQA attention of all queries over all keys (uncached
-  forwards and training, Q = S).
+  forwards and training, Q = S). key_valid: [B, S], or [B, Q, S] for a
+  mask per query (block-causal families).
 
   On a GPU (implementation resolving to 'pallas') this is JAX's fused
   attention, cuDNN's flash attention where it applies: the reference
@@ -53,8 +54,11 @@ def write_cache(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
 
 def rope_and_write(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
                    k_cache_BxSxKxD, v_cache_BxSxKxD, *, theta: float,
-                   scale: float, rope_fn, implementation: str | None = None):
+                   scale: float, rope_fn, rope_dim: int | None = None,
+                   implementation: str | None = None):
   """RoPE q and k, scale q, write k and v into the caches at `slots_BxQ`.
+  rope_dim: the leading dims RoPE rotates (None: all); partial RoPE takes
+  the reference path (the kernel rotates whole heads).
 
   Returns (q_BxQxHxD rotated and scaled, k_cache, v_cache). The kernel fuses
   all of it and writes in place (donate the caches); it rotates in float32.
@@ -62,6 +66,8 @@ def rope_and_write(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
   keeps Dream's bf16 rotation bit-faithful.
   """
   impl = kernel_name(implementation)
+  if rope_dim is not None and rope_dim != q_BxQxHxD.shape[-1]:
+    impl = "reference"
   if impl != "reference":
     kernel = lambda *args: cache_api.rope_write(
         *args, theta=theta, scale=scale, implementation=impl)

@@ -48,11 +48,16 @@ class SequenceModel:
   def _module(self) -> Transformer:
     return Transformer(self.config, implementation=self.implementation)
 
-  def logits(self, tokens_BxN: jax.Array, rows_BxR: jax.Array) -> jax.Array:
-    """Uncached forward over the whole sequence; logits [B, R, V] of rows."""
+  def logits(self, tokens_BxN: jax.Array, rows_BxR: jax.Array,
+             block_length: int | None = None) -> jax.Array:
+    """Uncached forward over the whole sequence; logits [B, R, V] of rows.
+    block_length: block-causal families' decode block (blocks counted from
+    each row's first token)."""
+    blocks_BxN = (None if block_length is None
+                  else self.positions_BxN // block_length)
     logits, _ = self._module.apply(
         {"params": self.params}, tokens_BxN, self.positions_BxN,
-        self.valid_BxN, logit_rows_BxR=rows_BxR)
+        self.valid_BxN, logit_rows_BxR=rows_BxR, blocks_BxQ=blocks_BxN)
     return logits
 
   def empty_cache(self, dtype=None) -> KVCache:

@@ -147,7 +147,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size {args.batch_size} must be a multiple "
                          f"of the mesh's data size "
                          f"{parallel.data_size(mesh)}")
-      params = parallel.shard_params(mesh, params)
+      params = parallel.shard_params(mesh, config, params)
   except (ValueError, FileNotFoundError, TypeError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1

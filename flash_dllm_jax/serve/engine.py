@@ -78,7 +78,7 @@ class SlotEngine:
       if slots % parallel.data_size(mesh):
         raise ValueError(f"slots ({slots}) must be a multiple of the mesh's "
                          f"data size ({parallel.data_size(mesh)})")
-      params = parallel.shard_params(mesh, params)
+      params = parallel.shard_params(mesh, config, params)
     self.params, self.config, self.sampler = params, config, sampler
     self.p, self.b, self.g = prompt_len, slots, sampler.gen_length
     self.g_all = self.g + tail_length(sampler)  # positions after the prompt
@@ -100,7 +100,7 @@ class SlotEngine:
                              self._state)
       rows = parallel.NamedSharding(mesh, parallel.P("data"))
       shardings = dict(
-          in_shardings=(parallel.param_shardings(mesh, params), state_s,
+          in_shardings=(parallel.param_shardings(mesh, config, params), state_s,
                         rows, rows, rows, rows, rows),
           out_shardings=(state_s, rows,
                          parallel.NamedSharding(mesh, parallel.P())))

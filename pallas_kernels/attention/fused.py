@@ -14,12 +14,15 @@ def fused_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, *,
   xla_impl: its `implementation`; None asks for cuDNN for 16-bit inputs
   (cuDNN takes no float32) and falls back to XLA's composition when JAX
   refuses the shapes. cuDNN wants the mask as a full [B, 1, Q, S] bias.
+  key_valid: [B, S], or [B, Q, S] for a mask per query.
   """
   b, q = q_BxQxHxD.shape[:2]
   s = k_BxSxKxD.shape[1]
-  any_valid_B = jnp.any(key_valid_BxS, axis=-1)
-  mask_Bx1xQxS = jnp.broadcast_to(
-      (key_valid_BxS | ~any_valid_B[:, None])[:, None, None, :], (b, 1, q, s))
+  valid_BxQxS = jnp.broadcast_to(
+      key_valid_BxS if key_valid_BxS.ndim == 3 else key_valid_BxS[:, None],
+      (b, q, s))
+  any_valid_BxQ = jnp.any(valid_BxQxS, axis=-1)
+  mask_Bx1xQxS = (valid_BxQxS | ~any_valid_BxQ[..., None])[:, None]
   attend = lambda impl: jax.nn.dot_product_attention(
       q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, mask=mask_Bx1xQxS, scale=scale,
       implementation=impl)
@@ -34,5 +37,5 @@ def fused_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, *,
   uniform_Bx1xHxD = jnp.repeat(
       jnp.mean(v_BxSxKxD.astype(jnp.float32), axis=1, keepdims=True), g,
       axis=2)
-  return jnp.where(any_valid_B[:, None, None, None], o_BxQxHxD,
+  return jnp.where(any_valid_BxQ[:, :, None, None], o_BxQxHxD,
                    uniform_Bx1xHxD.astype(o_BxQxHxD.dtype))

@@ -12,6 +12,7 @@ def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
                      v_BxSxKxD: jax.Array, key_valid_BxS: jax.Array,
                      *, scale: float) -> jax.Array:
   """softmax(scale * q k^T + mask) v with float32 scores and accumulation.
+  key_valid: [B, S] (every query alike) or [B, Q, S] (a mask per query).
 
   Invalid keys get the most negative finite float32 rather than -inf, so a row
   whose keys are all invalid yields a finite (uniform) average instead of NaN,
@@ -23,7 +24,8 @@ def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   q_BxQxKxJxD = q_BxQxHxD.reshape(b, q, k, h // k, d)
   s_BxKxJxQxS = jnp.einsum("bqkjd,bskd->bkjqs", q_BxQxKxJxD, k_BxSxKxD,
                            preferred_element_type=jnp.float32) * scale
-  valid = key_valid_BxS[:, None, None, None, :]
+  valid = (key_valid_BxS[:, None, None, None, :] if key_valid_BxS.ndim == 2
+           else key_valid_BxS[:, None, None, :, :])
   s_BxKxJxQxS = jnp.where(valid, s_BxKxJxQxS, jnp.finfo(jnp.float32).min)
   p_BxKxJxQxS = jax.nn.softmax(s_BxKxJxQxS, axis=-1)
   o_BxQxKxJxD = jnp.einsum("bkjqs,bskd->bqkjd",

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flash_dllm_jax.architectures import Architecture
-from flash_dllm_jax.chat_templates import DREAM_CHAT_TEMPLATE
+from flash_dllm_jax.architectures import Architecture, AttentionSpec
+from flash_dllm_jax.architectures.dream.chat import CHAT_TEMPLATE
 
 
-def read_hf_config(hf: dict[str, Any]) -> dict[str, Any]:
+def read_hf_config(hf: dict[str, Any], special: dict[str, int] | None = None
+                   ) -> dict[str, Any]:
   bad = []
   if hf.get("tie_word_embeddings", False):
     bad.append("tie_word_embeddings=True")
@@ -36,22 +37,30 @@ def read_hf_config(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _name_table():
-  from flash_dllm_jax.convert.tables import DREAM
-  return DREAM
+  from flash_dllm_jax.architectures.dream.tensors import TABLE
+  return TABLE
 
 
 SPEC = Architecture(
     name="dream", hf_model_types=("dream",), label="Dream-v0",
     read_hf_config=read_hf_config, name_table=_name_table,
-    default_strategy="dream", chat_template=DREAM_CHAT_TEMPLATE,
-    qkv_bias=True, rope_in_float32=False, logits_shift=1,
-    likelihood_masks="rate",
-    tiny_numerics={"rms_norm_eps": 1e-6, "rope_theta": 1e6},
+    attention=AttentionSpec(qkv_bias=True, rope_in_float32=False),
+    logits_shift=1, default_strategy="dream",
+    samplers=("DreamSampler", "FastDLLMSampler", "FlashDLLMSampler",
+              "ElasticCacheSampler"),
+    chat_template=CHAT_TEMPLATE, likelihood_masks="rate",
+    presets={"dream-7b": dict(
+        vocab_size=152064, d_model=3584, n_layers=28, n_heads=28,
+        n_kv_heads=4, head_dim=128, mlp_hidden=18944, rms_norm_eps=1e-6,
+        rope_theta=1e6, max_seq_len=131072, mask_token_id=151666,
+        eos_token_id=151643, pad_token_id=151643, bos_token_id=151643,
+        eot_token_id=151645)},
+    tiny_changes={"rms_norm_eps": 1e-6, "rope_theta": 1e6},
     tiny_special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>",
                          "<|beginoftext|>", "<|mask|>"),
     tiny_tokenizer_config=dict(
         add_bos_token=False, bos_token="<|beginoftext|>",
         eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-        mask_token="<|mask|>", chat_template=DREAM_CHAT_TEMPLATE,
+        mask_token="<|mask|>", chat_template=CHAT_TEMPLATE,
         additional_special_tokens=["<|beginoftext|>", "<|mask|>"]),
     tiny_bos_is_eos=True)

@@ -1,19 +1,8 @@
-"""Chat templates of LLaDA-8B-Instruct and Dream-v0-Instruct-7B.
+"""Dream-v0-Instruct-7B's chat template (Qwen2.5's: tool calls, a default
+system prompt): the `chat_template` string of its genuine
+tokenizer_config.json, verbatim."""
 
-Both are the `chat_template` strings of the checkpoints' genuine
-tokenizer_config.json files, verbatim.
-"""
-
-LLADA_CHAT_TEMPLATE = (
-    "{% set loop_messages = messages %}"
-    "{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}"
-    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}{% endfor %}"
-    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}")
-
-# The Qwen2.5 template (tool calls, default system prompt).
-DREAM_CHAT_TEMPLATE = """{%- if tools %}
+CHAT_TEMPLATE = """{%- if tools %}
     {{- '<|im_start|>system\\n' }}
     {%- if messages[0]['role'] == 'system' %}
         {{- messages[0]['content'] }}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flash_dllm_jax.architectures import Architecture
-from flash_dllm_jax.chat_templates import LLADA_CHAT_TEMPLATE
+from flash_dllm_jax.architectures import Architecture, AttentionSpec
+from flash_dllm_jax.architectures.llada.chat import CHAT_TEMPLATE
 
 # OLMo config keys whose other values this model does not implement.
 _SUPPORTED = {
@@ -18,7 +18,8 @@ _SUPPORTED = {
 }
 
 
-def read_hf_config(hf: dict[str, Any]) -> dict[str, Any]:
+def read_hf_config(hf: dict[str, Any], special: dict[str, int] | None = None
+                   ) -> dict[str, Any]:
   bad = [f"{k}={hf[k]!r}" for k, ok in _SUPPORTED.items()
          if k in hf and hf[k] not in ok]
   if bad:
@@ -39,21 +40,29 @@ def read_hf_config(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _name_table():
-  from flash_dllm_jax.convert.tables import LLADA
-  return LLADA
+  from flash_dllm_jax.architectures.llada.tensors import TABLE
+  return TABLE
 
 
 SPEC = Architecture(
     name="llada", hf_model_types=("llada",), label="LLaDA-8B, LLaDA-1.5",
     read_hf_config=read_hf_config, name_table=_name_table,
-    default_strategy="llada", chat_template=LLADA_CHAT_TEMPLATE,
-    qkv_bias=False, rope_in_float32=True, logits_shift=0,
-    likelihood_masks="count",
-    tiny_numerics={"rms_norm_eps": 1e-5, "rope_theta": 500000.0},
+    attention=AttentionSpec(qkv_bias=False, rope_in_float32=True),
+    logits_shift=0, default_strategy="llada",
+    samplers=("LLaDASampler", "FastDLLMSampler", "FlashDLLMSampler",
+              "ElasticCacheSampler"),
+    chat_template=CHAT_TEMPLATE, likelihood_masks="count",
+    presets={"llada-8b": dict(
+        vocab_size=126464, d_model=4096, n_layers=32, n_heads=32,
+        n_kv_heads=32, head_dim=128, mlp_hidden=12288, rms_norm_eps=1e-5,
+        rope_theta=500000.0, max_seq_len=4096, mask_token_id=126336,
+        eos_token_id=126081, pad_token_id=126081, bos_token_id=126080,
+        eot_token_id=126348)},
+    tiny_changes={"rms_norm_eps": 1e-5, "rope_theta": 500000.0},
     tiny_special_tokens=("<|startoftext|>", "<|endoftext|>", "<|eot_id|>",
                          "<|start_header_id|>", "<|end_header_id|>",
                          "<|mdm_mask|>"),
     tiny_tokenizer_config=dict(
         add_bos_token=False, add_eos_token=False, bos_token="<|startoftext|>",
         eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-        chat_template=LLADA_CHAT_TEMPLATE))
+        chat_template=CHAT_TEMPLATE))

@@ -1,0 +1,118 @@
+"""The attention part of a block: q/k/v projections (optionally joined, with
+biases), QK-norm, (partial) RoPE, then attention uncached or over a KV
+cache. Its parameters belong to the calling Block (`layers_N/q_proj`, ...),
+so every architecture's checkpoints keep one flat layout per layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from flash_dllm_jax import ops
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import fuse
+from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope
+
+
+@struct.dataclass
+class CachedExtras:
+  """Options of a cached forward beyond "write my K/V, attend to the cache".
+
+  write_cache: False runs the queries without writing their K/V (a verify
+    pass); they then see each other only where inq_mask_BxQxQ allows.
+  exclude_BxS: cache slots hidden from every query (e.g. the slots the
+    queries themselves re-encode).
+  mass_rows_BxQ: query rows whose attention probabilities, summed over heads,
+    are accumulated per key into the "attention_mass" intermediate.
+  mass_prefix: mass rows lie among the first mass_prefix queries (later ones
+    are ignored), so the kernel can score those rows alone.
+  mass_score: "mass" accumulates softmax probabilities, "logit" the scaled
+    pre-softmax q.k (summed the same way).
+  """
+
+  write_cache: bool = struct.field(pytree_node=False, default=True)
+  exclude_BxS: jax.Array | None = None
+  inq_mask_BxQxQ: jax.Array | None = None
+  mass_rows_BxQ: jax.Array | None = None
+  mass_prefix: int | None = struct.field(pytree_node=False, default=None)
+  mass_score: str = struct.field(pytree_node=False, default="mass")
+
+
+def project_qkv(block: nn.Module, cfg: ModelConfig, n_BxQxE: jax.Array,
+                dense) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD) before RoPE, QK-normed where the
+  architecture norms them; `dense(name, features, bias)` makes a Linear."""
+  b, q, _ = n_BxQxE.shape
+  h, k, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  if cfg.fused_qkv:
+    q_BxQxHxD, k_BxQxKxD, v_BxQxKxD = fuse.split_qkv(dense(
+        "qkv_proj", fuse.qkv_features(cfg), cfg.qkv_bias)(n_BxQxE), cfg)
+  else:
+    q_BxQxHxD = dense("q_proj", h * d, cfg.qkv_bias)(n_BxQxE).reshape(
+        b, q, h, d)
+    k_BxQxKxD = dense("k_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(
+        b, q, k, d)
+    v_BxQxKxD = dense("v_proj", k * d, cfg.qkv_bias)(n_BxQxE).reshape(
+        b, q, k, d)
+  if cfg.spec.attention.qk_norm:
+    norm = lambda name, x: RMSNorm(cfg.rms_norm_eps, block.param_dtype,
+                                   block.implementation, name=name)(x)
+    q_BxQxHxD = norm("q_norm", q_BxQxHxD)
+    k_BxQxKxD = norm("k_norm", k_BxQxKxD)
+  return q_BxQxHxD, k_BxQxKxD, v_BxQxKxD
+
+
+def attend(block: nn.Module, cfg: ModelConfig, n_BxQxE, positions_BxQ,
+           cos_BxQxR, sin_BxQxR, key_valid, dense, cache_kv=None,
+           slots_BxQ=None, extras: CachedExtras | None = None):
+  """The attention output o_BxQxHD (before attn_out) and the layer's new
+  (k, v) cache (None uncached). key_valid: [B, S], or [B, Q, S] for a
+  per-query mask (uncached only)."""
+  b, q, _ = n_BxQxE.shape
+  d = cfg.head_dim
+  q_BxQxHxD, k_BxQxKxD, v_BxQxKxD = project_qkv(block, cfg, n_BxQxE, dense)
+  rope = lambda x, _: apply_rope(x, cos_BxQxR, sin_BxQxR, cfg.rope_in_float32)
+  scale = 1.0 / math.sqrt(d)
+  impl = block.implementation
+  new_kv = None
+  if cache_kv is None:
+    o_BxQxHxD = ops.attention(rope(q_BxQxHxD, None), rope(k_BxQxKxD, None),
+                              v_BxQxKxD, key_valid, scale=scale,
+                              implementation=impl)
+    return o_BxQxHxD.reshape(b, q, -1), None
+  extras = extras or CachedExtras()
+  if extras.write_cache:
+    q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD = ops.rope_and_write(
+        q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
+        cache_kv[0], cache_kv[1], theta=cfg.rope_theta, scale=scale,
+        rope_fn=rope, rope_dim=cfg.rope_dim, implementation=impl)
+    new_kv = (keys_BxSxKxD, values_BxSxKxD)
+    k_new_BxQxKxD = v_new_BxQxKxD = None
+  else:  # the queries see each other only through extras.inq_mask
+    q_BxQxHxD = (rope(q_BxQxHxD, None).astype(jnp.float32) * scale
+                 ).astype(q_BxQxHxD.dtype)
+    keys_BxSxKxD, values_BxSxKxD = cache_kv
+    k_new_BxQxKxD, v_new_BxQxKxD = rope(k_BxQxKxD, None), v_BxQxKxD
+    new_kv = cache_kv
+  o_BxQxHxD, mass_BxS = ops.cached_attention(
+      q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD, key_valid,
+      exclude_BxS=extras.exclude_BxS, k_new_BxQxKxD=k_new_BxQxKxD,
+      v_new_BxQxKxD=v_new_BxQxKxD, inq_mask_BxQxQ=extras.inq_mask_BxQxQ,
+      mass_rows_BxQ=extras.mass_rows_BxQ if block.sow_mass else None,
+      mass_prefix=extras.mass_prefix, mass_score=extras.mass_score,
+      implementation=impl)
+  if mass_BxS is not None:
+    block.sow("intermediates", "attention_mass", mass_BxS)
+  return o_BxQxHxD.reshape(b, q, -1), new_kv
+
+
+def block_mask(key_valid_BxS: jax.Array, blocks_BxS: jax.Array) -> jax.Array:
+  """[B, Q=S, S]: key s is visible to query q when valid and its decode
+  block is not after q's (bidirectional inside a block, causal across)."""
+  return key_valid_BxS[:, None, :] & (
+      blocks_BxS[:, None, :] <= blocks_BxS[:, :, None])
