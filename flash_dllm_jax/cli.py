@@ -1,10 +1,13 @@
-"""Command line: `python -m flash_dllm_jax generate --prompt "..."`.
+"""Command line: `python -m flash_dllm_jax generate --prompt "..."` (and
+`serve`, flash_dllm_jax/serve/cli.py).
 
 Every strategy of flash_dllm_jax/strategies.py is a `--strategy` choice and
-every sampler field a flag. Prompts come from --prompt (repeatable),
---prompt-file (text lines, or JSON lines with "prompt" or "messages"; '-'
-reads stdin) or stdin. JAX's persistent compilation cache is on (see
---compile-cache), so a repeated command does not compile again.
+every sampler field some strategy takes a flag. Prompts come from --prompt
+(repeatable), --prompt-file (text lines, or JSON lines with "prompt" or
+"messages"; '-' reads stdin) or stdin. JAX's persistent compilation cache
+is on (see --compile-cache), so a repeated command does not compile again;
+the last stderr line says what was compiled and what was loaded from the
+cache. Without a command the program prints its help (exit status 0).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from flash_dllm_jax import quantize, strategies
+from flash_dllm_jax import compilation, quantize, strategies
 from flash_dllm_jax.ops import choice
 
 CHECKPOINT_ENV = "FLASH_DLLM_JAX_CHECKPOINT"
@@ -39,6 +42,49 @@ def check_checkpoint(path: Path, given: bool) -> None:
       f"install does not copy); pass --checkpoint DIR or set {CHECKPOINT_ENV}")
 
 
+DESCRIPTION = ("Fast inference for diffusion LLMs (LLaDA, Dream) in JAX: "
+               "generate answers or serve an OpenAI-compatible API.")
+# The other entry points, as the top-level --help lists them (run with
+# `python`; scripts/ is in the source tree, not in an installed package).
+ENTRY_POINTS = (
+    ("-m flash_dllm_jax.lm_eval", "lm-eval with the flash_dllm_jax model"),
+    ("scripts/convert_hf.py", "Hugging Face directory -> checkpoint"),
+    ("scripts/eval_gsm8k.py", "GSM8K accuracy"),
+    ("scripts/eval_humaneval.py", "HumanEval pass@1 (sandboxed tests)"),
+    ("scripts/eval_report.py", "table and plot over evaluation runs"),
+    ("scripts/eval_quality.py", "every strategy on synthetic GSM"),
+    ("scripts/lm_eval_quality.py", "the same through lm-eval"),
+    ("scripts/compare_runs.py", "two evaluation runs, answer by answer"),
+    ("scripts/bench_strategies.py", "decode step time per strategy"),
+    ("scripts/bench_forward.py", "forward and reference-decode times"),
+    ("scripts/bench_kernels.py", "Pallas kernels against XLA"),
+    ("scripts/bench_report.py", "tables from bench_kernels.py results"),
+    ("scripts/bench_continuous.py", "continuous against static batches"),
+    ("scripts/bench_serve.py", "the server under Poisson load"),
+    ("scripts/bench_mesh.py", "data- and tensor-parallel scaling"),
+    ("scripts/bench_load.py", "checkpoint load time and host memory"),
+    ("scripts/profile_step.py", "a decode step's time per kernel"),
+    ("scripts/quant_error.py", "8-bit weights' error against bf16"),
+    ("scripts/train_tiny.py", "train the small LLaDA-format model"),
+    ("scripts/make_synthetic_gsm.py", "write the synthetic GSM corpus"),
+    ("scripts/make_tiny_checkpoint.py", "write the tiny random model"),
+)
+
+
+def _epilog() -> str:
+  width = max(len(c) for c, _ in ENTRY_POINTS) + len("python ")
+  rows = [f"  {'python ' + c:<{width}}  {d}" for c, d in ENTRY_POINTS]
+  return ("other entry points (each takes --help; scripts/ is in the "
+          "source tree):\n" + "\n".join(rows))
+
+
+def add_checkpoint_flag(ap: argparse.ArgumentParser) -> None:
+  ap.add_argument("--checkpoint", type=Path, default=None,
+                  help="checkpoint directory: converted, or a Hugging Face "
+                       f"LLaDA/Dream directory (default: ${CHECKPOINT_ENV}, "
+                       f"else {DEFAULT_CHECKPOINT})")
+
+
 def add_compile_cache_flags(ap: argparse.ArgumentParser) -> None:
   from flash_dllm_jax.compilation import CACHE_ENV, default_cache_dir
   ap.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
@@ -56,13 +102,12 @@ def start_compile_cache(args) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="python -m flash_dllm_jax")
-  sub = ap.add_subparsers(dest="command", required=True)
+  ap = argparse.ArgumentParser(
+      prog="python -m flash_dllm_jax", description=DESCRIPTION,
+      epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = ap.add_subparsers(dest="command", metavar="{generate,serve}")
   gen = sub.add_parser("generate", help="generate answers for prompts")
-  gen.add_argument("--checkpoint", type=Path, default=None,
-                   help="checkpoint directory: converted, or a Hugging Face "
-                        f"LLaDA/Dream directory (default: ${CHECKPOINT_ENV}, "
-                        f"else {DEFAULT_CHECKPOINT})")
+  add_checkpoint_flag(gen)
   gen.add_argument("--strategy", default=None, metavar="NAME",
                    help="decoding strategy: "
                         + "; ".join(f"{s.name}: {s.help}" for s in
@@ -99,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
   add_compile_cache_flags(gen)
   strategies.add_option_flags(gen)
   from flash_dllm_jax.serve.cli import add_parser as add_serve
-  add_serve(sub, DEFAULT_CHECKPOINT)
+  add_serve(sub)
   return ap
 
 
@@ -127,24 +172,31 @@ def _generate(args) -> int:
                                      strategies.options_from_args(args))
   progress = cli_io.Progress(len(prompts), args.progress)
   t0 = time.perf_counter()
-  out = generate((params, config, tokenizer), prompts, sampler=sampler,
-                 chat=args.chat, seed=args.seed, stop_at_eos=args.stop_at_eos,
-                 batch_size=batch_size, mesh=mesh, progress=progress,
-                 kernels=kernels)
+  with compilation.compile_log() as compiled:
+    out = generate((params, config, tokenizer), prompts, sampler=sampler,
+                   chat=args.chat, seed=args.seed,
+                   stop_at_eos=args.stop_at_eos, batch_size=batch_size,
+                   mesh=mesh, progress=progress, kernels=kernels)
   seconds = time.perf_counter() - t0
   meta = {"checkpoint": str(checkpoint), "arch": config.arch,
           "strategy": name}
   cli_io.write(args.output, prompts, out, config, progress.seconds_B,
                seconds, meta)
   print(f"[{config.arch}, {out.steps} steps, {int(out.forwards_B.max())} "
-        f"forwards, strategy {name}, {seconds:.2f} s including "
-        "compilation]", file=sys.stderr)
+        f"forwards, strategy {name}; {compiled.describe(seconds)}]",
+        file=sys.stderr)
   return 0
 
 
 def main(argv: list[str] | None = None) -> int:
   ap = _parser()
   args, extra = ap.parse_known_args(argv)
+  if args.command is None and not extra:
+    ap.print_help()  # to stdout: help asked for by giving no command
+    return 0
+  if args.command is None:
+    ap.error(f"unrecognized arguments: {' '.join(extra)} (choose a command: "
+             "generate or serve)")
   if extra:
     known = ", ".join("--" + k.replace("_", "-")
                       for k in strategies.all_options())

@@ -226,9 +226,10 @@ def _unflatten(flat: dict[str, Any]):
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
-def add_flags(parser) -> None:
+def add_flags(parser, writes: bool = False) -> None:
   """--quantize FMT, --quantize-head and --quantize-embedding on an
-  argparse parser."""
+  argparse parser; writes: the command writes a checkpoint (the converter)
+  rather than loading one to run."""
   def describe(f: Format) -> str:
     scales = ("per output channel" if f.group is None
               else f"per {f.group} inputs")
@@ -237,7 +238,9 @@ def add_flags(parser) -> None:
   parser.add_argument(
       "--quantize", choices=tuple(FORMATS), default=None,
       help="8-bit weights: " + "; ".join(map(describe, FORMATS.values()))
-      + " (a bf16 checkpoint is quantized as it loads; default: as stored)")
+      + (" (the checkpoint is written quantized and its config records the "
+         "format; default: not quantized)" if writes else
+         " (a bf16 checkpoint is quantized as it loads; default: as stored)"))
   parser.add_argument("--quantize-head", action="store_true",
                       help="quantize the LM head too (per output channel)")
   parser.add_argument("--quantize-embedding", action="store_true",

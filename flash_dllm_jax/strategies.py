@@ -4,9 +4,11 @@ Data-driven: adding a strategy is one line in STRATEGIES, e.g.
 
   Strategy("fast-dllm-dual", FastDLLMSampler, fixed={"cache": "dual"}),
 
-and every dataclass field of its sampler becomes a CLI flag (`--gen-length`,
-`--threshold`, ...) with the type its annotation gives. The sampler's own
-__post_init__ checks ranges, so a bad value gets the sampler's error.
+and every dataclass field of its sampler that some strategy leaves free
+becomes a CLI flag (`--gen-length`, `--threshold`, ...) with the type its
+annotation gives; a field every strategy of its sampler fixes (`cache`,
+`verify`) is no flag. The sampler's own __post_init__ checks ranges, so a
+bad value gets the sampler's error.
 """
 
 from __future__ import annotations
@@ -91,10 +93,13 @@ def sampler_options(cls: type) -> dict[str, tuple[type, Any]]:
 
 
 def all_options() -> dict[str, type]:
-  """{option: type} over every registered strategy's sampler (the flags)."""
+  """{option: type} of the sampler fields some registered strategy takes
+  (the flags); a field every strategy fixes is not an option."""
   out: dict[str, type] = {}
   for strategy in STRATEGIES.values():
     for name, (typ, _) in sampler_options(strategy.sampler).items():
+      if name in strategy.fixed:
+        continue
       if out.setdefault(name, typ) is not typ:
         raise TypeError(f"sampler option {name!r} has two types: "
                         f"{out[name].__name__} and {typ.__name__}")
@@ -147,14 +152,14 @@ def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
   return strategy.sampler(**{**strategy.fixed, **options})
 
 
-def add_option_flags(parser) -> None:
-  """Adds every sampler field of every strategy as a flag (`--gen-length`,
+def add_option_flags(parser, title: str = "strategy options") -> None:
+  """Adds every option of `all_options` as a flag (`--gen-length`,
   `--threshold`, ...; booleans as --x / --no-x), default None (the
   sampler's own), help naming the strategies that take it."""
   group = parser.add_argument_group(
-      "strategy options", "sampler fields (defaults: the sampler's own)")
+      title, "sampler fields (defaults: the sampler's own)")
   for name, typ in all_options().items():
-    used = ", ".join(strategies_taking(name)) or "none"
+    used = ", ".join(strategies_taking(name))
     flag = "--" + name.replace("_", "-")
     if typ is bool:
       group.add_argument(flag, dest=name, default=None,

@@ -19,7 +19,7 @@ def main(argv=None) -> int:
   parser.add_argument("dst_dir", help="the new checkpoint directory")
   parser.add_argument("--dtype", choices=("bfloat16", "float32"),
                       default="bfloat16", help="stored parameter dtype")
-  quantize.add_flags(parser)
+  quantize.add_flags(parser, writes=True)
   parser.add_argument("--force", action="store_true",
                       help="replace dst_dir if it exists (after success)")
   args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ sources, output formats, progress, the compilation cache and errors."""
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -109,7 +110,6 @@ def test_prompt_file_errors(tmp_path, capsys, content, message):
   assert code == 1 and err.startswith("error: "), err
   assert len(err.strip().splitlines()) == 1
   assert str(path) in err
-  import re
   assert re.search(message, err), err
 
 
@@ -137,17 +137,6 @@ def test_clear_errors(capsys, argv, message):
   assert len(err.strip().splitlines()) == 1
 
 
-def test_help_names_strategies_per_flag(capsys, monkeypatch):
-  monkeypatch.setenv("COLUMNS", "1000")  # no line breaks inside names
-  with pytest.raises(SystemExit):
-    cli.main(["generate", "--help"])
-  text = " ".join(capsys.readouterr().out.split())
-  assert ("--gamma GAMMA strategies: flash-cache, flash-dllm, "
-          "flash-cache-confident, flash-dllm-confident, elastic-cache") in text
-  assert "--alg ALG strategies: dream" in text
-  assert "flash-dllm: Flash-dLLM" in text
-
-
 def test_missing_default_checkpoint_says_where(capsys, monkeypatch, tmp_path):
   monkeypatch.setenv(cli.CHECKPOINT_ENV, str(tmp_path / "gone"))
   code, _, err = run(capsys, "--prompt", "x")
@@ -166,6 +155,24 @@ def test_cache_dir_settings(monkeypatch, tmp_path):
   monkeypatch.delenv(compilation.CACHE_ENV)
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
   assert compilation.default_cache_dir() == tmp_path / "flash-dllm-jax" / "jax"
+
+
+def test_compile_log_tells_compiled_from_loaded():
+  """JAX's events as it records them: a cache hit comes before the end of
+  its backend-compile span, a fresh compile has none."""
+  import jax
+  with compilation.compile_log() as log:
+    jax.monitoring.record_event_duration_secs(
+        "/jax/core/compile/jaxpr_trace_duration", 0.5)
+    jax.monitoring.record_event_duration_secs(
+        "/jax/core/compile/backend_compile_duration", 2.0)
+    jax.monitoring.record_event("/jax/compilation_cache/cache_hits")
+    jax.monitoring.record_event_duration_secs(
+        "/jax/core/compile/backend_compile_duration", 0.25)
+  assert (log.compiled, log.loaded) == (1, 1)
+  assert log.describe(3.0) == ("3.00 s: 0.50 s tracing, 2.00 s compiling 1 "
+                               "program, 0.25 s loading 1 program from the "
+                               "compilation cache, 0.25 s decoding")
 
 
 @pytest.mark.slow
@@ -190,6 +197,18 @@ def test_compile_cache_is_written_and_reused(tmp_path):
                        text=True, cwd=ROOT, env={
                            **env, compilation.CACHE_ENV: str(tmp_path / "x")})
   assert off.returncode == 0 and not (tmp_path / "x").exists()
+  # The last stderr line says what was compiled and what came from the cache.
+  lines = [p.stderr.strip().splitlines()[-1] for p in (first, second, off)]
+  n = r"(\d+) programs?"
+  for line in (lines[0], lines[2]):
+    assert re.search(rf"; [\d.]+ s: [\d.]+ s tracing, [\d.]+ s compiling {n}"
+                     r", [\d.]+ s decoding\]$", line), line
+  found = re.search(rf"; [\d.]+ s: [\d.]+ s tracing, [\d.]+ s loading {n} "
+                    r"from the compilation cache, [\d.]+ s decoding\]$",
+                    lines[1])
+  assert found and "compiling" not in lines[1], lines[1]
+  compiled = re.search(rf"compiling {n}", lines[0]).group(1)
+  assert found.group(1) == compiled, lines
 
 
 @pytest.mark.slow
@@ -230,7 +249,6 @@ def test_non_editable_install_names_the_missing_model(tmp_path):
 def test_readme_main_command_prints_the_worked_solution(capsys):
   """The README's main command (its generate part) on the shipped model:
   Flash-dLLM writes every step right and ends with the right number."""
-  import re
   import shlex
   readme = (ROOT / "README.md").read_text()
   block = readme.split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1]

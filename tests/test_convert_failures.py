@@ -4,6 +4,7 @@ read-only destination; DST is never left behind, and the CLI says why in
 one line."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,10 @@ def test_cli(llada_src, tmp_path):
   assert "error: missing shard file" in bad.stderr
   assert "Traceback" not in bad.stderr
   assert not (tmp_path / "d").exists()
+  usage = subprocess.run(script + ["--help"], capture_output=True, text=True,
+                         cwd=REPO, env={**os.environ, "COLUMNS": "1000"})
+  assert "the checkpoint is written quantized" in usage.stdout
+  assert "as it loads" not in usage.stdout  # that is load's --quantize
 
 
 @pytest.fixture

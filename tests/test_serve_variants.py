@@ -26,11 +26,12 @@ VARIANTS = {1: {"threshold": 0.6}, 2: {"gen_length": 8}}
 
 
 def test_parse_variant_types_and_errors():
-  assert parse_variant("threshold=0.6, gen-length=8,verify=false", 1) == {
-      "threshold": 0.6, "gen_length": 8, "verify": False}
+  assert parse_variant("threshold=0.6, gen-length=8,eos_tail=true", 1) == {
+      "threshold": 0.6, "gen_length": 8, "eos_tail": True}
   for spec, needle in [("threshold", "KEY=VALUE"), ("nope=1", "'nope'"),
+                       ("verify=false", "'verify'"),  # fixed by the strategy
                        ("gen_length=x", "gen_length takes a int"),
-                       ("verify=maybe", "verify takes a bool")]:
+                       ("eos_tail=maybe", "eos_tail takes a bool")]:
     with pytest.raises(ValueError, match=needle):
       parse_variant(spec, 2)
 

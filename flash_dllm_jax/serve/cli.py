@@ -1,7 +1,7 @@
 """`python -m flash_dllm_jax serve`: the OpenAI-compatible server.
 
-Sampler flags come from the strategy registry (every option of every
-registered sampler); the chosen strategy rejects the ones it does not take.
+Sampler flags come from the strategy registry (every option some strategy
+takes); the chosen strategy rejects the ones it does not take.
 """
 
 from __future__ import annotations
@@ -11,21 +11,20 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from flash_dllm_jax import quantize
 from flash_dllm_jax.ops import choice
-from flash_dllm_jax.strategies import STRATEGIES, all_options, strategies_taking
+from flash_dllm_jax.strategies import STRATEGIES, add_option_flags, all_options
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
 
-def add_parser(sub, default_checkpoint: Path) -> None:
+def add_parser(sub) -> None:
   """Registers the `serve` subcommand on an argparse subparsers object."""
+  from flash_dllm_jax.cli import add_checkpoint_flag, add_compile_cache_flags
   ap = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
   ap.set_defaults(main=main)
-  ap.add_argument("--checkpoint", type=Path, default=default_checkpoint,
-                  help="converted checkpoint directory (default: %(default)s)")
+  add_checkpoint_flag(ap)
   ap.add_argument("--strategy", default="flash-dllm", choices=sorted(STRATEGIES),
                   help="decoding strategy (default: %(default)s)")
   ap.add_argument("--batch-size", type=int, default=8,
@@ -60,17 +59,8 @@ def add_parser(sub, default_checkpoint: Path) -> None:
                        "bucket's slots over D devices and the weights over M")
   ap.add_argument("--shutdown-timeout", type=float, default=30.0,
                   help="on SIGTERM, seconds to let in-flight requests finish")
-  from flash_dllm_jax.cli import add_compile_cache_flags
   add_compile_cache_flags(ap)
-  group = ap.add_argument_group("sampler options")
-  for name, typ in all_options().items():
-    flag = "--" + name.replace("_", "-")
-    help_ = "strategies: " + ", ".join(strategies_taking(name))
-    if typ is bool:
-      group.add_argument(flag, action=argparse.BooleanOptionalAction,
-                         default=None, help=help_)
-    else:
-      group.add_argument(flag, type=typ, default=None, help=help_)
+  add_option_flags(ap, "sampler options")
 
 
 def parse_variant(spec: str, index: int) -> dict:
@@ -104,7 +94,8 @@ def main(args: argparse.Namespace) -> int:
 
   from flash_dllm_jax import parallel
   from flash_dllm_jax.checkpoint import load
-  from flash_dllm_jax.cli import start_compile_cache
+  from flash_dllm_jax.cli import (check_checkpoint, default_checkpoint,
+                                  start_compile_cache)
   from flash_dllm_jax.serve.app import build_app
   from flash_dllm_jax.serve.service import Service, Settings
   from flash_dllm_jax.strategies import build_sampler
@@ -117,8 +108,10 @@ def main(args: argparse.Namespace) -> int:
   log.propagate = False
   options = {k: getattr(args, k) for k in all_options()
              if getattr(args, k) is not None}
-  name = args.served_model_name or args.checkpoint.resolve().name
+  checkpoint = args.checkpoint or default_checkpoint()
+  name = args.served_model_name or checkpoint.resolve().name
   try:
+    check_checkpoint(checkpoint, args.checkpoint is not None)
     settings = Settings(model_name=name, strategy=args.strategy,
                         slots=args.batch_size,
                         max_prompt_tokens=args.max_prompt_tokens,
@@ -127,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
                         request_timeout=args.request_timeout,
                         kernels=choice.kernels_from_args(args))
     start_compile_cache(args)
-    params, config, tokenizer = load(args.checkpoint, dtype=args.dtype,
+    params, config, tokenizer = load(checkpoint, dtype=args.dtype,
                                      quantize=args.quantize,
                                      quantize_head=args.quantize_head,
                                      quantize_embedding=(
@@ -152,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 1
   log.info("settings: checkpoint=%s model=%s arch=%s strategy=%s sampler=%r "
-           "variants=%r mesh=%s %s", args.checkpoint, name, config.arch,
+           "variants=%r mesh=%s %s", checkpoint, name, config.arch,
            args.strategy, sampler, variants, args.mesh, settings)
   holder: dict = {}
 

@@ -1,0 +1,98 @@
+"""What the command lines say about themselves: the top-level help and its
+entry points, each flag's strategies, the checkpoint flag, and the README's
+list of strategies."""
+
+import re
+
+import pytest
+
+from flash_dllm_jax import cli, strategies
+from tests.paths import ROOT
+
+
+def _help(capsys, *argv) -> str:
+  with pytest.raises(SystemExit) as stop:
+    cli.main([*argv, "--help"])
+  assert stop.value.code == 0
+  return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_names_strategies_per_flag(capsys, monkeypatch):
+  monkeypatch.setenv("COLUMNS", "1000")  # no line breaks inside names
+  text = _help(capsys, "generate")
+  assert ("--gamma GAMMA strategies: flash-cache, flash-dllm, "
+          "flash-cache-confident, flash-dllm-confident, elastic-cache") in text
+  assert "--alg ALG strategies: dream" in text
+  assert "flash-dllm: Flash-dLLM" in text
+
+
+def test_fixed_fields_are_no_flags(capsys, monkeypatch):
+  """A field every strategy of its sampler fixes (cache, verify,
+  recompute_all) is no flag of generate or serve, nor named as a valid
+  option; every flag names the strategies that take it."""
+  monkeypatch.setenv("COLUMNS", "1000")
+  fixed_everywhere = {"cache", "verify", "recompute_all"}
+  options = strategies.all_options()
+  assert not fixed_everywhere & set(options)
+  assert all(strategies.strategies_taking(k) for k in options)
+  for command in ("generate", "serve"):
+    text = _help(capsys, command)
+    assert "strategies: none" not in text and "strategies: --" not in text
+    for name in fixed_everywhere:
+      assert "--" + name.replace("_", "-") + " " not in text, (command, name)
+      assert "--no-" + name.replace("_", "-") not in text, (command, name)
+    for name in options:
+      assert "--" + name.replace("_", "-") in text, (command, name)
+  assert cli.main(["generate", "--verify", "--prompt", "x"]) == 2
+  err = capsys.readouterr().err
+  assert "unknown option(s) --verify" in err
+  listed = err.split("strategy options: ")[1]
+  assert "--cache" not in listed and "--recompute-all" not in listed
+  with pytest.raises(ValueError, match="unknown option"):
+    strategies.build_sampler("threshold", "llada", {"cache": "dual"})
+
+
+def test_serve_takes_what_generate_takes_for_checkpoint(capsys, monkeypatch,
+                                                        tmp_path):
+  """Both commands take a converted or a Hugging Face directory, default
+  $FLASH_DLLM_JAX_CHECKPOINT, and say so."""
+  monkeypatch.setenv("COLUMNS", "1000")
+  for command in ("generate", "serve"):
+    text = _help(capsys, command)
+    assert ("--checkpoint CHECKPOINT checkpoint directory: converted, or a "
+            "Hugging Face LLaDA/Dream directory (default: "
+            "$FLASH_DLLM_JAX_CHECKPOINT, else") in text, (command, text)
+  monkeypatch.setenv(cli.CHECKPOINT_ENV, str(tmp_path / "gone"))
+  for command in ("generate", "serve"):
+    assert cli.main([command, "--prompt", "x"] if command == "generate"
+                    else [command]) == 1
+    err = capsys.readouterr().err
+    assert f"error: no checkpoint at {tmp_path / 'gone'}" in err, command
+
+
+def test_no_command_prints_the_help_with_every_entry_point(capsys):
+  """`python -m flash_dllm_jax` alone: the top-level help on stdout, exit 0;
+  it names generate, serve, lm_eval and every eval and bench script."""
+  assert cli.main([]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: python -m flash_dllm_jax")
+  assert cli.DESCRIPTION in " ".join(out.split())
+  for name in ("generate", "serve", "python -m flash_dllm_jax.lm_eval"):
+    assert name in out
+  scripts = {p.name for p in (ROOT / "scripts").glob("*.py")}
+  assert {p for p in scripts if p.startswith(("eval_", "bench_"))} <= {
+      c.removeprefix("scripts/") for c, _ in cli.ENTRY_POINTS}
+  for command, _ in cli.ENTRY_POINTS:
+    if command.startswith("scripts/"):
+      assert command.removeprefix("scripts/") in scripts, command
+    assert f"python {command} " in out, command
+  assert _help(capsys).startswith("usage: python -m flash_dllm_jax")
+
+
+def test_readme_lists_every_strategy():
+  """The README's Command line section names the registry's strategies, in
+  its order."""
+  readme = (ROOT / "README.md").read_text()
+  section = readme.split("## Command line", 1)[1].split("\n## ", 1)[0]
+  listed = section.split("- `--strategy`: ", 1)[1].split("(default", 1)[0]
+  assert re.findall(r"`([a-z0-9-]+)`", listed) == list(strategies.STRATEGIES)
