@@ -62,6 +62,21 @@ def test_bad_input_gets_one_clear_error(capsys, argv, message):
   assert message in _error(capsys, argv)
 
 
+def test_humaneval_without_bubblewrap_refuses_before_loading(
+    monkeypatch, capsys, tmp_path):
+  from flash_dllm_jax.eval import sandbox
+  monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+  monkeypatch.setattr(cli, "start_compile_cache", None)  # never reached
+  sandbox.bwrap_problem.cache_clear()
+  try:
+    err = _error(capsys, ["humaneval", "--out-dir", str(tmp_path / "o"),
+                          *TINY])
+  finally:
+    sandbox.bwrap_problem.cache_clear()
+  assert "Debian package bubblewrap" in err and "--sandbox rlimit" in err
+  assert not (tmp_path / "o").exists()
+
+
 def test_malformed_data_and_too_long_prompts(capsys, tmp_path):
   (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": 3}\n')
   err = _error(capsys, ["gsm8k", "--data", str(tmp_path), "--num-fewshot",

@@ -3,72 +3,43 @@ and on broken, hanging and memory-hungry completions; prompts and stop
 cutting; scripts/eval_humaneval.py end to end on the tiny checkpoint."""
 
 import json
-import os
 import secrets
-import socket
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from tests import eval_case
+from tests.sandbox_case import MODES, running
 from tests.paths import TINY_CHECKPOINT
 from flash_dllm_jax.eval import executor, sandbox
 from flash_dllm_jax.eval.tasks import make_render
 from flash_dllm_jax.eval.tasks.humaneval import HumanEval, program
 from flash_dllm_jax.tokenizer import Tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+# The end-to-end runs take bubblewrap where it works (CI installs it).
+SANDBOX = "bwrap" if sandbox.bwrap_problem() is None else "rlimit"
+LIMITS = executor.Limits(sandbox=SANDBOX)
 
 
 @pytest.fixture(scope="module")
 def task():
-  return HumanEval()
+  return HumanEval(limits=LIMITS)
 
 
 def test_every_canonical_solution_passes(task):
   """All 164, four subprocesses at a time."""
   assert len(task.rows) == 164
-  sources = [program(r["prompt"], r["canonical_solution"], r["test"],
-                     r["entry_point"]) for r in task.rows]
-  t0 = time.perf_counter()
-  results = executor.run_programs(sources, executor.Limits(timeout_s=20),
-                                  workers=4)
+  checks = [program(r["prompt"], r["canonical_solution"], r["test"],
+                    r["entry_point"]) for r in task.rows]
+  results = executor.run_checks(checks, executor.Limits(timeout_s=20,
+                                                        sandbox=SANDBOX),
+                                workers=4)
   failed = [(r["task_id"], x.status, x.detail)
             for r, x in zip(task.rows, results) if not x.passed]
   assert not failed
-  assert time.perf_counter() - t0 < 60
 
 
-def _state(pid: int) -> str | None:
-  try:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-      if line.startswith("State:"):
-        return line.split()[1]
-  except (FileNotFoundError, ProcessLookupError):
-    return None
-
-
-def _running(marker: str, wait_s: float = 5.0) -> list[int]:
-  """Live (not zombie) processes whose command line holds marker, after
-  waiting up to wait_s for them to go."""
-  deadline = time.time() + wait_s
-  while True:
-    pids = []
-    for d in Path("/proc").iterdir():
-      try:
-        if (d.name.isdigit() and marker.encode() in (d / "cmdline").read_bytes()
-            and _state(int(d.name)) not in (None, "Z")):
-          pids.append(int(d.name))
-      except OSError:
-        pass
-    if not pids or time.time() > deadline:
-      return pids
-    time.sleep(0.1)
-
-
-def test_bad_completions_fail_cleanly_within_the_timeout(task):
+@pytest.mark.parametrize("mode", MODES)
+def test_bad_completions_fail_cleanly_within_the_timeout(task, mode):
   row = task.rows[0]  # has_close_elements
   body = "    return False\n"  # wrong on half the asserts
   completions = {
@@ -83,27 +54,28 @@ def test_bad_completions_fail_cleanly_within_the_timeout(task):
                    "        l.append(' ' * 2**20)\n"),
       "exit0": ("failed", "before the tests finished",
                 "    import os\n    os._exit(0)\n"),
+      "sys_exit": ("failed", "SystemExit", "    raise SystemExit(0)\n"),
+      "not_data": ("failed", "cannot cross", "    return object()\n"),
       "kill_parent": ("failed", "NoneType",
                       "    import os\n    os.kill(os.getppid(), 9)\n"),
   }
-  limits = executor.Limits(timeout_s=3, memory_mb=256)
-  sources = [program(row["prompt"], c, row["test"], row["entry_point"])
-             for *_, c in completions.values()]
+  limits = executor.Limits(timeout_s=3, memory_mb=256, sandbox=mode)
+  checks = [program(row["prompt"], c, row["test"], row["entry_point"])
+            for *_, c in completions.values()]
   # A program that forks a child and hangs: the whole group must die.
   marker = "fdj-test-" + secrets.token_hex(8)
-  sources.append(f"import posix, sys\nif not posix.fork():\n"
-                 f"    posix.execv(sys.executable, [sys.executable, '-c', "
-                 f"'import time; time.sleep(600)', '{marker}'])\n"
-                 "import time\ntime.sleep(600)\n")
-  t0 = time.perf_counter()
-  results = executor.run_programs(sources, limits, workers=len(sources))
-  assert time.perf_counter() - t0 < limits.timeout_s + 10
+  checks.append(executor.Check(
+      f"import posix, sys\nif not posix.fork():\n    posix.execv("
+      f"sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)',"
+      f" '{marker}'])\nimport time\ntime.sleep(600)\n", row["test"],
+      row["entry_point"]))
+  results = executor.run_checks(checks, limits, workers=len(checks))
   for (name, (status, detail, _)), result in zip(completions.items(), results):
     assert (result.status, name) == (status, name), result
     assert detail in result.detail, (name, result)
     assert result.seconds < limits.timeout_s + 5
   assert results[-1].status == "timeout"
-  assert not _running(marker)
+  assert not running(marker)
 
 
 def test_limits_are_checked():
@@ -116,128 +88,9 @@ def test_limits_are_checked():
   with pytest.raises(ValueError, match="process limit"):
     executor.Limits(processes=0)
   with pytest.raises(ValueError, match="sandbox must be one of"):
-    executor.Limits(sandbox="docker")
-
-
-# The sandboxes that can run here; what each guarantees is in the README.
-MODES = [pytest.param("bwrap", marks=pytest.mark.skipif(
-    sandbox.bwrap_problem() is not None,
-    reason=str(sandbox.bwrap_problem()))), "rlimit"]
-# Without bwrap a run's processes are bounded and all found again only
-# through its own cgroup (or RLIMIT_NPROC, which does not bind root).
-CONTAINED = sandbox.pids_cgroup_root() is not None
-
-
-def _contained(mode, what):
-  if mode == "rlimit" and not CONTAINED:
-    pytest.skip(f"without bwrap or a pids cgroup, {what} is not contained")
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_a_fork_bomb_is_bounded_and_leaves_nothing(mode):
-  if os.geteuid() == 0:
-    _contained(mode, "a fork bomb run by root")
-  marker = "fdj-test-" + secrets.token_hex(8)
-  bomb = ("import posix, sys\nn = 0\nwhile True:\n    try:\n"
-          "        posix.fork()\n        n += 1\n    except OSError:\n"
-          "        pass\n")
-  source = (f"import sys, posix\nposix.execv(sys.executable, [sys.executable, "
-            f"'-c', {bomb!r}, '{marker}'])\n")
-  limits = executor.Limits(timeout_s=2, processes=8, sandbox=mode)
-  t0 = time.perf_counter()
-  result = executor.run_program(source, limits)
-  assert result.status == "timeout" and not result.passed, result
-  assert time.perf_counter() - t0 < 10
-  assert not _running(marker)
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("then", ["hang", "exit"])
-def test_a_setsid_escape_dies_with_the_run(mode, then):
-  _contained(mode, "a process in a new session")
-  marker = "fdj-test-" + secrets.token_hex(8)
-  source = ("import os, sys\nos.posix_spawn(sys.executable, [sys.executable, "
-            f"'-c', 'import time; time.sleep(600)', '{marker}'], {{}}, "
-            "setsid=True)\nprint('spawned', flush=True)\n"
-            + ("import time\ntime.sleep(600)\n" if then == "hang" else ""))
-  result = executor.run_program(source, executor.Limits(timeout_s=2,
-                                                        sandbox=mode))
-  assert "spawned" in result.output
-  assert result.status == ("timeout" if then == "hang" else "passed"), result
-  assert not _running(marker)
-
-
-@pytest.mark.skipif(sandbox.bwrap_problem() is not None,
-                    reason=str(sandbox.bwrap_problem()))
-def test_bwrap_confines_writes_to_the_temporary_directory(tmp_path):
-  outside = [ROOT / f"escape-{secrets.token_hex(4)}.txt",
-             tmp_path / "escape.txt", Path.home() / "escape.txt"]
-  for path in outside:
-    source = (f"open({str(path)!r}, 'w').write('x')\n"
-              "open('inside.txt', 'w').write('fine')\n")
-    result = executor.run_program(source, executor.Limits(sandbox="bwrap"))
-    assert not path.exists()
-    if not path.is_relative_to("/tmp"):  # there: the private /tmp's copy
-      assert result.status == "failed" and "Error" in result.detail, result
-  # The interpreter's own folders are read-only, under /tmp too.
-  venv = Path(sys.prefix) / f"escape-{secrets.token_hex(4)}.txt"
-  result = executor.run_program(f"open({str(venv)!r}, 'w').write('x')\n",
-                                executor.Limits(sandbox="bwrap"))
-  assert result.status == "failed" and not venv.exists(), result
-  # Its own directory, and a private /tmp that the host never sees.
-  name = f"fdj-private-{secrets.token_hex(4)}"
-  inside = executor.run_program("open('inside.txt', 'w').write('fine')\n"
-                                f"open('/tmp/{name}', 'w').write('x')\n",
-                                executor.Limits(sandbox="bwrap"))
-  assert not (Path("/tmp") / name).exists()
-  assert inside.passed, inside
-
-
-def test_bwrap_keeps_an_interpreter_installed_under_tmp(monkeypatch):
-  """A virtual environment under /tmp (say, of a clone there) would vanish
-  behind the private /tmp: it is bound back, read-only, once (its bin/ is
-  inside it); an interpreter elsewhere adds no binding."""
-  for name in ("base_prefix", "base_exec_prefix"):
-    monkeypatch.setattr(sandbox.sys, name, "/usr")
-  monkeypatch.setattr(sandbox.sys, "prefix", "/tmp/clone/.venv")
-  monkeypatch.setattr(sandbox.sys, "exec_prefix", "/tmp/clone/.venv")
-  monkeypatch.setattr(sandbox.sys, "executable", "/tmp/clone/.venv/bin/py")
-  args = sandbox.bwrap_args(Path("/tmp/work"))
-  i = args.index("--tmpfs")
-  assert args[i:i + 5] == ["--tmpfs", "/tmp", "--ro-bind", "/tmp/clone/.venv",
-                           "/tmp/clone/.venv"]
-  assert args.count("--ro-bind") == 2 and args.count("--bind") == 1
-  for name in ("prefix", "exec_prefix", "base_prefix", "base_exec_prefix"):
-    monkeypatch.setattr(sandbox.sys, name, "/usr")
-  monkeypatch.setattr(sandbox.sys, "executable", "/usr/bin/python3")
-  assert sandbox.bwrap_args(Path("/tmp/work")).count("--ro-bind") == 1
-
-
-@pytest.mark.skipif(sandbox.bwrap_problem() is not None,
-                    reason=str(sandbox.bwrap_problem()))
-def test_bwrap_has_no_network():
-  """A server on the host's 127.0.0.1 gets no connection from the program;
-  the same program reaches it under the rlimit sandbox (which has network:
-  the check is real)."""
-  with socket.create_server(("127.0.0.1", 0)) as server:
-    server.settimeout(0.5)
-    port = server.getsockname()[1]
-    source = ("import socket\n"
-              f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\n")
-    result = executor.run_program(source, executor.Limits(sandbox="bwrap"))
-    assert result.status == "failed" and "Error" in result.detail, result
-    with pytest.raises(TimeoutError):
-      server.accept()
-    plain = executor.run_program(source, executor.Limits(sandbox="rlimit"))
-    assert plain.passed, plain
-    server.accept()[0].close()
-
-
-def test_auto_uses_bwrap_where_it_works():
-  want = "bwrap" if sandbox.bwrap_problem() is None else "rlimit"
-  assert sandbox.sandbox_mode("auto") == want
-  assert sandbox.sandbox_mode("rlimit") == "rlimit"
-  assert HumanEval().settings()["sandbox"] == want
+    executor.Limits(sandbox="auto")
+  with pytest.raises(ValueError, match="entry point must be an identifier"):
+    executor.Check("", "", "f()")
 
 
 def test_completions_are_cut_at_stop_sequences(task):
@@ -247,7 +100,7 @@ def test_completions_are_cut_at_stop_sequences(task):
   assert out["output"] == body and out["result"] == "failed"
   for tail in ["\nprint(1)", "\nif x:", "\n# note", "\nclass A:"]:
     assert task.score(problems, [body + tail])[0]["output"] == body
-  chat = HumanEval(chat=True)
+  chat = HumanEval(limits=LIMITS, chat=True)
   tok = Tokenizer.from_dir(TINY_CHECKPOINT)
   problem = chat.problems(make_render(tok, True))[0]
   code = chat.rows[0]["prompt"]
@@ -271,7 +124,8 @@ def test_bad_data_is_reported(tmp_path):
 
 
 def test_script_end_to_end(tmp_path):
-  run = eval_case.run_script("humaneval", tmp_path / "out", "--timeout", "5")
+  run = eval_case.run_script("humaneval", tmp_path / "out", "--timeout", "5",
+                             "--sandbox", SANDBOX)
   assert "| humaneval | tiny | llada | 3 | 0.0% |" in run.result.stdout
   ids = sorted(r["id"] for r in run.records)
   assert ids == [f"HumanEval/{i}" for i in range(3)]
@@ -280,21 +134,33 @@ def test_script_end_to_end(tmp_path):
   assert run.summary["metric"] == "pass@1" and run.summary["score"] == 0.0
   assert run.settings["timeout_s"] == 5.0
   assert run.settings["memory_mb"] == 1024
+  assert run.settings["sandbox"] == SANDBOX
 
 
-def test_without_bwrap_auto_falls_back_and_says_so(monkeypatch, tmp_path,
-                                                   capsys):
+def test_without_bwrap_humaneval_refuses_and_rlimit_warns_once(
+    monkeypatch, tmp_path, capsys):
   monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
   sandbox.bwrap_problem.cache_clear()
+  sandbox._warn_rlimit.cache_clear()
   try:
     assert sandbox.bwrap_problem().startswith("bwrap is not installed")
-    assert sandbox.sandbox_mode("auto") == "rlimit"
-    assert "warning: test programs run in the rlimit sandbox" in (
-        capsys.readouterr().err)
-    with pytest.raises(ValueError, match="'bwrap' was asked for, but bwrap "
-                       "is not installed"):
-      sandbox.sandbox_mode("bwrap")
-    result = executor.run_program("print('ran')\n", executor.Limits())
-    assert result.passed and result.output == "ran\n"
+    with pytest.raises(ValueError, match=r"only in the bubblewrap sandbox, "
+                       r"but bwrap is not installed \(Debian package "
+                       r"bubblewrap\)") as e:
+      HumanEval()
+    assert "\n" not in str(e.value) and "--sandbox rlimit" in str(e.value)
+    with pytest.raises(ValueError, match="Debian package bubblewrap"):
+      executor.run_check(program("", "def f():\n    return 1\n",
+                                 "def check(c):\n    pass\n", "f"))
+    capsys.readouterr()
+    limits = executor.Limits(sandbox="rlimit")
+    task = HumanEval(limits=limits)
+    assert task.settings()["sandbox"] == "rlimit"
+    row = task.rows[0]
+    check = program(row["prompt"], row["canonical_solution"], row["test"],
+                    row["entry_point"])
+    assert all(r.passed for r in executor.run_checks([check] * 2, limits))
+    assert capsys.readouterr().err == sandbox.RLIMIT_WARNING + "\n"
   finally:
     sandbox.bwrap_problem.cache_clear()
+    sandbox._warn_rlimit.cache_clear()

@@ -77,10 +77,11 @@ def parser() -> argparse.ArgumentParser:
   he.add_argument("--memory-mb", type=int, default=1024,
                   help="address-space limit of a test run")
   he.add_argument("--sandbox", choices=sandbox.SANDBOXES,
-                  default="auto", help="how test programs are confined: "
-                  "bubblewrap (no network, read-only file system, own PID "
-                  "namespace) or resource limits alone; auto: bwrap where "
-                  "it works (see README, Evaluation)")
+                  default="bwrap", help="how generated code is confined: "
+                  "bubblewrap (own user, no network, no host files but the "
+                  "system's and the interpreter's, read-only; own PIDs), "
+                  "required unless rlimit, resource limits alone, is asked "
+                  "for (see README, Evaluation)")
   he.add_argument("--max-processes", type=int, default=64,
                   help="processes a test program may run at once")
   he.add_argument("--workers", type=int, default=None,

@@ -1,34 +1,27 @@
-"""Runs untrusted programs (model-written code) in separate subprocesses.
+"""Runs untrusted code (model-written programs) against its tests, in
+sandboxed subprocesses, never in this process.
 
-Each program runs in a fresh `python -I` child in its own temporary working
-directory, with a minimal environment and limits: address space
-(RLIMIT_AS), CPU seconds (RLIMIT_CPU), file size, no core dumps, and a
-process count. A wall-clock timeout ends the run. The child also disables a
-few destructive os/shutil/subprocess calls before running the program.
-
-Two sandboxes (`Limits.sandbox`; 'auto' picks the first that works here):
-  bwrap: bubblewrap, when installed and able to create namespaces: no
-    network (a new network namespace), a read-only file system except the
-    temporary directory (and a private /tmp, where only the interpreter's
-    own folders are kept, read-only), its own PID namespace, so
-    every process the program starts, in any session, dies with it.
-  rlimit: the limits alone; the process group is killed at the end, and a
-    program can still reach the network and write where the evaluator may.
-In both, where a writable cgroup `pids` controller exists (e.g. as root in
-a container), each run gets its own cgroup: at most `processes` processes
-(RLIMIT_NPROC does not bind root), and every process in it is killed at the
-end, setsid escapes included. Without bwrap, cgroups or a non-root user, a
-fork bomb is bounded only by the timeout.
+A Check runs in a fresh `python -I` child in its own temporary directory,
+under address-space, CPU-time, file-size and process-count limits and a
+wall-clock timeout. That child (eval/checker.py) forks the candidate
+process, runs the tests itself on values the candidate returns as plain
+data, and reports the verdict over a socket the candidate never holds.
+`Limits.sandbox` picks the confinement (eval/sandbox.py): 'bwrap'
+(bubblewrap: its own user, PID, network and mount namespaces, the host's
+system folders and the interpreter read-only, nothing else of the host) or,
+only when asked for by name, 'rlimit' (the limits alone). README
+(Evaluation) states what each guarantees.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import json
 import math
 import os
-import secrets
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -38,32 +31,11 @@ from typing import Sequence
 
 from flash_dllm_jax.eval import sandbox
 
-# Runs inside the child: limits first, then the guard, then the program; the
-# random token written after it proves the program ran to its end (a
-# sys.exit(0) or os._exit(0) before the tests finish is not a pass).
-_BOOTSTRAP = r"""
-import resource, sys
-mem, cpu, fsize, nproc = (int(x) for x in sys.argv[1:5])
-token = sys.argv[5]
-resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-source = open("program.py", encoding="utf-8").read()
-import os, shutil, subprocess
-for name in ("system", "kill", "killpg", "fork", "forkpty", "remove", "unlink",
-             "rmdir", "removedirs", "rename", "renames", "replace", "truncate",
-             "putenv", "chdir", "fchdir", "setuid", "setgid"):
-  if hasattr(os, name):
-    setattr(os, name, None)
-shutil.rmtree = shutil.move = subprocess.Popen = None
-sys.argv = ["program.py"]
-exec(compile(source, "program.py", "exec"), {"__name__": "__main__"})
-with open("finished", "w") as f:
-  f.write(token)
-"""
-
+CHECKER = (Path(__file__).parent / "checker.py").read_text(encoding="utf-8")
+# Processes a run needs besides the program's: the checker, and under bwrap
+# its monitor and its namespace's init.
+OVERHEAD = {"bwrap": 3, "rlimit": 1}
+STATUSES = ("passed", "failed", "timeout", "killed")
 TAIL_CHARS = 2000
 
 
@@ -71,14 +43,14 @@ TAIL_CHARS = 2000
 class Limits:
   """timeout_s: wall seconds (CPU seconds are capped at its ceiling too);
   memory_mb: address-space limit; file_mb: largest file it may write;
-  processes: most processes (and threads, for RLIMIT_NPROC) at once;
-  sandbox: 'bwrap', 'rlimit' or 'auto' (bwrap where it works)."""
+  processes: most processes of the program (and threads, for RLIMIT_NPROC)
+  at once; sandbox: 'bwrap' or 'rlimit'."""
 
   timeout_s: float = 10.0
   memory_mb: int = 1024
   file_mb: int = 16
   processes: int = 64
-  sandbox: str = "auto"
+  sandbox: str = "bwrap"
 
   def __post_init__(self):
     if not (isinstance(self.timeout_s, (int, float))
@@ -99,10 +71,33 @@ class Limits:
 
 
 @dataclasses.dataclass(frozen=True)
+class Check:
+  """One test run: `source` runs in the candidate process and defines
+  `entry_point`; `context` then `test` run in the checker, and `test`'s
+  check(candidate) passes iff it returns (candidate: a proxy calling
+  entry_point in the candidate process; arguments and results plain data:
+  None, bool, int, float, str, bytes, lists, tuples, sets, dicts)."""
+
+  source: str
+  test: str
+  entry_point: str
+  context: str = ""
+
+  def __post_init__(self):
+    for name in ("source", "test", "entry_point", "context"):
+      if not isinstance(getattr(self, name), str):
+        raise ValueError(f"Check.{name} must be a str")
+    if not self.entry_point.isidentifier():
+      raise ValueError(f"entry point must be an identifier, "
+                       f"got {self.entry_point!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ExecResult:
-  """status: 'passed' (exit 0), 'failed' (an exception or nonzero exit),
-  'timeout' (wall or CPU limit) or 'killed' (another signal); detail: the
-  error's last line or the signal; output: the tail of stdout + stderr."""
+  """status: 'passed' (check() returned), 'failed' (an exception, a
+  non-plain result or an early exit), 'timeout' (wall or CPU limit) or
+  'killed' (another signal); detail: the error or the signal, one line;
+  output: the tail of stdout + stderr."""
 
   status: str
   detail: str
@@ -128,71 +123,91 @@ def _kill_group(pgid: int) -> None:
     pass
 
 
-def _classify(code: int | None, timed_out: bool, finished: bool,
-              stderr: str) -> tuple[str, str]:
+def _signalled(signum: int) -> tuple[str, str]:
+  if signum == signal.SIGXCPU:
+    return "timeout", "CPU time limit"
+  try:
+    return "killed", f"killed by {signal.Signals(signum).name}"
+  except ValueError:
+    return "killed", f"killed by signal {signum}"
+
+
+def _verdict(channel: socket.socket, code: int | None, timed_out: bool,
+             stderr: str) -> tuple[str, str]:
+  """From the checker's message, else from how the checker ended."""
   if timed_out:
     return "timeout", "wall-clock timeout"
-  if code == 0:
-    if finished:
-      return "passed", ""
-    return "failed", "exited with status 0 before the tests finished"
+  channel.setblocking(False)
+  try:
+    status, detail = json.loads(channel.recv(1 << 16))
+    if status in STATUSES and isinstance(detail, str):
+      return status, detail
+  except (BlockingIOError, ValueError, TypeError):
+    pass
   if code is not None and code < 0:
-    if -code == signal.SIGXCPU:
-      return "timeout", "CPU time limit"
-    try:
-      return "killed", f"killed by {signal.Signals(-code).name}"
-    except ValueError:
-      return "killed", f"killed by signal {-code}"
+    return _signalled(-code)
   lines = [l for l in stderr.strip().splitlines() if l.strip()]
   return "failed", lines[-1] if lines else f"exit status {code}"
 
 
-def run_program(source: str, limits: Limits = Limits()) -> ExecResult:
-  """Runs `source` as a script in a sandboxed child process; never raises
-  for anything the program does."""
+def run_check(check: Check, limits: Limits = Limits()) -> ExecResult:
+  """Runs `check` in a sandboxed child process; never raises for anything
+  the code does (ValueError when the sandbox cannot run here)."""
   t0 = time.perf_counter()
   mode = sandbox.sandbox_mode(limits.sandbox)
   with tempfile.TemporaryDirectory(prefix="fdj-exec-") as tmp, \
-       sandbox.pids_cgroup(limits.processes) as cgroup:
-    work, token = Path(tmp), secrets.token_hex(16)
-    (work / "program.py").write_text(source, encoding="utf-8")
-    env = {"PATH": os.defpath, "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8"}
-    args = [sys.executable, "-I", "-c", _BOOTSTRAP,
+       sandbox.pids_cgroup(limits.processes + OVERHEAD[mode]) as cgroup:
+    logs, box = Path(tmp), Path(tmp) / "box"  # the program sees box only
+    box.mkdir()
+    (box / "job.json").write_text(json.dumps(dataclasses.asdict(check)),
+                                  encoding="utf-8")
+    env = {"PATH": os.defpath, "HOME": str(box), "TMPDIR": str(box),
+           "LANG": "C.UTF-8"}
+    # A socket, not a pipe: /proc/PID/fd cannot reopen it.
+    channel, checker_end = socket.socketpair()
+    args = [sys.executable, "-I", "-c", CHECKER, str(checker_end.fileno()),
             str(limits.memory_mb * 2**20), str(math.ceil(limits.timeout_s)),
-            str(limits.file_mb * 2**20), str(limits.processes), token]
+            str(limits.file_mb * 2**20), str(limits.processes)]
     if mode == "bwrap":
-      args = sandbox.bwrap_args(work) + args
+      args = sandbox.bwrap_args(box) + args
     if cgroup is not None:  # joins the cgroup, then becomes the child
       args = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"',
               str(cgroup / "cgroup.procs"), *args]
-    with open(work / "stdout", "wb") as out, open(work / "stderr", "wb") as err:
-      proc = subprocess.Popen(args, cwd=tmp, env=env, stdin=subprocess.DEVNULL,
-                              stdout=out, stderr=err, start_new_session=True)
-      timed_out = False
-      try:
-        proc.wait(timeout=limits.timeout_s)
-      except subprocess.TimeoutExpired:
-        timed_out = True
-      finally:
-        _kill_group(proc.pid)  # also whatever the program left behind
-        proc.wait()
-    code = proc.returncode
-    if mode == "bwrap" and code > 128:  # bwrap: 128 + the child's signal
-      code = 128 - code
-    stderr = _tail(work / "stderr")
-    done = work / "finished"
-    finished = done.is_file() and done.read_text(errors="replace") == token
-    status, detail = _classify(code, timed_out, finished, stderr)
-    output = (_tail(work / "stdout") + stderr)[-TAIL_CHARS:]
+    try:
+      with open(logs / "stdout", "wb") as out, \
+           open(logs / "stderr", "wb") as err:
+        try:
+          proc = subprocess.Popen(args, cwd=box, env=env, stdout=out,
+                                  stderr=err, stdin=subprocess.DEVNULL,
+                                  pass_fds=(checker_end.fileno(),),
+                                  start_new_session=True)
+        finally:
+          checker_end.close()  # the checker holds the only other end
+        timed_out = False
+        try:
+          proc.wait(timeout=limits.timeout_s)
+        except subprocess.TimeoutExpired:
+          timed_out = True
+        finally:
+          _kill_group(proc.pid)  # also whatever the program left behind
+          proc.wait()
+      code = proc.returncode
+      if mode == "bwrap" and code > 128:  # bwrap: 128 + the child's signal
+        code = 128 - code
+      stderr = _tail(logs / "stderr")
+      status, detail = _verdict(channel, code, timed_out, stderr)
+    finally:
+      channel.close()
+    output = (_tail(logs / "stdout") + stderr)[-TAIL_CHARS:]
   return ExecResult(status, detail, output, time.perf_counter() - t0)
 
 
-def run_programs(sources: Sequence[str], limits: Limits = Limits(),
-                 workers: int | None = None) -> list[ExecResult]:
-  """run_program over many sources, `workers` children at a time (default:
+def run_checks(checks: Sequence[Check], limits: Limits = Limits(),
+               workers: int | None = None) -> list[ExecResult]:
+  """run_check over many checks, `workers` children at a time (default:
   the CPU count), results in input order."""
   workers = workers or os.cpu_count() or 1
   if not isinstance(workers, int) or workers < 1:
     raise ValueError(f"workers must be a positive int, got {workers!r}")
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-    return list(pool.map(lambda s: run_program(s, limits), sources))
+    return list(pool.map(lambda c: run_check(c, limits), checks))

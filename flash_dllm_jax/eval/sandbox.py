@@ -1,7 +1,7 @@
 """Where `executor` confines a program: bubblewrap (`bwrap_args`, when
-`bwrap_problem` finds none) or the limits alone, plus a `pids` cgroup where
-this process may create one (`pids_cgroup`). The executor's docstring says
-what each sandbox guarantees."""
+`bwrap_problem` finds none) or, asked for by name, the limits alone; plus a
+`pids` cgroup where this process may create one (`pids_cgroup`). README
+(Evaluation) says what each guarantees."""
 
 from __future__ import annotations
 
@@ -11,37 +11,73 @@ import os
 import secrets
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-SANDBOXES = ("auto", "bwrap", "rlimit")
+SANDBOXES = ("bwrap", "rlimit")
+# Mounted read-only (symlinks copied as symlinks); nothing else of the host
+# is visible but the interpreter's own folders and the run's directory.
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+          "/etc/ld.so.cache", "/etc/localtime")
+SANDBOX_UID = 65534  # nobody, in the sandbox's own user namespace
+RLIMIT_WARNING = (
+    "warning: --sandbox rlimit limits memory, CPU time, file size and "
+    "processes only: test programs can read and write the evaluating user's "
+    "files, reach the network and signal the user's processes")
 
 
-def _interpreter_under_tmp() -> list[Path]:
-  """The interpreter's folders that the private /tmp would hide (a virtual
-  environment, or a Python, installed under /tmp)."""
-  named = {Path(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix,
-                             sys.base_exec_prefix, Path(sys.executable).parent)}
-  under = {p for p in named | {p.resolve() for p in named}
-           if p.is_relative_to("/tmp") and p != Path("/tmp")}
-  return sorted(p for p in under  # the outermost ones: a bind covers its tree
-                if not any(p != q and p.is_relative_to(q) for q in under))
+def interpreter_folders() -> list[Path]:
+  """The folders the interpreter needs (its prefixes, site-packages, the
+  executable's folder; as named and resolved), outermost only, less those
+  inside SYSTEM. A virtual environment inside a project tree is bound
+  alone, not the project around it."""
+  named = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
+           Path(sys.executable).parent, *site.getsitepackages()}
+  found = {p for p in map(Path, named) if p.is_dir()}
+  found |= {p.resolve() for p in found}
+  found = {p for p in found if p != Path("/")
+           and not any(p.is_relative_to(s) for s in SYSTEM)}
+  return sorted(p for p in found  # a bind covers its tree
+                if not any(p != q and p.is_relative_to(q) for q in found))
+
+
+def _system_args() -> list[str]:
+  args = []
+  for name in SYSTEM:
+    if os.path.islink(name):
+      args += ["--symlink", os.readlink(name), name]
+    elif os.path.exists(name):
+      args += ["--ro-bind", name, name]
+  return args
+
+
+@functools.cache
+def _can_disable_userns(bwrap: str) -> bool:
+  try:
+    return "--disable-userns" in subprocess.run(
+        [bwrap, "--help"], capture_output=True, text=True, timeout=30).stdout
+  except (OSError, subprocess.TimeoutExpired):
+    return False
 
 
 def bwrap_args(work: Path) -> list[str]:
-  """bubblewrap: every namespace new (no network, own PIDs), the host file
-  system read-only, a private /tmp (the interpreter's own folders kept,
-  read-only), only `work` writable."""
-  keep = [a for p in _interpreter_under_tmp()
-          for a in ("--ro-bind", str(p), str(p))]
-  return [shutil.which("bwrap") or "bwrap", "--ro-bind", "/", "/",
-          "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", *keep,
-          "--bind", str(work), str(work), "--chdir", str(work),
-          "--unshare-all", "--die-with-parent", "--new-session",
-          "--cap-drop", "ALL", "--"]
+  """bubblewrap: every namespace new (user: uid/gid 65534 without
+  capabilities; no network; own PIDs), SYSTEM and the interpreter's folders
+  read-only on an otherwise empty read-only root, `work` the one writable
+  folder (and the working directory)."""
+  bwrap = shutil.which("bwrap") or "bwrap"
+  keep = [a for p in interpreter_folders() for a in ("--ro-bind", p, p)]
+  no_userns = ["--disable-userns"] if _can_disable_userns(bwrap) else []
+  uid = str(SANDBOX_UID)
+  return [bwrap, "--unshare-all", "--unshare-user", "--uid", uid, "--gid",
+          uid, *no_userns, "--die-with-parent", "--new-session", "--cap-drop",
+          "ALL", *_system_args(), *map(str, keep), "--dev", "/dev", "--proc",
+          "/proc", "--bind", str(work), str(work), "--chdir", str(work),
+          "--remount-ro", "/", "--"]
 
 
 @functools.cache
@@ -62,20 +98,24 @@ def bwrap_problem() -> str | None:
   return None
 
 
-def sandbox_mode(requested: str = "auto") -> str:
-  """The sandbox a run with Limits(sandbox=requested) gets."""
-  problem = bwrap_problem() if requested != "rlimit" else None
-  if requested == "bwrap" and problem:
-    raise ValueError(f"sandbox 'bwrap' was asked for, but {problem}")
+def sandbox_mode(requested: str = "bwrap") -> str:
+  """The sandbox a run with Limits(sandbox=requested) gets: bwrap, or a
+  ValueError saying why not; rlimit only by name, with RLIMIT_WARNING once."""
+  if requested == "rlimit":
+    _warn_rlimit()
+    return "rlimit"
+  problem = bwrap_problem()
   if problem:
-    _say_fallback(problem)
-  return "rlimit" if requested == "rlimit" or problem else "bwrap"
+    raise ValueError(
+        f"generated code runs only in the bubblewrap sandbox, but {problem}; "
+        "install it (apt-get install bubblewrap) or pass --sandbox rlimit "
+        "for limits alone (no file, network or process isolation)")
+  return "bwrap"
 
 
 @functools.cache
-def _say_fallback(problem: str) -> None:
-  print(f"warning: test programs run in the rlimit sandbox (network and "
-        f"writes not confined): {problem}", file=sys.stderr)
+def _warn_rlimit() -> None:
+  print(RLIMIT_WARNING, file=sys.stderr)
 
 
 _PIDS_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup",

