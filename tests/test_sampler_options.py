@@ -64,7 +64,7 @@ def test_every_sampler_checks_every_float_option():
   """Each sampler class refuses NaN, inf and -inf in each of its float
   fields (the strategies' fixed options included)."""
   classes = {s.sampler for s in STRATEGIES.values()}
-  assert len(classes) == 5
+  assert len(classes) == 6
   for cls in classes:
     floats = [k for k, (typ, _) in sampler_options(cls).items()
               if typ is float]
@@ -94,9 +94,10 @@ SCHEDULE = {"gen_length": 16, "steps": 8, "block_length": 8, "window": 8,
 
 @pytest.fixture(scope="module")
 def models():
-  dream = ModelConfig.tiny("dream")
+  dream, llada2 = ModelConfig.tiny("dream"), ModelConfig.tiny("llada2")
   return {"llada": load(TINY_CHECKPOINT),
-          "dream": (init_params(dream, jax.random.key(3)), dream, None)}
+          "dream": (init_params(dream, jax.random.key(3)), dream, None),
+          "llada2": (init_params(llada2, jax.random.key(3)), llada2, None)}
 
 
 @st.composite
