@@ -97,10 +97,18 @@ def matmul_rate(n: int = 8192, reps: int = 20) -> float:
 
 def forward_flops(cfg, b: int, q: int, s: int, head_rows: int = 0) -> float:
   """FLOPs of one forward: b rows of q query tokens against s keys (matmuls
-  and attention), plus the vocabulary head on head_rows rows per row."""
+  and attention), plus the vocabulary head on head_rows rows per row. An
+  MoE layer counts its router, its top_k routed and its shared experts."""
   e, f, d = cfg.d_model, cfg.mlp_hidden, cfg.head_dim
   proj = e * (cfg.n_heads + 2 * cfg.n_kv_heads) * d + cfg.n_heads * d * e
-  per_token = 2 * cfg.n_layers * (proj + 3 * e * f)
+  per_token = 0
+  for layer in range(cfg.n_layers):
+    if cfg.is_moe_layer(layer):
+      m = cfg.moe
+      per_token += 2 * (proj + e * m.n_experts
+                        + 3 * e * m.hidden * (m.top_k + m.n_shared))
+    else:
+      per_token += 2 * (proj + 3 * e * f)
   attention = 4 * cfg.n_layers * q * s * cfg.n_heads * d
   head = 2 * e * cfg.vocab_size * head_rows
   return b * (per_token * q + attention + head)

@@ -1,0 +1,132 @@
+"""LLaDA2 (block-diffusion MoE) decode steps at the LLaDA2.0-mini shapes.
+
+Random bf16 weights at the mini's geometry (16.3B parameters, 256 experts,
+8 per token); strategy `llada2` on the pure schedule (`--per-step` tokens a
+step, so random weights do not change the step count), every position
+decoded. Prints ms per step against two floors measured in this run: every
+weight read once per step (a step of hundreds of tokens routes to every
+expert) at the copy rate, and the step's FLOPs at the bf16 matmul rate;
+plus one MoE layer alone (router, ragged_dot over the chosen experts,
+shared expert) at the step's token counts, as achieved bandwidth.
+
+  python scripts/bench_moe.py --batch 1 32 --gen 512 --prompt 768
+  python scripts/bench_moe.py --smoke          # tiny model, any backend
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from flash_dllm_bench import timing  # noqa: E402
+from flash_dllm_jax import quantize  # noqa: E402
+from flash_dllm_jax.config import ModelConfig  # noqa: E402
+from flash_dllm_jax.model import moe  # noqa: E402
+from flash_dllm_jax.strategies import build_sampler  # noqa: E402
+
+
+def moe_layer_ms(cfg, params, tokens: int, reps: int) -> float:
+  """Median ms of one MoE layer (its own params) on `tokens` random rows."""
+  layer = moe.MoE(cfg, jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(5), (1, tokens, cfg.d_model),
+                        jnp.bfloat16)
+  run = jax.jit(lambda p, x: layer.apply({"params": p}, x, x))
+  jax.block_until_ready(run(params, x))
+  return timing.time_fn(lambda: run(params, x), reps=reps) * 1e3
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+  ap.add_argument("--gen", type=int, default=512)
+  ap.add_argument("--prompt", type=int, default=768)
+  ap.add_argument("--per-step", type=int, default=16)
+  ap.add_argument("--block", type=int, default=32)
+  ap.add_argument("--reps", type=int, default=2)
+  ap.add_argument("--smoke", action="store_true")
+  ap.add_argument("--json", type=Path, default=None)
+  ap.add_argument("--layer-only", action="store_true",
+                  help="only the MoE layer, no decode")
+  ap.add_argument("--ragged-pallas", action="store_true",
+                  help="lower ragged_dot through JAX's Pallas Triton kernel "
+                  "(jax_ragged_dot_use_gpu_pallas_triton_lowering)")
+  args = ap.parse_args(argv)
+  if args.ragged_pallas:
+    jax.config.update("jax_ragged_dot_use_gpu_pallas_triton_lowering", True)
+  if args.smoke:
+    cfg = ModelConfig.tiny("llada2", dtype="bfloat16")
+    args.batch, args.gen, args.prompt, args.reps = [2], 16, 8, 1
+    args.block, args.per_step = 8, 4
+    bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
+  else:
+    cfg = ModelConfig.preset("llada2-mini")
+    bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
+  params = timing.bench_params(cfg)
+  wbytes = quantize.weight_bytes(params)
+  expert_bytes = wbytes - quantize.weight_bytes(
+      {k: v for k, v in params.items() if not k.startswith("layers_")})
+  print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
+        f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s; "
+        f"weights {wbytes / 1e9:.2f} GB", flush=True)
+  rows = []
+  moe_params = params[f"layers_{cfg.moe.first_dense_layers}"]["moe"]
+  layer_bytes = quantize.weight_bytes(moe_params)
+  for b in args.batch:
+    tokens = b * (args.prompt + args.gen + args.block - 1)
+    try:
+      ms = moe_layer_ms(cfg, moe_params, tokens, args.reps + 1)
+      m = cfg.moe
+      flops = 2 * tokens * cfg.d_model * (
+          m.n_experts + 3 * m.hidden * (m.top_k + m.n_shared))
+      rows.append(dict(kind="moe layer", batch=b, tokens=tokens, ms=ms,
+                       floor_ms=max(layer_bytes / bw, flops / mm) * 1e3,
+                       gbps=layer_bytes / ms / 1e6,
+                       tflops=flops / ms / 1e9))
+    except Exception as e:  # noqa: BLE001 (a failed shape still reports)
+      rows.append(dict(kind="moe layer", batch=b, tokens=tokens,
+                       error=f"{type(e).__name__}: {str(e)[:300]}"))
+    print(rows[-1], flush=True)
+  sampler = build_sampler("llada2", "llada2", dict(
+      gen_length=args.gen, block_length=args.block, threshold=None,
+      steps=args.block // args.per_step))
+  for b in [] if args.layer_only else args.batch:
+    try:
+      s_step, compile_s, steps, forwards = timing.time_decode(
+          cfg, params, sampler, b, args.prompt, args.reps)
+      n = args.prompt + args.gen + args.block - 1
+      floor = max(wbytes / bw, timing.forward_flops(cfg, b, n, n,
+                                                    args.block) / mm)
+      rows.append(dict(kind="llada2 step", batch=b, steps=steps,
+                       forwards=forwards, ms=s_step * 1e3,
+                       floor_ms=floor * 1e3, compile_s=compile_s,
+                       tok_s=b * args.gen / (s_step * steps),
+                       peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
+    except Exception as e:  # noqa: BLE001
+      rows.append(dict(kind="llada2 step", batch=b,
+                       error=f"{type(e).__name__}: {str(e)[:300]}"))
+    print(rows[-1], flush=True)
+  if args.json:
+    args.json.write_text(json.dumps(dict(copy_Bps=bw, matmul_flops=mm,
+                                         weight_bytes=wbytes,
+                                         expert_bytes=expert_bytes,
+                                         rows=rows), indent=1))
+  print("\n| what | batch | ms | floor ms | floor / measured |")
+  print("|---|---|---|---|---|")
+  for r in rows:
+    if "error" in r:
+      print(f"| {r['kind']} | {r['batch']} | {r['error']} | | |")
+      continue
+    print(f"| {r['kind']} | {r['batch']} | {r['ms']:.2f} | "
+          f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms']:.0%} |")
+
+
+if __name__ == "__main__":
+  main()
