@@ -8,13 +8,18 @@ import json
 from typing import Callable
 
 from fastapi import FastAPI, Request as HttpRequest
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from flash_dllm_jax.serve import protocol as P
+from flash_dllm_jax.serve.body import parse_body
+from flash_dllm_jax.serve.cli import MAX_BODY_BYTES
+from flash_dllm_jax.serve.errors import (BadRequest, error_response as _error,
+                                         sse_error)
 from flash_dllm_jax.serve.scheduler import Draining, Event, QueueFull
-from flash_dllm_jax.serve.service import BadRequest, Service
+from flash_dllm_jax.serve.security import ApiKey, BodyLimit, ShutdownAnswers
+from flash_dllm_jax.serve.service import Service
 
 _FAILED = {"deadline": (504, "the request's deadline passed", "timeout"),
            "shutdown": (503, "the server shut down before answering",
@@ -22,31 +27,20 @@ _FAILED = {"deadline": (504, "the request's deadline passed", "timeout"),
            "error": (500, "the decoding engine failed", "engine_error")}
 
 
-def _error(status: int, message: str, param=None, code=None,
-           headers=None) -> JSONResponse:
-  type_ = "invalid_request_error" if status < 500 else "server_error"
-  return JSONResponse(P.error_body(message, param, type_, code), status,
-                      headers=headers)
-
-
-def _param(loc) -> str | None:
-  parts = [str(x) for x in loc if x != "body"]
-  return ".".join(parts) or None
-
-
-def build_app(get_service: Callable[[], Service | None],
-              model_name: str) -> FastAPI:
-  """get_service: the Service once compiled (None while starting)."""
+def build_app(get_service: Callable[[], Service | None], model_name: str,
+              api_key: str | None = None,
+              max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+  """get_service: the Service once compiled (None while starting); api_key:
+  the Bearer token every /v1 route requires (None: open)."""
   app = FastAPI(title="flash-dllm-jax")
+  app.add_middleware(BodyLimit, limit=max_body_bytes)
+  if api_key is not None:
+    app.add_middleware(ApiKey, key=api_key)
+  app.add_middleware(ShutdownAnswers)  # the outermost
 
-  @app.exception_handler(RequestValidationError)
-  async def _invalid(request, exc: RequestValidationError):
-    err = exc.errors()[0]
-    if err.get("type") == "json_invalid":
-      return _error(400, f"malformed JSON: {err.get('ctx', {}).get('error')}",
-                    "body")
-    param = _param(err.get("loc", ()))
-    return _error(400, f"{param}: {err.get('msg')}", param)
+  @app.exception_handler(HTTPException)
+  async def _http(request, exc: HTTPException):  # unknown route, method
+    return _error(exc.status_code, str(exc.detail), None, None, exc.headers)
 
   def service_or_503():
     service = get_service()
@@ -82,7 +76,7 @@ def build_app(get_service: Callable[[], Service | None],
                                         "created": 0,
                                         "owned_by": "flash-dllm-jax"}]}
 
-  async def handle(req, http: HttpRequest, chat: bool):
+  async def handle(model, http: HttpRequest, chat: bool):
     service, err = service_or_503()
     if err:
       return err
@@ -90,7 +84,10 @@ def build_app(get_service: Callable[[], Service | None],
     events: asyncio.Queue[Event] = asyncio.Queue()
     emit = lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
     try:
-      request = service.prepare(req, emit)
+      req = parse_body(await http.body(), model)
+      # tokenizing and templating take seconds for a long prompt: off the
+      # event loop, so that other clients are served meanwhile
+      request = await asyncio.to_thread(service.prepare, req, emit)
       service.scheduler.submit(request)
     except BadRequest as e:
       service.metrics.requests.labels("invalid").inc()
@@ -113,13 +110,14 @@ def build_app(get_service: Callable[[], Service | None],
     return await _whole(service, request, events, http, rid, model_name,
                         chat, decoding)
 
+  # The bodies are parsed by parse_body, stricter than FastAPI's parsing.
   @app.post("/v1/completions")
-  async def completions(req: P.CompletionRequest, http: HttpRequest):
-    return await handle(req, http, chat=False)
+  async def completions(http: HttpRequest):
+    return await handle(P.CompletionRequest, http, chat=False)
 
   @app.post("/v1/chat/completions")
-  async def chat_completions(req: P.ChatRequest, http: HttpRequest):
-    return await handle(req, http, chat=True)
+  async def chat_completions(http: HttpRequest):
+    return await handle(P.ChatRequest, http, chat=True)
 
   return app
 
@@ -174,7 +172,7 @@ async def _stream(service, request, events, rid, model, chat, decoding,
         break
     if ev.reason in _FAILED:
       status, message, code = _FAILED[ev.reason]
-      yield _sse(P.error_body(message, None, "server_error", code))
+      yield sse_error(message, code)
     else:
       yield _sse(chunk("", ev.reason))
       if include_usage:

@@ -7,7 +7,9 @@ takes); the chosen strategy rejects the ones it does not take.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 import signal
 import sys
 import threading
@@ -17,6 +19,11 @@ from flash_dllm_jax.ops import choice
 from flash_dllm_jax.strategies import STRATEGIES, add_option_flags, all_options
 
 log = logging.getLogger("flash_dllm_jax.serve")
+
+# Seconds between failing what is left at --shutdown-timeout and uvicorn
+# cancelling the handlers that still have not answered.
+_SHUTDOWN_GRACE = 10.0
+MAX_BODY_BYTES = 4 << 20  # --max-body-bytes' default
 
 
 def add_parser(sub) -> None:
@@ -58,7 +65,16 @@ def add_parser(sub) -> None:
                   help="'data=D', 'model=M' or 'data=D,model=M': split each "
                        "bucket's slots over D devices and the weights over M")
   ap.add_argument("--shutdown-timeout", type=float, default=30.0,
-                  help="on SIGTERM, seconds to let in-flight requests finish")
+                  help="on SIGTERM, seconds to let in-flight requests finish "
+                       "(the rest get 503)")
+  ap.add_argument("--api-key", default=None,
+                  help="the Bearer token every /v1 route requires (default: "
+                       "$FLASH_DLLM_JAX_API_KEY; unset: none)")
+  ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                  help="larger request bodies get 413 (default: %(default)s)")
+  ap.add_argument("--header-timeout", type=float, default=10.0,
+                  help="seconds a connection may take to send a request's "
+                       "headers before it is closed (default: %(default)s)")
   add_compile_cache_flags(ap)
   add_option_flags(ap, "sampler options")
 
@@ -97,6 +113,9 @@ def main(args: argparse.Namespace) -> int:
   from flash_dllm_jax.cli import (check_checkpoint, default_checkpoint,
                                   start_compile_cache)
   from flash_dllm_jax.serve.app import build_app
+  from flash_dllm_jax.serve.security import (API_KEY_ENV,
+                                             header_timeout_protocol,
+                                             is_loopback)
   from flash_dllm_jax.serve.service import Service, Settings
   from flash_dllm_jax.strategies import build_sampler
 
@@ -110,8 +129,21 @@ def main(args: argparse.Namespace) -> int:
              if getattr(args, k) is not None}
   checkpoint = args.checkpoint or default_checkpoint()
   name = args.served_model_name or checkpoint.resolve().name
+  api_key = args.api_key if args.api_key is not None else os.environ.get(
+      API_KEY_ENV)
   try:
     check_checkpoint(checkpoint, args.checkpoint is not None)
+    if api_key is not None and not api_key.strip():
+      raise ValueError(f"the API key (--api-key or ${API_KEY_ENV}) is empty")
+    if args.max_body_bytes < 1:
+      raise ValueError(f"--max-body-bytes must be >= 1, got "
+                       f"{args.max_body_bytes}")
+    if not args.header_timeout > 0:
+      raise ValueError(f"--header-timeout must be > 0, got "
+                       f"{args.header_timeout}")
+    if not args.shutdown_timeout >= 0:
+      raise ValueError(f"--shutdown-timeout must be >= 0, got "
+                       f"{args.shutdown_timeout}")
     settings = Settings(model_name=name, strategy=args.strategy,
                         slots=args.batch_size,
                         max_prompt_tokens=args.max_prompt_tokens,
@@ -147,6 +179,9 @@ def main(args: argparse.Namespace) -> int:
   log.info("settings: checkpoint=%s model=%s arch=%s strategy=%s sampler=%r "
            "variants=%r mesh=%s %s", checkpoint, name, config.arch,
            args.strategy, sampler, variants, args.mesh, settings)
+  if api_key is None and not is_loopback(args.host):
+    log.warning("listening on %s without an API key: anyone who reaches it "
+                "can use it (set --api-key or $%s)", args.host, API_KEY_ENV)
   holder: dict = {}
 
   def compile_engines():
@@ -160,7 +195,8 @@ def main(args: argparse.Namespace) -> int:
       holder["failed"] = True
       server.should_exit = True
 
-  app = build_app(lambda: holder.get("service"), name)
+  app = build_app(lambda: holder.get("service"), name, api_key,
+                  args.max_body_bytes)
 
   class Server(uvicorn.Server):
     def handle_exit(self, sig, frame):  # SIGTERM / SIGINT: stop admitting
@@ -168,9 +204,25 @@ def main(args: argparse.Namespace) -> int:
         holder["service"].scheduler.drain()
       super().handle_exit(sig, frame)
 
+    async def shutdown(self, sockets=None):
+      """Past --shutdown-timeout the scheduler fails what is left (503
+      `server_shutdown`, answered by the handlers); uvicorn's own deadline,
+      a little later, is the backstop."""
+      async def fail_the_rest():
+        await asyncio.sleep(args.shutdown_timeout)
+        if "service" in holder:
+          await asyncio.to_thread(holder["service"].scheduler.stop)
+
+      task = asyncio.ensure_future(fail_the_rest())
+      try:
+        await super().shutdown(sockets)
+      finally:
+        task.cancel()
+
   server = Server(uvicorn.Config(
       app, host=args.host, port=args.port, log_level="info",
-      timeout_graceful_shutdown=args.shutdown_timeout))
+      http=header_timeout_protocol(args.header_timeout),
+      timeout_graceful_shutdown=args.shutdown_timeout + _SHUTDOWN_GRACE))
   threading.Thread(target=compile_engines, name="dllm-compile",
                    daemon=True).start()
   # uvicorn re-raises the signal it shut down for once it has restored the

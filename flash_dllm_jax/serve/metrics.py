@@ -24,6 +24,9 @@ class Metrics:
                               "requests waiting for a slot", registry=r)
     self.busy_slots = Gauge("dllm_busy_slots", "slots holding a request",
                             registry=r)
+    self.preparing = Gauge("dllm_preparing_requests",
+                           "requests being tokenized and checked (in worker "
+                           "threads)", registry=r)
     self.slots = Gauge("dllm_slots", "slots on the device", registry=r)
     self.requests = Counter("dllm_requests", "finished requests by outcome",
                             ["outcome"], registry=r)

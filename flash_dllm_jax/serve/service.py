@@ -12,22 +12,13 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import PROMPT_BUCKET
 from flash_dllm_jax.ops import Kernels, choice
 from flash_dllm_jax.serve.engine import SlotEngine
+from flash_dllm_jax.serve.errors import BadRequest
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
 from flash_dllm_jax.serve.scheduler import Request, Scheduler
 from flash_dllm_jax.serve.text import AnswerText
 
 log = logging.getLogger("flash_dllm_jax.serve")
-
-
-class BadRequest(Exception):
-  """An invalid request: HTTP status, message and the field it names."""
-
-  def __init__(self, message: str, param: str | None, status: int = 400,
-               code: str | None = None):
-    super().__init__(message)
-    self.message, self.param, self.status, self.code = (message, param,
-                                                        status, code)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +105,12 @@ class Service:
     self.scheduler.start()
 
   # Request checks ---------------------------------------------------------
+  def _encode(self, text: str) -> list[int]:
+    """tokenizer.encode's ids; through encode_batch, which lets go of the
+    GIL (encode holds it), so the event loop runs meanwhile."""
+    return self.tokenizer.backend.encode_batch(
+        [text], add_special_tokens=False)[0].ids
+
   def _prompt_ids(self, req) -> list[int]:
     if isinstance(req, ChatRequest):
       if self.tokenizer is None:
@@ -124,7 +121,7 @@ class Service:
                                                   add_generation_prompt=True)
       except ValueError as e:
         raise BadRequest(str(e), "messages") from None
-      return self.tokenizer.encode(text)
+      return self._encode(text)
     prompt = req.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0],
                                                           (str, list)):
@@ -136,7 +133,7 @@ class Service:
       if self.tokenizer is None:
         raise BadRequest("text prompts need a tokenizer; send token ids",
                          "prompt")
-      return self.tokenizer.encode(prompt)
+      return self._encode(prompt)
     return list(prompt)
 
   @staticmethod
@@ -173,7 +170,12 @@ class Service:
     return left[0]
 
   def prepare(self, req: CompletionRequest | ChatRequest, emit) -> Request:
-    """The Request for `req`, or BadRequest naming the field at fault."""
+    """The Request for `req`, or BadRequest naming the field at fault. Runs
+    in a worker thread (it tokenizes)."""
+    with self.metrics.preparing.track_inprogress():
+      return self._prepare(req, emit)
+
+  def _prepare(self, req, emit) -> Request:
     if req.model != self.settings.model_name:
       raise BadRequest(f"model {req.model!r} does not exist; this server "
                        f"serves {self.settings.model_name!r}", "model", 404,
@@ -184,6 +186,9 @@ class Service:
     field = "messages" if isinstance(req, ChatRequest) else "prompt"
     if not ids:
       raise BadRequest("the prompt is empty", field)
+    if len(ids) > self.settings.buckets[-1]:
+      raise BadRequest(f"the prompt has {len(ids)} tokens; this server takes "
+                       f"at most {self.settings.buckets[-1]}", field)
     for i, t in enumerate(ids):
       if not 0 <= t < self.config.vocab_size:
         raise BadRequest(f"token id {t} at {field}[{i}] is outside "
@@ -192,9 +197,6 @@ class Service:
       raise BadRequest(f"the prompt contains the mask token (id "
                        f"{self.config.mask_token_id}) at position "
                        f"{ids.index(self.config.mask_token_id)}", field)
-    if len(ids) > self.settings.buckets[-1]:
-      raise BadRequest(f"the prompt has {len(ids)} tokens; this server takes "
-                       f"at most {self.settings.buckets[-1]}", field)
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
       max_tokens = req.max_completion_tokens
