@@ -17,26 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
+from flash_dllm_jax.architectures.llada2 import chat as llada2_chat
+
 TOKENIZER_SIZE = 300  # ids the tokenizer knows; the embedding is padded
 VOCAB = 320
 SPECIALS = ("<role>", "</role>", "<|startoftext|>", "<|endoftext|>",
             "<|role_end|>", "<|mask|>")
 
-# Renders <role>SYSTEM</role>[system\n]detailed thinking off<|role_end|>
-# <role>HUMAN</role>...<|role_end|>...<role>ASSISTANT</role>, the prompt
-# form the inclusionAI examples (dInfer, sglang docs) send.
-CHAT_TEMPLATE = (
-    "{%- set sys = messages[0]['content'] + '\\n' if messages and "
-    "messages[0]['role'] == 'system' else '' -%}"
-    "{{- '<role>SYSTEM</role>' + sys + 'detailed thinking off<|role_end|>' -}}"
-    "{%- for m in messages -%}"
-    "{%- if m['role'] == 'user' -%}"
-    "{{- '<role>HUMAN</role>' + m['content'] + '<|role_end|>' -}}"
-    "{%- elif m['role'] == 'assistant' -%}"
-    "{{- '<role>ASSISTANT</role>' + m['content'] + '<|role_end|>' -}}"
-    "{%- endif -%}{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<role>ASSISTANT</role>' -}}"
-    "{%- endif -%}")
+# The chat format the engine's llada2 folder holds (the inclusionAI examples'
+# prompt form): the tokenizer_config.json written here carries it.
+CHAT_TEMPLATE = llada2_chat.CHAT_TEMPLATE
 
 _CORPUS = """The quick brown fox jumps over the lazy dog.
 A diffusion language model fills masked positions block by block.
