@@ -18,10 +18,13 @@ mesh and lets XLA's SPMD partitioner compile the unchanged decode loop:
          replicated (every device holds the full logits, so sampling needs
          no communication).
 
-  experts  (MoE layers) the experts are split over "model": each device runs
-         its own experts on the tokens routed to them, and every token's
-         expert outputs are gathered back before the same fixed-order sum
-         one device runs (model/moe.py).
+  experts  (MoE layers) the expert stacks are split over "model" along their
+         expert axis and never move: each device routes its own rows, runs
+         its experts on them and keeps the (token, slot) pairs routed to
+         its experts, the others -0.0; a psum over "model" then gives every
+         pair its one device's value exactly (v + -0.0 = v), before the
+         same fixed-order sum over a token's experts one device runs
+         (model/moe.py); the shared experts split like the MLP.
 
 `param_spec` gives a parameter its PartitionSpec from the role its model
 part declared (model/roles.py); `shard_params` and

@@ -1,5 +1,6 @@
-"""The MoE layer: the sparse path (ragged_dot over the chosen experts)
-against the dense all-experts reference, row invariance, and the router."""
+"""The MoE layer: the routed experts (dense products, each pair taking its
+expert's row, C experts at a time) against the float32 reference, row and
+chunk invariance, and the router."""
 
 import jax
 import jax.numpy as jnp
@@ -68,3 +69,21 @@ def test_router_limits_the_choice_to_the_best_groups():
   s = jax.nn.sigmoid(jnp.asarray([3.0, -9.0]))
   np.testing.assert_allclose(np.asarray(weights[0]),
                              np.asarray(2.0 * s / s.sum()), rtol=1e-6)
+
+
+def test_experts_run_in_chunks_give_the_same_bits(monkeypatch):
+  """Experts run C at a time (EXPERT_CHUNK_BYTES; C = 1, 2, all 8) give
+  the bits of one pass: each pair takes its one chunk's value."""
+  config = ModelConfig.tiny("llada2", dtype="bfloat16")
+  params = jax.tree.map(lambda a: a.astype(jnp.bfloat16)
+                        if a.dtype == jnp.float32 and a.ndim == 3 else a,
+                        _layer(config))
+  x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 6, 64)),
+                  jnp.bfloat16)
+  outs = []
+  for chunk in (8, 2, 1):  # experts per chunk of [T = 12, C, E = 64]
+    monkeypatch.setattr(moe, "EXPERT_CHUNK_BYTES", 12 * chunk * 64 * 4)
+    outs.append(np.asarray(jax.jit(lambda p, x: _apply(config, p, x))(
+        params, x), np.float32))
+  np.testing.assert_array_equal(outs[1], outs[0])
+  np.testing.assert_array_equal(outs[2], outs[0])
