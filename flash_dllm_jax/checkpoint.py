@@ -31,8 +31,10 @@ from flax import traverse_util
 from jax.sharding import NamedSharding
 
 from flash_dllm_jax import parallel, quantize as quantize_lib
-from flash_dllm_jax.model import roles
+from flash_dllm_jax.checkpoint_shapes import (check_against_config,
+                                              check_quantizable, stored_shapes)
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import roles
 from flash_dllm_jax.tokenizer import Tokenizer
 
 FORMAT = 1
@@ -118,6 +120,10 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
 def _kind(ckpt_dir: Path) -> str:
   """'converted' (manifest.json), 'hf' (config.json + safetensors), or a
   FileNotFoundError that says what the directory lacks."""
+  if ckpt_dir.exists() and not ckpt_dir.is_dir():
+    raise FileNotFoundError(f"checkpoint {ckpt_dir} is a file; a checkpoint "
+                            "is a directory (converted, or a Hugging Face "
+                            "LLaDA/Dream directory)")
   if not ckpt_dir.is_dir():
     raise FileNotFoundError(f"checkpoint directory {ckpt_dir} does not exist")
   if (ckpt_dir / "manifest.json").is_file():
@@ -141,15 +147,6 @@ def load_config(ckpt_dir: str | Path) -> ModelConfig:
   config = _read_json(ckpt_dir / "config.json", "the model config")
   config.pop("model_type", None)
   return ModelConfig.from_dict(config)
-
-
-def _stored_shapes(checkpointer, group_dir: Path) -> dict[str, tuple]:
-  """{param path: shape} of one group, from its orbax metadata alone."""
-  meta = checkpointer.metadata(group_dir)
-  tree = getattr(meta, "item_metadata", meta)
-  tree = getattr(tree, "tree", tree)
-  return {p: tuple(m.shape) for p, m in
-          traverse_util.flatten_dict(dict(tree), sep="/").items()}
 
 
 def quantized_config(config: ModelConfig, fmt: str | None,
@@ -182,17 +179,6 @@ def quantized_config(config: ModelConfig, fmt: str | None,
                      f"be loaded as quantize={fmt!r}{flags} (leave "
                      "quantize unset to load it as stored)")
   return config
-
-
-def _check_quantizable(checkpointer, ckpt_dir: Path, groups,
-                       config: ModelConfig) -> None:
-  """Every kernel to quantize can take config.quantize, from the metadata
-  alone."""
-  for group in groups:
-    for path, shape in _stored_shapes(checkpointer,
-                                      ckpt_dir / "params" / group).items():
-      if quantize_lib.quantizes(config, path):
-        quantize_lib.check_leaf(config, path, shape)
 
 
 def placed(config: ModelConfig, path: str, array, mesh):
@@ -253,8 +239,9 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
     if not (ckpt_dir / "params" / group).is_dir():
       raise FileNotFoundError(f"checkpoint {ckpt_dir} lacks parameter group "
                               f"params/{group}")
+  check_against_config(checkpointer, ckpt_dir, manifest["groups"], stored)
   if fmt is not None:
-    _check_quantizable(checkpointer, ckpt_dir, manifest["groups"], config)
+    check_quantizable(checkpointer, ckpt_dir, manifest["groups"], config)
   # 8-bit kernels and their scales keep their stored dtypes, float32
   # parameters (a router) theirs.
   cast = lambda p: None if np_dtype is None else roles.stored_dtype(
@@ -266,7 +253,7 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
       args = {p: ocp.RestoreArgs(restore_type=np.ndarray, dtype=cast(p))
               for p in paths}
     else:
-      shapes = _stored_shapes(checkpointer, group_dir)
+      shapes = stored_shapes(checkpointer, group_dir)
       args = {p: ocp.ArrayRestoreArgs(
           dtype=cast(p), sharding=NamedSharding(
               mesh, parallel.param_spec(stored, p, shapes[p], mesh)))

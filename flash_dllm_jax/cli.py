@@ -154,12 +154,14 @@ def _generate(args) -> int:
   from flash_dllm_jax.checkpoint import load
   from flash_dllm_jax.generate import generate
   from flash_dllm_jax.parallel import parse_mesh
+  from flash_dllm_jax.sampling import checks
 
   prompts = cli_io.read_prompts(args.prompt, args.prompt_file)
   kernels = choice.kernels_from_args(args)
   batch_size = args.batch_size or (None if args.mesh else 32)
   if args.batch_size is not None and args.batch_size < 1:
     raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+  checks.check_seeds([args.seed], "--seed")
   checkpoint = args.checkpoint or default_checkpoint()
   check_checkpoint(checkpoint, args.checkpoint is not None)
   start_compile_cache(args)

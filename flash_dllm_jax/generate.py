@@ -206,7 +206,8 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     if why := checks.token_error(row, config.mask_token_id, config.vocab_size):
       raise ValueError(f"prompt {i} {why}")
   checks.check_lengths([len(r) for r in rows], sampler, config.max_seq_len)
-  seeds = [seed] * len(rows) if isinstance(seed, (int, np.integer)) else seed
+  checks.check_seeds([seed] if np.ndim(seed) == 0 else list(seed))
+  seeds = [seed] * len(rows) if np.ndim(seed) == 0 else list(seed)
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
   if batch_size is not None and batch_size < 1:

@@ -140,7 +140,10 @@ class Tokenizer:
     (loadable by this class and by transformers' PreTrainedTokenizerFast)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    self.backend.save(str(path / "tokenizer.json"))
+    # Written from Python, so a failed write (a full disk) is an OSError;
+    # the backend's own save reports one as a bare Exception.
+    (path / "tokenizer.json").write_text(self.backend.to_str(pretty=True),
+                                         encoding="utf-8")
     config = {k: v for k, v in self.config.items()
               if k not in ("auto_map", "vocab_file", "merges_file")}
     config["tokenizer_class"] = "PreTrainedTokenizerFast"

@@ -129,12 +129,39 @@ def test_prompt_file_errors(tmp_path, capsys, content, message):
     (["--prompt-file", "/nonexistent/p.txt"], "prompt file /nonexistent"),
     (["--attention-split-target", "0", "--prompt", "x"],
      "--attention-split-target: split_target must be an int >= 1, got 0"),
+    (["--seed", "-1", "--prompt", "x"],
+     "--seed must be an int in [0, 2**32), got -1"),
+    (["--seed", str(2 ** 32), "--prompt", "x"],
+     "--seed must be an int in [0, 2**32), got 4294967296"),
+    (["--checkpoint", str(ROOT / "README.md"), "--prompt", "x"],
+     f"checkpoint {ROOT / 'README.md'} is a file; a checkpoint is a "
+     "directory"),
 ])
 def test_clear_errors(capsys, argv, message):
   code, _, err = run(capsys, *TINY, *argv)
   assert code in (1, 2) and err.startswith("error: "), err
   assert message in err, err
   assert len(err.strip().splitlines()) == 1
+
+
+def test_config_that_disagrees_with_the_tensors_is_one_error(capsys,
+                                                             tmp_path):
+  """A converted checkpoint whose config.json was edited: its stored shapes
+  are checked when it loads, before any tensor is read."""
+  import shutil
+  ckpt = tmp_path / "ckpt"
+  shutil.copytree(TINY_CHECKPOINT, ckpt)
+  config = json.loads((ckpt / "config.json").read_text())
+  (ckpt / "config.json").write_text(json.dumps(
+      {**config, "mlp_hidden": 256, "n_layers": 1}))
+  code, out, err = run(capsys, "--checkpoint", str(ckpt), "--prompt", "x")
+  assert (code, out) == (1, "")
+  [line] = err.strip().splitlines()
+  assert line.startswith(f"error: checkpoint {ckpt}: its tensors do not "
+                         "match its config.json (n_layers 1, ")
+  assert "other shapes (3): layers_0/down_proj/kernel is 128x64 (config: " \
+      "256x64)" in line
+  assert "unexpected (9): layers_1/attn_norm/scale" in line
 
 
 def test_missing_default_checkpoint_says_where(capsys, monkeypatch, tmp_path):

@@ -1,12 +1,14 @@
 """HF -> orbax conversion of broken sources: one test per way a source can
-be broken, a failed --force, a failure while writing, a full disk and a
-read-only destination; DST is never left behind, and the CLI says why in
-one line."""
+be broken, a failed --force, a failure while writing, a full disk (also
+while the tokenizer is written) and a read-only destination; DST is never
+left behind, and the CLI says why in one line."""
 
+import errno
 import json
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from flash_dllm_jax import checkpoint
-from flash_dllm_jax.convert import ConversionError, convert_checkpoint
+from flash_dllm_jax.convert import ConversionError, convert_checkpoint, \
+    converter
+from flash_dllm_jax.tokenizer import Tokenizer
 from tests.convert_case import REPO
 from tests.convert_case import llada_src, sources  # noqa: F401 (fixtures)
 
@@ -226,3 +230,66 @@ def test_read_only_destination_parent_is_one_line(llada_src, tmpfs, tmp_path):
     assert line in (f"error: cannot write {dst}: Read-only file system",
                     f"error: cannot write {dst}: Permission denied"), line
     assert list(parent.iterdir()) == []
+
+
+def _failed_in(error: BaseException, function: str, file: str) -> bool:
+  """Whether the write error behind `error` was raised inside `function`
+  of `file` (the traceback of the exception it was converted from)."""
+  cause = error.__context__
+  frames = traceback.extract_tb(cause.__traceback__) if cause else []
+  return any(f.name == function and f.filename.endswith(file) for f in frames)
+
+
+def test_a_full_disk_under_the_tokenizer_is_an_os_error(tmp_path):
+  """/dev/full as tokenizer.json (every write fails with ENOSPC, no root
+  needed): the tokenizer's write is an OSError, which the converter turns
+  into its one-line error."""
+  if not Path("/dev/full").exists():
+    pytest.skip("no /dev/full")
+  (tmp_path / "tokenizer.json").symlink_to("/dev/full")
+  tokenizer = Tokenizer.from_dir(REPO / "checkpoints" / "tiny-random-llada")
+  with pytest.raises(OSError) as err:
+    tokenizer.save(tmp_path)
+  assert err.value.errno == errno.ENOSPC
+  dst = tmp_path / "ckpt"
+  with pytest.raises(ConversionError, match=f"^cannot write {dst}: No space "
+                     "left on device$"):
+    with converter._write_errors(dst):
+      tokenizer.save(tmp_path)
+
+
+def test_a_disk_filling_at_any_point_is_one_error(llada_src, tmpfs):
+  """Real tmpfs file systems from a little less than the checkpoint needs
+  to a little more, in 4 KiB steps: each conversion succeeds or fails with
+  the one error and nothing left; some fill while the tokenizer is
+  written."""
+  roomy, why = tmpfs("roomy", "size=8m")
+  if roomy is None:
+    pytest.skip(f"cannot mount a tmpfs to fill ({why})")
+  convert_checkpoint(llada_src, roomy / "ckpt", dtype="float32",
+                     progress=False)
+  st = os.statvfs(roomy)
+  used_kb = (st.f_blocks - st.f_bfree) * st.f_frsize // 1024
+  at_tokenizer = []
+  for kb in range(used_kb - 96, used_kb + 24, 4):
+    fs, _ = tmpfs(f"fs{kb}", f"size={kb}k")
+    try:
+      convert_checkpoint(llada_src, fs / "ckpt", dtype="float32",
+                         progress=False)
+    except ConversionError as e:
+      assert str(e) == (f"cannot write {fs / 'ckpt'}: No space left on "
+                        "device")
+      assert list(fs.iterdir()) == []
+      if _failed_in(e, "save", "tokenizer.py"):
+        at_tokenizer.append(kb)
+    else:
+      assert [p.name for p in fs.iterdir()] == ["ckpt"]
+  assert at_tokenizer, f"no size filled the disk at the tokenizer ({used_kb}"\
+      " KiB used)"
+  # The command line at such a size: one line.
+  fs, _ = tmpfs("cli", f"size={at_tokenizer[0]}k")
+  result = _convert_cli(llada_src, fs / "ckpt")
+  assert result.returncode == 1
+  assert _error_lines(result.stderr) == [
+      f"error: cannot write {fs / 'ckpt'}: No space left on device"]
+  assert list(fs.iterdir()) == []

@@ -186,3 +186,46 @@ def test_the_command_line_reports_undecodable_problems(tmp_path, capsys):
          "token id 383); recorded as an error" in err
   assert re.search(r"accuracy [01]/2 \(1 undecodable, see their records' "
                    r"error\)", err), err
+
+
+def test_a_too_long_problem_is_recorded_and_the_run_goes_on(model, tmp_path,
+                                                            capsys):
+  """One question too long for the tiny model's 512-token context among
+  short ones: its problem is recorded as not decodable, the others decode;
+  when no prompt fits, the run is refused before anything is written."""
+  data = _gsm8k_dir(tmp_path / "data", [
+      "What is 2 + 3?", "Count: " + "one two three " * 200, "What is 7 - 4?"])
+  summary = runner.run_eval(GSM8K(data, num_fewshot=0), model, SAMPLER,
+                            tmp_path / "r", SETTINGS, batch_size=2,
+                            progress=False)
+  err = capsys.readouterr().err
+  assert re.search(r"warning: gsm8k/1 cannot be decoded \(its prompt \(\d+ "
+                   r"tokens\) does not fit the model's context: .*max_seq_len"
+                   r" 512.*\); recorded as an error", err), err
+  records = {r["id"]: r for r in _lines(tmp_path / "r/records.jsonl")}
+  assert sorted(records) == ["gsm8k/0", "gsm8k/1", "gsm8k/2"]
+  assert records["gsm8k/1"]["correct"] is False
+  assert records["gsm8k/1"]["tokens"] == 0
+  assert all("error" not in records[i] and records[i]["tokens"] >= 1
+             for i in ("gsm8k/0", "gsm8k/2"))
+  assert summary["problems"] == 3 and summary["undecodable"] == 1
+  long_only = _gsm8k_dir(tmp_path / "long", ["Count: " + "one " * 600])
+  with pytest.raises(ValueError, match=r"1 prompt\(s\) do not fit the "
+                     r"model's context: gsm8k/0"):
+    runner.run_eval(GSM8K(long_only, num_fewshot=0), model, SAMPLER,
+                    tmp_path / "r2", SETTINGS, batch_size=2, progress=False)
+  assert not (tmp_path / "r2").exists()
+
+
+@pytest.mark.parametrize("seed, limit, message", [
+    (-1, 2, r"seed must be an int in \[0, 2\*\*32\), got -1"),
+    (2 ** 32 - 2, 4, r"seed 4294967294 is too large: problem i uses seed \+ "
+                     r"i, .*up to 4294967297"),
+])
+def test_seeds_outside_uint32_are_refused_before_the_run(model, tmp_path,
+                                                         seed, limit, message):
+  with pytest.raises(ValueError, match=message):
+    runner.run_eval(GSM8K(num_fewshot=0), model, SAMPLER, tmp_path / "r",
+                    SETTINGS, batch_size=2, limit=limit, seed=seed,
+                    progress=False)
+  assert not (tmp_path / "r").exists()

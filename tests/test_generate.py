@@ -1,5 +1,7 @@
 """generate(): early stopping, termination, input handling and errors."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -111,6 +113,13 @@ def test_seed_count_must_match():
   with pytest.raises(ValueError, match="seeds"):
     generate(params, [[1], [2]], config=config, seed=[1, 2, 3],
              sampler=DreamSampler(gen_length=8, steps=8))
+  # Seeds are uint32 PRNG keys: others are refused before any decode.
+  for seed, shown in ((-1, "-1"), ([0, 2 ** 32], "4294967296 (row 1)"),
+                      (1.5, "1.5")):
+    with pytest.raises(ValueError, match=r"^seed must be an int in \[0, "
+                       rf"2\*\*32\), got {re.escape(shown)}$"):
+      generate(params, [[1], [2]], config=config, seed=seed,
+               sampler=DreamSampler(gen_length=8, steps=8))
 
 
 def test_sampler_and_options_are_exclusive():

@@ -148,7 +148,7 @@ def test_dream_estimate_uses_the_logit_shift():
   masks, weights = likelihood.draw_masks(rng, 3, 8, 4, "rate", 0.1)
   assert ((weights >= 1) & (weights <= 10 + 1e-9)).all()
   value, forwards = likelihood.estimate(params, config, prefix, target, masks,
-                                        weights, group=4)
+                                        weights, batch_size=4)
   want = _numpy_estimate(params, config, prefix, target, masks, weights, 0.0)
   np.testing.assert_allclose(value, want, rtol=1e-4)
   assert forwards == 8
@@ -177,8 +177,8 @@ def test_loglikelihood_rolling_is_refused(tiny_lm):
      ["/nowhere", "'model'", "mesh=data=2;model=2", "batch_size"]),
     (f"checkpoint={TINY},strategy=warp", ["strategy='warp'"]),
     (f"checkpoint={TINY},strategy=llada,threshold=0.9", ["--threshold"]),
-    (f"checkpoint={TINY},steps=1.5,batch_size=3", ["steps=1.5",
-                                                    "mc_num (128)"]),
+    (f"checkpoint={TINY},steps=1.5,mc_num=48", ["steps=1.5",
+                                                 "mc_num (48)"]),
 ])
 def test_bad_model_args_give_one_clear_error(model_args, names):
   with pytest.raises(ValueError, match="bad model_args for flash_dllm_jax") \
@@ -201,9 +201,11 @@ def test_cli_writes_throughput_beside_the_results(tmp_path):
   import subprocess
   import sys
   from tests.paths import ROOT
+  # lm-eval's own --batch_size (a string to the model); checkpoint= goes to
+  # lm-eval as pretrained=, which it names the output folder after.
   cmd = [sys.executable, "-m", "flash_dllm_jax.lm_eval", "--model",
-         "flash_dllm_jax", "--model_args",
-         f"checkpoint={TINY},strategy=threshold,gen_length=32,batch_size=2",
+         "flash_dllm_jax", "--batch_size", "2", "--model_args",
+         f"checkpoint={TINY},strategy=threshold,gen_length=32",
          "--tasks", "synthetic_gsm", "--limit", "2", "--output_path",
          str(tmp_path)]
   done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
@@ -211,12 +213,14 @@ def test_cli_writes_throughput_beside_the_results(tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   results, = tmp_path.rglob("results_*.json")
   throughput, = tmp_path.rglob("throughput_*.json")
-  assert throughput.parent == results.parent
+  assert throughput.parent == results.parent == tmp_path / TINY.replace(
+      "/", "__")
   stamp = results.stem.removeprefix("results_")
   assert throughput.stem == f"throughput_{stamp}"
   info = json.loads(throughput.read_text())
   assert info == json.loads(results.read_text())["config"]["flash_dllm_jax"]
   assert info["throughput"]["generate_until"]["requests"] == 2
+  assert info["adapter"]["batch_size"] == 2
   assert "synthetic_gsm" in done.stdout
 
 

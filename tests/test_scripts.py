@@ -21,6 +21,23 @@ def test_bench_script_smoke(script, tmp_path):
   assert "| " in result.stdout and out.exists()
 
 
+def test_bench_loglikelihood_smoke_compares_batch_sizes(tmp_path):
+  """ms per request and per copy at two batch sizes, and the same scores
+  at both (a row's loss does not depend on its batch on the CPU)."""
+  out = tmp_path / "ll.json"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "bench_loglikelihood.py"),
+       "--smoke", "--json", str(out)], capture_output=True, text=True,
+      timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["batch"] for r in rows] == [1, 4]
+  assert [r["forwards"] for r in rows] == [24, 6]
+  assert all(r["ms_request"] > 0 and r["ms_copy"] > 0 for r in rows)
+  assert [r["max_abs_diff"] for r in rows] == [0.0, 0.0]
+  assert "| batch | ms/request |" in result.stdout
+
+
 def test_bench_strategies_steady_step_is_measured(tmp_path):
   """--steady decodes a second schedule (twice the tokens per step) and
   reports the time per extra step, without the first step's prefill."""

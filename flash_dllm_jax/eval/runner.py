@@ -9,9 +9,11 @@ sorting, padding the last batch with copies of a row, and resuming all
 leave every answer unchanged. (Tested on CPU; on a GPU, XLA may pick other
 matmul algorithms for other batch sizes, which this does not rule out.)
 
-A problem whose prompt cannot be decoded (it holds the mask token, say) is
-recorded with its error as a wrong answer, and the run goes on; the summary
-counts such problems (`undecodable`).
+A problem whose prompt cannot be decoded (it holds the mask token, or is too
+long for the model's context with the generation) is recorded with its
+error as a wrong answer, and the run goes on; the summary counts such
+problems (`undecodable`). A run where no prompt fits is refused before
+anything is written.
 
 Timing per batch: wall seconds of the whole `generate` call (tokenizing,
 padding, the device decode, transfers, detokenizing), and the part of them
@@ -61,18 +63,22 @@ def answer_length(gen_G: np.ndarray, stop_ids: Sequence[int]) -> int:
   return int(hits[0]) + 1 if hits.size else int(gen_G.shape[0])
 
 
-def check_lengths(problems: Sequence[Problem], lengths: Sequence[int],
-                  sampler, max_seq_len: int) -> None:
-  """One error naming every prompt that cannot fit with the generation (real
-  lengths: `generate` caps bucket padding at the room the model leaves)."""
+def unfit_errors(problems: Sequence[Problem], lengths: Sequence[int],
+                 sampler, max_seq_len: int) -> dict[str, str]:
+  """{id: why} of every prompt that cannot fit with the generation (real
+  lengths: `generate` caps bucket padding at the room the model leaves).
+  When none fits, one error naming them all: the settings, not a problem,
+  are wrong."""
   bad = checks.unfit_prompts(lengths, sampler, max_seq_len)
-  if bad:
+  if bad and len(bad) == len(problems):
     named = ", ".join(f"{problems[i].id} ({n} tokens)" for i, n, _ in bad)
     raise ValueError(
         f"{len(bad)} prompt(s) do not fit the model's context: {named}; "
         f"{bad[0][2]}; use shorter prompts (fewer few-shot examples, no chat "
         "template), a shorter --gen-length or a model with a longer "
         "max_seq_len")
+  return {problems[i].id: f"its prompt ({n} tokens) does not fit the "
+          f"model's context: {why}" for i, n, why in bad}
 
 
 def prompt_lengths(problems: Sequence[Problem], tokenizer,
@@ -130,13 +136,20 @@ def run_eval(task, model, sampler, run_dir: str | Path,
   if limit is not None and (not isinstance(limit, int) or limit < 1):
     raise ValueError(f"limit must be a positive int, got {limit!r}")
   _, config, tokenizer = model
+  checks.check_seeds([seed], "seed")
   if tokenizer is None:
     raise ValueError("the checkpoint has no tokenizer; evaluation needs one")
   problems = task.problems(make_render(tokenizer, task.chat))
   problems = problems[:limit] if limit else problems
+  if problems and seed + max(p.index for p in problems) >= checks.SEED_LIMIT:
+    raise ValueError(f"seed {seed} is too large: problem i uses seed + i, "
+                     f"and seeds must be below 2**32 (here up to "
+                     f"{seed + max(p.index for p in problems)})")
   lengths, errors = prompt_lengths(problems, tokenizer, config)
   fit = [p for p in problems if p.id in lengths]
-  check_lengths(fit, [lengths[p.id] for p in fit], sampler, config.max_seq_len)
+  errors.update(unfit_errors(fit, [lengths[p.id] for p in fit], sampler,
+                             config.max_seq_len))
+  lengths = {i: n for i, n in lengths.items() if i not in errors}
   index, count = process or (parallel.process_index(),
                              parallel.process_count())
   if not 0 <= index < count:

@@ -7,7 +7,7 @@ lm-eval TaskManager that knows them:
 
   import lm_eval, flash_dllm_jax.lm_eval as fl
   results = lm_eval.simple_evaluate(
-      model="flash_dllm_jax", model_args="checkpoint=DIR,strategy=flash-dllm",
+      model="flash_dllm_jax", model_args="pretrained=DIR,strategy=flash-dllm",
       tasks=["synthetic_gsm"], task_manager=fl.task_manager(), limit=8)
 
 From the shell: `python -m flash_dllm_jax.lm_eval --model flash_dllm_jax

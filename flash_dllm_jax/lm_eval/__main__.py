@@ -1,6 +1,13 @@
 """`python -m flash_dllm_jax.lm_eval ARGS`: lm-eval's own CLI (`lm_eval
 ARGS`) with the model `flash_dllm_jax` registered and, unless ARGS name one,
-`--include_path` set to the shipped task configs.
+`--include_path` set to the shipped task configs. (lm-eval 0.4 finds models
+only in its own table or among classes already imported: it loads no entry
+points or plugins, so the plain `lm_eval` command cannot see this one.)
+
+A `checkpoint=` key of --model_args is handed to lm-eval as `pretrained=`,
+the key lm-eval names output folders after (`OUT/<checkpoint path with /
+as __>/results_<date>.json`). Bad model_args end the run with one error
+line.
 
 With --output_path, the adapter's throughput (stats.py) is also written as
 throughput_<date>.json beside the results_<date>.json lm-eval wrote (the
@@ -12,10 +19,12 @@ loops go to the CLI's persistent compilation cache
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
 from flash_dllm_jax.lm_eval import TASKS_DIR, model
+from flash_dllm_jax.lm_eval.args import ModelArgsError
 
 _COMMANDS = ("run", "ls", "validate")
 
@@ -27,6 +36,42 @@ def _output_path(argv: list[str]) -> Path | None:
     if arg.startswith("--output_path="):
       return Path(arg.split("=", 1)[1])
   return None
+
+
+_CHECKPOINT_KEY = re.compile(r"(^|,)\s*checkpoint=")
+
+
+def _as_pretrained(value: str) -> str:
+  """One --model_args value with its checkpoint= key as pretrained= (a JSON
+  object's key too)."""
+  try:
+    obj = json.loads(value)
+  except ValueError:
+    obj = None
+  if isinstance(obj, dict):
+    if "checkpoint" in obj and "pretrained" not in obj:
+      obj["pretrained"] = obj.pop("checkpoint")
+    return json.dumps(obj)
+  return _CHECKPOINT_KEY.sub(r"\1pretrained=", value)
+
+
+def model_args_as_pretrained(argv: list[str]) -> list[str]:
+  """argv with checkpoint= written pretrained= in every --model_args / -a
+  value (lm-eval takes several values after the flag)."""
+  if any(re.search(r"(^|,)\s*pretrained=|\"pretrained\"", a) for a in argv):
+    return list(argv)  # both keys: parse() reports a conflict
+  out, in_args = [], False
+  for arg in argv:
+    if arg.startswith("--model_args="):
+      out.append("--model_args=" + _as_pretrained(arg.split("=", 1)[1]))
+      in_args = False
+      continue
+    if in_args and not arg.startswith("-"):
+      arg = _as_pretrained(arg)
+    else:
+      in_args = arg in ("--model_args", "-a")
+    out.append(arg)
+  return out
 
 
 def _write_throughput(out: Path, seen: set[Path]) -> None:
@@ -58,8 +103,12 @@ def main(argv: list[str] | None = None) -> None:
     compilation.enable_persistent_cache(compilation.default_cache_dir())
   except ValueError as e:  # a cache directory that cannot be created
     sys.exit(f"error: {e}")
-  sys.argv = ["python -m flash_dllm_jax.lm_eval", *argv]
-  cli_evaluate()
+  sys.argv = ["python -m flash_dllm_jax.lm_eval",
+              *model_args_as_pretrained(argv)]
+  try:
+    cli_evaluate()
+  except ModelArgsError as e:
+    sys.exit(f"error: {e}")
   if out is not None and model.INSTANCES:
     _write_throughput(out, seen)
 

@@ -19,18 +19,24 @@ copies of prefix + target (the prefix is never masked):
   `classifier_free_guidance` w is cfg + 1).
 
 Masks are drawn on the host (NumPy, one Generator per request), so a test
-can fix them; the forwards run jitted, `group` copies per batch.
+can fix them and the stratification `group` is a property of the estimate,
+not of the batching. The copies of all requests then run through the jitted
+forward `batch_size` rows at a time, requests of one padded shape sharing a
+batch; a copy's loss does not depend on the other rows (per-row positions
+and padding, batch-invariant compiler options), so neither does an estimate.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax.architectures import LIKELIHOOD_MASKS
+from flash_dllm_jax.compilation import _BatchInvariantJit
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import PROMPT_BUCKET
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -83,56 +89,136 @@ def _row_losses(params, tokens_BxN, uncond_BxN, valid_BxN, rows_BxR,
   return -jnp.sum(jnp.where(masked_BxR, tok_BxR, 0.0), -1) * weight_B
 
 
-_row_losses_jit = jax.jit(_row_losses, static_argnames=("config", "cfg"))
+# The decode loops' batch-invariant XLA options: a copy's loss does not
+# depend on the other rows of its forward.
+_row_losses_jit = _BatchInvariantJit(_row_losses,
+                                     static_argnames=("config", "cfg"))
 
 
 def _bucket(n: int) -> int:
   return -(-n // PROMPT_BUCKET) * PROMPT_BUCKET
 
 
+class Request(NamedTuple):
+  """One continuation to score: prefix and target ids, and the target's
+  masks [M, L] and weights [M] (draw_masks)."""
+  prefix: Sequence[int]
+  target: Sequence[int]
+  masked_MxL: np.ndarray
+  weight_M: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """A request's clean sequence left-padded to N and its target rows padded
+  to R (multiples of PROMPT_BUCKET, so requests of similar lengths share a
+  compile and a batch); the target starts at `start`."""
+  tokens_N: np.ndarray
+  uncond_N: np.ndarray
+  valid_N: np.ndarray
+  rows_R: np.ndarray
+  targets_R: np.ndarray
+  start: int
+
+
+def _layout(config: ModelConfig, req: Request) -> _Layout:
+  shift, el, p = config.logits_shift, len(req.target), len(req.prefix)
+  if shift and not p:
+    raise ValueError("Dream needs a prefix token before the continuation")
+  if el < 1:
+    raise ValueError("the continuation has no tokens")
+  m = len(req.weight_M)
+  if m < 1 or req.masked_MxL.shape != (m, el):
+    raise ValueError(f"masks of shape {req.masked_MxL.shape} and {m} "
+                     f"weights for a {el}-token continuation")
+  seq = list(req.prefix) + list(req.target)
+  n = _bucket(len(seq))
+  pad = n - len(seq)
+  tokens_N = np.full(n, config.pad_token_id, np.int32)
+  tokens_N[pad:] = seq
+  uncond_N = tokens_N.copy()
+  uncond_N[pad:pad + p] = config.mask_token_id
+  rows_R = np.full(_bucket(el), pad + p - shift, np.int32)
+  rows_R[:el] = pad + p + np.arange(el) - shift
+  targets_R = np.zeros(_bucket(el), np.int32)
+  targets_R[:el] = req.target
+  return _Layout(tokens_N, uncond_N, np.arange(n) >= pad, rows_R, targets_R,
+                 pad + p)
+
+
+def _batch_arrays(config: ModelConfig, layouts, requests, rows, size: int):
+  """The forward's inputs for `rows` [(request, copy)], padded to `size`
+  rows by zero-weight copies of the first row (their loss is 0)."""
+  padded = list(rows) + [rows[0]] * (size - len(rows))
+  out = [[] for _ in range(7)]
+  for k, (j, m) in enumerate(padded):
+    lay, req = layouts[j], requests[j]
+    tokens = lay.tokens_N.copy()
+    tokens[lay.start:][req.masked_MxL[m]] = config.mask_token_id
+    uncond = lay.uncond_N.copy()
+    uncond[lay.start:] = tokens[lay.start:]
+    masked = np.zeros(len(lay.rows_R), bool)
+    masked[:len(req.target)] = req.masked_MxL[m]
+    weight = req.weight_M[m] if k < len(rows) else 0.0
+    for dst, value in zip(out, (tokens, uncond, lay.valid_N, lay.rows_R,
+                                lay.targets_R, masked, weight)):
+      dst.append(value)
+  dtypes = (jnp.int32, jnp.int32, bool, jnp.int32, jnp.int32, bool,
+            jnp.float32)
+  return [jnp.asarray(np.stack(a), d) for a, d in zip(out, dtypes)]
+
+
+def estimate_many(params, config: ModelConfig, requests: Sequence[Request],
+                  *, batch_size: int, cfg: float = 0.0,
+                  progress: Callable[[int], None] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """(log-likelihood estimates [R] float64, forwards [R]) of the requests:
+  -(1/M) sum_m weight_m * sum over masked l of CE_l for each.
+
+  Copies of requests with the same padded shape run together, batch_size
+  rows per forward (the last batch of a shape padded to batch_size, one
+  compile per shape); a request's copy losses are summed in copy order, so
+  its estimate does not depend on the batching. progress(n) is called as n
+  more copies are done. forwards: copies, twice with cfg > 0.
+  """
+  if not isinstance(batch_size, int) or batch_size < 1:
+    raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+  layouts = [_layout(config, r) for r in requests]
+  losses = [np.zeros(len(r.weight_M)) for r in requests]
+  by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
+  for j, (lay, req) in enumerate(zip(layouts, requests)):
+    by_shape.setdefault((len(lay.tokens_N), len(lay.rows_R)), []).extend(
+        (j, m) for m in range(len(req.weight_M)))
+
+  def collect(rows, losses_B):
+    for (j, m), loss in zip(rows, np.asarray(losses_B, np.float64)):
+      losses[j][m] = loss
+    if progress is not None:
+      progress(len(rows))
+
+  pending = None  # one batch in flight while the next one is built
+  for rows in by_shape.values():
+    for s in range(0, len(rows), batch_size):
+      chunk = rows[s:s + batch_size]
+      out = _row_losses_jit(params, *_batch_arrays(
+          config, layouts, requests, chunk, batch_size),
+          config=config, cfg=float(cfg))
+      if pending is not None:
+        collect(*pending)
+      pending = chunk, out
+  if pending is not None:
+    collect(*pending)
+  values = np.array([-np.sum(l) / len(l) for l in losses], np.float64)
+  forwards = np.array([len(l) * (2 if cfg > 0 else 1) for l in losses])
+  return values, forwards
+
+
 def estimate(params, config: ModelConfig, prefix: Sequence[int],
              target: Sequence[int], masked_MxL: np.ndarray,
-             weight_M: np.ndarray, *, group: int, cfg: float = 0.0
+             weight_M: np.ndarray, *, batch_size: int, cfg: float = 0.0
              ) -> tuple[float, int]:
-  """(log-likelihood estimate, forwards run) of target after prefix from
-  the given masks: -(1/M) sum_m weight_m * sum over masked l of CE_l.
-
-  The sequence is left-padded to a multiple of PROMPT_BUCKET and the target
-  rows to one of 32, so requests of similar lengths share a compile.
-  """
-  shift = config.logits_shift
-  if shift and not prefix:
-    raise ValueError("Dream needs a prefix token before the continuation")
-  seq = list(prefix) + list(target)
-  n, el, p = _bucket(len(seq)), len(target), len(prefix)
-  pad = n - len(seq)
-  r = _bucket(el)
-  base_N = np.full(n, config.pad_token_id, np.int32)
-  base_N[pad:] = seq
-  valid_N = np.arange(n) >= pad
-  uncond_N = base_N.copy()
-  uncond_N[pad:pad + p] = config.mask_token_id
-  rows_R = np.full(r, pad + p - shift, np.int32)
-  rows_R[:el] = pad + p + np.arange(el) - shift
-  targets_R = np.zeros(r, np.int32)
-  targets_R[:el] = target
-  total, forwards = 0.0, 0
-  for start in range(0, len(weight_M), group):
-    m = masked_MxL[start:start + group]
-    b = len(m)
-    tokens = np.repeat(base_N[None], b, 0)
-    tokens[:, pad + p:][m] = config.mask_token_id
-    uncond = np.repeat(uncond_N[None], b, 0)
-    uncond[:, pad + p:] = tokens[:, pad + p:]
-    masked = np.zeros((b, r), bool)
-    masked[:, :el] = m
-    losses = _row_losses_jit(
-        params, jnp.asarray(tokens), jnp.asarray(uncond),
-        jnp.asarray(np.repeat(valid_N[None], b, 0)),
-        jnp.asarray(np.repeat(rows_R[None], b, 0)),
-        jnp.asarray(np.repeat(targets_R[None], b, 0)), jnp.asarray(masked),
-        jnp.asarray(weight_M[start:start + group], jnp.float32),
-        config=config, cfg=float(cfg))
-    total += float(np.sum(np.asarray(losses, np.float64)))
-    forwards += b * (2 if cfg > 0 else 1)
-  return -total / len(weight_M), forwards
+  """(log-likelihood estimate, forwards) of one request (estimate_many)."""
+  values, forwards = estimate_many(
+      params, config, [Request(prefix, target, masked_MxL, weight_M)],
+      batch_size=batch_size, cfg=cfg)
+  return float(values[0]), int(forwards[0])

@@ -1,7 +1,8 @@
 """The lm-eval model `flash_dllm_jax`: a checkpoint decoded by one strategy.
 
-  lm_eval --model flash_dllm_jax --model_args checkpoint=DIR,strategy=NAME,
-      gen_length=256,block_length=32,threshold=0.9,batch_size=32,chat=true
+  python -m flash_dllm_jax.lm_eval --model flash_dllm_jax --batch_size 32
+      --model_args pretrained=DIR,strategy=NAME,gen_length=256,
+      block_length=32,threshold=0.9,chat=true
 
 generate_until: contexts (with chat=true, each as one user turn of the
 checkpoint's chat template) are tokenized without BOS, grouped by padded
@@ -22,8 +23,11 @@ to max_gen_toks tokens; LLaDA's and Dream's samplers then also take
 steps = gen length unless steps is given. The task's do_sample/temperature
 are not used: sampling settings are sampler options.
 
-loglikelihood: likelihood.py (LLaDA's / Dream's Monte-Carlo estimate);
-is_greedy is always False (the references' is_check_greedy=False).
+loglikelihood: likelihood.py (LLaDA's / Dream's Monte-Carlo estimate), the
+noisy copies of all requests batch_size rows per forward; request i draws
+its masks from NumPy generator (seed, i), so its score depends on the
+seed, mc_num, mc_group, cfg and sampling_eps, not on batch_size. is_greedy
+is always False (the references' is_check_greedy=False).
 loglikelihood_rolling is refused.
 """
 
@@ -45,7 +49,7 @@ from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.prompts import PROMPT_BUCKET, bucket_groups
 from flash_dllm_jax.lm_eval import likelihood
 from flash_dllm_jax.sampling import Refillable
-from flash_dllm_jax.lm_eval.args import parse
+from flash_dllm_jax.lm_eval.args import ModelArgsError, parse
 from flash_dllm_jax.compilation import compile_clock
 from flash_dllm_jax.lm_eval.stats import Throughput
 from flash_dllm_jax.strategies import STRATEGIES, build_sampler, \
@@ -74,8 +78,8 @@ class FlashDLLMJax(LM):
     self.generated, self.scored = Throughput(), Throughput()
     INSTANCES.append(self)
 
-  # lm-eval passes its --batch_size (default 1) beside model_args; a
-  # batch_size inside model_args wins.
+  # lm-eval passes its --batch_size (default 1; a string from its CLI) and
+  # --max_batch_size beside model_args; a batch_size inside model_args wins.
   @classmethod
   def create_from_arg_obj(cls, arg_dict, additional_config=None):
     extra = {k: v for k, v in (additional_config or {}).items()
@@ -106,7 +110,8 @@ class FlashDLLMJax(LM):
       try:
         sampler = build_sampler(self.strategy, self.arch, options)
       except (ValueError, TypeError) as e:
-        raise ValueError(f"bad model_args for flash_dllm_jax: {e}") from None
+        raise ModelArgsError(f"bad model_args for flash_dllm_jax: {e}"
+                             ) from None
       self._sampler_cache[max_gen_toks] = (sampler, cut)
     return self._sampler_cache[max_gen_toks]
 
@@ -196,33 +201,33 @@ class FlashDLLMJax(LM):
     return prefix, target
 
   def loglikelihood(self, requests, disable_tqdm: bool = False):
-    out = []
-    with compile_clock() as compiled:
+    items = []
+    for i, request in enumerate(requests):
+      prefix, target = self._encode_pair(*request.args)
+      if not target:
+        raise ValueError(f"request {i}: the continuation "
+                         f"{request.args[1]!r} encodes to no tokens")
+      if len(prefix) + len(target) > self.config.max_seq_len:
+        raise ValueError(f"request {i}: {len(prefix)} + {len(target)} "
+                         f"tokens exceed max_seq_len {self.config.max_seq_len}")
+      items.append(likelihood.Request(prefix, target,
+                                      *self.draw_masks(i, len(target))))
+    bar = tqdm(total=len(items) * self.args.mc_num, unit="copy",
+               disable=disable_tqdm, desc="flash_dllm_jax likelihood")
+    with bar, compile_clock() as compiled:
       t0 = time.perf_counter()
-      for i, request in enumerate(tqdm(requests, disable=disable_tqdm,
-                                       desc="flash_dllm_jax likelihood")):
-        prefix, target = self._encode_pair(*request.args)
-        if not target:
-          raise ValueError(f"request {i}: the continuation "
-                           f"{request.args[1]!r} encodes to no tokens")
-        if len(prefix) + len(target) > self.config.max_seq_len:
-          raise ValueError(f"request {i}: {len(prefix)} + {len(target)} "
-                           f"tokens exceed max_seq_len {self.config.max_seq_len}")
-        masks, weights = self.draw_masks(i, len(target))
-        value, forwards = likelihood.estimate(
-            self.params, self.config, prefix, target, masks, weights,
-            group=self.args.batch_size, cfg=self.args.cfg)
-        out.append((value, False))
-        self.scored.add(requests=1, forwards=forwards)
-      self.scored.add(requests=0, wall_s=time.perf_counter() - t0,
-                      compile_s=compiled[0])
-    return out
+      values, forwards = likelihood.estimate_many(
+          self.params, self.config, items, batch_size=self.args.batch_size,
+          cfg=self.args.cfg, progress=bar.update)
+      self.scored.add(requests=len(items), forwards=int(forwards.sum()),
+                      wall_s=time.perf_counter() - t0, compile_s=compiled[0])
+    return [(float(v), False) for v in values]
 
   def draw_masks(self, index: int, target_len: int):
     """The masks of request `index` (its own NumPy generator)."""
     rng = np.random.default_rng((self.args.seed, index))
     return likelihood.draw_masks(rng, target_len, self.args.mc_num,
-                                 self.args.batch_size,
+                                 self.args.group,
                                  self.config.spec.likelihood_masks,
                                  self.args.sampling_eps)
 

@@ -94,3 +94,17 @@ def token_error(ids: Sequence[int], mask_token_id: int,
   if outside:
     return f"has token ids outside [0, {vocab_size}): {outside[:5]}"
   return None
+
+
+SEED_LIMIT = 2 ** 32  # a row's seed becomes a uint32 PRNG key
+
+
+def check_seeds(seeds: Sequence, what: str = "seed") -> None:
+  """One ValueError naming the first seed that is not an int in
+  [0, 2**32) (NumPy would raise an OverflowError deep in the decode)."""
+  for i, seed in enumerate(seeds):
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) \
+        or not 0 <= seed < SEED_LIMIT:
+      where = f" (row {i})" if len(seeds) > 1 else ""
+      raise ValueError(f"{what} must be an int in [0, 2**32), got "
+                       f"{seed!r}{where}")

@@ -1,0 +1,146 @@
+"""lm-eval's conventions for the model `flash_dllm_jax` (pretrained=, its
+--batch_size forms, output folders named after the checkpoint, one error
+for a bad value) and the batched Monte-Carlo likelihood: a request's score
+is the same at every batch size and whatever shares its forwards."""
+
+import numpy as np
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+from lm_eval.api.instance import Instance  # noqa: E402
+from lm_eval.loggers.evaluation_tracker import \
+    GeneralConfigTracker  # noqa: E402
+from lm_eval.utils import sanitize_model_name  # noqa: E402
+
+from flash_dllm_jax.checkpoint import load  # noqa: E402
+from flash_dllm_jax.lm_eval import FlashDLLMJax, likelihood  # noqa: E402
+from flash_dllm_jax.lm_eval.__main__ import main, \
+    model_args_as_pretrained  # noqa: E402
+from flash_dllm_jax.lm_eval.args import AUTO_BATCH_SIZE, ModelArgsError, \
+    parse  # noqa: E402
+from tests.paths import TINY_CHECKPOINT  # noqa: E402
+
+TINY = str(TINY_CHECKPOINT)
+REQUESTS = [("Ruby bakes 6 trays.", " 42"), ("", "So, 7 boxes."),
+            ("Tom has " * 5, " 3 apples and 9 pears, " * 4)]
+
+
+def _instances():
+  return [Instance("loglikelihood", {}, args, i)
+          for i, args in enumerate(REQUESTS)]
+
+
+@pytest.mark.parametrize("lm_eval_batch, want", [
+    (1, 1), ("8", 8), ("auto", AUTO_BATCH_SIZE), ("auto:4", AUTO_BATCH_SIZE)])
+def test_pretrained_and_lm_evals_batch_size_forms(lm_eval_batch, want):
+  """What lm-eval's CLI passes: --batch_size as a string, pretrained=."""
+  args, _ = parse({"pretrained": TINY, "batch_size": lm_eval_batch,
+                   "device": None})
+  assert (args.checkpoint, args.batch_size) == (TINY, want)
+  capped, _ = parse({"checkpoint": TINY, "batch_size": "auto",
+                     "max_batch_size": 4})
+  assert capped.batch_size == 4
+  # A batch_size inside model_args wins over lm-eval's --batch_size.
+  inside, _ = parse({"pretrained": TINY, "batch_size": 2})
+  assert inside.batch_size == 2
+
+
+@pytest.mark.parametrize("model_args, names", [
+    ("cfg=nan", ["cfg must be a finite number >= 0, got nan"]),
+    ("cfg=inf,seed=-1", ["cfg must be a finite number >= 0, got inf",
+                         "seed must be in [0, 2**32), got -1"]),
+    ("seed=4294967296,sampling_eps=nan", ["seed must be in [0, 2**32)",
+                                          "sampling_eps must be in [0, 1)"]),
+    ("mc_num=48", ["mc_num (48) must be a multiple of mc_group (32)"]),
+    ("mc_num=8,mc_group=0,batch_size=auto:x", [
+        "mc_group must be a positive",
+        "batch_size must be a positive int, auto or auto:N, got 'auto:x'"]),
+    ("checkpoint=README.md", ["two checkpoints"]),
+])
+def test_bad_values_are_one_error(model_args, names):
+  with pytest.raises(ModelArgsError, match="^bad model_args for "
+                     "flash_dllm_jax: ") as err:
+    FlashDLLMJax.create_from_arg_string(f"pretrained={TINY},{model_args}",
+                                        {"batch_size": "1"})
+  for name in names:
+    assert name in str(err.value)
+  assert str(err.value).count("bad model_args") == 1
+
+
+def test_a_file_is_not_a_checkpoint():
+  with pytest.raises(ModelArgsError, match="checkpoint='README.md' is a "
+                     "file, not a directory"):
+    parse({"pretrained": "README.md"})
+
+
+def test_outputs_are_named_after_the_checkpoint():
+  """lm-eval names output folders after pretrained= (its own function);
+  `python -m flash_dllm_jax.lm_eval` hands checkpoint= over as pretrained=."""
+  argv = ["--model", "flash_dllm_jax", "--model_args",
+          f"strategy=threshold,checkpoint={TINY}", "seed=1", "--tasks", "t"]
+  got = model_args_as_pretrained(argv)
+  assert got[3] == f"strategy=threshold,pretrained={TINY}"
+  assert got[4:] == argv[4:]
+  assert model_args_as_pretrained(["-a", '{"checkpoint": "x"}']) == [
+      "-a", '{"pretrained": "x"}']
+  from lm_eval._cli.utils import key_val_to_dict
+  name = GeneralConfigTracker._get_model_name(key_val_to_dict(got[3]))
+  assert sanitize_model_name(name) == TINY.replace("/", "__")
+
+
+@pytest.mark.slow  # lm-eval's CLI indexes its own task files first
+def test_cli_reports_bad_model_args_in_one_line(monkeypatch):
+  monkeypatch.setenv("FLASH_DLLM_JAX_CACHE_DIR", "off")
+  with pytest.raises(SystemExit, match=r"^error: bad model_args for "
+                     r"flash_dllm_jax: cfg must be a finite number >= 0, got "
+                     r"inf\. "):
+    main(["--model", "flash_dllm_jax", "--model_args",
+          f"pretrained={TINY},cfg=inf", "--tasks", "synthetic_gsm",
+          "--limit", "1"])
+
+
+def _requests(config, tokenizer):
+  """Three requests over two padded shapes, 4 copies each (groups of 2)."""
+  out = []
+  for i, (context, continuation) in enumerate(REQUESTS):
+    prefix = tokenizer.encode(context) or [config.bos_token_id]
+    target = tokenizer.encode(continuation)
+    masks, weights = likelihood.draw_masks(np.random.default_rng(i),
+                                           len(target), 4, 2, "count")
+    out.append(likelihood.Request(prefix, target, masks, weights))
+  return out
+
+
+@pytest.mark.parametrize("cfg", [0.0, 0.5])
+def test_batched_estimates_equal_one_copy_per_forward(cfg):
+  params, config, tokenizer = load(TINY)
+  reqs = _requests(config, tokenizer)
+  assert len({likelihood._bucket(len(r.prefix) + len(r.target))
+              for r in reqs}) == 2
+  one, forwards = likelihood.estimate_many(params, config, reqs,
+                                           batch_size=1, cfg=cfg)
+  # Batches of 3 mix the copies of the two short requests and pad the last.
+  mixed, _ = likelihood.estimate_many(params, config, reqs, batch_size=3,
+                                      cfg=cfg)
+  np.testing.assert_array_equal(mixed, one)
+  for i, req in enumerate(reqs):
+    alone = likelihood.estimate(params, config, *req, batch_size=3, cfg=cfg)
+    assert alone == (one[i], forwards[i])
+  assert forwards.tolist() == [4 * (2 if cfg else 1)] * 3
+  assert np.isfinite(one).all() and (one < 0).all()
+
+
+def test_lm_evals_batch_size_does_not_change_scores():
+  """Through the adapter: --batch_size 3 (lm-eval's string) against 1, the
+  masks drawn per request from the seed in groups of mc_group."""
+  small = FlashDLLMJax.create_from_arg_string(
+      f"pretrained={TINY},mc_num=4,mc_group=2", {"batch_size": 1})
+  batched = FlashDLLMJax.create_from_arg_string(
+      f"checkpoint={TINY},mc_num=4,mc_group=2", {"batch_size": "3"})
+  assert (small.args.batch_size, batched.args.batch_size) == (1, 3)
+  want = small.loglikelihood(_instances(), disable_tqdm=True)
+  assert batched.loglikelihood(_instances(), disable_tqdm=True) == want
+  masks, weights = small.draw_masks(2, 3)
+  counts = masks.sum(1)
+  np.testing.assert_allclose(weights, 3 / counts)
+  assert batched.scored.forwards == small.scored.forwards == 3 * 4
