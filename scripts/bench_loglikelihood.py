@@ -60,7 +60,7 @@ def _model(args):
     name = f"tiny random {args.arch}"
   else:
     llada = args.arch == "llada"
-    config = ModelConfig.llada_8b() if llada else ModelConfig.dream_7b()
+    config = ModelConfig.preset("llada-8b" if llada else "dream-7b")
     shapes = "LLaDA-8B" if llada else "Dream-7B"
     name = f"random bf16 weights at {shapes} shapes"
   return timing.bench_params(config), config, name

@@ -77,12 +77,13 @@ def draw_masks(rng: np.random.Generator, target_len: int, mc_num: int,
 
 def _row_losses(params, tokens_BxN, uncond_BxN, valid_BxN, rows_BxR,
                 targets_BxR, masked_BxR, weight_B, *, config: ModelConfig,
-                cfg: float):
+                cfg: float, block_length: int | None):
   """[B] sum over masked targets of -log p(target) * weight."""
   model = SequenceModel.for_batch(config, params, valid_BxN)
-  logits = model.logits(tokens_BxN, rows_BxR).astype(jnp.float32)
+  logits = model.logits(tokens_BxN, rows_BxR, block_length).astype(
+      jnp.float32)
   if cfg > 0:
-    un = model.logits(uncond_BxN, rows_BxR).astype(jnp.float32)
+    un = model.logits(uncond_BxN, rows_BxR, block_length).astype(jnp.float32)
     logits = un + (cfg + 1) * (logits - un)
   logp_BxRxV = jax.nn.log_softmax(logits, axis=-1)
   tok_BxR = jnp.take_along_axis(logp_BxRxV, targets_BxR[..., None], -1)[..., 0]
@@ -92,7 +93,7 @@ def _row_losses(params, tokens_BxN, uncond_BxN, valid_BxN, rows_BxR,
 # The decode loops' batch-invariant XLA options: a copy's loss does not
 # depend on the other rows of its forward.
 _row_losses_jit = _BatchInvariantJit(_row_losses,
-                                     static_argnames=("config", "cfg"))
+                                     static_argnames=("config", "cfg", "block_length"))
 
 
 def _bucket(n: int) -> int:
@@ -170,10 +171,14 @@ def _batch_arrays(config: ModelConfig, layouts, requests, rows, size: int):
 
 def estimate_many(params, config: ModelConfig, requests: Sequence[Request],
                   *, batch_size: int, cfg: float = 0.0,
+                  block_length: int | None = None,
                   progress: Callable[[int], None] | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
   """(log-likelihood estimates [R] float64, forwards [R]) of the requests:
   -(1/M) sum_m weight_m * sum over masked l of CE_l for each.
+  block_length: a block-causal family's attention blocks (counted from each
+  sequence's first token, as its decode counts them); None for full
+  attention.
 
   Copies of requests with the same padded shape run together, batch_size
   rows per forward (the last batch of a shape padded to batch_size, one
@@ -183,6 +188,11 @@ def estimate_many(params, config: ModelConfig, requests: Sequence[Request],
   """
   if not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+  block_causal = config.spec.attention.mask == "block_causal"
+  if block_causal != (block_length is not None):
+    raise ValueError(f"{config.arch}: block_length is "
+                     + ("required" if block_causal else "only for "
+                        "block-causal families") + f", got {block_length!r}")
   layouts = [_layout(config, r) for r in requests]
   losses = [np.zeros(len(r.weight_M)) for r in requests]
   by_shape: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -202,7 +212,7 @@ def estimate_many(params, config: ModelConfig, requests: Sequence[Request],
       chunk = rows[s:s + batch_size]
       out = _row_losses_jit(params, *_batch_arrays(
           config, layouts, requests, chunk, batch_size),
-          config=config, cfg=float(cfg))
+          config=config, cfg=float(cfg), block_length=block_length)
       if pending is not None:
         collect(*pending)
       pending = chunk, out
@@ -215,10 +225,10 @@ def estimate_many(params, config: ModelConfig, requests: Sequence[Request],
 
 def estimate(params, config: ModelConfig, prefix: Sequence[int],
              target: Sequence[int], masked_MxL: np.ndarray,
-             weight_M: np.ndarray, *, batch_size: int, cfg: float = 0.0
-             ) -> tuple[float, int]:
+             weight_M: np.ndarray, *, batch_size: int, cfg: float = 0.0,
+             block_length: int | None = None) -> tuple[float, int]:
   """(log-likelihood estimate, forwards) of one request (estimate_many)."""
   values, forwards = estimate_many(
       params, config, [Request(prefix, target, masked_MxL, weight_M)],
-      batch_size=batch_size, cfg=cfg)
+      batch_size=batch_size, cfg=cfg, block_length=block_length)
   return float(values[0]), int(forwards[0])

@@ -218,10 +218,25 @@ class FlashDLLMJax(LM):
       t0 = time.perf_counter()
       values, forwards = likelihood.estimate_many(
           self.params, self.config, items, batch_size=self.args.batch_size,
-          cfg=self.args.cfg, progress=bar.update)
+          cfg=self.args.cfg, block_length=self.likelihood_blocks(),
+          progress=bar.update)
       self.scored.add(requests=len(items), forwards=int(forwards.sum()),
                       wall_s=time.perf_counter() - t0, compile_s=compiled[0])
     return [(float(v), False) for v in values]
+
+  def likelihood_blocks(self) -> int | None:
+    """A block-causal family's attention block for the likelihood forward:
+    model_args block_length, else the strategy's default; None for full
+    attention."""
+    if self.config.spec.attention.mask != "block_causal":
+      return None
+    fields = sampler_options(STRATEGIES[self.strategy].sampler)
+    default = fields["block_length"][1] if "block_length" in fields else None
+    block = self.options.get("block_length") or default
+    if not isinstance(block, int):
+      raise ModelArgsError(f"{self.config.arch} scores with its block-causal "
+                           "mask: give model_args block_length")
+    return block
 
   def draw_masks(self, index: int, target_len: int):
     """The masks of request `index` (its own NumPy generator)."""
