@@ -28,10 +28,12 @@ def grouped_matmul(x_PxI: jax.Array, tile_expert: jax.Array, weight: tuple,
   silu(x Wg) * (x Wu) with up), in float32; empty tiles are zeros."""
   p = x_PxI.shape[0]
   expert_P = jnp.repeat(tile_expert, tile_m, total_repeat_length=p)
-  safe_P = jnp.maximum(expert_P, 0)
   x = x_PxI.astype(jnp.float32)
-  dot = lambda w: jnp.einsum("pi,pio->po", x, dense_weight(w)[safe_P],
-                             precision=jax.lax.Precision.HIGHEST)
+  pick = jnp.maximum(expert_P, 0)[:, None, None]
+  # Every row through every expert, then each row's own: [P, X, O] only.
+  dot = lambda w: jnp.take_along_axis(jnp.einsum(
+      "pi,xio->pxo", x, dense_weight(w),
+      precision=jax.lax.Precision.HIGHEST), pick, axis=1)[:, 0]
   y_PxO = dot(weight)
   if up is not None:
     y_PxO = jax.nn.silu(y_PxO) * dot(up)
