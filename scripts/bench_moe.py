@@ -31,11 +31,19 @@ from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import moe  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
+from pallas_kernels.common import on_gpu  # noqa: E402
+
+# The MoE layer's routed experts: (name, implementation); grouped is the
+# kernel (compiled on a GPU, interpreted elsewhere), dense every expert on
+# every row.
+LAYER_PATHS = (("grouped", None if on_gpu() else "pallas_interpret"),
+               ("dense", "reference"))
 
 
-def moe_layer_ms(cfg, params, tokens: int, reps: int) -> float:
+def moe_layer_ms(cfg, params, tokens: int, reps: int,
+                 implementation=None) -> float:
   """Median ms of one MoE layer (its own params) on `tokens` random rows."""
-  layer = moe.MoE(cfg, jnp.bfloat16)
+  layer = moe.MoE(cfg, jnp.bfloat16, implementation)
   x = jax.random.normal(jax.random.key(5), (1, tokens, cfg.d_model),
                         jnp.bfloat16)
   run = jax.jit(lambda p, x: layer.apply({"params": p}, x, x))
@@ -55,12 +63,10 @@ def main(argv=None):
   ap.add_argument("--json", type=Path, default=None)
   ap.add_argument("--layer-only", action="store_true",
                   help="only the MoE layer, no decode")
-  ap.add_argument("--ragged-pallas", action="store_true",
-                  help="lower ragged_dot through JAX's Pallas Triton kernel "
-                  "(jax_ragged_dot_use_gpu_pallas_triton_lowering)")
+  ap.add_argument("--layer-paths", nargs="+", default=["grouped", "dense"],
+                  choices=[n for n, _ in LAYER_PATHS],
+                  help="the MoE layer's routed-expert paths to time")
   args = ap.parse_args(argv)
-  if args.ragged_pallas:
-    jax.config.update("jax_ragged_dot_use_gpu_pallas_triton_lowering", True)
   if args.smoke:
     cfg = ModelConfig.tiny("llada2", dtype="bfloat16")
     args.batch, args.gen, args.prompt, args.reps = [2], 16, 8, 1
@@ -79,21 +85,25 @@ def main(argv=None):
   rows = []
   moe_params = params[f"layers_{cfg.moe.first_dense_layers}"]["moe"]
   layer_bytes = quantize.weight_bytes(moe_params)
+  m = cfg.moe
   for b in args.batch:
     tokens = b * (args.prompt + args.gen + args.block - 1)
-    try:
-      ms = moe_layer_ms(cfg, moe_params, tokens, args.reps + 1)
-      m = cfg.moe
-      flops = 2 * tokens * cfg.d_model * (
-          m.n_experts + 3 * m.hidden * (m.top_k + m.n_shared))
-      rows.append(dict(kind="moe layer", batch=b, tokens=tokens, ms=ms,
-                       floor_ms=max(layer_bytes / bw, flops / mm) * 1e3,
-                       gbps=layer_bytes / ms / 1e6,
-                       tflops=flops / ms / 1e9))
-    except Exception as e:  # noqa: BLE001 (a failed shape still reports)
-      rows.append(dict(kind="moe layer", batch=b, tokens=tokens,
-                       error=f"{type(e).__name__}: {str(e)[:300]}"))
-    print(rows[-1], flush=True)
+    flops = 2 * tokens * cfg.d_model * (
+        m.n_experts + 3 * m.hidden * (m.top_k + m.n_shared))
+    floor_ms = max(layer_bytes / bw, flops / mm) * 1e3
+    for path, impl in LAYER_PATHS:
+      if path not in args.layer_paths:
+        continue
+      kind = f"moe layer {path}"
+      try:
+        ms = moe_layer_ms(cfg, moe_params, tokens, args.reps + 1, impl)
+        rows.append(dict(kind=kind, batch=b, tokens=tokens, ms=ms,
+                         floor_ms=floor_ms, gbps=layer_bytes / ms / 1e6,
+                         tflops=flops / ms / 1e9))
+      except Exception as e:  # noqa: BLE001 (a failed shape still reports)
+        rows.append(dict(kind=kind, batch=b, tokens=tokens,
+                         error=f"{type(e).__name__}: {str(e)[:300]}"))
+      print(rows[-1], flush=True)
   sampler = build_sampler("llada2", "llada2", dict(
       gen_length=args.gen, block_length=args.block, threshold=None,
       steps=args.block // args.per_step))
