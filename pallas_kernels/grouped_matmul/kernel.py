@@ -10,8 +10,8 @@ scale [X, O, Z]) are converted to x's dtype in registers (exact for int8
 and e4m3 in bf16); a per-channel scale multiplies the float32 sum once, a
 per-group one (the group = block_k) each block's product.
 
-Row tiles run fastest, so consecutive programs share an expert's weight
-tile (L2). Row invariance: every tile shape depends on I, O and the
+Column tiles run fastest: the programs in flight at once share their row
+tiles and, the rows being sorted, their experts' weights (L2). Row invariance: every tile shape depends on I, O and the
 options, never on P, and each output element is one dot over its row and
 its expert's column in a fixed block order, so a row's bits do not depend
 on the rows beside it.
@@ -39,7 +39,7 @@ def _kernel(te_ref, x_ref, *refs, tm, bn, bk, n_k, quantized, grouped,
   per = 2 if quantized else 1
   weights = [refs[i * per:(i + 1) * per] for i in range(1 + swiglu)]
   o_ref = refs[-1]
-  i, j = pl.program_id(0), pl.program_id(1)
+  j, i = pl.program_id(0), pl.program_id(1)
   rows, cols = pl.ds(i * tm, tm), pl.ds(j * bn, bn)
   ex = te_ref[i]
 
@@ -124,7 +124,7 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
       grouped=grouped, swiglu=up is not None, precision=precision)
   whole = lambda a: pl.BlockSpec(a.shape, lambda r, c: (0,) * a.ndim)
   return pl.pallas_call(
-      kernel, grid=(p // tile_m, o // bn),
+      kernel, grid=(o // bn, p // tile_m),
       in_specs=[whole(a) for a in args],
       out_specs=pl.BlockSpec((p, o), lambda r, c: (0, 0)),
       out_shape=jax.ShapeDtypeStruct((p, o), x_PxI.dtype),
