@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from flash_dllm_bench import timing  # noqa: E402
-from flash_dllm_jax import quantize  # noqa: E402
+from flash_dllm_jax import ops, quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import moe  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
@@ -51,6 +51,23 @@ def moe_layer_ms(cfg, params, tokens: int, reps: int,
   return timing.time_fn(lambda: run(params, x), reps=reps) * 1e3
 
 
+def parse_tiling(text: str) -> ops.ExpertTiling:
+  """'64,128,64' or '64,128,64,4,3' -> ExpertTiling (argparse type)."""
+  names = ("tile_m", "block_n", "block_k", "num_warps", "num_stages")
+  try:
+    values = [int(v) for v in text.split(",")]
+    if not 3 <= len(values) <= 5:
+      raise ValueError("3 to 5 integers")
+    return ops.ExpertTiling(**dict(zip(names, values)))
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"tiling {text!r}: {e}") from None
+
+
+def tiling_name(t: ops.ExpertTiling) -> str:
+  return (f"m{t.tile_m} n{t.block_n} k{t.block_k} w{t.num_warps} "
+          f"s{t.num_stages}")
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
@@ -66,6 +83,11 @@ def main(argv=None):
   ap.add_argument("--layer-paths", nargs="+", default=["grouped", "dense"],
                   choices=[n for n, _ in LAYER_PATHS],
                   help="the MoE layer's routed-expert paths to time")
+  ap.add_argument("--tilings", nargs="+", type=parse_tiling,
+                  default=[ops.ExpertTiling()], metavar="M,N,K[,W,S]",
+                  help="grouped-kernel tilings the layer is timed with "
+                  "(tile_m,block_n,block_k[,num_warps,num_stages]); the "
+                  "step runs the first")
   args = ap.parse_args(argv)
   if args.smoke:
     cfg = ModelConfig.tiny("llada2", dtype="bfloat16")
@@ -91,10 +113,14 @@ def main(argv=None):
     flops = 2 * tokens * cfg.d_model * (
         m.n_experts + 3 * m.hidden * (m.top_k + m.n_shared))
     floor_ms = max(layer_bytes / bw, flops / mm) * 1e3
-    for path, impl in LAYER_PATHS:
-      if path not in args.layer_paths:
+    runs = [(f"grouped {tiling_name(t)}", ops.Kernels(impl, experts=t))
+            for path, impl in LAYER_PATHS if path == "grouped"
+            for t in args.tilings]
+    runs += [(path, impl) for path, impl in LAYER_PATHS if path != "grouped"]
+    for name, impl in runs:
+      if name.split()[0] not in args.layer_paths:
         continue
-      kind = f"moe layer {path}"
+      kind = f"moe layer {name}"
       try:
         ms = moe_layer_ms(cfg, moe_params, tokens, args.reps + 1, impl)
         rows.append(dict(kind=kind, batch=b, tokens=tokens, ms=ms,
@@ -110,7 +136,8 @@ def main(argv=None):
   for b in [] if args.layer_only else args.batch:
     try:
       s_step, compile_s, steps, forwards = timing.time_decode(
-          cfg, params, sampler, b, args.prompt, args.reps)
+          cfg, params, sampler, b, args.prompt, args.reps,
+          implementation=ops.Kernels(experts=args.tilings[0]))
       n = args.prompt + args.gen + args.block - 1
       floor = max(wbytes / bw, timing.forward_flops(cfg, b, n, n,
                                                     args.block) / mm)

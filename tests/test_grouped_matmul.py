@@ -74,6 +74,13 @@ def test_matches_reference(request, fmt, dtype, swiglu, impl):
   assert_close(got, want, dtype)
 
 
+def test_tiling_is_validated():
+  with pytest.raises(ValueError, match="tile_m must be a power of two"):
+    ops.ExpertTiling(tile_m=24)
+  with pytest.raises(ValueError, match="num_stages"):
+    ops.ExpertTiling(num_stages=0)
+
+
 def test_unsupported_shapes_raise(request):
   r = rng(request)
   x = normal(r, (32, 24), jnp.float32)  # no power-of-two tile >= 16 of 24
@@ -165,16 +172,19 @@ def test_grouped_experts_split_over_a_mesh_give_one_devices_bits():
 
 
 def test_pairs_of_other_devices_experts_are_negative_zero(request):
-  """An expert shard (experts 4 .. 7 of 8): its pairs match the dense path,
-  the other pairs are -0.0 (what the psum over "model" relies on)."""
+  """An expert shard (experts 4 .. 7 of 8), tiled by a Kernels' settings:
+  its pairs match the dense path, the other pairs are -0.0 (what the psum
+  over "model" relies on)."""
   r = rng(request)
   t, k, e, m = 9, 2, 64, 32
   x = normal(r, (t, e))
   ids = jnp.asarray(r.integers(0, 8, (t, k)), jnp.int32)
   stacks = tuple((normal(r, (4, i, o), scale=i ** -0.5),)
                  for i, o in ((e, m), (e, m), (m, e)))
+  kernels = ops.Kernels("pallas_interpret", experts=ops.ExpertTiling(
+      tile_m=16, block_n=16, block_k=16, num_stages=1))
   got = f32(ops.routed_experts(x, ids, 4, stacks, others=True,
-                               implementation="pallas_interpret"))
+                               implementation=kernels))
   want = f32(experts.dense_experts(x, ids, 4, stacks, others=True))
   mine = np.asarray(ids) >= 4
   assert (got[~mine] == 0).all() and np.signbit(got[~mine]).all()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.ops.choice import kernel_name
+from flash_dllm_jax.ops.choice import expert_tiling, kernel_name
 from pallas_kernels.grouped_matmul import api as grouped_api
 from pallas_kernels.grouped_matmul.reference import dense_weight
 
@@ -37,8 +37,9 @@ def routed_experts(x_TxE: jax.Array, ids_TxK: jax.Array, first, stacks, *,
   impl = kernel_name(implementation)
   if impl != "reference":
     try:
-      return grouped_api.expert_mlp(x_TxE, ids_TxK - first, *stacks,
-                                    implementation=impl)
+      return grouped_api.expert_mlp(
+          x_TxE, ids_TxK - first, *stacks,
+          tiling=expert_tiling(implementation), implementation=impl)
     except NotImplementedError:
       pass
   return dense_experts(x_TxE, ids_TxK, first, stacks, others)
