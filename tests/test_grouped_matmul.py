@@ -93,6 +93,20 @@ def test_unsupported_shapes_raise(request):
                           interpret=True)
 
 
+def test_widths_the_kernel_does_not_take_run_dense(request):
+  """Model width 24 (no power-of-two tile >= 16): ops.routed_experts takes
+  the dense path, the same bits."""
+  r = rng(request)
+  x, ids = normal(r, (5, 24)), jnp.asarray(r.integers(0, 3, (5, 2)),
+                                           jnp.int32)
+  stacks = tuple((normal(r, (3, i, o)),) for i, o in ((24, 32), (24, 32),
+                                                      (32, 24)))
+  got = ops.routed_experts(x, ids, 0, stacks,
+                           implementation="pallas_interpret")
+  np.testing.assert_array_equal(
+      f32(got), f32(experts.dense_experts(x, ids, 0, stacks)))
+
+
 @pytest.mark.parametrize("n_pairs,n_experts,tile_m",
                          [(20, 4, 16), (7, 8, 16), (300, 5, 32)])
 def test_sort_pairs_gives_each_tile_one_expert(n_pairs, n_experts, tile_m):

@@ -98,7 +98,8 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
   """Same contract as reference.grouped_matmul. Block sizes shrink to the
   largest power of two dividing the widths. Raises NotImplementedError for
   a tile_m that is not a power of two >= 16, widths without such a tile,
-  or per-group scales whose group is not one block_k."""
+  per-group scales in groups that are not such a tile, or arrays of 2^31
+  elements or more."""
   p, i = x_PxI.shape
   quantized = len(weight) == 2
   o = weight[0].shape[1] if quantized else weight[0].shape[2]
@@ -119,6 +120,9 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
   args = [tile_expert.astype(jnp.int32), x_PxI]
   for w in (weight,) + ((up,) if up is not None else ()):
     args += [w[0], w[1].astype(jnp.float32)] if quantized else [w[0]]
+  if max(p * o, *(a.size for a in args)) >= 2 ** 31:
+    raise NotImplementedError("arrays of 2^31 elements or more (the "
+                              "kernel's offsets are int32)")
   kernel = functools.partial(
       _kernel, tm=tile_m, bn=bn, bk=bk, n_k=i // bk, quantized=quantized,
       grouped=grouped, swiglu=up is not None, precision=precision)
