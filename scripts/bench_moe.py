@@ -3,11 +3,14 @@
 Random bf16 weights at the mini's geometry (16.3B parameters, 256 experts,
 8 per token); strategy `llada2` on the pure schedule (`--per-step` tokens a
 step, so random weights do not change the step count), every position
-decoded. Prints ms per step against two floors measured in this run: every
-weight read once per step (a step of hundreds of tokens routes to every
-expert) at the copy rate, and the step's FLOPs at the bf16 matmul rate;
-plus one MoE layer alone (router, ragged_dot over the chosen experts,
-shared expert) at the step's token counts, as achieved bandwidth.
+decoded. Prints ms per step against its floor, the larger of two
+measured in this run: every weight read once per step (a step of hundreds
+of tokens routes to every expert) at the copy rate, and the step's FLOPs
+(K experts a token) at the measured bf16 matmul rate. Plus one MoE layer
+alone (router, routed experts, shared expert) at the step's token counts,
+its routed experts by the grouped kernel at each --tilings (the GPU's
+default path; Pallas interpret mode elsewhere) and by the dense
+every-expert path (implementation 'reference'), against the same floor.
 
   python scripts/bench_moe.py --batch 1 32 --gen 512 --prompt 768
   python scripts/bench_moe.py --smoke          # tiny model, any backend
