@@ -2,8 +2,9 @@
 through it (sort, gate/up, down, back), by kernel or reference.
 
 implementation: 'pallas', 'pallas_interpret', 'reference', or None
-(pallas on GPU, reference elsewhere). The kernel raises NotImplementedError for what it does not take; the
-caller then picks another path.
+(pallas on GPU, reference elsewhere). The kernel raises
+NotImplementedError for what it does not take; the caller then picks
+another path.
 """
 
 import jax

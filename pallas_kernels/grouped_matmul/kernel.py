@@ -11,10 +11,12 @@ and e4m3 in bf16); a per-channel scale multiplies the float32 sum once, a
 per-group one (the group = block_k) each block's product.
 
 Column tiles run fastest: the programs in flight at once share their row
-tiles and, the rows being sorted, their experts' weights (L2). Row invariance: every tile shape depends on I, O and the
-options, never on P, and each output element is one dot over its row and
-its expert's column in a fixed block order, so a row's bits do not depend
-on the rows beside it.
+tiles and, the rows being sorted, their experts' weights (L2).
+
+Row invariance: every tile shape depends on I, O and the options, never
+on P, and each output element is one dot over its row and its expert's
+column in a fixed block order, so a row's bits do not depend on the rows
+beside it.
 """
 
 import functools
@@ -26,12 +28,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.common import is_pow2
+from pallas_kernels.split_e import silu
 
 WEIGHT_DTYPES = (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn))
-
-
-def _silu(g):
-  return g / (1.0 + jnp.exp(-g))
 
 
 def _kernel(te_ref, x_ref, *refs, tm, bn, bk, n_k, quantized, grouped,
@@ -71,11 +70,11 @@ def _kernel(te_ref, x_ref, *refs, tm, bn, bk, n_k, quantized, grouped,
 
     zeros = jnp.zeros((tm, bn), jnp.float32)
     accs = lax.fori_loop(0, n_k, body, (zeros,) * (1 + swiglu))
-    if quantized and not grouped:  # (an int32 0: a Python 0 does not
-      # discharge in interpret mode)
+    if quantized and not grouped:
+      # (an int32 0: a Python 0 index does not discharge in interpret mode)
       accs = tuple(acc * w[1][ex, cols, jnp.int32(0)][None, :]
                    for acc, w in zip(accs, weights))
-    y = _silu(accs[0]) * accs[1] if swiglu else accs[0]
+    y = silu(accs[0]) * accs[1] if swiglu else accs[0]
     o_ref[rows, cols] = y.astype(o_ref.dtype)
 
 
@@ -98,8 +97,8 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
   """Same contract as reference.grouped_matmul. Block sizes shrink to the
   largest power of two dividing the widths. Raises NotImplementedError for
   a tile_m that is not a power of two >= 16, widths without such a tile,
-  per-group scales in groups that are not such a tile, or arrays of 2^31
-  elements or more."""
+  8-bit weights neither int8 nor e4m3, per-group scales in groups that
+  are not such a tile, or arrays of 2^31 elements or more."""
   p, i = x_PxI.shape
   quantized = len(weight) == 2
   o = weight[0].shape[1] if quantized else weight[0].shape[2]
@@ -107,6 +106,8 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
     raise NotImplementedError(f"tile_m {tile_m} (a power of two >= 16 "
                               f"dividing P = {p})")
   bn, bk = _block(o, block_n), _block(i, block_k)
+  if quantized and weight[0].dtype not in WEIGHT_DTYPES:
+    raise NotImplementedError(f"8-bit weights of dtype {weight[0].dtype}")
   grouped = quantized and weight[1].shape[-1] > 1
   if grouped:
     group = i // weight[1].shape[-1]
