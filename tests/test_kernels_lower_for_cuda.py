@@ -203,3 +203,30 @@ def test_flash_dllm_decode_loop_lowers_for_cuda_at_full_size(arch):
           implementation="pallas"),
       params, S((b, 768), I32), S((b, 768), bool), rng)
   _assert_triton_only(calls, 4)
+
+
+def test_llada2_decode_loop_lowers_for_cuda_at_mini_size():
+  """Strategy llada2's compiled loop at LLaDA2.0-mini shapes (batch 32,
+  prompt 768, gen 512), abstract weights: the routed experts of every MoE
+  layer are Triton calls (gate/up and down), as is everything else."""
+  from flash_dllm_jax.config import ModelConfig
+  from flash_dllm_jax.generate import decode_tokens
+  from flash_dllm_jax.model.transformer import init_params
+  from flash_dllm_jax.strategies import build_sampler
+  cfg = ModelConfig.preset("llada2-mini")
+  b = 32
+  params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  rng = jax.eval_shape(
+      lambda: jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)))
+  sampler = build_sampler("llada2", "llada2", dict(
+      gen_length=512, block_length=32, threshold=None, steps=2))
+  fn = lambda p, x, m, r: decode_tokens(
+      p, x, m, r, config=cfg, sampler=sampler, stop_at_eos=False,
+      implementation="pallas")
+  args = (params, S((b, 768), I32), S((b, 768), bool), rng)
+  lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  text = lowered.as_text()
+  _assert_triton_only(re.findall(r"custom_call @([\w$.]+)", text), 2)
+  # the layers' loop body holds one MoE layer: gate/up and down
+  names = re.findall(r'custom_call @\S+\(.*name = "(\w+)"', text)
+  assert names.count("grouped_matmul") == 2, names
