@@ -3,11 +3,14 @@
 Random bf16 weights at the mini's geometry (16.3B parameters, 256 experts,
 8 per token); strategy `llada2` on the pure schedule (`--per-step` tokens a
 step, so random weights do not change the step count), every position
-decoded. Prints ms per step against two floors measured in this run: every
-weight read once per step (a step of hundreds of tokens routes to every
-expert) at the copy rate, and the step's FLOPs at the bf16 matmul rate;
-plus one MoE layer alone (router, ragged_dot over the chosen experts,
-shared expert) at the step's token counts, as achieved bandwidth.
+decoded. Prints ms per step against its floor, the larger of two
+measured in this run: every weight read once per step (a step of hundreds
+of tokens routes to every expert) at the copy rate, and the step's FLOPs
+(K experts a token) at the measured bf16 matmul rate. Plus one MoE layer
+alone (router, routed experts, shared expert) at the step's token counts,
+its routed experts by the grouped kernel at each --tilings (the GPU's
+default path; Pallas interpret mode elsewhere) and by the dense
+every-expert path (implementation 'reference'), against the same floor.
 
   python scripts/bench_moe.py --batch 1 32 --gen 512 --prompt 768
   python scripts/bench_moe.py --smoke          # tiny model, any backend
@@ -27,20 +30,45 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from flash_dllm_bench import timing  # noqa: E402
-from flash_dllm_jax import quantize  # noqa: E402
+from flash_dllm_jax import ops, quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import moe  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
+from pallas_kernels.common import on_gpu  # noqa: E402
+
+# The MoE layer's routed experts: (name, implementation); grouped is the
+# kernel (compiled on a GPU, interpreted elsewhere), dense every expert on
+# every row.
+LAYER_PATHS = (("grouped", None if on_gpu() else "pallas_interpret"),
+               ("dense", "reference"))
 
 
-def moe_layer_ms(cfg, params, tokens: int, reps: int) -> float:
+def moe_layer_ms(cfg, params, tokens: int, reps: int,
+                 implementation=None) -> float:
   """Median ms of one MoE layer (its own params) on `tokens` random rows."""
-  layer = moe.MoE(cfg, jnp.bfloat16)
+  layer = moe.MoE(cfg, jnp.bfloat16, implementation)
   x = jax.random.normal(jax.random.key(5), (1, tokens, cfg.d_model),
                         jnp.bfloat16)
   run = jax.jit(lambda p, x: layer.apply({"params": p}, x, x))
   jax.block_until_ready(run(params, x))
   return timing.time_fn(lambda: run(params, x), reps=reps) * 1e3
+
+
+def parse_tiling(text: str) -> ops.ExpertTiling:
+  """'64,128,64' or '64,128,64,4,3' -> ExpertTiling (argparse type)."""
+  names = ("tile_m", "block_n", "block_k", "num_warps", "num_stages")
+  try:
+    values = [int(v) for v in text.split(",")]
+    if not 3 <= len(values) <= 5:
+      raise ValueError("3 to 5 integers")
+    return ops.ExpertTiling(**dict(zip(names, values)))
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"tiling {text!r}: {e}") from None
+
+
+def tiling_name(t: ops.ExpertTiling) -> str:
+  return (f"m{t.tile_m} n{t.block_n} k{t.block_k} w{t.num_warps} "
+          f"s{t.num_stages}")
 
 
 def main(argv=None):
@@ -55,12 +83,15 @@ def main(argv=None):
   ap.add_argument("--json", type=Path, default=None)
   ap.add_argument("--layer-only", action="store_true",
                   help="only the MoE layer, no decode")
-  ap.add_argument("--ragged-pallas", action="store_true",
-                  help="lower ragged_dot through JAX's Pallas Triton kernel "
-                  "(jax_ragged_dot_use_gpu_pallas_triton_lowering)")
+  ap.add_argument("--layer-paths", nargs="+", default=["grouped", "dense"],
+                  choices=[n for n, _ in LAYER_PATHS],
+                  help="the MoE layer's routed-expert paths to time")
+  ap.add_argument("--tilings", nargs="+", type=parse_tiling,
+                  default=[ops.ExpertTiling()], metavar="M,N,K[,W,S]",
+                  help="grouped-kernel tilings the layer is timed with "
+                  "(tile_m,block_n,block_k[,num_warps,num_stages]); the "
+                  "step runs the first")
   args = ap.parse_args(argv)
-  if args.ragged_pallas:
-    jax.config.update("jax_ragged_dot_use_gpu_pallas_triton_lowering", True)
   if args.smoke:
     cfg = ModelConfig.tiny("llada2", dtype="bfloat16")
     args.batch, args.gen, args.prompt, args.reps = [2], 16, 8, 1
@@ -79,28 +110,37 @@ def main(argv=None):
   rows = []
   moe_params = params[f"layers_{cfg.moe.first_dense_layers}"]["moe"]
   layer_bytes = quantize.weight_bytes(moe_params)
+  m = cfg.moe
   for b in args.batch:
     tokens = b * (args.prompt + args.gen + args.block - 1)
-    try:
-      ms = moe_layer_ms(cfg, moe_params, tokens, args.reps + 1)
-      m = cfg.moe
-      flops = 2 * tokens * cfg.d_model * (
-          m.n_experts + 3 * m.hidden * (m.top_k + m.n_shared))
-      rows.append(dict(kind="moe layer", batch=b, tokens=tokens, ms=ms,
-                       floor_ms=max(layer_bytes / bw, flops / mm) * 1e3,
-                       gbps=layer_bytes / ms / 1e6,
-                       tflops=flops / ms / 1e9))
-    except Exception as e:  # noqa: BLE001 (a failed shape still reports)
-      rows.append(dict(kind="moe layer", batch=b, tokens=tokens,
-                       error=f"{type(e).__name__}: {str(e)[:300]}"))
-    print(rows[-1], flush=True)
+    flops = 2 * tokens * cfg.d_model * (
+        m.n_experts + 3 * m.hidden * (m.top_k + m.n_shared))
+    floor_ms = max(layer_bytes / bw, flops / mm) * 1e3
+    runs = [(f"grouped {tiling_name(t)}", ops.Kernels(impl, experts=t))
+            for path, impl in LAYER_PATHS if path == "grouped"
+            for t in args.tilings]
+    runs += [(path, impl) for path, impl in LAYER_PATHS if path != "grouped"]
+    for name, impl in runs:
+      if name.split()[0] not in args.layer_paths:
+        continue
+      kind = f"moe layer {name}"
+      try:
+        ms = moe_layer_ms(cfg, moe_params, tokens, args.reps + 1, impl)
+        rows.append(dict(kind=kind, batch=b, tokens=tokens, ms=ms,
+                         floor_ms=floor_ms, gbps=layer_bytes / ms / 1e6,
+                         tflops=flops / ms / 1e9))
+      except Exception as e:  # noqa: BLE001 (a failed shape still reports)
+        rows.append(dict(kind=kind, batch=b, tokens=tokens,
+                         error=f"{type(e).__name__}: {str(e)[:300]}"))
+      print(rows[-1], flush=True)
   sampler = build_sampler("llada2", "llada2", dict(
       gen_length=args.gen, block_length=args.block, threshold=None,
       steps=args.block // args.per_step))
   for b in [] if args.layer_only else args.batch:
     try:
       s_step, compile_s, steps, forwards = timing.time_decode(
-          cfg, params, sampler, b, args.prompt, args.reps)
+          cfg, params, sampler, b, args.prompt, args.reps,
+          implementation=ops.Kernels(experts=args.tilings[0]))
       n = args.prompt + args.gen + args.block - 1
       floor = max(wbytes / bw, timing.forward_flops(cfg, b, n, n,
                                                     args.block) / mm)

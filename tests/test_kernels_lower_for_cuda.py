@@ -16,6 +16,7 @@ import pytest
 
 from pallas_kernels.attention import kernel as attention
 from pallas_kernels.cache_update import kernel as cache_update
+from pallas_kernels.grouped_matmul import kernel as grouped_matmul
 from pallas_kernels.matmul import kernel as matmul
 from pallas_kernels.qmatmul import kernel as qmatmul
 from pallas_kernels.rms_norm import kernel as rms_norm
@@ -127,6 +128,45 @@ def test_stream_qmatmul(w_dtype, activations, m, e, o, z, swiglu, split):
     assert b == f"tensor<128x64x{operand}>", dots
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "int8", "fp8", "int8_g128"])
+def test_grouped_matmul_at_llada2_mini_expert_shapes(fmt):
+  """Gate/up fused and down over 412 row tiles of 64 (batch 1's bound),
+  bf16 or 8-bit stacks: one Triton call each, bf16 dots of the tiles."""
+  x, i, m, p = 256, 2048, 512, 412 * 64
+
+  def stack(n_in, n_out):
+    if fmt == "bf16":
+      return (S((x, n_in, n_out), BF16),)
+    z = n_in // 128 if fmt == "int8_g128" else 1
+    return (S((x, n_out, n_in), FP8 if fmt == "fp8" else I8),
+            S((x, n_out, z), F32))
+
+  def run(rows, te, gate, up, down):
+    h = grouped_matmul.grouped_matmul(rows, te, gate, up=up)
+    return grouped_matmul.grouped_matmul(h, te, down)
+
+  args = (S((p, i), BF16), S((p // 64,), I32), stack(i, m), stack(i, m),
+          stack(m, i))
+  _assert_triton_only(_custom_calls(run, *args), 2)
+  k = 128 if fmt == "int8_g128" else 64
+  assert sorted(_triton_dots(run, *args)) == sorted(
+      [(f"tensor<64x{k}xbf16>", f"tensor<{k}x128xbf16>")] * 3), fmt
+
+
+def test_routed_experts_op_lowers_to_the_grouped_kernel():
+  """ops.routed_experts with 'pallas' at the mini's shapes (1280 tokens):
+  the sort and gathers in XLA, the two products in Triton."""
+  from flash_dllm_jax import ops
+  t, k, x, e, m = 1280, 8, 256, 2048, 512
+  stacks = ((S((x, e, m), BF16),), (S((x, e, m), BF16),),
+            (S((x, m, e), BF16),))
+  calls = _custom_calls(
+      lambda a, ids, st: ops.routed_experts(a, ids, 0, st,
+                                            implementation="pallas"),
+      S((t, e), BF16), S((t, k), I32), stacks)
+  _assert_triton_only(calls, 2)
+
+
 @pytest.mark.parametrize("n,e", [(4608, 4096), (144, 3584), (17, 384)])
 def test_rms_norm(n, e):
   calls = _custom_calls(lambda x, s: rms_norm.rms_norm(x, s, eps=1e-5),
@@ -163,3 +203,30 @@ def test_flash_dllm_decode_loop_lowers_for_cuda_at_full_size(arch):
           implementation="pallas"),
       params, S((b, 768), I32), S((b, 768), bool), rng)
   _assert_triton_only(calls, 4)
+
+
+def test_llada2_decode_loop_lowers_for_cuda_at_mini_size():
+  """Strategy llada2's compiled loop at LLaDA2.0-mini shapes (batch 32,
+  prompt 768, gen 512), abstract weights: the routed experts of every MoE
+  layer are Triton calls (gate/up and down), as is everything else."""
+  from flash_dllm_jax.config import ModelConfig
+  from flash_dllm_jax.generate import decode_tokens
+  from flash_dllm_jax.model.transformer import init_params
+  from flash_dllm_jax.strategies import build_sampler
+  cfg = ModelConfig.preset("llada2-mini")
+  b = 32
+  params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  rng = jax.eval_shape(
+      lambda: jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)))
+  sampler = build_sampler("llada2", "llada2", dict(
+      gen_length=512, block_length=32, threshold=None, steps=2))
+  fn = lambda p, x, m, r: decode_tokens(
+      p, x, m, r, config=cfg, sampler=sampler, stop_at_eos=False,
+      implementation="pallas")
+  args = (params, S((b, 768), I32), S((b, 768), bool), rng)
+  lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  text = lowered.as_text()
+  _assert_triton_only(re.findall(r"custom_call @([\w$.]+)", text), 2)
+  # the layers' loop body holds one MoE layer: gate/up and down
+  names = re.findall(r'custom_call @\S+\(.*name = "(\w+)"', text)
+  assert names.count("grouped_matmul") == 2, names

@@ -1,6 +1,6 @@
-"""The MoE layer: the routed experts (dense products, each pair taking its
-expert's row, C experts at a time) against the float32 reference, row and
-chunk invariance, and the router."""
+"""The MoE layer on the CPU's dense path: the routed experts (dense
+products, each pair taking its expert's row, C experts at a time) against
+the float32 reference, row and chunk invariance, and the router."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +9,7 @@ import numpy as np
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import init_params, moe
 from flash_dllm_jax.moe_config import MoEConfig
+from flash_dllm_jax.ops import experts
 
 
 def _layer(config):
@@ -82,7 +83,7 @@ def test_experts_run_in_chunks_give_the_same_bits(monkeypatch):
                   jnp.bfloat16)
   outs = []
   for chunk in (8, 2, 1):  # experts per chunk of [T = 12, C, E = 64]
-    monkeypatch.setattr(moe, "EXPERT_CHUNK_BYTES", 12 * chunk * 64 * 4)
+    monkeypatch.setattr(experts, "EXPERT_CHUNK_BYTES", 12 * chunk * 64 * 4)
     outs.append(np.asarray(jax.jit(lambda p, x: _apply(config, p, x))(
         params, x), np.float32))
   np.testing.assert_array_equal(outs[1], outs[0])

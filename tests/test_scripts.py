@@ -51,6 +51,25 @@ def test_bench_strategies_steady_step_is_measured(tmp_path):
   assert row["steady_ms_step"] > 0 and row["steps"] == 8
 
 
+def test_bench_moe_smoke_times_both_expert_paths_and_the_step(tmp_path):
+  """The MoE layer by the grouped kernel (interpret mode here) at two
+  tilings and by the dense path, and a strategy-llada2 step, each with its
+  floor."""
+  out = tmp_path / "moe.json"
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "scripts" / "bench_moe.py"), "--smoke",
+       "--json", str(out), "--tilings", "16,16,16", "32,32,32,2,1"],
+      capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["kind"] for r in rows] == [
+      "moe layer grouped m16 n16 k16 w4 s3",
+      "moe layer grouped m32 n32 k32 w2 s1", "moe layer dense", "llada2 step"]
+  for r in rows:
+    assert "error" not in r, r
+    assert r["ms"] > 0 and r["floor_ms"] > 0
+
+
 def test_bench_strategies_gpu_option_reaches_the_decode_options():
   """--gpu-option adds typed entries to generate.GPU_COMPILER_OPTIONS (the
   dict the decode loops compile with) and rejects anything but xla_gpu_*."""

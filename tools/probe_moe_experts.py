@@ -3,7 +3,7 @@
   python tools/probe_moe_experts.py          # LLaDA2.0-mini's expert shapes
   python tools/probe_moe_experts.py --tiny   # a CPU-sized smoke run
 
-model/moe.py runs every expert on every row (C experts at a time) and each
+ops/experts.py's dense path runs every expert on every row (C experts at a time) and each
 (token, slot) pair takes its expert's row; the alternative sorts the pairs
 by expert and runs jax.lax.ragged_dot. This prints, per token count T,
 both formulations' milliseconds per MoE layer in bfloat16, whether
@@ -28,10 +28,10 @@ def main() -> None:
   sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
   import jax
   import jax.numpy as jnp
-  from flash_dllm_jax.model import moe
+  from flash_dllm_jax.ops import experts
 
   def dense(x, ids, stacks):
-    return moe.local_experts(x, ids, 0, stacks)
+    return experts.dense_experts(x, ids, 0, stacks)
 
   def ragged(x, ids, stacks):
     flat = ids.reshape(-1)

@@ -3,17 +3,24 @@ within the best groups, routed experts for the chosen (token, slot)
 pairs, shared experts for every token.
 
 Shapes: T tokens (B * Q rows), X experts, K experts per token, G groups,
-E model width, M an expert's width. The routed experts run as dense
-products of every row with every expert (C experts at a time), each pair
-then taking its expert's row: each element is one dot product over one
-row and one expert's column, so a token's output depends on its row and
-the weights alone, whatever the rows, experts or devices beside it, as
-far as the GEMM's rows and columns do not depend on their neighbours
-(what the tensor-parallel projections need too: parallel.py).
-jax.lax.ragged_dot over pairs sorted by expert is no sparser here: XLA:CPU
-(and XLA:GPU for float32 output) lower it to these masked products for
-every pair, K times the work, in one dot summing over groups x inputs,
-whose order changed with the group and row counts.
+E model width, M an expert's width. The routed experts run through
+ops.routed_experts, by backend:
+- on a GPU, a grouped GEMM (pallas_kernels/grouped_matmul): the pairs
+  sorted by expert and padded so each row tile of a fixed size is one
+  expert's, gate and up fused, then down; K experts' FLOPs a token.
+- elsewhere (and for implementation 'reference'), dense products of every
+  row with every expert (C experts at a time), each pair then taking its
+  expert's row: K / X of the work is used, but XLA:CPU's products keep a
+  row's bits whatever the rows and devices beside it, which the CPU's
+  mesh tests check bit for bit.
+Both are row-invariant for the same reason: each output element is one
+dot product over its row and its expert's column, summed in a fixed order
+(the kernel's blocks of the input width, its tile shapes fixed whatever
+the token count), so a token's output depends on its row and the weights
+alone (what the tensor-parallel projections need too: parallel.py).
+jax.lax.ragged_dot is no alternative: XLA lowers it to masked products for
+every pair and every group, in one dot whose summation order changed with
+the group and row counts.
 Under a mesh each device holds X / M experts (routed_experts).
 `dense_reference` is the plain float32 reference the layer is tested
 against.
@@ -26,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from flash_dllm_jax import parallel, quantize
+from flash_dllm_jax import ops, parallel, quantize
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import roles
 from flash_dllm_jax.model.layers import Linear
@@ -63,7 +70,7 @@ def route(moe, logits_TxX: jax.Array, bias_X: jax.Array | None):
 class ExpertStack(nn.Module):
   """One projection of every expert, its stacked weights as stored:
   (kernel [X, in, out],) or, 8-bit, (kernel_q [X, out, in], scale
-  [X, out, Z]); `expert_mlp` applies them."""
+  [X, out, Z]); ops.routed_experts applies them."""
 
   n_experts: int
   features: int
@@ -83,40 +90,6 @@ class ExpertStack(nn.Module):
     return (self.param("kernel_q", nn.initializers.zeros, (x, o, i),
                        fmt.dtype),
             self.param("scale", nn.initializers.ones, (x, o, z), jnp.float32))
-
-
-def stack_weight(stack: tuple[jax.Array, ...], dtype) -> jax.Array:
-  """[X, in, out] in `dtype`: one ExpertStack's arrays (8-bit ones
-  dequantized per element, w * scale exactly)."""
-  if len(stack) == 1:
-    return stack[0].astype(dtype)
-  kernel_q, scale = stack
-  x, o, i = kernel_q.shape
-  w_XxOxI = (kernel_q.astype(jnp.float32).reshape(x, o, scale.shape[-1], -1)
-             * scale[..., None]).reshape(x, o, i)
-  return jnp.swapaxes(w_XxOxI, 1, 2).astype(dtype)
-
-
-def expert_mlp(x_TxE: jax.Array, gate, up, down) -> jax.Array:
-  """y [T, X, E] in x's dtype: every expert of the stacks (X of them) on
-  every row, (silu(x Wg) * x Wu) Wd, each product accumulated in float32.
-
-  Each element is one dot product over one row and one expert's column
-  (a GEMM over [X * M] columns, then a batch over X of [T, M] x [M, E]),
-  so a device holding some of the experts computes their elements as one
-  device does."""
-  def dot(spec, a, stack, upcast=False):
-    w = stack_weight(stack, a.dtype)
-    if upcast:  # exact: a bf16 value is a float32 value
-      a, w = a.astype(jnp.float32), w.astype(jnp.float32)
-    return jnp.einsum(spec, a, w, preferred_element_type=jnp.float32
-                      ).astype(x_TxE.dtype)
-
-  h_TxXxM = (nn.silu(dot("te,xem->txm", x_TxE, gate))
-             * dot("te,xem->txm", x_TxE, up))
-  # XLA:CPU has no batched bf16 x bf16 -> float32 dot.
-  return dot("txm,xme->txe", h_TxXxM, down,
-             upcast=jax.default_backend() == "cpu")
 
 
 class SharedExperts(nn.Module):
@@ -165,7 +138,7 @@ class MoE(nn.Module):
     stacks = (stack("experts_gate", e, moe.hidden),
               stack("experts_up", e, moe.hidden),
               stack("experts_down", moe.hidden, e))
-    y_TxKxE = routed_experts(n_TxE, ids_TxK, stacks)
+    y_TxKxE = routed_experts(n_TxE, ids_TxK, stacks, self.implementation)
     out_TxE = jnp.einsum("tk,tke->te", weights_TxK,
                          y_TxKxE.astype(jnp.float32))
     if moe.n_shared:
@@ -190,10 +163,10 @@ def route_rows(moe, logits_TxX: jax.Array, bias_X: jax.Array | None):
                                 logits_TxX, bias_X)
 
 
-def routed_experts(x_TxE: jax.Array, ids_TxK: jax.Array, stacks
-                   ) -> jax.Array:
+def routed_experts(x_TxE: jax.Array, ids_TxK: jax.Array, stacks,
+                   implementation=None) -> jax.Array:
   """y [T, K, E]: each token's K chosen experts (stacks: the gate, up and
-  down ExpertStack arrays) on its row.
+  down ExpertStack arrays) on its row, through ops.routed_experts.
 
   Under a mesh the experts are split over "model" (the stacks' leading
   axis) and the rows over "data": each device runs its own experts on its
@@ -203,58 +176,19 @@ def routed_experts(x_TxE: jax.Array, ids_TxK: jax.Array, stacks
   bits, with no expert weight leaving its device."""
   mesh = parallel.active_mesh()
   if mesh is None:
-    return local_experts(x_TxE, ids_TxK, 0, stacks)
+    return ops.routed_experts(x_TxE, ids_TxK, 0, stacks,
+                              implementation=implementation)
   split = mesh.shape["model"] > 1
 
   def shard(x_TxE, ids_TxK, stacks):
     first = jax.lax.axis_index("model") * stacks[0][0].shape[0]
-    y_TxKxE = local_experts(x_TxE, ids_TxK, first, stacks, others=split)
+    y_TxKxE = ops.routed_experts(x_TxE, ids_TxK, first, stacks,
+                                 others=split, implementation=implementation)
     return jax.lax.psum(y_TxKxE, "model") if split else y_TxKxE
 
   experts = jax.tree.map(lambda _: P("model", None, None), stacks)
   return parallel.shard_map(shard, mesh, (P("data"), P("data"), experts),
                             P("data"))(x_TxE, ids_TxK, stacks)
-
-
-# The most bytes of one chunk's [T, C, E] expert outputs (float32 sized):
-# more experts than fit run C at a time in a loop.
-EXPERT_CHUNK_BYTES = 1 << 28
-
-
-def local_experts(x_TxE: jax.Array, ids_TxK: jax.Array, first, stacks,
-                  others: bool = False) -> jax.Array:
-  """y [T, K, E] of the pairs whose expert is one of those `stacks` hold
-  (X' of them, experts first .. first + X' - 1), C experts at a time; with
-  others (pairs may have other experts) the other pairs are -0.0."""
-  (t, e), k = x_TxE.shape, ids_TxK.shape[1]
-  n_local = stacks[0][0].shape[0]
-  c = max([d for d in range(1, n_local + 1) if n_local % d == 0
-           and t * d * e * 4 <= EXPERT_CHUNK_BYTES] or [1])
-  local_TxK = ids_TxK - first
-
-  def chunk(c0, stacks):
-    """The pairs' outputs through experts c0 .. c0 + c - 1 (others: any)."""
-    y_TxCxE = expert_mlp(x_TxE, *stacks)
-    return jnp.take_along_axis(
-        y_TxCxE, jnp.clip(local_TxK - c0, 0, c - 1)[..., None], axis=1)
-
-  if c == n_local:
-    y_TxKxE = chunk(0, stacks)
-  else:
-    def step(y_TxKxE, chunk_args):
-      c0, stacks = chunk_args
-      inside_TxK = (local_TxK >= c0) & (local_TxK < c0 + c)
-      return jnp.where(inside_TxK[..., None], chunk(c0, stacks), y_TxKxE), None
-
-    chunks = jax.tree.map(
-        lambda a: a.reshape(n_local // c, c, *a.shape[1:]), stacks)
-    y_TxKxE, _ = jax.lax.scan(step, jnp.zeros((t, k, e), x_TxE.dtype),
-                              (jnp.arange(0, n_local, c), chunks))
-  if not others:
-    return y_TxKxE
-  mine_TxK = (local_TxK >= 0) & (local_TxK < n_local)
-  return jnp.where(mine_TxK[..., None], y_TxKxE,
-                   jnp.asarray(-0.0, y_TxKxE.dtype))
 
 
 def dense_reference(params, config: ModelConfig, n_BxQxE: jax.Array

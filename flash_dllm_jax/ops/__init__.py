@@ -13,13 +13,15 @@ a `Kernels` adds kernel settings to that choice.
 
 from flash_dllm_jax.ops.attention import (attention, cached_attention,
                                           rope_and_write, write_cache)
-from flash_dllm_jax.ops.choice import Kernels, Tiling
+from flash_dllm_jax.ops.choice import ExpertTiling, Kernels, Tiling
+from flash_dllm_jax.ops.experts import routed_experts
 from flash_dllm_jax.ops.linear import (QMATMUL_STREAM_MAX_Q,
                                        QMATMUL_W8A8_STREAM_MAX_Q, linear,
                                        quantized_linear, stream_max_q)
 from flash_dllm_jax.ops.rows import rms_norm, token_logprob
 
-__all__ = ["Kernels", "QMATMUL_STREAM_MAX_Q", "QMATMUL_W8A8_STREAM_MAX_Q",
-           "attention", "cached_attention", "linear", "quantized_linear",
-           "rms_norm", "rope_and_write", "stream_max_q", "Tiling",
-           "token_logprob", "write_cache"]
+__all__ = ["ExpertTiling", "Kernels", "QMATMUL_STREAM_MAX_Q",
+           "QMATMUL_W8A8_STREAM_MAX_Q", "attention", "cached_attention",
+           "linear", "quantized_linear", "rms_norm", "rope_and_write",
+           "routed_experts", "stream_max_q", "Tiling", "token_logprob",
+           "write_cache"]

@@ -6,6 +6,7 @@ import dataclasses
 
 from pallas_kernels.attention import api as attention_api
 from pallas_kernels.common import resolve_implementation
+from pallas_kernels.grouped_matmul.tiling import Tiling as ExpertTiling
 
 Tiling = attention_api.Tiling  # the attention kernel's tiling rules
 
@@ -14,12 +15,13 @@ Tiling = attention_api.Tiling  # the attention kernel's tiling rules
 class Kernels:
   """A kernel choice with settings, accepted wherever `implementation` is:
   name as `implementation` (None: by backend), the attention kernel's
-  tiling rules and the rows per sequence up to which 8-bit weights stream
-  (`quantized_linear`; benchmarks sweep them; static, so part of the jit
-  key)."""
+  tiling rules, the grouped expert kernel's (`routed_experts`) and the
+  rows per sequence up to which 8-bit weights stream (`quantized_linear`;
+  benchmarks sweep them; static, so part of the jit key)."""
 
   name: str | None = None
   attention: attention_api.Tiling = attention_api.Tiling()
+  experts: ExpertTiling = ExpertTiling()
   stream_max_q: int | None = None  # default: ops.stream_max_q(format)
 
   def __post_init__(self):
@@ -37,6 +39,12 @@ def tiling(implementation) -> attention_api.Tiling:
   if isinstance(implementation, Kernels):
     return implementation.attention
   return attention_api.Tiling()
+
+
+def expert_tiling(implementation) -> ExpertTiling:
+  if isinstance(implementation, Kernels):
+    return implementation.experts
+  return ExpertTiling()
 
 
 def add_flags(parser) -> None:
