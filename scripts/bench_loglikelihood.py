@@ -1,4 +1,4 @@
-"""lm-eval's Monte-Carlo log-likelihood (flash_dllm_jax/lm_eval/likelihood.py):
+"""lm-eval's Monte-Carlo log-likelihood (flash_dllm_jax/likelihood.py):
 ms per request and per noisy copy at several batch sizes.
 
 A multiple-choice workload: --requests continuations of --target tokens
@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from flash_dllm_bench import timing  # noqa: E402
 from flash_dllm_jax.compilation import compile_clock  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
-from flash_dllm_jax.lm_eval import likelihood  # noqa: E402
+from flash_dllm_jax import likelihood  # noqa: E402
 
 
 def workload(config: ModelConfig, n: int, prefix: int, target: int,

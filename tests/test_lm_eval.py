@@ -13,7 +13,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from flash_dllm_jax.checkpoint import load  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.generate import answer_ids, generate  # noqa: E402
-from flash_dllm_jax.lm_eval import FlashDLLMJax, likelihood, task_manager  # noqa: E402
+from flash_dllm_jax import likelihood  # noqa: E402
+from flash_dllm_jax.lm_eval import FlashDLLMJax, task_manager  # noqa: E402
 from flash_dllm_jax.lm_eval.model import cut_at_until, padded_rows  # noqa: E402
 from flash_dllm_jax.model.transformer import init_params  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402

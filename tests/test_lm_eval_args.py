@@ -13,7 +13,8 @@ from lm_eval.loggers.evaluation_tracker import \
 from lm_eval.utils import sanitize_model_name  # noqa: E402
 
 from flash_dllm_jax.checkpoint import load  # noqa: E402
-from flash_dllm_jax.lm_eval import FlashDLLMJax, likelihood  # noqa: E402
+from flash_dllm_jax import likelihood  # noqa: E402
+from flash_dllm_jax.lm_eval import FlashDLLMJax  # noqa: E402
 from flash_dllm_jax.lm_eval.__main__ import main, \
     model_args_as_pretrained  # noqa: E402
 from flash_dllm_jax.lm_eval.args import AUTO_BATCH_SIZE, ModelArgsError, \

@@ -58,7 +58,7 @@ class Architecture:
     STRATEGIES entry built on one of them does.
   chat_template: the genuine checkpoint's template.
   likelihood_masks: how lm-eval's log-likelihood noises the continuation
-    (lm_eval/likelihood.py): "count" (exactly x of L tokens, LLaDA's
+    (likelihood.py): "count" (exactly x of L tokens, LLaDA's
     eval) or "rate" (each token at a rate, Dream's adapter).
   presets: {name: ModelConfig fields} of published models' shapes.
   tiny_changes: ModelConfig fields of its test models (numerics, an MoE);

@@ -47,7 +47,7 @@ from flash_dllm_jax import parallel
 from flash_dllm_jax.checkpoint import load, load_config
 from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.prompts import PROMPT_BUCKET, bucket_groups
-from flash_dllm_jax.lm_eval import likelihood
+from flash_dllm_jax import likelihood
 from flash_dllm_jax.sampling import Refillable
 from flash_dllm_jax.lm_eval.args import ModelArgsError, parse
 from flash_dllm_jax.compilation import compile_clock
