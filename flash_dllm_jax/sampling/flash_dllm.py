@@ -18,6 +18,7 @@ also defines the pass for Dream). The defaults are the reference's rules;
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
@@ -59,6 +60,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     request per loop step, and such a step prefills those rows alone (None:
     any number, and a step with new requests prefills every row).
   """
+
+  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
 
   gen_length: int = 256
   block_m: int = 16
@@ -176,11 +179,12 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   # One step ------------------------------------------------------------------
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
-    trace = self.step_trace(model, state, prompt_len)
-    return trace.tokens_BxN, trace.aux, trace.forwards_B
+    trace = self.step_trace(model, state, prompt_len, rng_B)
+    return trace.tokens_BxN, trace.aux, trace.forwards_B, trace.logprob_BxN
 
   def step_trace(self, model: SequenceModel, state: DecodeState,
-                 prompt_len: int) -> "StepTrace":
+                 prompt_len: int,
+                 rng_B: jax.Array | None = None) -> "StepTrace":
     """One step, with the verify pass's plan and probabilities exposed so
     tests can check them against an independent forward."""
     aux = state.aux
@@ -225,7 +229,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       logits_BxRxV, cache, rank_BxN = jax.lax.switch(
           which, [prefill, mixed, flash])
 
-    x0_BxR, conf_BxR = commit_rules.confidence(logits_BxRxV)
+    x0_BxR, conf_BxR, lp_BxR = commit_rules.proposal(
+        logits_BxRxV, state, rng_B, model.config.mask_token_id)
     window_BxW = scored_BxR[:, :w]
     real_BxW = window_BxW >= 0
     drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
@@ -245,6 +250,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                                         commit_BxW, ids, self.stop)
     drafted_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, commit_slots_BxW].set(
         True, mode="drop")
+    logprob_BxN = jnp.zeros((b, n), jnp.float32).at[
+        rows_Bx1, commit_slots_BxW].set(lp_BxR[:, :w], mode="drop")
     last_BxN, forwards_B = drafted_BxN, jnp.ones((b,), jnp.int32)
     plan = p_BxC = keep_BxC = None
     if self.verify:
@@ -260,6 +267,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)
       tokens_BxN = tokens_BxN.at[rows_Bx1, verified_BxC].set(
           v.drafts_BxC, mode="drop")
+      logprob_BxN = logprob_BxN.at[rows_Bx1, verified_BxC].set(
+          jnp.log(p_BxC), mode="drop")  # the verify pass's probability
       new_end_B = flash_budget.update_end(new_end_B, n, v.slots_BxC,
                                           v.drafts_BxC, keep_BxC, ids,
                                           self.stop)
@@ -275,4 +284,5 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                         tail_done_BxN=aux.tail_done_BxN | (
                             tail_BxN & (drafted_BxN | last_BxN)),
                         fresh_B=jnp.zeros_like(aux.fresh_B))
-    return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC)
+    return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC,
+                     logprob_BxN)
