@@ -133,7 +133,6 @@ def test_concurrent_variants_equal_offline_generate(server, model):
 def test_undeclared_options_get_400_listing_the_allowed(server):
   cases = [({"decoding": {"threshold": 0.5}}, "decoding.threshold",
             "0.6, 0.9"),
-           ({"temperature": 0.7}, "temperature", "0.0"),
            ({"decoding": {"gen_length": 8, "threshold": 0.6}},
             "decoding.threshold", "allowed: 0.9"),
            ({"max_tokens": 12, "decoding": {"gen_length": 8}}, "max_tokens",
