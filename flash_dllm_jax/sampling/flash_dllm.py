@@ -58,10 +58,14 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     (random) weights: the benchmarks' schedule.
   max_refills: under continuous batching, at most this many slots take a new
     request per loop step, and such a step prefills those rows alone (None:
-    any number, and a step with new requests prefills every row).
+    any number, and a step with new requests prefills every row). The
+    server admits every free slot at once (`grows_refills`): a step with
+    more fresh rows prefills them together in the smallest group of
+    max_refills, 2 max_refills, 4 max_refills, ... rows that holds them.
   """
 
   samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
+  grows_refills: ClassVar[bool] = True  # any number of fresh rows a step
 
   gen_length: int = 256
   block_m: int = 16
@@ -217,9 +221,16 @@ class FlashDLLMSampler(commit_rules.WindowRule):
 
       def mixed():  # new requests in some slots: each row takes its own pass
         if self.max_refills is not None:
-          return flash_forward.prefill_rows(
+          # the smallest group that holds every fresh row (the server may
+          # admit more than max_refills at once)
+          sizes = flash_forward.group_sizes(self.max_refills, b)
+          group = lambda s: lambda: flash_forward.prefill_rows(
               self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
-              flash(), exclude_BxS)
+              flash(), exclude_BxS, size=s)
+          if len(sizes) == 1:
+            return group(sizes[0])()
+          pick = jnp.searchsorted(jnp.asarray(sizes), jnp.sum(aux.fresh_B))
+          return jax.lax.switch(pick, [group(s) for s in sizes])
         pick = lambda a, b_: jnp.where(
             aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
         return jax.tree.map(pick, prefill(), flash())

@@ -212,14 +212,17 @@ class SlotEngine:
   def free_slots(self, releasing=()) -> list[int]:
     """Slots requests may load into at the next call, counting `releasing`
     as free: in batch mode none until every slot is free; in continuous mode
-    at most the sampler's `max_refills` (its step prefills that many fresh
-    rows alone, as in `continuous.decode_queue`)."""
+    every free slot for a sampler that prefills any number of fresh rows
+    together (`grows_refills`: Flash-dLLM), else at most its `max_refills`
+    (its step prefills that many fresh rows alone, as in
+    `continuous.decode_queue`)."""
     busy_B = self._busy_B.copy()
     busy_B[list(releasing)] = False
     if not self.continuous and busy_B.any():
       return []
     free = [int(i) for i in np.flatnonzero(~busy_B)]
-    cap = self.sampler.max_refills if self.continuous else None
+    cap = None if not self.continuous or getattr(
+        self.sampler, "grows_refills", False) else self.sampler.max_refills
     return free[:cap] if cap else free
 
   def cycle(self, release=(), admit: dict | None = None) -> CycleOut:
