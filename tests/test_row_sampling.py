@@ -96,3 +96,26 @@ def test_generate_refuses_row_sampling_for_samplers_without_it():
   with pytest.raises(ValueError, match="2 sampling settings for 1 prompts"):
     generate(model, [[1, 2]], strategy="flash-dllm", gen_length=8, block_m=8,
              sampling=[GREEDY, GREEDY])
+
+
+def test_row_threshold_equals_the_samplers_own():
+  """Sampling(threshold=t) on a row decodes what a sampler built with
+  threshold t decodes, beside rows keeping the sampler's own."""
+  from flash_dllm_jax import load
+  from flash_dllm_jax.generate import generate
+  from flash_dllm_jax.strategies import build_sampler
+  from tests.paths import TINY_CHECKPOINT
+  model = load(TINY_CHECKPOINT)
+  rows, seeds = [[5, 6, 7, 8], [9, 10, 11, 12, 13], [15, 16, 17]], [1, 2, 3]
+  opts = {"gen_length": 16, "block_m": 8}
+  own = build_sampler("flash-dllm", "llada", opts)
+  low = build_sampler("flash-dllm", "llada", {**opts, "threshold": 0.6})
+  want_low = generate(model, rows, sampler=low, seed=seeds)
+  want_own = generate(model, rows, sampler=own, seed=seeds)
+  got = generate(model, rows, sampler=own, seed=seeds, sampling=[
+      Sampling(threshold=0.6), GREEDY, Sampling(threshold=0.6)])
+  np.testing.assert_array_equal(got.tokens_BxG[[0, 2]],
+                                want_low.tokens_BxG[[0, 2]])
+  np.testing.assert_array_equal(got.tokens_BxG[1], want_own.tokens_BxG[1])
+  np.testing.assert_array_equal(got.steps_B[[0, 2]], want_low.steps_B[[0, 2]])
+  assert (want_low.steps_B < want_own.steps_B).any()  # it made a difference

@@ -50,6 +50,17 @@ def proposal(logits_BxLxV: jax.Array, state, rng_B,
                                      mask_id)
 
 
+def row_rule(rule: "CommitRule", state) -> "CommitRule":
+  """`rule` with each row's own threshold (`state.sampling.threshold_B`,
+  NaN: the rule's) for the threshold rule; other rules as they are."""
+  s = state.sampling
+  if s is None or not isinstance(rule, Threshold):
+    return rule
+  tau_B = jnp.where(jnp.isnan(s.threshold_B), jnp.float32(rule.threshold),
+                    s.threshold_B)
+  return Threshold(tau_B[:, None])
+
+
 def _masked_conf(conf_BxL: jax.Array, masked_BxL: jax.Array) -> jax.Array:
   return jnp.where(masked_BxL, conf_BxL, select.NEG_INF)
 

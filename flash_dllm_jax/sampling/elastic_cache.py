@@ -193,7 +193,8 @@ class ElasticCacheSampler(commit_rules.WindowRule):
     x0_BxW, conf_BxW, lp_BxW = commit_rules.proposal(
         logits_BxWxV, state, rng_B, model.config.mask_token_id)
     real_BxW = window_BxW >= 0
-    commit_BxW = self.commit_rule.commit(conf_BxW, real_BxW, state.steps_B)
+    commit_BxW = commit_rules.row_rule(self.commit_rule, state).commit(
+        conf_BxW, real_BxW, state.steps_B)
     tokens_BxN = tokens_BxN.at[
         jnp.arange(b)[:, None], jnp.where(commit_BxW, window_BxW, n)].set(
             x0_BxW.astype(tokens_BxN.dtype), mode="drop")

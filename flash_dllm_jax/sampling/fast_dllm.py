@@ -192,7 +192,8 @@ class FastDLLMSampler:
                                                mask_id)
     block_BxL = jnp.take_along_axis(tokens_BxN, pos_BxL, axis=1)
     masked_BxL = block_BxL == mask_id
-    chosen_BxL = self.commit_rule.commit(conf_BxL, masked_BxL, aux.age_B)
+    chosen_BxL = commit_rules.row_rule(self.commit_rule, state).commit(
+        conf_BxL, masked_BxL, aux.age_B)
     block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype), block_BxL)
     tokens_BxN = jnp.put_along_axis(tokens_BxN, pos_BxL, block_BxL, axis=1,
                                     inplace=False)

@@ -252,7 +252,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
       first_B = jnp.min(jnp.where(stop_BxW, window_BxW, n), axis=1)
       conf_w_BxW = jnp.where(window_BxW > first_B[:, None], 0.0, conf_w_BxW)
-    commit_BxW = self.commit_rule.commit(conf_w_BxW, real_BxW, state.steps_B)
+    commit_BxW = commit_rules.row_rule(self.commit_rule, state).commit(
+        conf_w_BxW, real_BxW, state.steps_B)
     rows_Bx1 = jnp.arange(b)[:, None]
     commit_slots_BxW = jnp.where(commit_BxW, window_BxW, n)
     tokens_BxN = tokens_BxN.at[rows_Bx1, commit_slots_BxW].set(

@@ -38,11 +38,13 @@ _OUT = -1e30
 @dataclasses.dataclass(frozen=True)
 class Sampling:
   """One row's settings: temperature >= 0 (0: greedy), top_p in (0, 1],
-  top_k >= 0 (0: off)."""
+  top_k >= 0 (0: off); threshold in (0, 1]: the confidence a position needs
+  to commit under the threshold rule (None: the sampler's own)."""
 
   temperature: float = 0.0
   top_p: float = 1.0
   top_k: int = 0
+  threshold: float | None = None
 
   def __post_init__(self):
     errors = []
@@ -54,6 +56,10 @@ class Sampling:
     if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool)
             and k >= 0):
       errors.append(f"top_k must be an int >= 0, got {k!r}")
+    h = self.threshold
+    if h is not None and not (isinstance(h, (int, float))
+                              and math.isfinite(h) and 0 < h <= 1):
+      errors.append(f"threshold must be None or in (0, 1], got {h!r}")
     if errors:
       raise ValueError("invalid sampling settings: " + "; ".join(errors))
 
@@ -87,18 +93,22 @@ def row_settings(sampler, sampling, n_rows: int
 
 @struct.dataclass
 class RowSampling:
-  """temperature_B float32, top_p_B float32, top_k_B int32 (0: off)."""
+  """temperature_B float32, top_p_B float32, top_k_B int32 (0: off),
+  threshold_B float32 (NaN: the sampler's own)."""
 
   temperature_B: jax.Array
   top_p_B: jax.Array
   top_k_B: jax.Array
+  threshold_B: jax.Array
 
   @classmethod
   def host(cls, rows: list[Sampling]) -> "RowSampling":
     """numpy arrays of the rows' settings (the engine fills them per slot)."""
     return cls(np.array([r.temperature for r in rows], np.float32),
                np.array([r.top_p for r in rows], np.float32),
-               np.array([r.top_k for r in rows], np.int32))
+               np.array([r.top_k for r in rows], np.int32),
+               np.array([np.nan if r.threshold is None else r.threshold
+                         for r in rows], np.float32))
 
   @classmethod
   def of(cls, rows: list[Sampling]) -> "RowSampling":

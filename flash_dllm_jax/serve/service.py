@@ -53,6 +53,10 @@ class Settings:
     return tuple(range(PROMPT_BUCKET, top + 1, PROMPT_BUCKET))
 
 
+# Sampler options that are row data for samplers that sample per row
+# (their values do not change the compiled program).
+ROW_OPTIONS = ("threshold",)
+
 # Request fields that pick a variant besides `decoding`, for samplers that
 # do not sample per row: (field, the value a sampler without the option
 # decodes with).
@@ -164,6 +168,8 @@ class Service:
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
+      if name in ROW_OPTIONS and self.samples_rows:
+        continue  # the row's own (see `_row_threshold`)
       stated.append((name, value, f"decoding.{name}", None))
     left = list(range(len(self.samplers)))
     for name, value, param, absent in stated:
@@ -178,6 +184,22 @@ class Service:
             f"before it); allowed: {', '.join(allowed)}", param)
       left = match
     return left[0]
+
+  def _row_threshold(self, req, sampler) -> float | None:
+    """decoding.threshold as the row's own threshold (None: not stated), or
+    BadRequest where the variant's rule has none."""
+    value = (req.decoding or {}).get("threshold")
+    if value is None or not self.samples_rows:
+      return None
+    if sampler.rule != "threshold":
+      raise BadRequest(f"decoding.threshold applies to rule='threshold', "
+                       f"not the variant's rule {sampler.rule!r}",
+                       "decoding.threshold")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+        or not 0 < value <= 1:
+      raise BadRequest(f"decoding.threshold must be in (0, 1], got "
+                       f"{value!r}", "decoding.threshold")
+    return float(value)
 
   def _logprobs(self, req) -> bool:
     """Whether `req` asks for log-probabilities; BadRequest for what the
@@ -250,7 +272,8 @@ class Service:
       sampling = Sampling(
           temperature=float(req.temperature or 0.0),
           top_p=float(1.0 if req.top_p is None else req.top_p),
-          top_k=max(0, req.top_k or 0))
+          top_k=max(0, req.top_k or 0),
+          threshold=self._row_threshold(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
     bucket = padded_length(len(ids))
