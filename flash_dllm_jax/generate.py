@@ -19,6 +19,8 @@ from flash_dllm_jax.sampling import (DecodeState, Sampler, make_step,
                                      run_compiled, run_python)
 from flash_dllm_jax.sampling import checks, continuous
 from flash_dllm_jax.sampling.loop import Refillable, tail_length
+from flash_dllm_jax.sampling.row_sampling import (RowSampling, Sampling,
+                                                  row_settings)
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import fill_after_stop
 
@@ -32,6 +34,9 @@ class GenerateOutput(NamedTuple):
   steps: decoding steps the loop ran, summed over the batches of different
     prompt-length buckets (each bucket decodes as its own batch).
   steps_B: decoding steps each row ran (a row stops once complete).
+  logprobs_BxG: with generate(logprobs=True), each generated token's
+    log-probability (model softmax) at the step it was committed (float32),
+    for samplers that report it (DecodeState.logprob_BxN); else None.
   """
 
   texts: list[str] | None
@@ -39,6 +44,7 @@ class GenerateOutput(NamedTuple):
   forwards_B: np.ndarray
   steps: int
   steps_B: np.ndarray
+  logprobs_BxG: np.ndarray | None = None
 
 
 def default_sampler(config: ModelConfig, **options: Any) -> Sampler:
@@ -64,11 +70,12 @@ def _pick_sampler(config: ModelConfig, strategy, sampler,
   return chosen
 
 
-def _decode_rows(params, rows, seeds, *, config: ModelConfig,
+def _decode_rows(params, rows, seeds, sampling, *, config: ModelConfig,
                  sampler: Sampler, stop_at_eos: bool, batch_size: int | None,
-                 mesh, kernels: ops.Kernels | None = None
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-  """(gen_BxG, forwards_B, steps_B, loop steps) of one padded batch, through
+                 mesh, kernels: ops.Kernels | None = None,
+                 logprobs: bool = False):
+  """(gen_BxG, forwards_B, steps_B, loop steps, logprob_BxG or None) of one
+  padded batch, through
   continuous batching when batch_size < len(rows), over the mesh if any."""
   ids, valid = left_pad(rows, config.pad_token_id,
                         room=config.max_seq_len - sampler.gen_length
@@ -82,34 +89,43 @@ def _decode_rows(params, rows, seeds, *, config: ModelConfig,
     ids, valid = (np.concatenate([a, np.repeat(a[-1:], pad, 0)])
                   for a in (ids, valid))
     seeds = list(seeds) + [seeds[-1]] * pad
+    if sampling is not None:
+      sampling = list(sampling) + [sampling[-1]] * pad
   rng_B = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
+  if sampling is not None:
+    sampling = RowSampling.of(sampling)
   ids, valid = jnp.asarray(ids), jnp.asarray(valid)
   if mesh is not None:
     ids, valid, rng_B = (parallel.shard_rows(mesh, a)
                          for a in (ids, valid, rng_B))
+    sampling = jax.tree.map(lambda a: parallel.shard_rows(mesh, a), sampling)
   if batch_size is not None and batch_size < n_rows:
-    gen, forwards, steps_b, steps = _queue_jit(
-        params, ids, valid, rng_B, config=config,
+    gen, forwards, steps_b, steps, *lp = _queue_jit(
+        params, ids, valid, rng_B, sampling, config=config,
         sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos,
-        implementation=kernels)
+        implementation=kernels, logprobs=logprobs)
   else:
     with parallel.use(mesh):
-      gen, forwards, steps, steps_b = decode_jit(
-          params, ids, valid, rng_B, config=config, sampler=sampler,
-          stop_at_eos=stop_at_eos, implementation=kernels)
+      gen, forwards, steps, steps_b, *lp = decode_jit(
+          params, ids, valid, rng_B, sampling, config=config, sampler=sampler,
+          stop_at_eos=stop_at_eos, implementation=kernels, logprobs=logprobs)
   gen, forwards, steps_b = (np.asarray(a)[:n_rows]
                             for a in (gen, forwards, steps_b))
-  return gen, forwards, steps_b, int(steps)
+  lp = np.asarray(lp[0])[:n_rows] if lp else None
+  return gen, forwards, steps_b, int(steps), lp
 
 
 def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
-                  rng_B: jax.Array, *, config: ModelConfig, sampler: Sampler,
+                  rng_B: jax.Array, sampling: RowSampling | None = None, *,
+                  config: ModelConfig, sampler: Sampler,
                   stop_at_eos: bool = True, compiled: bool = True,
-                  implementation: str | None = None):
+                  implementation: str | None = None, logprobs: bool = False):
   """The decode as a pure function of device arrays (jit it with config,
   sampler, stop_at_eos, compiled and implementation static; under a mesh,
   trace it inside `parallel.use(mesh)`). Returns (gen_BxG, forwards_B,
-  steps, steps_B). implementation: kernel choice (flash_dllm_jax/ops/)."""
+  steps, steps_B[, logprob_BxG with logprobs]). sampling: per-row settings
+  (None: greedy);
+  implementation: kernel choice (flash_dllm_jax/ops/)."""
   b, p = prompt_BxP.shape
   g = sampler.gen_length
   g_all = g + tail_length(sampler)
@@ -118,19 +134,23 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   model = SequenceModel.for_batch(config, params, valid_BxN,
                                   implementation, stop_ids=stop_ids)
   step_fn = make_step(sampler, model, p, stop_ids)
-  state = DecodeState.start(prompt_BxP, g_all, config.mask_token_id, rng_B)
+  state = DecodeState.start(prompt_BxP, g_all, config.mask_token_id, rng_B,
+                            sampling)
   state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
   run = run_compiled if compiled else run_python
   state = run(step_fn, state, sampler.num_steps)
   gen_BxG = fill_after_stop(state.tokens_BxN[:, p:p + g],
                             config.mask_token_id, config.pad_token_id)
-  return gen_BxG, state.forwards_B, state.step, state.steps_B
+  out = gen_BxG, state.forwards_B, state.step, state.steps_B
+  return (*out, state.logprob_BxN[:, p:p + g]) if logprobs else out
 
 
 decode_jit = _BatchInvariantJit(decode_tokens, static_argnames=(
-    "config", "sampler", "stop_at_eos", "compiled", "implementation"))
+    "config", "sampler", "stop_at_eos", "compiled", "implementation",
+    "logprobs"))
 _queue_jit = _BatchInvariantJit(continuous.decode_queue, static_argnames=(
-    "config", "sampler", "batch_size", "stop_at_eos", "implementation"))
+    "config", "sampler", "batch_size", "stop_at_eos", "implementation",
+    "logprobs"))
 
 
 def unpack_model(model, config: ModelConfig | None = None, tokenizer=None):
@@ -150,10 +170,12 @@ def unpack_model(model, config: ModelConfig | None = None, tokenizer=None):
 def generate(model, prompt, *, strategy: str | Sampler | None = None,
              config: ModelConfig | None = None, tokenizer=None,
              sampler: Sampler | None = None, chat: bool | None = None,
-             seed: int | Sequence[int] = 0, stop_at_eos: bool = True,
+             seed: int | Sequence[int] = 0,
+             sampling: Sampling | Sequence[Sampling] | None = None,
+             stop_at_eos: bool = True,
              batch_size: int | None = None, mesh=None,
              progress: Callable[[np.ndarray, int], None] | None = None,
-             kernels: ops.Kernels | None = None,
+             kernels: ops.Kernels | None = None, logprobs: bool = False,
              **options: Any) -> GenerateOutput:
   """Generates answers for one prompt or a batch.
 
@@ -175,6 +197,12 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   seed: one seed for every row, or one per row. A row's random draws come
     from its own seed only, so its answer never depends on the rest of the
     batch.
+  sampling: a `Sampling` (temperature, top_p, top_k) for every row, or one
+    per row (row_sampling.py); None: greedy. Rows with different settings
+    decode in one compiled program, and a row's tokens depend only on its
+    prompt, settings and seed. Taken by the samplers that sample per row
+    (Flash-dLLM, Fast-dLLM, Elastic-Cache); the others have their own
+    temperature options.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
   batch_size: decode at most this many rows at a time. Samplers that can
     refill slots (`reset_rows`: Flash-dLLM, Elastic-Cache) use continuous
@@ -195,6 +223,8 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     H200's 132 SMs, faster at batch 1 and slower at batch 32 (BENCHMARKS.md,
     "Strategy steps"). Fixed per call, so a row's answer still never
     depends on the batch.
+  logprobs: also return each generated token's log-probability at the step
+    it was committed (`GenerateOutput.logprobs_BxG`).
   """
   params, config, tokenizer = unpack_model(model, config, tokenizer)
   if kernels is not None and not isinstance(kernels, ops.Kernels):
@@ -210,6 +240,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   seeds = [seed] * len(rows) if np.ndim(seed) == 0 else list(seed)
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
+  row_sampling = row_settings(sampler, sampling, len(rows))
   if batch_size is not None and batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   mesh = parallel.parse_mesh(mesh)
@@ -218,23 +249,30 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     params = parallel.shard_params(mesh, config, params)
   n_rows = len(rows)
   gen = np.zeros((n_rows, sampler.gen_length), np.int32)
+  lp_all = np.zeros((n_rows, sampler.gen_length), np.float32)
   forwards, steps_b, steps = (np.zeros(n_rows, np.int32),
                               np.zeros(n_rows, np.int32), 0)
   room = config.max_seq_len - sampler.gen_length - tail_length(sampler)
   for chunk, slots in _chunks(bucket_groups(rows, room=room), sampler,
                               batch_size):
     out = _decode_rows(params, [rows[i] for i in chunk],
-                       [seeds[i] for i in chunk], config=config,
+                       [seeds[i] for i in chunk],
+                       None if row_sampling is None
+                       else [row_sampling[i] for i in chunk], config=config,
                        sampler=sampler, stop_at_eos=stop_at_eos,
-                       batch_size=slots, mesh=mesh, kernels=kernels)
+                       batch_size=slots, mesh=mesh, kernels=kernels,
+                       logprobs=logprobs)
     gen[chunk], forwards[chunk], steps_b[chunk] = out[:3]
+    if logprobs:
+      lp_all[chunk] = out[4]
     steps += out[3]
     if progress is not None:
       progress(chunk, n_rows)
   texts = None
   if tokenizer is not None:
     texts = [tokenizer.decode(answer_ids(row, config)) for row in gen]
-  return GenerateOutput(texts, gen, forwards, steps, steps_b)
+  return GenerateOutput(texts, gen, forwards, steps, steps_b,
+                        lp_all if logprobs else None)
 
 
 def _chunks(groups: list[np.ndarray], sampler: Sampler,

@@ -5,13 +5,18 @@ weights need no checkpoint on disk), measures offline `generate` over static
 batches of --slots prompts (tokens/s of the second, compiled run), decodes one
 request alone (the low-load latency floor), then sends --requests streaming
 completions at each offered rate (Poisson arrivals; `inf`: all at once) and
-reports throughput (completion tokens/s), time to first token and request
-latency p50/p99, host round trips per generated token and admission latency
-(from the server's /metrics). Writes one JSON file to --out.
+reports throughput (completion tokens/s, and its fraction of the offline
+figure), time to first token and request latency p50/p99 (and their ratios
+to a request alone), host round trips per generated token and admission
+latency (from the server's /metrics). With --cold-start it also times the
+server's start (its engines compiled, nothing served yet) in two fresh
+processes sharing an empty persistent compilation cache: the first compiles
+everything, the second loads it. Writes one JSON file to --out and the
+offered load vs tokens/s and latency plot beside it (.png).
 
   python scripts/bench_serve.py --smoke --out /tmp/serve_smoke.json
   python scripts/bench_serve.py --model llada-8b --slots 32 --gen-length 256 \\
-      --requests 256 --rates 1 2 4 8 inf --out serve_8b.json   # GPU
+      --requests 64 --rates 0.25,1,2,4,inf --cold-start --out serve_8b.json
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ import asyncio
 import datetime
 import json
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa
 import flash_dllm_jax  # noqa: E402
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
 from flash_dllm_jax.generate import answer_ids  # noqa: E402
+from flash_dllm_jax.prompts import padded_length  # noqa: E402
 from flash_dllm_jax.serve.app import build_app  # noqa: E402
 from flash_dllm_jax.serve.service import Service, Settings  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
@@ -137,6 +145,81 @@ def pct(xs, q):
   return float(np.percentile(xs, q))
 
 
+def compile_only(args) -> dict:
+  """Builds the model and the server's engines in this process (the
+  persistent cache in --cache-dir) and returns the seconds each took."""
+  from flash_dllm_jax.compilation import enable_persistent_cache
+  t0 = time.perf_counter()
+  enable_persistent_cache(args.cache_dir)
+  model, prompts = model_and_prompts(args)
+  sampler, settings, _ = server_settings(args, model, prompts)
+  t1 = time.perf_counter()
+  service = Service(*model, sampler, settings)
+  t2 = time.perf_counter()
+  service.scheduler.stop()
+  return {"model_s": t1 - t0, "compile_s": t2 - t1, "total_s": t2 - t0}
+
+
+def cold_start(argv) -> dict:
+  """compile_only in two fresh processes sharing an empty cache directory:
+  'cold' compiles, 'warm' loads the first's executables."""
+  out = {}
+  with tempfile.TemporaryDirectory(prefix="serve-cache-") as cache:
+    for name in ("cold", "warm"):
+      t0 = time.perf_counter()
+      run = subprocess.run([sys.executable, __file__, *argv, "--compile-only",
+                            "--cache-dir", cache], capture_output=True,
+                           text=True, check=False)
+      if run.returncode:
+        raise RuntimeError(f"--compile-only failed:\n{run.stderr[-3000:]}")
+      out[name] = {**json.loads(run.stdout.strip().splitlines()[-1]),
+                   "process_s": time.perf_counter() - t0}
+  return out
+
+
+def plot(rows, alone_s, path: Path) -> None:
+  """Offered load vs tokens/s (left) and latency p50 / p99 (right); `inf`
+  (everything at once) drawn past the largest finite load."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  finite = [r["offered_rps"] for r in rows if r["offered_rps"] != float("inf")]
+  top = 2 * max(finite) if finite else 1.0
+  xs = [r["offered_rps"] if r["offered_rps"] != float("inf") else top
+        for r in rows]
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+  a.plot(xs, [r["tokens_per_s"] for r in rows], "o-")
+  a.set(xlabel="offered load, requests/s (last point: all at once)",
+        ylabel="completion tokens/s", xscale="log")
+  for key, style in (("latency_p50_s", "o-"), ("latency_p99_s", "s--"),
+                     ("ttft_p50_s", "^:")):
+    b.plot(xs, [r[key] for r in rows], style, label=key[:-2])
+  b.axhline(alone_s, color="gray", lw=0.8, label="a request alone")
+  b.set(xlabel="offered load, requests/s (last point: all at once)",
+        ylabel="seconds", xscale="log", yscale="log")
+  b.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def server_settings(args, model, prompts):
+  """(sampler, Settings, stop_at_eos) the benchmark serves with."""
+  options = {"gen_length": args.gen_length}
+  stop_at_eos = True
+  if args.model == "llada-8b":  # the fixed rule: steps independent of weights
+    options.update(rule="fixed", steps=args.gen_length // 2)
+    stop_at_eos = False
+  sampler = build_sampler(args.strategy, model[1].arch, options)
+  bucket = max(padded_length(len(p)) for p in prompts)
+  settings = Settings(model_name=args.model, strategy=args.strategy,
+                      slots=args.slots, max_prompt_tokens=bucket,
+                      steps_per_call=args.steps_per_call,
+                      max_queue=max(256, args.requests),
+                      stop_at_eos=stop_at_eos)
+  return sampler, settings, stop_at_eos
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--model", choices=["shipped", "llada-8b"],
@@ -154,34 +237,48 @@ def main(argv=None):
                   help="offered loads, requests/s, comma-separated")
   ap.add_argument("--smoke", action="store_true",
                   help="shipped model, tiny sizes: checks the script runs")
-  ap.add_argument("--out", type=Path, required=True)
+  ap.add_argument("--cold-start", action="store_true",
+                  help="also time the server's start, compiling and with a "
+                       "warm persistent compilation cache (two processes)")
+  ap.add_argument("--compile-only", action="store_true",
+                  help=argparse.SUPPRESS)  # one --cold-start process
+  ap.add_argument("--cache-dir", type=Path, default=None,
+                  help=argparse.SUPPRESS)
+  ap.add_argument("--out", type=Path, default=None)
   args = ap.parse_args(argv)
+  if args.out is None and not args.compile_only:
+    ap.error("--out is required")
   if args.smoke:
     args.model, args.slots, args.gen_length, args.requests = ("shipped", 4,
                                                              16, 12)
     args.max_prompt_tokens, args.rates = 64, "8,inf"
+  if args.compile_only:
+    print(json.dumps(compile_only(args)))
+    return
   rates = [float(r) for r in args.rates.split(",")]
-  options = {"gen_length": args.gen_length}
-  stop_at_eos = True
-  if args.model == "llada-8b":  # the fixed rule: steps independent of weights
-    options.update(rule="fixed", steps=args.gen_length // 2)
-    stop_at_eos = False
+  starts = None
+  if args.cold_start:  # first: the processes have the device to themselves
+    argv_out = [a for a in (sys.argv[1:] if argv is None else argv)
+                if a != "--cold-start"]
+    starts = cold_start(argv_out)
+    print(f"cold start {starts['cold']['total_s']:.1f} s (compile "
+          f"{starts['cold']['compile_s']:.1f} s); warm cache "
+          f"{starts['warm']['total_s']:.1f} s (compile "
+          f"{starts['warm']['compile_s']:.1f} s)")
   model, prompts = model_and_prompts(args)
   params, config, tok = model
-  sampler = build_sampler(args.strategy, config.arch, options)
-  bucket = max(-(-len(p) // 32) * 32 for p in prompts)
+  sampler, settings, stop_at_eos = server_settings(args, model, prompts)
   offline = offline_tokens_per_s(model, sampler, prompts, args.slots,
                                  stop_at_eos)
   print(f"offline static batches of {args.slots}: {offline[0]:.1f} tokens/s")
-  settings = Settings(model_name=args.model, strategy=args.strategy,
-                      slots=args.slots, max_prompt_tokens=bucket,
-                      steps_per_call=args.steps_per_call,
-                      max_queue=max(256, args.requests),
-                      stop_at_eos=stop_at_eos)
+  t0 = time.perf_counter()
   service = Service(params, config, tok, sampler, settings)
+  compile_s = time.perf_counter() - t0
   server, thread, url = start_server(service, args.model)
-  alone = [asyncio.run(load_run(url, args.model, prompts[:1], float("inf"),
-                                0))[0][2] for _ in range(3)]
+  alone_runs = [asyncio.run(load_run(url, args.model, prompts[:1],
+                                     float("inf"), 0))[0] for _ in range(3)]
+  alone = [r[2] for r in alone_runs]
+  alone_ttft = float(np.median([r[1] for r in alone_runs]))
   rows = []
   for rate in rates:
     before = scrape(url)
@@ -206,6 +303,9 @@ def main(argv=None):
         "cycle_mean_s": d["dllm_cycle_seconds_sum"]
         / max(d["dllm_cycle_seconds_count"], 1),
         "fraction_of_offline": tokens / span / offline[0]})
+    rows[-1]["ttft_p50_vs_alone"] = rows[-1]["ttft_p50_s"] / alone_ttft
+    rows[-1]["latency_p50_vs_alone"] = rows[-1]["latency_p50_s"] / float(
+        np.median(alone))
   server.should_exit = True
   thread.join(30)
   service.scheduler.stop()
@@ -217,22 +317,26 @@ def main(argv=None):
       "prompt_buckets": list(settings.buckets),
       "steps_per_call": args.steps_per_call,
       "offline_tokens_per_s": offline[0], "offline_tokens": offline[1],
-      "alone_latency_s": float(np.median(alone)), "loads": rows}
+      "alone_latency_s": float(np.median(alone)), "alone_ttft_s": alone_ttft,
+      "compile_s": compile_s, "cold_start": starts, "loads": rows}
   args.out.write_text(json.dumps(result, indent=2))
+  plot(rows, result["alone_latency_s"], args.out.with_suffix(".png"))
   print(f"device {result['device']}, {args.model}, {args.strategy}, "
         f"{args.slots} slots, gen {args.gen_length}; offline "
-        f"{offline[0]:.1f} tok/s; alone {result['alone_latency_s']:.3f} s")
-  head = ("load rps", "tok/s", "x offline", "TTFT p50", "TTFT p99",
-          "lat p50", "lat p99", "trips/tok", "admit ms")
+        f"{offline[0]:.1f} tok/s; alone {result['alone_latency_s']:.3f} s "
+        f"(TTFT {alone_ttft:.3f} s)")
+  head = ("load rps", "tok/s", "x offline", "TTFT p50", "xTTFT 1", "TTFT p99",
+          "lat p50", "xlat 1", "lat p99", "trips/tok", "admit ms")
   print(" | ".join(f"{h:>9}" for h in head))
   for r in rows:
     print(" | ".join(f"{v:>9}" for v in (
         f"{r['offered_rps']:g}", f"{r['tokens_per_s']:.1f}",
         f"{r['fraction_of_offline']:.2f}", f"{r['ttft_p50_s']:.3f}",
-        f"{r['ttft_p99_s']:.3f}", f"{r['latency_p50_s']:.3f}",
+        f"{r['ttft_p50_vs_alone']:.2f}", f"{r['ttft_p99_s']:.3f}",
+        f"{r['latency_p50_s']:.3f}", f"{r['latency_p50_vs_alone']:.3f}",
         f"{r['latency_p99_s']:.3f}", f"{r['round_trips_per_token']:.3f}",
         f"{1e3 * r['admission_latency_mean_s']:.1f}")))
-  print(f"wrote {args.out}")
+  print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

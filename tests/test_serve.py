@@ -14,7 +14,9 @@ import numpy as np
 import openai
 import pytest
 
-from flash_dllm_jax import load
+from flash_dllm_jax import generate, load
+from flash_dllm_jax.generate import answer_ids
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server, burst, offline, stream_raw
@@ -125,6 +127,103 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
   assert len({len(r) // 32 for r in rows}) >= 2  # both buckets were used
 
 
+def test_per_request_sampling_and_n_equal_offline_generate(server, model):
+  """Greedy and sampled requests (temperature, top_p, top_k, seed, n)
+  decode together in the one compiled program; each choice equals offline
+  generate with the same settings and seed (choice i: seed + i)."""
+  _, config, _ = model
+  sampler = build_sampler("flash-dllm", config.arch, TINY_OPTIONS)
+  rng = np.random.default_rng(1)
+  settings = [dict(), dict(temperature=0.7), dict(temperature=1.0, top_p=0.8),
+              dict(temperature=1.3, top_k=5), dict(temperature=0.9, top_p=0.9,
+                                                   top_k=20)]
+  jobs = []
+  for i in range(12):
+    ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
+                                        int(rng.integers(1, 30)))]
+    jobs.append({"ids": ids, "seed": int(rng.integers(0, 1000)),
+                 "n": 1 + i % 3, "stream": i % 4 == 3,
+                 **settings[i % len(settings)]})
+
+  def run(job):
+    body = {k: job[k] for k in ("temperature", "top_p") if k in job}
+    extra = {"top_k": job["top_k"]} if "top_k" in job else {}
+    common = dict(model="tiny-random-llada", prompt=job["ids"],
+                  seed=job["seed"], n=job["n"], extra_body=extra, **body)
+    client = server.client()
+    if job["stream"]:
+      ids = [[] for _ in range(job["n"])]
+      for c in client.completions.create(stream=True, **common):
+        for ch in c.choices:
+          ids[ch.index] += ch.token_ids
+      return ids
+    c = client.completions.create(**common)
+    assert [ch.index for ch in c.choices] == list(range(job["n"]))
+    assert c.decoding["seed"] == job["seed"]
+    assert c.decoding["sampling"]["temperature"] == job.get("temperature", 0)
+    return [ch.token_ids for ch in c.choices]
+
+  with concurrent.futures.ThreadPoolExecutor(12) as pool:
+    got = list(pool.map(run, jobs))
+  rows, seeds, sampling = [], [], []
+  for job in jobs:
+    for i in range(job["n"]):
+      rows.append(job["ids"])
+      seeds.append(job["seed"] + i)
+      sampling.append(Sampling(**{k: job[k] for k in
+                                  ("temperature", "top_p", "top_k")
+                                  if k in job}))
+  out = generate(model, rows, sampler=sampler, seed=seeds, sampling=sampling)
+  want = [answer_ids(g, config) for g in out.tokens_BxG]
+  flat = [ids for choices in got for ids in choices]
+  assert flat == want
+  # sampling changed some answers (else the test would show nothing)
+  greedy = generate(model, rows, sampler=sampler, seed=seeds)
+  assert any(answer_ids(g, config) != w for g, w in zip(greedy.tokens_BxG,
+                                                        want))
+
+
+def test_logprobs_equal_offline_generate(server, model):
+  """Each token's log-probability at its commit step: the completion and
+  chat formats, whole and streamed, equal to generate(logprobs=True)."""
+  _, config, tok = model
+  sampler = build_sampler("flash-dllm", config.arch, TINY_OPTIONS)
+  client = server.client()
+  ids = [int(t) for t in np.random.default_rng(2).integers(0, 300, 20)]
+  c = client.completions.create(model="tiny-random-llada", prompt=ids,
+                                logprobs=0, seed=3, temperature=0.8, n=2)
+  out = generate(model, [ids, ids], sampler=sampler, seed=[3, 4],
+                 sampling=Sampling(temperature=0.8), logprobs=True)
+  for i, ch in enumerate(c.choices):
+    n = len(ch.token_ids)
+    assert ch.token_ids == answer_ids(out.tokens_BxG[i], config)
+    assert ch.logprobs.token_logprobs == [float(x) for x in
+                                          out.logprobs_BxG[i][:n]]
+    assert ch.logprobs.tokens == [tok.decode([t]) for t in ch.token_ids]
+  kwargs = dict(model="tiny-random-llada", seed=5, logprobs=True,
+                messages=[{"role": "user", "content": "add 2 and 2"}])
+  whole = client.chat.completions.create(**kwargs)
+  lps = [e.logprob for e in whole.choices[0].logprobs.content]
+  assert len(lps) == len(whole.choices[0].token_ids) > 0
+  # greedy: the argmax's probability is at least 1 / vocabulary size
+  assert all(-np.log(config.vocab_size) <= lp <= 0 for lp in lps)
+  chunks = list(client.chat.completions.create(**kwargs, stream=True))
+  streamed = [e.logprob for ch in chunks if ch.choices and
+              ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+  assert streamed == lps
+  plain = client.chat.completions.create(**{**kwargs, "logprobs": False})
+  assert plain.choices[0].logprobs is None
+  for extra, param in [({"logprobs": 2}, "logprobs")]:
+    r = httpx.post(server.url + "/v1/completions",
+                   json={"model": "tiny-random-llada", "prompt": "x",
+                         **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+  r = httpx.post(server.url + "/v1/chat/completions",
+                 json={**kwargs, "top_logprobs": 3})
+  assert r.status_code == 400 and r.json()["error"]["param"] == \
+      "top_logprobs"
+
+
 def test_streaming_never_revises_text(server):
   bodies = [{"model": "tiny-random-llada", "prompt": f"story {i}:",
              "stream": True, "stop": ["zz"]} for i in range(8)]
@@ -143,9 +242,11 @@ def test_bad_requests_get_400_naming_the_field(server, model):
   config = model[1]
   client = server.client()
   cases = [({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 17}, "max_tokens"),
-           ({"n": 2}, "n"), ({"temperature": 0.7}, "temperature"),
-           ({"top_p": 0.5}, "top_p"), ({"bogus": 1}, "bogus"),
-           ({"decoding": {"threshold": 0.5}}, "decoding.threshold"),
+           ({"n": 17}, "n"), ({"temperature": 2.5}, "temperature"),
+           ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"),
+           ({"bogus": 1}, "bogus"),
+           ({"decoding": {"threshold": 1.5}}, "decoding.threshold"),
+           ({"decoding": {"block_m": 4}}, "decoding.block_m"),
            ({"decoding": {"nope": 1}}, "decoding.nope"),
            ({"prompt": [config.mask_token_id, 5]}, "prompt"),
            ({"prompt": [5] * 65}, "prompt"), ({"prompt": [9999]}, "prompt"),

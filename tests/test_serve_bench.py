@@ -1,4 +1,5 @@
-"""scripts/bench_serve.py --smoke runs end to end and writes its JSON."""
+"""scripts/bench_serve.py --smoke --cold-start runs end to end and writes
+its JSON and plot."""
 
 import json
 import subprocess
@@ -13,7 +14,7 @@ from tests.paths import ROOT
 def test_bench_serve_smoke(tmp_path):
   out = tmp_path / "serve.json"
   run = subprocess.run([sys.executable, "scripts/bench_serve.py", "--smoke",
-                        "--out", str(out)], cwd=ROOT, capture_output=True,
+                        "--cold-start", "--out", str(out)], cwd=ROOT, capture_output=True,
                        text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-3000:]
   result = json.loads(out.read_text())
@@ -23,4 +24,10 @@ def test_bench_serve_smoke(tmp_path):
     assert row["requests"] == 12 and row["tokens_per_s"] > 0
     assert 0 < row["ttft_p50_s"] <= row["latency_p99_s"]
     assert 0 < row["round_trips_per_token"]
+    assert row["ttft_p50_vs_alone"] > 0 and row["latency_p50_vs_alone"] > 0
+  for start in ("cold", "warm"):
+    assert 0 < result["cold_start"][start]["compile_s"] <= result[
+        "cold_start"][start]["process_s"]
+  assert result["compile_s"] > 0
+  assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
   assert "tok/s" in run.stdout and "wrote" in run.stdout

@@ -17,12 +17,13 @@ import pytest
 
 from flash_dllm_jax import generate, load
 from flash_dllm_jax.generate import answer_ids
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.serve.cli import parse_variant
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import ROOT, TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server, stream_raw
 
-VARIANTS = {1: {"threshold": 0.6}, 2: {"gen_length": 8}}
+VARIANTS = {1: {"block_m": 4}, 2: {"gen_length": 8}}
 
 
 def test_parse_variant_types_and_errors():
@@ -39,6 +40,7 @@ def test_parse_variant_types_and_errors():
 @pytest.mark.slow
 def test_bad_variants_and_mesh_exit_with_one_error():
   cases = [(["--variant", "threshold=0.9"], "same options"),
+           (["--variant", "threshold=0.7"], "threshold is a per-request"),
            (["--variant", "nope=1"], "unknown sampler option 'nope'"),
            (["--mesh", "data=3"], "asks for 3 devices"),
            (["--attention-split-target", "0"],
@@ -63,14 +65,14 @@ def server(tmp_path_factory):
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
                "--batch-size", "4", "--max-prompt-tokens", "32",
                "--steps-per-call", "2", "--mesh", "data=2",
-               "--variant", "threshold=0.6", "--variant", "gen_length=8",
+               "--variant", "block_m=4", "--variant", "gen_length=8",
                "--attention-split-target", "132",  # the latency tiling
                "--compile-cache", str(tmp / "cache"),
                log_path=tmp / "server.log",
                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
   try:
     health = srv.wait_ready()
-    assert [v["threshold"] for v in health["variants"]] == [0.9, 0.6, 0.9]
+    assert [v["block_m"] for v in health["variants"]] == [8, 4, 8]
     assert [v["gen_length"] for v in health["variants"]] == [16, 16, 8]
     assert health["mesh"] == {"data": 2, "model": 1}
     assert health["attention_tiling"]["split_target"] == 132
@@ -92,8 +94,9 @@ def test_concurrent_variants_equal_offline_generate(server, model):
     v = i % 3
     ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
                                         int(rng.integers(1, 33)))]
-    decoding = {0: {"threshold": 0.9}, 1: {"threshold": 0.6},
-                2: {"gen_length": 8, "threshold": 0.9}}[v] if i % 2 else \
+    # threshold is the row's own: any value, any variant
+    decoding = {0: {"threshold": 0.9}, 1: {"block_m": 4, "threshold": 0.6},
+                2: {"gen_length": 8, "threshold": 0.7}}[v] if i % 2 else \
         ({} if v == 0 else VARIANTS[v])
     jobs.append({"ids": ids, "seed": int(rng.integers(0, 1000)),
                  "variant": v, "decoding": decoding, "stream": i % 5 == 0})
@@ -118,7 +121,9 @@ def test_concurrent_variants_equal_offline_generate(server, model):
     options = {**TINY_OPTIONS, **VARIANTS.get(v, {})}
     sampler = build_sampler("flash-dllm", config.arch, options)
     out = generate(model, [jobs[i]["ids"] for i in mine], sampler=sampler,
-                   seed=[jobs[i]["seed"] for i in mine])
+                   seed=[jobs[i]["seed"] for i in mine],
+                   sampling=[Sampling(threshold=jobs[i]["decoding"].get(
+                       "threshold")) for i in mine])
     for i, gen in zip(mine, out.tokens_BxG):
       ids, decoding = got[i]
       assert ids == answer_ids(gen, config), f"request {i} ({jobs[i]})"
@@ -131,11 +136,11 @@ def test_concurrent_variants_equal_offline_generate(server, model):
 
 @pytest.mark.slow
 def test_undeclared_options_get_400_listing_the_allowed(server):
-  cases = [({"decoding": {"threshold": 0.5}}, "decoding.threshold",
-            "0.6, 0.9"),
-           ({"temperature": 0.7}, "temperature", "0.0"),
-           ({"decoding": {"gen_length": 8, "threshold": 0.6}},
-            "decoding.threshold", "allowed: 0.9"),
+  cases = [({"decoding": {"block_m": 2}}, "decoding.block_m", "4, 8"),
+           ({"decoding": {"gen_length": 8, "block_m": 4}},
+            "decoding.block_m", "allowed: 8"),
+           ({"decoding": {"threshold": 1.5}}, "decoding.threshold",
+            "(0, 1]"),
            ({"max_tokens": 12, "decoding": {"gen_length": 8}}, "max_tokens",
             "gen_length 8")]
   for extra, param, needle in cases:

@@ -30,7 +30,7 @@ from typing import Protocol
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.sampling import select
+from flash_dllm_jax.sampling import row_sampling, select
 
 
 def confidence(logits_BxLxV: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -40,6 +40,25 @@ def confidence(logits_BxLxV: jax.Array) -> tuple[jax.Array, jax.Array]:
   """
   x0_BxL = jnp.argmax(logits_BxLxV, axis=-1)
   return x0_BxL, select.prob_of(logits_BxLxV, x0_BxL)
+
+
+def proposal(logits_BxLxV: jax.Array, state, rng_B,
+             mask_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(x0_BxL, conf_BxL, logprob_BxL) under each row's sampling settings
+  (`state.sampling`, row_sampling.py): `confidence` for greedy rows."""
+  return row_sampling.propose_tokens(logits_BxLxV, state.sampling, rng_B,
+                                     mask_id)
+
+
+def row_rule(rule: "CommitRule", state) -> "CommitRule":
+  """`rule` with each row's own threshold (`state.sampling.threshold_B`,
+  NaN: the rule's) for the threshold rule; other rules as they are."""
+  s = state.sampling
+  if s is None or not isinstance(rule, Threshold):
+    return rule
+  tau_B = jnp.where(jnp.isnan(s.threshold_B), jnp.float32(rule.threshold),
+                    s.threshold_B)
+  return Threshold(tau_B[:, None])
 
 
 def _masked_conf(conf_BxL: jax.Array, masked_BxL: jax.Array) -> jax.Array:

@@ -31,7 +31,7 @@ class QueueState:
   valid_BxN: key validity of each slot's current request (left padding).
   request_B: which request each slot holds (EMPTY once the queue is dry).
   next_request: the first request not yet loaded.
-  gen_UxG, forwards_U, steps_U: results of finished requests.
+  gen_UxG, forwards_U, steps_U, logprob_UxG: results of finished requests.
   """
 
   decode: DecodeState
@@ -41,10 +41,12 @@ class QueueState:
   gen_UxG: jax.Array
   forwards_U: jax.Array
   steps_U: jax.Array
+  logprob_UxG: jax.Array
 
 
 def _load(state: QueueState, rows_B, requests_B, prompts_UxP, valid_UxP,
-          rng_U, gen_length: int, mask_id: int, sampler) -> QueueState:
+          rng_U, sampling_U, gen_length: int, mask_id: int,
+          sampler) -> QueueState:
   """Puts requests_B into the slots marked by rows_B (EMPTY: leave idle)."""
   has_B = rows_B & (requests_B != EMPTY)
   idx_B = jnp.maximum(requests_B, 0)
@@ -61,6 +63,9 @@ def _load(state: QueueState, rows_B, requests_B, prompts_UxP, valid_UxP,
       forwards_B=jnp.where(rows_B, 0, d.forwards_B),
       steps_B=jnp.where(rows_B, 0, d.steps_B),
       rng_B=_where_keys(has_B, rng_U[idx_B], d.rng_B),
+      sampling=None if sampling_U is None else jax.tree.map(
+          lambda u, c: jnp.where(has_B, u[idx_B], c), sampling_U,
+          d.sampling),
       aux=sampler.reset_rows(d.aux, has_B))
   return state.replace(
       decode=decode,
@@ -77,12 +82,15 @@ def _where_keys(pick_B, a_B, b_B):
 
 
 def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
-                 rng_U: jax.Array, *, config: ModelConfig, sampler: Sampler,
+                 rng_U: jax.Array, sampling_U=None, *, config: ModelConfig,
+                 sampler: Sampler,
                  batch_size: int, stop_at_eos: bool = True,
-                 implementation: str | None = None):
+                 implementation: str | None = None, logprobs: bool = False):
   """Decodes Q requests through batch_size slots in one compiled loop.
 
-  Returns (gen_UxG, forwards_U, steps_U, loop_steps). Jit it with config,
+  sampling_U: per-request RowSampling (None: greedy). Returns (gen_UxG,
+  forwards_U, steps_U, loop_steps[, logprob_UxG with logprobs]). Jit it with
+  config, logprobs,
   sampler, batch_size, stop_at_eos and implementation static.
   """
   if not isinstance(sampler, Refillable):
@@ -94,7 +102,10 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
   stop_ids = config.stop_token_ids if stop_at_eos else ()
   start = DecodeState.start(jnp.zeros((b, p), prompts_UxP.dtype), g_all,
                             mask_id,
-                            rng_U[jnp.zeros((b,), jnp.int32)])
+                            rng_U[jnp.zeros((b,), jnp.int32)],
+                            None if sampling_U is None else jax.tree.map(
+                                lambda u: u[jnp.zeros((b,), jnp.int32)],
+                                sampling_U))
   placeholder = SequenceModel.for_batch(
       config, params, jnp.ones((b, p + g_all), bool), implementation)
   start = start.replace(aux=sampler.init_aux(placeholder, start.tokens_BxN))
@@ -103,9 +114,10 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
       decode=start, valid_BxN=jnp.ones((b, p + g_all), bool),
       request_B=jnp.full((b,), EMPTY), next_request=jnp.minimum(b, q),
       gen_UxG=jnp.full((q, g), mask_id, prompts_UxP.dtype),
-      forwards_U=jnp.zeros((q,), jnp.int32), steps_U=jnp.zeros((q,), jnp.int32))
+      forwards_U=jnp.zeros((q,), jnp.int32), steps_U=jnp.zeros((q,), jnp.int32),
+      logprob_UxG=jnp.zeros((q, g), jnp.float32))
   state = _load(state, jnp.ones((b,), bool), first_B, prompts_UxP, valid_UxP,
-                rng_U, g_all, mask_id, sampler)
+                rng_U, sampling_U, g_all, mask_id, sampler)
 
   def body(state: QueueState) -> QueueState:
     model = SequenceModel.for_batch(config, params, state.valid_BxN,
@@ -118,6 +130,8 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
     state = state.replace(
         decode=decode,
         gen_UxG=state.gen_UxG.at[slot_U].set(gen_BxG, mode="drop"),
+        logprob_UxG=state.logprob_UxG.at[slot_U].set(
+            decode.logprob_BxN[:, p:p + g], mode="drop"),
         forwards_U=state.forwards_U.at[slot_U].set(decode.forwards_B,
                                                    mode="drop"),
         steps_U=state.steps_U.at[slot_U].set(decode.steps_B, mode="drop"))
@@ -128,7 +142,7 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
     load_B = free_B & (order_B < refills) & (wanted_B < q)
     requests_B = jnp.where(load_B, wanted_B, EMPTY)
     state = _load(state, free_B, requests_B, prompts_UxP, valid_UxP,
-                  rng_U, g_all, mask_id, sampler)
+                  rng_U, sampling_U, g_all, mask_id, sampler)
     return state.replace(next_request=state.next_request + load_B.sum())
 
   refills = sampler.max_refills or b
@@ -137,4 +151,5 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
       lambda s: ((jnp.any(s.request_B != EMPTY) | (s.next_request < q))
                  & (s.decode.step < max_steps)),
       body, state)
-  return state.gen_UxG, state.forwards_U, state.steps_U, state.decode.step
+  out = state.gen_UxG, state.forwards_U, state.steps_U, state.decode.step
+  return (*out, state.logprob_UxG) if logprobs else out

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +72,7 @@ class StepTrace(NamedTuple):
   slots_BxQ: jax.Array
   similarity_BxL: jax.Array
   restart_B: jax.Array
+  logprob_BxN: jax.Array | None = None  # committed tokens' log-probability
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,8 @@ class ElasticCacheSampler(commit_rules.WindowRule):
     reference.
   gamma: any finite real; > 1 restarts after layer 0 every step, <= 0 never.
   """
+
+  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
 
   gen_length: int = 256
   window: int = 16
@@ -164,11 +167,11 @@ class ElasticCacheSampler(commit_rules.WindowRule):
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
-    trace = self.step_trace(model, state, prompt_len)
-    return trace.tokens_BxN, trace.aux, trace.forwards_B
+    trace = self.step_trace(model, state, prompt_len, rng_B)
+    return trace.tokens_BxN, trace.aux, trace.forwards_B, trace.logprob_BxN
 
   def step_trace(self, model: SequenceModel, state: DecodeState,
-                 prompt_len: int) -> StepTrace:
+                 prompt_len: int, rng_B: jax.Array | None = None) -> StepTrace:
     """One step, with the drift tests' similarities and restarts exposed."""
     tokens_BxN, aux = state.tokens_BxN, state.aux
     cfg = model.config
@@ -187,15 +190,20 @@ class ElasticCacheSampler(commit_rules.WindowRule):
       logits_BxWxV, aux, sim_BxL, restart_B = self._layerwise(
           model, state, slots_BxQ, others_BxN)
 
-    x0_BxW, conf_BxW = commit_rules.confidence(logits_BxWxV)
+    x0_BxW, conf_BxW, lp_BxW = commit_rules.proposal(
+        logits_BxWxV, state, rng_B, model.config.mask_token_id)
     real_BxW = window_BxW >= 0
-    commit_BxW = self.commit_rule.commit(conf_BxW, real_BxW, state.steps_B)
+    commit_BxW = commit_rules.row_rule(self.commit_rule, state).commit(
+        conf_BxW, real_BxW, state.steps_B)
     tokens_BxN = tokens_BxN.at[
         jnp.arange(b)[:, None], jnp.where(commit_BxW, window_BxW, n)].set(
             x0_BxW.astype(tokens_BxN.dtype), mode="drop")
     aux = aux.replace(new_BxW=jnp.where(commit_BxW, window_BxW, -1))
+    logprob_BxN = jnp.zeros((b, n), jnp.float32).at[
+        jnp.arange(b)[:, None], jnp.where(commit_BxW, window_BxW, n)].set(
+            lp_BxW, mode="drop")
     return StepTrace(tokens_BxN, aux, jnp.ones((b,), jnp.int32), slots_BxQ,
-                     sim_BxL, restart_B)
+                     sim_BxL, restart_B, logprob_BxN)
 
   def _layerwise(self, model, state, slots_BxQ, others_BxN):
     """The cached forward: (window logits, aux with the new cache, hidden

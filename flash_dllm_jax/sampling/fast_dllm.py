@@ -25,6 +25,7 @@ batch.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,7 @@ class BlockState:
 
 @dataclasses.dataclass(frozen=True)
 class FastDLLMSampler:
-  """Fast-dLLM decoding (greedy).
+  """Fast-dLLM decoding (greedy; rows may sample, row_sampling.py).
 
   cache: 'none' (a full forward every step), 'prefix' or 'dual'.
   rule: the commit rule (commit_rules.py): 'threshold' (conf >= threshold,
@@ -61,6 +62,8 @@ class FastDLLMSampler:
     steps inside a block (None: only at block start; 1: every step, which
     equals cache='none'); ignored without a cache.
   """
+
+  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
 
   gen_length: int = 256
   block_length: int = 32
@@ -185,10 +188,12 @@ class FastDLLMSampler:
 
     logits_BxLxV, cache = self.block_logits(model, tokens_BxN, aux, start_B,
                                             active_B)
-    x0_BxL, conf_BxL = commit_rules.confidence(logits_BxLxV)
+    x0_BxL, conf_BxL, lp_BxL = commit_rules.proposal(logits_BxLxV, state, rng_B,
+                                               mask_id)
     block_BxL = jnp.take_along_axis(tokens_BxN, pos_BxL, axis=1)
     masked_BxL = block_BxL == mask_id
-    chosen_BxL = self.commit_rule.commit(conf_BxL, masked_BxL, aux.age_B)
+    chosen_BxL = commit_rules.row_rule(self.commit_rule, state).commit(
+        conf_BxL, masked_BxL, aux.age_B)
     block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype), block_BxL)
     tokens_BxN = jnp.put_along_axis(tokens_BxN, pos_BxL, block_BxL, axis=1,
                                     inplace=False)
@@ -200,4 +205,8 @@ class FastDLLMSampler:
     age_B = jnp.where(stay_B, aux.age_B + 1, 0)
     new = BlockState(block_B=aux.block_B + (active_B & ~stay_B),
                      age_B=jnp.where(active_B, age_B, aux.age_B), cache=cache)
-    return tokens_BxN, new, active_B.astype(jnp.int32)  # one forward per row
+    logprob_BxN = jnp.put_along_axis(
+        jnp.zeros(tokens_BxN.shape, jnp.float32), pos_BxL, lp_BxL, axis=1,
+        inplace=False)
+    # one forward per row
+    return tokens_BxN, new, active_B.astype(jnp.int32), logprob_BxN

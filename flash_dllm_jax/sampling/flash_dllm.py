@@ -18,6 +18,7 @@ also defines the pass for Dream). The defaults are the reference's rules;
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
@@ -57,8 +58,14 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     (random) weights: the benchmarks' schedule.
   max_refills: under continuous batching, at most this many slots take a new
     request per loop step, and such a step prefills those rows alone (None:
-    any number, and a step with new requests prefills every row).
+    any number, and a step with new requests prefills every row). The
+    server admits every free slot at once (`grows_refills`): a step with
+    more fresh rows prefills them together in the smallest group of
+    max_refills, 2 max_refills, 4 max_refills, ... rows that holds them.
   """
+
+  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
+  grows_refills: ClassVar[bool] = True  # any number of fresh rows a step
 
   gen_length: int = 256
   block_m: int = 16
@@ -176,11 +183,12 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   # One step ------------------------------------------------------------------
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
-    trace = self.step_trace(model, state, prompt_len)
-    return trace.tokens_BxN, trace.aux, trace.forwards_B
+    trace = self.step_trace(model, state, prompt_len, rng_B)
+    return trace.tokens_BxN, trace.aux, trace.forwards_B, trace.logprob_BxN
 
   def step_trace(self, model: SequenceModel, state: DecodeState,
-                 prompt_len: int) -> "StepTrace":
+                 prompt_len: int,
+                 rng_B: jax.Array | None = None) -> "StepTrace":
     """One step, with the verify pass's plan and probabilities exposed so
     tests can check them against an independent forward."""
     aux = state.aux
@@ -213,9 +221,16 @@ class FlashDLLMSampler(commit_rules.WindowRule):
 
       def mixed():  # new requests in some slots: each row takes its own pass
         if self.max_refills is not None:
-          return flash_forward.prefill_rows(
+          # the smallest group that holds every fresh row (the server may
+          # admit more than max_refills at once)
+          sizes = flash_forward.group_sizes(self.max_refills, b)
+          group = lambda s: lambda: flash_forward.prefill_rows(
               self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
-              flash(), exclude_BxS)
+              flash(), exclude_BxS, size=s)
+          if len(sizes) == 1:
+            return group(sizes[0])()
+          pick = jnp.searchsorted(jnp.asarray(sizes), jnp.sum(aux.fresh_B))
+          return jax.lax.switch(pick, [group(s) for s in sizes])
         pick = lambda a, b_: jnp.where(
             aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
         return jax.tree.map(pick, prefill(), flash())
@@ -225,7 +240,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       logits_BxRxV, cache, rank_BxN = jax.lax.switch(
           which, [prefill, mixed, flash])
 
-    x0_BxR, conf_BxR = commit_rules.confidence(logits_BxRxV)
+    x0_BxR, conf_BxR, lp_BxR = commit_rules.proposal(
+        logits_BxRxV, state, rng_B, model.config.mask_token_id)
     window_BxW = scored_BxR[:, :w]
     real_BxW = window_BxW >= 0
     drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
@@ -236,7 +252,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
       first_B = jnp.min(jnp.where(stop_BxW, window_BxW, n), axis=1)
       conf_w_BxW = jnp.where(window_BxW > first_B[:, None], 0.0, conf_w_BxW)
-    commit_BxW = self.commit_rule.commit(conf_w_BxW, real_BxW, state.steps_B)
+    commit_BxW = commit_rules.row_rule(self.commit_rule, state).commit(
+        conf_w_BxW, real_BxW, state.steps_B)
     rows_Bx1 = jnp.arange(b)[:, None]
     commit_slots_BxW = jnp.where(commit_BxW, window_BxW, n)
     tokens_BxN = tokens_BxN.at[rows_Bx1, commit_slots_BxW].set(
@@ -245,6 +262,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                                         commit_BxW, ids, self.stop)
     drafted_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, commit_slots_BxW].set(
         True, mode="drop")
+    logprob_BxN = jnp.zeros((b, n), jnp.float32).at[
+        rows_Bx1, commit_slots_BxW].set(lp_BxR[:, :w], mode="drop")
     last_BxN, forwards_B = drafted_BxN, jnp.ones((b,), jnp.int32)
     plan = p_BxC = keep_BxC = None
     if self.verify:
@@ -260,6 +279,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)
       tokens_BxN = tokens_BxN.at[rows_Bx1, verified_BxC].set(
           v.drafts_BxC, mode="drop")
+      logprob_BxN = logprob_BxN.at[rows_Bx1, verified_BxC].set(
+          jnp.log(p_BxC), mode="drop")  # the verify pass's probability
       new_end_B = flash_budget.update_end(new_end_B, n, v.slots_BxC,
                                           v.drafts_BxC, keep_BxC, ids,
                                           self.stop)
@@ -275,4 +296,5 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                         tail_done_BxN=aux.tail_done_BxN | (
                             tail_BxN & (drafted_BxN | last_BxN)),
                         fresh_B=jnp.zeros_like(aux.fresh_B))
-    return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC)
+    return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC,
+                     logprob_BxN)

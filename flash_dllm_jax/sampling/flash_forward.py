@@ -39,13 +39,24 @@ def prefill(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, cache,
   return out.logits, out.cache, _mass(out.mass_BxS, b, n)
 
 
+def group_sizes(refills: int, b: int) -> tuple[int, ...]:
+  """The prefill group sizes of a step with fresh rows: refills, 2 refills,
+  4 refills, ..., up to b."""
+  sizes = [min(refills, b)]
+  while sizes[-1] < b:
+    sizes.append(min(2 * sizes[-1], b))
+  return tuple(sizes)
+
+
 def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
-                 flashed, exclude_BxS=None):
-  """Prefills the (at most max_refills) fresh rows alone and puts their
-  logits, mass and whole cache rows over the flash pass's `flashed`."""
+                 flashed, exclude_BxS=None, size: int | None = None):
+  """Prefills the (at most `size`, default max_refills) fresh rows alone
+  and puts their logits, mass and whole cache rows over the flash pass's
+  `flashed`."""
   logits_BxRxV, cache, mass_BxN = flashed
   b = tokens_BxN.shape[0]
-  idx_F = jnp.argsort(~fresh_B, stable=True)[:min(sampler.max_refills, b)]
+  size = min(size or sampler.max_refills, b)
+  idx_F = jnp.argsort(~fresh_B, stable=True)[:size]
   dest_F = jnp.where(fresh_B[idx_F], idx_F, b)  # b: not fresh, dropped
   rows = dataclasses.replace(model, positions_BxN=model.positions_BxN[idx_F],
                              valid_BxN=model.valid_BxN[idx_F])

@@ -43,3 +43,4 @@ class StepTrace(NamedTuple):
   plan: flash_verify.VerifyPlan | None
   p_BxC: jax.Array | None
   keep_BxC: jax.Array | None
+  logprob_BxN: jax.Array | None = None  # committed tokens' log-probability

@@ -69,8 +69,10 @@ class Sampler(Protocol):
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
-    """(tokens_BxN, aux, forwards): the step's tokens for every row, the new
-    aux, and the forward passes spent (an int or [B])."""
+    """(tokens_BxN, aux, forwards[, logprob_BxN]): the step's tokens for
+    every row, the new aux, the forward passes spent (an int or [B]), and
+    optionally each proposed token's log-probability (read where a mask is
+    committed: DecodeState.logprob_BxN)."""
 
 
 @runtime_checkable
@@ -113,13 +115,14 @@ def make_step(sampler: Sampler, model: SequenceModel, prompt_len: int,
 
   def step_fn(state: DecodeState) -> DecodeState:
     keys_Bx2 = jax.vmap(jax.random.split)(state.rng_B)
-    tokens_BxN, aux, forwards = sampler.propose(model, state, keys_Bx2[:, 1],
-                                                prompt_len)
+    out = sampler.propose(model, state, keys_Bx2[:, 1], prompt_len)
+    tokens_BxN, aux, forwards = out[:3]
     complete = None
     if isinstance(sampler, EndsRows):
       complete = lambda t: sampler.finished(model, t, aux, prompt_len)
     return advance(state, tokens_BxN, aux, forwards, prompt_len,
                    model.config.mask_token_id, stop_ids, keys_Bx2[:, 0],
-                   complete=complete)
+                   complete=complete,
+                   logprob_BxN=out[3] if len(out) > 3 else None)
 
   return step_fn

@@ -21,6 +21,11 @@ class DecodeState:
     rest of the batch.
   aux: the strategy's own pytree (a KV cache, tracked positions, ...), None
     for the uncached reference samplers.
+  sampling: per-row temperature / top_p / top_k (row_sampling.RowSampling),
+    None: every row greedy. Samplers that sample per row read it.
+  logprob_BxN: each position's token's log-probability at the step it was
+    committed (float32; 0 for the prompt and for samplers that do not
+    report it, see `advance`).
   """
 
   tokens_BxN: jax.Array
@@ -30,16 +35,24 @@ class DecodeState:
   rng_B: jax.Array
   aux: object = None
   steps_B: jax.Array | None = None
+  sampling: object = None
+  logprob_BxN: jax.Array | None = None
 
   @classmethod
   def start(cls, prompt_BxP: jax.Array, gen_length: int, mask_id: int,
-            rng_B: jax.Array) -> "DecodeState":
+            rng_B: jax.Array, sampling=None) -> "DecodeState":
     b = prompt_BxP.shape[0]
     masks_BxG = jnp.full((b, gen_length), mask_id, prompt_BxP.dtype)
     return cls(tokens_BxN=jnp.concatenate([prompt_BxP, masks_BxG], axis=1),
                step=jnp.zeros((), jnp.int32), done_B=jnp.zeros((b,), bool),
                forwards_B=jnp.zeros((b,), jnp.int32), rng_B=rng_B,
-               steps_B=jnp.zeros((b,), jnp.int32))
+               steps_B=jnp.zeros((b,), jnp.int32), sampling=sampling,
+               logprob_BxN=jnp.zeros(tokens_shape(prompt_BxP, gen_length),
+                                     jnp.float32))
+
+
+def tokens_shape(prompt_BxP, gen_length: int) -> tuple[int, int]:
+  return prompt_BxP.shape[0], prompt_BxP.shape[1] + gen_length
 
 
 def answer_complete(gen_BxG: jax.Array, mask_id: int,
@@ -64,13 +77,18 @@ def answer_complete(gen_BxG: jax.Array, mask_id: int,
 def advance(state: DecodeState, proposed_BxN: jax.Array, aux,
             forwards: int | jax.Array, prompt_len: int, mask_id: int,
             stop_ids: tuple[int, ...], rng_B: jax.Array,
-            complete=None) -> DecodeState:
+            complete=None, logprob_BxN=None) -> DecodeState:
   """Commits a step's tokens for the rows still running; frozen rows keep
   theirs, so finishing early never changes a row's tokens. complete: the
   sampler's own test of a finished row (tokens_BxN -> [B] bool), else
-  `answer_complete`."""
+  `answer_complete`. logprob_BxN: the proposed tokens' log-probabilities
+  (the sampler's, None if it has none), kept where a mask was committed."""
   active_B = ~state.done_B
   tokens_BxN = jnp.where(active_B[:, None], proposed_BxN, state.tokens_BxN)
+  kept_BxN = state.logprob_BxN
+  if logprob_BxN is not None and kept_BxN is not None:
+    new_BxN = (state.tokens_BxN == mask_id) & (tokens_BxN != mask_id)
+    kept_BxN = jnp.where(new_BxN, logprob_BxN, kept_BxN)
   if complete is None:
     complete_B = answer_complete(tokens_BxN[:, prompt_len:], mask_id, stop_ids)
   else:
@@ -80,7 +98,8 @@ def advance(state: DecodeState, proposed_BxN: jax.Array, aux,
                      done_B=done_B,
                      forwards_B=state.forwards_B + forwards * active_B,
                      steps_B=state.steps_B + active_B,
-                     rng_B=rng_B, aux=aux)
+                     rng_B=rng_B, aux=aux, sampling=state.sampling,
+                     logprob_BxN=kept_BxN)
 
 
 def fill_after_stop(gen_BxG: jax.Array, mask_id: int, fill_id: int) -> jax.Array:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Callable
 
@@ -81,8 +82,8 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
     if err:
       return err
     loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event] = asyncio.Queue()
-    emit = lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev)
+    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+    emit = lambda i, ev: loop.call_soon_threadsafe(events.put_nowait, (i, ev))
     try:
       req = parse_body(await http.body(), model)
       # tokenizing and templating take seconds for a long prompt: off the
@@ -98,7 +99,10 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
     except Draining as e:
       service.metrics.requests.labels("rejected").inc()
       return _error(503, str(e), None, "server_shutdown")
-    decoding = {**request.decoding, "seed": request.seed}
+    first = request[0]
+    decoding = {**first.decoding, "seed": first.seed}
+    if first.sampling is not None:
+      decoding["sampling"] = dataclasses.asdict(first.sampling)
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     if req.stream:
       include_usage = (req.stream_options is None
@@ -122,29 +126,56 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
   return app
 
 
+def _usage(events: list[Event]) -> dict:
+  """The choices' usage: the prompt once, the rest summed."""
+  usage = dict(events[0].usage)
+  for ev in events[1:]:
+    for k in ("completion_tokens", "total_tokens", "decode_steps",
+              "forward_passes"):
+      usage[k] += ev.usage[k]
+  usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+  return usage
+
+
 async def _whole(service, request, events, http, rid, model, chat, decoding):
-  text = []
+  text = [[] for _ in request]
+  last: dict[int, Event] = {}
   try:
-    while True:
+    while len(last) < len(request):
       try:
-        ev = await asyncio.wait_for(events.get(), 0.5)
+        i, ev = await asyncio.wait_for(events.get(), 0.5)
       except asyncio.TimeoutError:
         if await http.is_disconnected():
           service.scheduler.cancel(request)
           return Response(status_code=499)
         continue
-      text.append(ev.delta)
+      text[i].append(ev.delta)
       if ev.done:
-        break
+        last[i] = ev
+        if ev.reason in _FAILED:
+          service.scheduler.cancel(request)  # the other choices
+          status, message, code = _FAILED[ev.reason]
+          return _error(status, message, None, code)
   except asyncio.CancelledError:
     service.scheduler.cancel(request)
     raise
-  if ev.reason in _FAILED:
-    status, message, code = _FAILED[ev.reason]
-    return _error(status, message, None, code)
+  done = [last[i] for i in range(len(request))]
+  choices = [{"index": i, "text": "".join(text[i]),
+              "finish_reason": ev.reason, "token_ids": ev.token_ids,
+              "logprobs": _logprobs(service, request[0], chat, ev.token_ids,
+                                    ev.logprobs)}
+             for i, ev in enumerate(done)]
   body = P.chat_body if chat else P.completion_body
-  return body(rid, model, "".join(text), ev.reason, ev.token_ids, ev.usage,
-              decoding)
+  return body(rid, model, choices, _usage(done), decoding)
+
+
+def _logprobs(service, request, chat, ids, logprobs, offset=0):
+  """A choice's `logprobs` field (None unless asked for)."""
+  if not request.logprobs or logprobs is None:
+    return None
+  tokens = service.token_strings(ids)
+  return (P.chat_logprobs(tokens, list(logprobs)) if chat else
+          P.completion_logprobs(tokens, list(logprobs), offset))
 
 
 def _sse(obj) -> str:
@@ -153,32 +184,43 @@ def _sse(obj) -> str:
 
 async def _stream(service, request, events, rid, model, chat, decoding,
                   include_usage):
-  chunk = ((lambda t, r=None, ids=(): P.chat_chunk(rid, model,
-                                                   {"content": t}, r, ids))
-           if chat else
-           (lambda t, r=None, ids=(): P.completion_chunk(rid, model, t, r,
-                                                         ids)))
-  done = False
+  chunk = ((lambda t, r=None, ids=(), i=0, lp=None: P.chat_chunk(
+      rid, model, {"content": t}, r, ids, i, lp)) if chat else
+           (lambda t, r=None, ids=(), i=0, lp=None: P.completion_chunk(
+               rid, model, t, r, ids, i, lp)))
+  offsets = [0] * len(request)  # text_offset of each choice's next token
+  last: dict[int, Event] = {}
+  failed = None
   try:
     if chat:
-      yield _sse(P.chat_chunk(rid, model, {"role": "assistant",
-                                           "content": ""}))
-    while True:
-      ev = await events.get()
-      if ev.delta or ev.new_ids:
-        yield _sse(chunk(ev.delta, None, ev.new_ids))
-      if ev.done:
-        done = True
+      for i in range(len(request)):
+        yield _sse(P.chat_chunk(rid, model, {"role": "assistant",
+                                             "content": ""}, index=i))
+    while len(last) < len(request):
+      i, ev = await events.get()
+      if ev.reason in _FAILED:
+        failed = ev
+        last[i] = ev
         break
-    if ev.reason in _FAILED:
-      status, message, code = _FAILED[ev.reason]
+      if ev.delta or ev.new_ids:
+        lp = _logprobs(service, request[0], chat, ev.new_ids,
+                       ev.new_logprobs, offsets[i])
+        if lp is not None and not chat:
+          offsets[i] += sum(len(t) for t in lp["tokens"])
+        yield _sse(chunk(ev.delta, None, ev.new_ids, i, lp))
+      if ev.done:
+        last[i] = ev
+        yield _sse(chunk("", ev.reason, (), i))
+    if failed is not None:
+      service.scheduler.cancel(request)  # the other choices
+      status, message, code = _FAILED[failed.reason]
       yield sse_error(message, code)
-    else:
-      yield _sse(chunk("", ev.reason))
-      if include_usage:
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        yield _sse(P.usage_chunk(rid, model, obj, ev.usage, decoding))
+    elif include_usage:
+      obj = "chat.completion.chunk" if chat else "text_completion"
+      yield _sse(P.usage_chunk(rid, model, obj,
+                               _usage([last[i] for i in range(len(request))]),
+                               decoding))
     yield "data: [DONE]\n\n"
   finally:
-    if not done:  # the client went away (or the server is stopping)
-      service.scheduler.cancel(request)
+    if len(last) < len(request) and failed is None:
+      service.scheduler.cancel(request)  # the client went away

@@ -58,8 +58,9 @@ def add_parser(sub) -> None:
                   metavar="KEY=VALUE[,KEY=VALUE...]",
                   help="a further sampler variant, compiled at start: the "
                        "server's sampler options with these changed "
-                       "(repeatable); a request picks one by stating equal "
-                       "`temperature`, `top_p` or `decoding` options")
+                       "(repeatable; options that change the compiled "
+                       "program); a request picks one by stating equal "
+                       "`decoding` options")
   choice.add_flags(ap)
   ap.add_argument("--mesh", default=None,
                   help="'data=D', 'model=M' or 'data=D,model=M': split each "
@@ -116,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
   from flash_dllm_jax.serve.security import (API_KEY_ENV,
                                              header_timeout_protocol,
                                              is_loopback)
-  from flash_dllm_jax.serve.service import Service, Settings
+  from flash_dllm_jax.serve.service import ROW_OPTIONS, Service, Settings
   from flash_dllm_jax.strategies import build_sampler
 
   handler = logging.StreamHandler()
@@ -165,6 +166,15 @@ def main(args: argparse.Namespace) -> int:
       if v in [sampler, *variants[:i]]:
         raise ValueError(f"--variant #{i + 1} ({args.variant[i]!r}) decodes "
                          "with the same options as an earlier sampler")
+      changed = {k for k in vars(sampler) if getattr(v, k) != getattr(
+          sampler, k)}
+      if getattr(sampler, "samples_rows", False) and changed <= set(
+          ROW_OPTIONS):
+        raise ValueError(
+            f"--variant #{i + 1} ({args.variant[i]!r}): "
+            f"{', '.join(sorted(changed))} is a per-request setting "
+            "(decoding.threshold); --variant is for options that change "
+            "the compiled program")
     mesh = parallel.parse_mesh(args.mesh)
     if mesh is not None:
       parallel.check_config(config, mesh)

@@ -33,6 +33,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import compiler_options
 from flash_dllm_jax.sampling import DecodeState, Refillable, make_step
 from flash_dllm_jax.sampling.loop import tail_length
+from flash_dllm_jax.sampling.row_sampling import GREEDY, RowSampling
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 
@@ -48,13 +49,15 @@ class SlotState:
 class CycleOut(NamedTuple):
   """What the host reads after a call. tokens_BxG: the generation region
   (mask id where undecided); done_B, steps_B, forwards_B: per slot; iters:
-  decoding steps this call ran."""
+  decoding steps this call ran; logprobs_BxG: each committed token's
+  log-probability at its commit step (DecodeState.logprob_BxN)."""
 
   tokens_BxG: np.ndarray
   done_B: np.ndarray
   steps_B: np.ndarray
   forwards_B: np.ndarray
   iters: int
+  logprobs_BxG: np.ndarray | None = None
 
 
 def _where_keys(pick_B, a_B, b_B):
@@ -86,11 +89,13 @@ class SlotEngine:
     self.continuous = isinstance(sampler, Refillable)
     self.stop_ids = config.stop_token_ids if stop_at_eos else ()
     self.implementation = implementation
+    self.samples_rows = getattr(sampler, "samples_rows", False)
     self._state = self._initial_state()
     self._busy_B = np.zeros(self.b, bool)  # rows whose loop has not stopped
     args = (self.params, self._state, np.zeros(self.b, bool),
             np.zeros(self.b, bool), np.zeros((self.b, self.p), np.int32),
-            np.zeros((self.b, self.p), bool), np.zeros(self.b, np.uint32))
+            np.zeros((self.b, self.p), bool), np.zeros(self.b, np.uint32),
+            self._host_sampling([]))
     shardings = {}
     if mesh is not None:
       self._state = jax.tree.map(
@@ -101,8 +106,8 @@ class SlotEngine:
       rows = parallel.NamedSharding(mesh, parallel.P("data"))
       shardings = dict(
           in_shardings=(parallel.param_shardings(mesh, config, params), state_s,
-                        rows, rows, rows, rows, rows),
-          out_shardings=(state_s, rows,
+                        rows, rows, rows, rows, rows, rows),
+          out_shardings=(state_s, rows, rows,
                          parallel.NamedSharding(mesh, parallel.P())))
     jitted = jax.jit(self._cycle, donate_argnums=(1,),
                      compiler_options=compiler_options(), **shardings)
@@ -115,6 +120,16 @@ class SlotEngine:
         parallel.P()
     return parallel.NamedSharding(mesh, spec)
 
+  def _host_sampling(self, rows):
+    """RowSampling numpy arrays, GREEDY where `rows` (slot, Sampling) says
+    nothing; None for a sampler that does not sample per row."""
+    if not self.samples_rows:
+      return None
+    settings = [GREEDY] * self.b
+    for slot, sampling in rows:
+      settings[slot] = sampling
+    return RowSampling.host(settings)
+
   # Device functions -------------------------------------------------------
   def _model(self, params, valid_BxN, stop_ids=()):
     return SequenceModel.for_batch(self.config, params, valid_BxN,
@@ -125,7 +140,9 @@ class SlotEngine:
     rng_B = jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
     decode = DecodeState.start(jnp.full((b, self.p), self.config.pad_token_id,
                                         jnp.int32), self.g_all,
-                               self.config.mask_token_id, rng_B)
+                               self.config.mask_token_id, rng_B,
+                               None if not self.samples_rows else
+                               RowSampling.of([GREEDY] * b))
     valid_BxN = jnp.ones((b, n), bool)
     decode = decode.replace(
         done_B=jnp.ones((b,), bool),
@@ -134,7 +151,7 @@ class SlotEngine:
     return SlotState(decode=decode, valid_BxN=valid_BxN)
 
   def _admit(self, params, state: SlotState, load_B, prompt_BxP, valid_BxP,
-             seed_B) -> SlotState:
+             seed_B, sampling) -> SlotState:
     b, g, mask_id = self.b, self.g_all, self.config.mask_token_id
     tokens_BxN = jnp.concatenate(
         [prompt_BxP, jnp.full((b, g), mask_id, jnp.int32)], axis=1)
@@ -146,7 +163,9 @@ class SlotEngine:
         done_B=d.done_B & ~load_B,
         forwards_B=jnp.where(load_B, 0, d.forwards_B),
         steps_B=jnp.where(load_B, 0, d.steps_B),
-        rng_B=_where_keys(load_B, jax.vmap(jax.random.key)(seed_B), d.rng_B))
+        rng_B=_where_keys(load_B, jax.vmap(jax.random.key)(seed_B), d.rng_B),
+        sampling=None if sampling is None else sampling.where(load_B,
+                                                              d.sampling))
     if self.continuous:
       d = d.replace(aux=self.sampler.reset_rows(d.aux, load_B))
     else:  # a whole new batch: the schedule starts again at step 0
@@ -159,12 +178,13 @@ class SlotEngine:
     return SlotState(decode=d, valid_BxN=valid_BxN)
 
   def _cycle(self, params, state: SlotState, release_B, load_B, prompt_BxP,
-             valid_BxP, seed_B):
+             valid_BxP, seed_B, sampling):
     """Releases, admits, then decodes until a busy row finishes or k steps
-    ran. Returns (state, gen_BxG, iters)."""
+    ran. Returns (state, gen_BxG, logprob_BxG, iters)."""
     state = state.replace(decode=state.decode.replace(
         done_B=state.decode.done_B | release_B))
-    state = self._admit(params, state, load_B, prompt_BxP, valid_BxP, seed_B)
+    state = self._admit(params, state, load_B, prompt_BxP, valid_BxP, seed_B,
+                        sampling)
     model = self._model(params, state.valid_BxN, self.stop_ids)
     step_fn = make_step(self.sampler, model, self.p, self.stop_ids)
     max_steps = self.sampler.num_steps
@@ -184,26 +204,30 @@ class SlotEngine:
     start_done_B = state.decode.done_B
     state, iters = jax.lax.while_loop(running, body,
                                       (state, jnp.zeros((), jnp.int32)))
-    return state, state.decode.tokens_BxN[:, self.p:self.p + self.g], iters
+    gen = slice(self.p, self.p + self.g)
+    return (state, state.decode.tokens_BxN[:, gen],
+            state.decode.logprob_BxN[:, gen], iters)
 
   # Host API -----------------------------------------------------------------
   def free_slots(self, releasing=()) -> list[int]:
     """Slots requests may load into at the next call, counting `releasing`
     as free: in batch mode none until every slot is free; in continuous mode
-    at most the sampler's `max_refills` (its step prefills that many fresh
-    rows alone, as in `continuous.decode_queue`)."""
+    every free slot for a sampler that prefills any number of fresh rows
+    together (`grows_refills`: Flash-dLLM), else at most its `max_refills`
+    (its step prefills that many fresh rows alone, as in
+    `continuous.decode_queue`)."""
     busy_B = self._busy_B.copy()
     busy_B[list(releasing)] = False
     if not self.continuous and busy_B.any():
       return []
     free = [int(i) for i in np.flatnonzero(~busy_B)]
-    cap = self.sampler.max_refills if self.continuous else None
+    cap = None if not self.continuous or getattr(
+        self.sampler, "grows_refills", False) else self.sampler.max_refills
     return free[:cap] if cap else free
 
-  def cycle(self, release=(),
-            admit: dict[int, tuple[list[int], int]] | None = None) -> CycleOut:
-    """release: slots to stop; admit: {slot: (prompt ids, seed)} for free
-    slots. One host round trip."""
+  def cycle(self, release=(), admit: dict | None = None) -> CycleOut:
+    """release: slots to stop; admit: {slot: (prompt ids, seed[, Sampling])}
+    for free slots. One host round trip."""
     admit = admit or {}
     release_B = np.zeros(self.b, bool)
     release_B[list(release)] = True
@@ -211,19 +235,24 @@ class SlotEngine:
     prompt_BxP = np.full((self.b, self.p), self.config.pad_token_id, np.int32)
     valid_BxP = np.zeros((self.b, self.p), bool)
     seed_B = np.zeros(self.b, np.uint32)
-    for slot, (ids, seed) in admit.items():
+    rows = []
+    for slot, (ids, seed, *sampling) in admit.items():
       if self._busy_B[slot] and not release_B[slot]:
         raise RuntimeError(f"slot {slot} is busy")
       load_B[slot] = True
       prompt_BxP[slot, self.p - len(ids):] = ids
       valid_BxP[slot, self.p - len(ids):] = True
       seed_B[slot] = np.uint32(seed)
-    self._state, gen, iters = self._compiled(
+      rows += [(slot, sampling[0])] if sampling else []
+    if rows and not self.samples_rows and any(r != GREEDY for _, r in rows):
+      raise ValueError(f"{type(self.sampler).__name__} does not sample per "
+                       "row")
+    self._state, gen, logp, iters = self._compiled(
         self.params, self._state, release_B, load_B, prompt_BxP, valid_BxP,
-        seed_B)
+        seed_B, self._host_sampling(rows))
     d = self._state.decode
     out = CycleOut(np.asarray(gen), np.asarray(d.done_B),
                    np.asarray(d.steps_B), np.asarray(d.forwards_B),
-                   int(iters))
+                   int(iters), np.asarray(logp))
     self._busy_B = ~out.done_B
     return out

@@ -57,5 +57,28 @@ class Metrics:
                            "one call of the compiled loop (host round trip)",
                            buckets=_LATENCY_BUCKETS, registry=r)
 
+  # Observers of the engine loop (scheduler.Scheduler) ---------------------
+  def observe_plan(self, plan, now: float) -> None:
+    """A plan about to run (plan.Plan): admission latency, prompt tokens."""
+    for _, r in plan.admit:
+      self.admission.observe(now - r.arrived)
+      self.prompt_tokens.inc(len(r.ids))
+
+  def observe_step(self, step, out, seconds: float, now: float) -> None:
+    """A device call's outcome (plan.Step, engine.CycleOut, its seconds)."""
+    self.cycle.observe(seconds)
+    self.round_trips.inc()
+    self.decode_steps.inc(out.iters)
+    seen = set()
+    for r, ev in step.events:
+      if r.first_token_at == now and r.number not in seen:
+        seen.add(r.number)
+        self.ttft.observe(now - r.arrived)
+      if ev.done:
+        self.generated_tokens.inc(len(ev.token_ids))
+    for r in step.finished:
+      if r.answer.revised:
+        self.text_revisions.inc()
+
   def render(self) -> bytes:
     return generate_latest(self.registry)

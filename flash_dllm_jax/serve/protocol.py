@@ -1,13 +1,19 @@
 """OpenAI wire format: request models (pydantic) and response bodies.
 
 Unknown fields are errors (extra="forbid"). Responses add `decoding` (the
-settings that decoded the answer, with the variant's index), `token_ids` on each choice (a stream
-chunk's: the answer ids that became final with it) and `decode_steps` /
-`forward_passes` in `usage`. Two request fields go beyond OpenAI's:
+settings that decoded the answer, with the variant's index and each
+choice's seed), `token_ids` on each choice (a stream chunk's: the answer ids
+that became final with it) and `decode_steps` / `forward_passes` in `usage`
+(summed over the choices). `n` choices decode as n rows with seeds seed,
+seed + 1, ...; `top_k` (vLLM's extra field; 0 or -1: off) samples from the
+k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
   decoding: {option: value} of the strategy's sampler options. The server
     compiles its sampler variants at start (`--variant`); the request is
-    decoded by the first variant whose options equal these and
-    `temperature` / `top_p` (none stated: the server's own flags), else 400.
+    decoded by the first variant whose options equal these (none stated:
+    the server's own flags), else 400. For strategies that sample per row
+    (Flash-dLLM, Fast-dLLM, Elastic-Cache) temperature / top_p / top_k and
+    decoding.threshold are the row's own data; for the others they are
+    sampler options, matched like `decoding`.
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
 """
@@ -19,6 +25,8 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+MAX_N = 16  # choices per request
 
 
 class StreamOptions(BaseModel):
@@ -32,11 +40,12 @@ class _Common(BaseModel):
   max_tokens: int | None = Field(None, ge=1)
   temperature: float | None = Field(None, ge=0, le=2)
   top_p: float | None = Field(None, gt=0, le=1)
+  top_k: int | None = Field(None, ge=-1)
   seed: int | None = Field(None, ge=0, lt=2**32)
   stop: str | list[str] | None = None
   stream: bool = False
   stream_options: StreamOptions | None = None
-  n: int = Field(1, ge=1, le=1)
+  n: int = Field(1, ge=1, le=MAX_N)
   user: str | None = None
   decoding: dict[str, Any] | None = None
   timeout: float | None = Field(None, gt=0, le=3600)
@@ -51,6 +60,7 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
   prompt: str | list[int] | list[str] | list[list[int]]
   echo: bool = False
+  logprobs: int | None = Field(None, ge=0, le=5)
 
 
 class ChatMessage(BaseModel):
@@ -63,6 +73,8 @@ class ChatMessage(BaseModel):
 class ChatRequest(_Common):
   messages: list[ChatMessage] = Field(min_length=1)
   max_completion_tokens: int | None = Field(None, ge=1)
+  logprobs: bool = False
+  top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 def error_body(message: str, param: str | None = None,
@@ -76,39 +88,64 @@ def new_id(prefix: str) -> str:
   return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def completion_body(rid: str, model: str, text: str, reason: str,
-                    token_ids: list[int], usage: dict, decoding: dict) -> dict:
+def completion_logprobs(tokens: list[str], logprobs: list[float],
+                        offset: int = 0) -> dict:
+  """A completion choice's `logprobs`: each token's own log-probability
+  (no alternatives); text_offset counts from `offset`."""
+  offsets, at = [], offset
+  for t in tokens:
+    offsets.append(at)
+    at += len(t)
+  return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None,
+          "text_offset": offsets}
+
+
+def chat_logprobs(tokens: list[str], logprobs: list[float]) -> dict:
+  return {"content": [{"token": t, "logprob": lp,
+                       "bytes": list(t.encode("utf-8", "replace")),
+                       "top_logprobs": []} for t, lp in zip(tokens, logprobs)]}
+
+
+def completion_body(rid: str, model: str, choices: list[dict], usage: dict,
+                    decoding: dict) -> dict:
+  """choices: {index, text, finish_reason, token_ids, logprobs} each."""
   return {"id": rid, "object": "text_completion", "created": int(time.time()),
           "model": model, "decoding": decoding,
-          "choices": [{"index": 0, "text": text, "finish_reason": reason,
-                       "logprobs": None, "token_ids": token_ids}],
+          "choices": [{"index": c["index"], "text": c["text"],
+                       "finish_reason": c["finish_reason"],
+                       "logprobs": c.get("logprobs"),
+                       "token_ids": c["token_ids"]} for c in choices],
           "usage": usage}
 
 
-def chat_body(rid: str, model: str, text: str, reason: str,
-              token_ids: list[int], usage: dict, decoding: dict) -> dict:
+def chat_body(rid: str, model: str, choices: list[dict], usage: dict,
+              decoding: dict) -> dict:
   return {"id": rid, "object": "chat.completion", "created": int(time.time()),
           "model": model, "decoding": decoding,
-          "choices": [{"index": 0, "finish_reason": reason, "logprobs": None,
-                       "message": {"role": "assistant", "content": text},
-                       "token_ids": token_ids}],
+          "choices": [{"index": c["index"],
+                       "finish_reason": c["finish_reason"],
+                       "logprobs": c.get("logprobs"),
+                       "message": {"role": "assistant", "content": c["text"]},
+                       "token_ids": c["token_ids"]} for c in choices],
           "usage": usage}
 
 
 def completion_chunk(rid: str, model: str, text: str,
-                     reason: str | None = None, token_ids=()) -> dict:
+                     reason: str | None = None, token_ids=(),
+                     index: int = 0, logprobs: dict | None = None) -> dict:
   return {"id": rid, "object": "text_completion", "created": int(time.time()),
           "model": model,
-          "choices": [{"index": 0, "text": text, "finish_reason": reason,
-                       "logprobs": None, "token_ids": list(token_ids)}]}
+          "choices": [{"index": index, "text": text, "finish_reason": reason,
+                       "logprobs": logprobs, "token_ids": list(token_ids)}]}
 
 
 def chat_chunk(rid: str, model: str, delta: dict,
-               reason: str | None = None, token_ids=()) -> dict:
+               reason: str | None = None, token_ids=(), index: int = 0,
+               logprobs: dict | None = None) -> dict:
   return {"id": rid, "object": "chat.completion.chunk",
           "created": int(time.time()), "model": model,
-          "choices": [{"index": 0, "delta": delta, "finish_reason": reason,
-                       "logprobs": None, "token_ids": list(token_ids)}]}
+          "choices": [{"index": index, "delta": delta, "finish_reason": reason,
+                       "logprobs": logprobs, "token_ids": list(token_ids)}]}
 
 
 def usage_chunk(rid: str, model: str, obj: str, usage: dict,

@@ -9,13 +9,14 @@ import math
 import time
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.prompts import PROMPT_BUCKET
+from flash_dllm_jax.prompts import PROMPT_BUCKET, padded_length
 from flash_dllm_jax.ops import Kernels, choice
 from flash_dllm_jax.serve.engine import SlotEngine
 from flash_dllm_jax.serve.errors import BadRequest
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
 from flash_dllm_jax.serve.scheduler import Request, Scheduler
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.serve.text import AnswerText
 
 log = logging.getLogger("flash_dllm_jax.serve")
@@ -48,13 +49,18 @@ class Settings:
 
   @property
   def buckets(self) -> tuple[int, ...]:
-    top = -(-self.max_prompt_tokens // PROMPT_BUCKET) * PROMPT_BUCKET
+    top = padded_length(self.max_prompt_tokens)
     return tuple(range(PROMPT_BUCKET, top + 1, PROMPT_BUCKET))
 
 
-# Request fields that pick a variant besides `decoding`: (field, the value
-# a sampler without the option decodes with).
-_TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0))
+# Sampler options that are row data for samplers that sample per row
+# (their values do not change the compiled program).
+ROW_OPTIONS = ("threshold",)
+
+# Request fields that pick a variant besides `decoding`, for samplers that
+# do not sample per row: (field, the value a sampler without the option
+# decodes with).
+_TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0), ("top_k", None))
 
 
 class Service:
@@ -144,16 +150,26 @@ class Service:
               and math.isclose(float(a), float(b), abs_tol=1e-9))
     return a == b
 
+  @property
+  def samples_rows(self) -> bool:
+    """temperature / top_p / top_k are row data (else sampler options)."""
+    return getattr(self.sampler, "samples_rows", False)
+
   def _variant(self, req) -> int:
     """The index of the declared variant whose options equal every option
     the request states (the first such), or BadRequest naming the field."""
-    stated = [(name, getattr(req, name), name, absent)
-              for name, absent in _TOP_LEVEL if getattr(req, name) is not None]
+    top_k = None if req.top_k is None or req.top_k <= 0 else req.top_k
+    stated = [] if self.samples_rows else [
+        (name, top_k if name == "top_k" else getattr(req, name), name, absent)
+        for name, absent in _TOP_LEVEL if getattr(req, name) is not None
+        and (name != "top_k" or top_k is not None)]
     names = dataclasses.asdict(self.sampler)
     for name, value in (req.decoding or {}).items():
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
+      if name in ROW_OPTIONS and self.samples_rows:
+        continue  # the row's own (see `_row_threshold`)
       stated.append((name, value, f"decoding.{name}", None))
     left = list(range(len(self.samplers)))
     for name, value, param, absent in stated:
@@ -169,13 +185,54 @@ class Service:
       left = match
     return left[0]
 
-  def prepare(self, req: CompletionRequest | ChatRequest, emit) -> Request:
-    """The Request for `req`, or BadRequest naming the field at fault. Runs
-    in a worker thread (it tokenizes)."""
+  def _row_threshold(self, req, sampler) -> float | None:
+    """decoding.threshold as the row's own threshold (None: not stated), or
+    BadRequest where the variant's rule has none."""
+    value = (req.decoding or {}).get("threshold")
+    if value is None or not self.samples_rows:
+      return None
+    if sampler.rule != "threshold":
+      raise BadRequest(f"decoding.threshold applies to rule='threshold', "
+                       f"not the variant's rule {sampler.rule!r}",
+                       "decoding.threshold")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+        or not 0 < value <= 1:
+      raise BadRequest(f"decoding.threshold must be in (0, 1], got "
+                       f"{value!r}", "decoding.threshold")
+    return float(value)
+
+  def _logprobs(self, req) -> bool:
+    """Whether `req` asks for log-probabilities; BadRequest for what the
+    server cannot give (alternatives, or a sampler that reports none)."""
+    if isinstance(req, ChatRequest):
+      want, top, param = req.logprobs, req.top_logprobs or 0, "top_logprobs"
+    else:
+      want, top, param = req.logprobs is not None, req.logprobs or 0, \
+          "logprobs"
+    if top:
+      raise BadRequest(f"{param} {top}: only each chosen token's own "
+                       "log-probability is available (ask for 0)", param)
+    if want and not self.samples_rows:
+      raise BadRequest(f"strategy {self.settings.strategy!r} does not report "
+                       "log-probabilities (flash-dllm, fast-dllm and "
+                       "elastic-cache do)", "logprobs")
+    return want
+
+  def token_strings(self, ids) -> list[str]:
+    """Each id's own text (vLLM's 'token_id:N' without a tokenizer)."""
+    if self.tokenizer is None:
+      return [f"token_id:{i}" for i in ids]
+    return [self.tokenizer.decode([i]) for i in ids]
+
+  def prepare(self, req: CompletionRequest | ChatRequest,
+              emit) -> list[Request]:
+    """The Requests for `req`'s n choices (emit(index, event) answers them),
+    or BadRequest naming the field at fault. Runs in a worker thread (it
+    tokenizes)."""
     with self.metrics.preparing.track_inprogress():
       return self._prepare(req, emit)
 
-  def _prepare(self, req, emit) -> Request:
+  def _prepare(self, req, emit) -> list[Request]:
     if req.model != self.settings.model_name:
       raise BadRequest(f"model {req.model!r} does not exist; this server "
                        f"serves {self.settings.model_name!r}", "model", 404,
@@ -206,14 +263,26 @@ class Service:
       raise BadRequest(f"max_tokens {max_tokens} exceeds the gen_length "
                        f"{sampler.gen_length} of variant {variant}",
                        "max_tokens")
+    want_logprobs = self._logprobs(req)
     stops = req.stop_list()
     if len(stops) > 4 or any(not s for s in stops):
       raise BadRequest("stop takes at most 4 non-empty strings", "stop")
+    sampling = None
+    if self.samples_rows:
+      sampling = Sampling(
+          temperature=float(req.temperature or 0.0),
+          top_p=float(1.0 if req.top_p is None else req.top_p),
+          top_k=max(0, req.top_k or 0),
+          threshold=self._row_threshold(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
-    bucket = -(-len(ids) // PROMPT_BUCKET) * PROMPT_BUCKET
-    answer = AnswerText(self.tokenizer, self.config,
-                        max_tokens or sampler.gen_length, stops)
-    return Request(ids=ids, key=(variant, bucket), seed=req.seed or 0,
-                   answer=answer, emit=emit,
-                   deadline=time.monotonic() + timeout,
-                   decoding=self.decodings[variant])
+    deadline = time.monotonic() + timeout
+    bucket = padded_length(len(ids))
+    seed = req.seed or 0
+    return [Request(ids=ids, key=(variant, bucket), seed=(seed + i) % 2**32,
+                    answer=AnswerText(self.tokenizer, self.config,
+                                      max_tokens or sampler.gen_length,
+                                      stops),
+                    emit=lambda ev, i=i: emit(i, ev), deadline=deadline,
+                    decoding=self.decodings[variant], sampling=sampling,
+                    index=i, logprobs=want_logprobs)
+            for i in range(req.n)]

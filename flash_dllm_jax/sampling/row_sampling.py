@@ -1,0 +1,173 @@
+"""Per-row sampling settings carried as data through the compiled loop.
+
+`Sampling` is one request's settings (host side, validated); `RowSampling`
+holds them per row ([B] arrays) in `DecodeState.sampling`, so rows with
+different temperature / top_p / top_k decode in one compiled program.
+
+`propose_tokens` turns a step's logits into (token, confidence, logprob) per
+scored position; logprob is the token's log-probability under the model's
+own softmax (before temperature and filters, as vLLM reports it). A row with temperature 0 takes the greedy argmax and its softmax
+probability, exactly `commit_rules.confidence`. A row with temperature T > 0
+samples from softmax(logits / T) restricted by top_k, then top_p (vLLM's
+order: top_p's mass is counted over the top_k survivors), and its confidence
+is the sampled token's probability under that restricted distribution. The
+mask token is never sampled. The sampling and the filters run only when some
+row needs them (lax.cond); every row's values come from its own logits and
+its own key, and a row that needs neither takes the greedy values through
+jnp.where, so a row's tokens never depend on the other rows' settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from flash_dllm_jax import ops
+from flash_dllm_jax.sampling import select
+
+# The logit of a token that may not be sampled: finite, so that a softmax
+# over a tile of only such tokens (the logprob kernel's) stays finite.
+_OUT = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """One row's settings: temperature >= 0 (0: greedy), top_p in (0, 1],
+  top_k >= 0 (0: off); threshold in (0, 1]: the confidence a position needs
+  to commit under the threshold rule (None: the sampler's own)."""
+
+  temperature: float = 0.0
+  top_p: float = 1.0
+  top_k: int = 0
+  threshold: float | None = None
+
+  def __post_init__(self):
+    errors = []
+    t, p, k = self.temperature, self.top_p, self.top_k
+    if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
+      errors.append(f"temperature must be a finite number >= 0, got {t!r}")
+    if not (isinstance(p, (int, float)) and math.isfinite(p) and 0 < p <= 1):
+      errors.append(f"top_p must be in (0, 1], got {p!r}")
+    if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+            and k >= 0):
+      errors.append(f"top_k must be an int >= 0, got {k!r}")
+    h = self.threshold
+    if h is not None and not (isinstance(h, (int, float))
+                              and math.isfinite(h) and 0 < h <= 1):
+      errors.append(f"threshold must be None or in (0, 1], got {h!r}")
+    if errors:
+      raise ValueError("invalid sampling settings: " + "; ".join(errors))
+
+
+GREEDY = Sampling()
+
+
+def row_settings(sampler, sampling, n_rows: int
+                 ) -> list[Sampling] | None:
+  """Each row's Sampling (one for all, or one per row), or None for a
+  sampler that does not sample per row (only greedy rows are allowed
+  there: its own options, such as LLaDA's temperature, decide)."""
+  if sampling is None or isinstance(sampling, Sampling):
+    rows = [sampling or GREEDY] * n_rows
+  else:
+    rows = list(sampling)
+    if len(rows) != n_rows:
+      raise ValueError(f"{len(rows)} sampling settings for {n_rows} prompts")
+    for i, r in enumerate(rows):
+      if not isinstance(r, Sampling):
+        raise TypeError(f"sampling[{i}] must be a Sampling, got "
+                        f"{type(r).__name__}")
+  if getattr(sampler, "samples_rows", False):
+    return rows
+  if any(r != GREEDY for r in rows):
+    raise ValueError(f"{type(sampler).__name__} does not take per-row "
+                     "sampling settings; use its own options (temperature, "
+                     "top_p, ...)")
+  return None
+
+
+@struct.dataclass
+class RowSampling:
+  """temperature_B float32, top_p_B float32, top_k_B int32 (0: off),
+  threshold_B float32 (NaN: the sampler's own)."""
+
+  temperature_B: jax.Array
+  top_p_B: jax.Array
+  top_k_B: jax.Array
+  threshold_B: jax.Array
+
+  @classmethod
+  def host(cls, rows: list[Sampling]) -> "RowSampling":
+    """numpy arrays of the rows' settings (the engine fills them per slot)."""
+    return cls(np.array([r.temperature for r in rows], np.float32),
+               np.array([r.top_p for r in rows], np.float32),
+               np.array([r.top_k for r in rows], np.int32),
+               np.array([np.nan if r.threshold is None else r.threshold
+                         for r in rows], np.float32))
+
+  @classmethod
+  def of(cls, rows: list[Sampling]) -> "RowSampling":
+    return jax.tree.map(jnp.asarray, cls.host(rows))
+
+  def where(self, pick_B: jax.Array, other: "RowSampling") -> "RowSampling":
+    """Rows marked by pick_B from self, the rest from other."""
+    return jax.tree.map(lambda a, b: jnp.where(pick_B, a, b), self, other)
+
+
+def _restrict(l_BxRxV, top_p_B, top_k_B):
+  """l_BxRxV with tokens outside each row's top_k, then top_p, at _OUT.
+  A row's cutoff is the logit of its last kept token (ties with it stay)."""
+  v = l_BxRxV.shape[-1]
+  s_BxRxV = -jnp.sort(-l_BxRxV, axis=-1)  # descending
+  rank_V = jnp.arange(v)
+  k_B = jnp.where(top_k_B > 0, jnp.minimum(top_k_B, v), v)
+  in_k_BxRxV = rank_V < k_B[:, None, None]
+  p_BxRxV = jax.nn.softmax(jnp.where(in_k_BxRxV, s_BxRxV, -jnp.inf), -1)
+  before_BxRxV = jnp.cumsum(p_BxRxV, axis=-1) - p_BxRxV
+  p_Bx1x1 = top_p_B[:, None, None]
+  # top_p 1 keeps everything (the float32 sums may reach 1 early)
+  keep_BxRxV = in_k_BxRxV & ((before_BxRxV < p_Bx1x1) | (p_Bx1x1 >= 1))
+  count_BxR = jnp.maximum(keep_BxRxV.sum(-1), 1)
+  cutoff_BxR = jnp.take_along_axis(s_BxRxV, count_BxR[..., None] - 1, -1)
+  return jnp.where(l_BxRxV >= cutoff_BxR, l_BxRxV, _OUT)
+
+
+def propose_tokens(logits_BxRxV: jax.Array, sampling: RowSampling | None,
+                   rng_B: jax.Array | None, mask_id: int
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(x0_BxR, conf_BxR, logprob_BxR): see the module docstring. sampling
+  None: greedy."""
+  x0_BxR = jnp.argmax(logits_BxRxV, axis=-1)
+  lp_BxR = ops.token_logprob(logits_BxRxV, x0_BxR)
+  conf_BxR = jnp.exp(lp_BxR)  # select.prob_of
+  if sampling is None:
+    return x0_BxR, conf_BxR, lp_BxR
+  sample_B = sampling.temperature_B > 0
+  filter_B = sample_B & ((sampling.top_p_B < 1) | (sampling.top_k_B > 0))
+
+  def sampled(_):
+    t_B = jnp.where(sample_B, sampling.temperature_B, 1.0)
+    l_BxRxV = logits_BxRxV / t_B[:, None, None]
+    l_BxRxV = l_BxRxV.at[..., mask_id].set(_OUT)
+    l_BxRxV = jax.lax.cond(
+        jnp.any(filter_B),
+        lambda l: jnp.where(filter_B[:, None, None],
+                            _restrict(l, sampling.top_p_B, sampling.top_k_B),
+                            l),
+        lambda l: l, l_BxRxV)
+    g_BxRxV = select.row_gumbel(rng_B, l_BxRxV.shape[1:])
+    s_BxR = jnp.argmax(l_BxRxV + g_BxRxV, axis=-1)
+    p_BxR = select.prob_of(l_BxRxV, s_BxR)
+    raw_BxR = ops.token_logprob(logits_BxRxV, s_BxR)
+    pick_Bx1 = sample_B[:, None]
+    return (jnp.where(pick_Bx1, s_BxR, x0_BxR),
+            jnp.where(pick_Bx1, p_BxR, conf_BxR),
+            jnp.where(pick_Bx1, raw_BxR, lp_BxR))
+
+  return jax.lax.cond(jnp.any(sample_B), sampled,
+                      lambda _: (x0_BxR, conf_BxR, lp_BxR), None)

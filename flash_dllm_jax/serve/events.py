@@ -1,0 +1,57 @@
+"""What flows between the routes and the engine loop: a `Request` (one
+choice of an HTTP request) and the `Event`s that answer it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Callable, NamedTuple
+
+from flash_dllm_jax.serve.text import AnswerText
+
+
+class Event(NamedTuple):
+  """delta: newly final text. On the last event, done is True and reason is
+  'stop' / 'length' (answered) or 'deadline' / 'cancelled' / 'shutdown'
+  (failed); usage, token_ids and logprobs (theirs; None unless the sampler
+  reports them) come with an answer. new_ids / new_logprobs: the answer
+  ids that became final with this event, and their log-probabilities."""
+
+  delta: str
+  done: bool = False
+  reason: str | None = None
+  token_ids: list[int] | None = None
+  usage: dict | None = None
+  new_ids: tuple[int, ...] = ()
+  logprobs: list[float] | None = None
+  new_logprobs: tuple[float, ...] = ()
+
+
+_ids = itertools.count()
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+  """ids: the prompt's token ids; key: its engine's key (in the server:
+  (variant, padded prompt length)); deadline: a time.monotonic() value or
+  None; emit: called (from the engine thread) with each Event; decoding: the
+  settings reported with the answer; sampling: its row's
+  row_sampling.Sampling (None: greedy); index: the choice's index among its
+  HTTP request's n; logprobs: the client asked for them."""
+
+  ids: list[int]
+  key: object
+  seed: int
+  answer: AnswerText
+  emit: Callable[[Event], None]
+  deadline: float | None = None
+  arrived: float = dataclasses.field(default_factory=time.monotonic)
+  number: int = dataclasses.field(default_factory=lambda: next(_ids))
+  decoding: dict | None = None
+  sampling: object = None
+  index: int = 0
+  logprobs: bool = False
+  cancelled: bool = False
+  first_token_at: float | None = None
+  finished: bool = False

@@ -1,0 +1,121 @@
+"""Per-row sampling settings (row_sampling.py): the top_k / top_p cut
+against a NumPy reference, greedy rows equal to `commit_rules.confidence`,
+and each row's draw independent of the other rows' settings."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flash_dllm_jax.sampling import commit_rules
+from flash_dllm_jax.sampling.row_sampling import (GREEDY, RowSampling,
+                                                  Sampling, _restrict,
+                                                  propose_tokens)
+
+MASK = 7
+
+
+def _logits(seed, b=4, r=3, v=50):
+  return jnp.asarray(np.random.default_rng(seed).normal(size=(b, r, v)) * 3,
+                     jnp.float32)
+
+
+def _kept_reference(l_V, top_p, top_k):
+  """The kept token ids: top_k largest, then the smallest prefix whose
+  renormalised mass reaches top_p (vLLM's order)."""
+  order = np.argsort(-l_V, kind="stable")
+  k = top_k if top_k > 0 else len(l_V)
+  order = order[:k]
+  p = np.exp(l_V[order] - l_V[order].max())
+  p /= p.sum()
+  before = np.cumsum(p) - p
+  return set(order[(before < top_p) | (top_p >= 1)].tolist())
+
+
+@pytest.mark.parametrize("top_p,top_k", [(1.0, 0), (0.5, 0), (0.9, 5),
+                                         (1.0, 3), (0.05, 0)])
+def test_restrict_keeps_what_the_reference_keeps(top_p, top_k):
+  l = _logits(0)
+  b = l.shape[0]
+  out = np.asarray(_restrict(l, jnp.full((b,), top_p, jnp.float32),
+                             jnp.full((b,), top_k, jnp.int32)))
+  for i in range(b):
+    for j in range(l.shape[1]):
+      kept = set(np.flatnonzero(out[i, j] > -1e29).tolist())
+      assert kept == _kept_reference(np.asarray(l[i, j]), top_p, top_k)
+
+
+def test_greedy_rows_equal_confidence_and_rows_are_independent():
+  l = _logits(1)
+  keys = jax.vmap(jax.random.key)(jnp.arange(4, dtype=jnp.uint32))
+  mixed = [GREEDY, Sampling(temperature=0.8), Sampling(1.0, 0.7, 0),
+           Sampling(1.5, 1.0, 4)]
+  x0, conf, _ = propose_tokens(l, RowSampling.of(mixed), keys, MASK)
+  want_x0, want_conf = commit_rules.confidence(l)
+  np.testing.assert_array_equal(x0[0], want_x0[0])
+  np.testing.assert_array_equal(conf[0], want_conf[0])
+  for i, s in enumerate(mixed):  # each row alone, the others greedy
+    alone = [GREEDY] * 4
+    alone[i] = s
+    a_x0, a_conf, _ = propose_tokens(l, RowSampling.of(alone), keys, MASK)
+    np.testing.assert_array_equal(a_x0[i], x0[i])
+    np.testing.assert_array_equal(a_conf[i], conf[i])
+  g_x0, g_conf, _ = propose_tokens(l, None, keys, MASK)
+  np.testing.assert_array_equal(g_x0, want_x0)
+
+
+def test_sampling_draws_from_the_cut_distribution():
+  """Many keys: every draw is among the kept tokens, never the mask, and
+  draws differ across keys."""
+  l = jnp.broadcast_to(_logits(2, b=1, r=1), (256, 1, 50))
+  l = l.at[..., MASK].set(10.0)  # the likeliest token: still never drawn
+  keys = jax.vmap(jax.random.key)(jnp.arange(256, dtype=jnp.uint32))
+  s = RowSampling.of([Sampling(1.0, 0.9, 6)] * 256)
+  x0, conf, _ = propose_tokens(l, s, keys, MASK)
+  masked = np.asarray(l[0, 0]).copy()
+  masked[MASK] = -1e30
+  kept = _kept_reference(masked, 0.9, 6)
+  drawn = set(np.asarray(x0).ravel().tolist())
+  assert drawn <= kept and len(drawn) >= 2 and MASK not in drawn
+  assert np.all((np.asarray(conf) > 0) & (np.asarray(conf) <= 1))
+
+
+def test_invalid_settings_name_every_field():
+  with pytest.raises(ValueError, match="temperature.*top_p.*top_k"):
+    Sampling(temperature=-1, top_p=0, top_k=-2)
+
+
+def test_generate_refuses_row_sampling_for_samplers_without_it():
+  from flash_dllm_jax import load
+  from flash_dllm_jax.generate import generate
+  from tests.paths import TINY_CHECKPOINT
+  model = load(TINY_CHECKPOINT)
+  with pytest.raises(ValueError, match="LLaDASampler does not take per-row"):
+    generate(model, [[1, 2]], strategy="llada", gen_length=8, steps=8,
+             sampling=Sampling(temperature=0.5))
+  with pytest.raises(ValueError, match="2 sampling settings for 1 prompts"):
+    generate(model, [[1, 2]], strategy="flash-dllm", gen_length=8, block_m=8,
+             sampling=[GREEDY, GREEDY])
+
+
+def test_row_threshold_equals_the_samplers_own():
+  """Sampling(threshold=t) on a row decodes what a sampler built with
+  threshold t decodes, beside rows keeping the sampler's own."""
+  from flash_dllm_jax import load
+  from flash_dllm_jax.generate import generate
+  from flash_dllm_jax.strategies import build_sampler
+  from tests.paths import TINY_CHECKPOINT
+  model = load(TINY_CHECKPOINT)
+  rows, seeds = [[5, 6, 7, 8], [9, 10, 11, 12, 13], [15, 16, 17]], [1, 2, 3]
+  opts = {"gen_length": 16, "block_m": 8}
+  own = build_sampler("flash-dllm", "llada", opts)
+  low = build_sampler("flash-dllm", "llada", {**opts, "threshold": 0.6})
+  want_low = generate(model, rows, sampler=low, seed=seeds)
+  want_own = generate(model, rows, sampler=own, seed=seeds)
+  got = generate(model, rows, sampler=own, seed=seeds, sampling=[
+      Sampling(threshold=0.6), GREEDY, Sampling(threshold=0.6)])
+  np.testing.assert_array_equal(got.tokens_BxG[[0, 2]],
+                                want_low.tokens_BxG[[0, 2]])
+  np.testing.assert_array_equal(got.tokens_BxG[1], want_own.tokens_BxG[1])
+  np.testing.assert_array_equal(got.steps_B[[0, 2]], want_low.steps_B[[0, 2]])
+  assert (want_low.steps_B < want_own.steps_B).any()  # it made a difference

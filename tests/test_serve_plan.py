@@ -1,0 +1,64 @@
+"""The engine loop's decisions (serve/plan.py) on their own: no thread,
+no device; the device output is written by hand."""
+
+import numpy as np
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.serve.engine import CycleOut
+from flash_dllm_jax.serve.events import Request
+from flash_dllm_jax.serve.plan import schedule, update
+from flash_dllm_jax.serve.text import AnswerText
+
+CONFIG = ModelConfig.tiny("llada")
+MASK, EOS = CONFIG.mask_token_id, CONFIG.stop_token_ids[0]
+
+
+def _request(name, deadline=None, max_tokens=4):
+  return Request(ids=[1, 2, 3], key=0, seed=0, emit=None, deadline=deadline,
+                 answer=AnswerText(None, CONFIG, max_tokens), decoding={
+                     "name": name})
+
+
+def test_schedule_fails_stale_requests_and_fills_every_free_slot():
+  a, b, c, d = (_request(x) for x in "abcd")
+  late, gone = _request("late", deadline=5.0), _request("gone")
+  gone.cancelled = True
+  asked = []
+
+  def free_slots(releasing):
+    asked.append(set(releasing))
+    return [s for s in range(4) if s not in (0,) or s in releasing]
+
+  plan = schedule([gone, a, b, c, d], {0: late}, {3}, free_slots, now=10.0)
+  assert [(r.decoding["name"], why) for r, why in plan.failed] == [
+      ("gone", "cancelled"), ("late", "deadline")]
+  assert asked == [{0, 3}] and plan.release == (0, 3)
+  assert [(s, r.decoding["name"]) for s, r in plan.admit] == [
+      (0, "a"), (1, "b"), (2, "c"), (3, "d")]
+  assert plan.waiting == () and set(plan.running) == {0, 1, 2, 3}
+  # nothing free: everything waits, in order
+  plan = schedule([a, b], {}, set(), lambda _: [], now=0.0)
+  assert plan.admit == () and plan.waiting == (a, b) and plan.running == {}
+
+
+def test_update_streams_final_prefixes_and_finishes_answers():
+  r0, r1, r2 = _request("r0"), _request("r1"), _request("r2", max_tokens=2)
+  plan = schedule([r0, r1, r2], {}, set(), lambda _: [0, 1, 2], now=0.0)
+  tokens = np.array([[5, MASK, 7, 8],      # r0: one final token so far
+                     [5, 6, EOS, MASK],    # r1: complete (stop), loop on
+                     [9, 9, MASK, MASK]],  # r2: max_tokens reached
+                    np.int32)
+  out = CycleOut(tokens, np.array([False, False, False]),
+                 np.array([1, 2, 3]), np.array([1, 2, 3]), 3,
+                 np.full((3, 4), -0.5, np.float32))
+  step = update(plan, out, now=1.0)
+  by = {r.decoding["name"]: ev for r, ev in step.events}
+  assert by["r0"].new_ids == (5,) and not by["r0"].done
+  assert by["r0"].new_logprobs == (-0.5,)
+  assert by["r1"].done and by["r1"].reason == "stop" and \
+      by["r1"].token_ids == [5, 6] and by["r1"].logprobs == [-0.5, -0.5]
+  assert by["r2"].done and by["r2"].reason == "length" and \
+      by["r2"].usage["completion_tokens"] == 2
+  assert step.finished == (r1, r2) and set(step.running) == {0}
+  assert step.release == {1, 2}  # complete before their loops stopped
+  assert all(r.first_token_at == 1.0 for r in (r0, r1, r2))
