@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -133,9 +134,10 @@ class LLaDA2FlashSampler:
     commit_BxL = self.commit_rule.commit(conf_BxL, masked_BxL)
     block_BxL = jnp.where(commit_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
-    keep_BxL, ran_B = self._verify(
-        model, tokens_BxN, bc.cache, pos_BxL, start_B, x0_BxL, conf_BxL,
-        masked_BxL & ~commit_BxL & active_B[:, None])
+    v = self.verify_block(model, tokens_BxN, bc.cache, pos_BxL, start_B,
+                          x0_BxL, conf_BxL,
+                          masked_BxL & ~commit_BxL & active_B[:, None])
+    keep_BxL = v.keep_BxL
     block_BxL = jnp.where(keep_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     eos_B = jnp.any((commit_BxL | keep_BxL) & (x0_BxL == cfg.eos_token_id),
@@ -143,11 +145,13 @@ class LLaDA2FlashSampler:
     rows = llada2.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
                             start_B, prompt_B, prompt_len, self.gen_length,
                             l, l, self.eos_early_stop)
-    return tokens_BxN, rows.replace(cache=bc), 1 + ran_B.astype(jnp.int32)
+    return tokens_BxN, rows.replace(cache=bc), 1 + v.ran_B.astype(jnp.int32)
 
-  def _verify(self, model, tokens_BxN, cache, pos_BxL, start_B, x0_BxL,
-              conf_BxL, eligible_BxL):
-    """(keep_BxL: the verified drafts, ran_B: rows the pass checked)."""
+  def verify_block(self, model, tokens_BxN, cache, pos_BxL, start_B, x0_BxL,
+                   conf_BxL, eligible_BxL) -> "BlockVerify":
+    """The verify pass over the drafts x0_BxL of the eligible block
+    positions pos_BxL (tokens_BxN: the block after the draft's commits;
+    cache: final before start_B)."""
     b, n = tokens_BxN.shape
     l, c = self.block_length, self.block_length // 2
     rows_Bx1 = jnp.arange(b)[:, None]
@@ -180,4 +184,16 @@ class LLaDA2FlashSampler:
     keep_BxC = flash_verify.accept(p_BxC, plan.S_B, self.gamma)
     keep_BxL = jnp.zeros((b, l), bool).at[
         rows_Bx1, jnp.where(keep_BxC, order_BxC, l)].set(True, mode="drop")
-    return keep_BxL, plan.S_B > 0
+    return BlockVerify(keep_BxL, plan.S_B > 0, p_BxC, slots_BxC, drafts_BxC)
+
+
+class BlockVerify(NamedTuple):
+  """keep_BxL: the drafts committed; ran_B: rows the pass checked; p_BxC:
+  each candidate's probability given the earlier ones, slots_BxC (-1 =
+  none) and drafts_BxC: the candidates, most confident first."""
+
+  keep_BxL: jax.Array
+  ran_B: jax.Array
+  p_BxC: jax.Array
+  slots_BxC: jax.Array
+  drafts_BxC: jax.Array
