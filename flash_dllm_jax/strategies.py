@@ -25,6 +25,7 @@ from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+from flash_dllm_jax.sampling.llada2_flash import LLaDA2FlashSampler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +70,11 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              help="Elastic-Cache: sliding window, per-layer attention-drift "
                   "refresh (gamma), threshold decoding"),
     Strategy("llada2", LLaDA2Sampler,
-             help="LLaDA2's block-diffusion sampler (block-causal, "
-                  "threshold or schedule per block, no cache)"),
+             help="LLaDA2's block-diffusion sampler (threshold or schedule "
+                  "per block) over an exact cache of finished blocks"),
+    Strategy("llada2-flash", LLaDA2FlashSampler,
+             help="LLaDA2 blocks drafted, then Flash-Verify of the rest "
+                  "(gamma; rule threshold or factor), exact block cache"),
 )}
 
 

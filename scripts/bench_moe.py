@@ -13,7 +13,11 @@ default path; Pallas interpret mode elsewhere) and by the dense
 every-expert path (implementation 'reference'), against the same floor.
 
   python scripts/bench_moe.py --batch 1 32 --gen 512 --prompt 768
+  python scripts/bench_moe.py --batch 1 32 --window  # no block cache
   python scripts/bench_moe.py --smoke          # tiny model, any backend
+
+The step's FLOPs floor counts the whole window (the --window forward); a
+block-cache step computes one or two blocks' queries.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ def main(argv=None):
   ap.add_argument("--block", type=int, default=32)
   ap.add_argument("--reps", type=int, default=2)
   ap.add_argument("--smoke", action="store_true")
+  ap.add_argument("--window", action="store_true",
+                  help="re-run the whole window each step (block_cache "
+                       "off, the reference's way) instead of the block cache")
   ap.add_argument("--json", type=Path, default=None)
   ap.add_argument("--layer-only", action="store_true",
                   help="only the MoE layer, no decode")
@@ -135,7 +142,7 @@ def main(argv=None):
       print(rows[-1], flush=True)
   sampler = build_sampler("llada2", "llada2", dict(
       gen_length=args.gen, block_length=args.block, threshold=None,
-      steps=args.block // args.per_step))
+      steps=args.block // args.per_step, block_cache=not args.window))
   for b in [] if args.layer_only else args.batch:
     try:
       s_step, compile_s, steps, forwards = timing.time_decode(

@@ -64,7 +64,7 @@ def test_every_sampler_checks_every_float_option():
   """Each sampler class refuses NaN, inf and -inf in each of its float
   fields (the strategies' fixed options included)."""
   classes = {s.sampler for s in STRATEGIES.values()}
-  assert len(classes) == 6
+  assert len(classes) == 7
   for cls in classes:
     floats = [k for k, (typ, _) in sampler_options(cls).items()
               if typ is float]
@@ -108,7 +108,7 @@ def decode_cases(draw):
   if "rule" in taken:  # the commit rule; `steps` is the fixed rule's schedule
     options["rule"] = draw(st.sampled_from(commit_rules.RULES))
     if options["rule"] != "fixed":
-      del options["steps"]
+      options.pop("steps", None)
   for k in draw(st.lists(st.sampled_from(
       [k for k in _float_fields(name) if k in VALUES]), unique=True)):
     options[k] = draw(st.sampled_from(VALUES[k]))

@@ -72,7 +72,7 @@ def attend(block: nn.Module, cfg: ModelConfig, n_BxQxE, positions_BxQ,
            slots_BxQ=None, extras: CachedExtras | None = None):
   """The attention output o_BxQxHD (before attn_out) and the layer's new
   (k, v) cache (None uncached). key_valid: [B, S], or [B, Q, S] for a
-  per-query mask (uncached only)."""
+  per-query mask (cached: the exact block-causal path; extras unused)."""
   b, q, _ = n_BxQxE.shape
   d = cfg.head_dim
   q_BxQxHxD, k_BxQxKxD, v_BxQxKxD = project_qkv(block, cfg, n_BxQxE, dense)
@@ -85,6 +85,9 @@ def attend(block: nn.Module, cfg: ModelConfig, n_BxQxE, positions_BxQ,
                               v_BxQxKxD, key_valid, scale=scale,
                               implementation=impl)
     return o_BxQxHxD.reshape(b, q, -1), None
+  if key_valid.ndim == 3:  # per-query mask over the cache: block-causal
+    return _exact_cached(cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, rope,
+                         key_valid, cache_kv, slots_BxQ, scale, impl)
   extras = extras or CachedExtras()
   if extras.write_cache:
     q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD = ops.rope_and_write(
@@ -111,8 +114,29 @@ def attend(block: nn.Module, cfg: ModelConfig, n_BxQxE, positions_BxQ,
   return o_BxQxHxD.reshape(b, q, -1), new_kv
 
 
-def block_mask(key_valid_BxS: jax.Array, blocks_BxS: jax.Array) -> jax.Array:
-  """[B, Q=S, S]: key s is visible to query q when valid and its decode
-  block is not after q's (bidirectional inside a block, causal across)."""
+def _exact_cached(cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, rope,
+                  key_valid_BxQxS, cache_kv, slots_BxQ, scale, impl):
+  """Writes the queries' K/V at their slots, then attends over the whole
+  cache with the uncached forward's own attention (same op, same S keys,
+  same scaling): a query's row of scores, softmax and sum over S are the
+  uncached ones whenever the cache holds the keys that forward would
+  compute, which block-causal attention guarantees for finished blocks."""
+  b, q = q_BxQxHxD.shape[:2]
+  keys_BxSxKxD = ops.write_cache(cache_kv[0], rope(k_BxQxKxD, None),
+                                 slots_BxQ)
+  values_BxSxKxD = ops.write_cache(cache_kv[1], v_BxQxKxD, slots_BxQ)
+  o_BxQxHxD = ops.attention(rope(q_BxQxHxD, None), keys_BxSxKxD,
+                            values_BxSxKxD, key_valid_BxQxS, scale=scale,
+                            implementation=impl)
+  return o_BxQxHxD.reshape(b, q, -1), (keys_BxSxKxD, values_BxSxKxD)
+
+
+def block_mask(key_valid_BxS: jax.Array, blocks_BxQ: jax.Array,
+               key_blocks_BxS: jax.Array | None = None) -> jax.Array:
+  """[B, Q, S]: key s is visible to query q when valid and its decode
+  block is not after q's (bidirectional inside a block, causal across).
+  key_blocks_BxS: the keys' blocks (None: the queries are the keys)."""
+  if key_blocks_BxS is None:
+    key_blocks_BxS = blocks_BxQ
   return key_valid_BxS[:, None, :] & (
-      blocks_BxS[:, None, :] <= blocks_BxS[:, :, None])
+      key_blocks_BxS[:, None, :] <= blocks_BxQ[:, :, None])

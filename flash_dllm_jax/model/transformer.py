@@ -81,7 +81,9 @@ class Transformer(nn.Module):
       mutable=["intermediates"] to read it).
     blocks_BxQ: for block-causal architectures, each position's decode
       block (uncached: a query sees the valid keys of its block and of
-      earlier ones); None is one block (full attention).
+      earlier ones); None is one block (full attention). With a cache,
+      key_blocks_BxS gives the cache slots' blocks, and the queries attend
+      as the uncached forward's would (model/attention.py).
   Returns (logits_BxRxV in float32, updated cache or None).
   """
 
@@ -93,7 +95,7 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxQ, positions_BxQ, key_valid_BxS, cache=None,
                slots_BxQ=None, logit_rows_BxR=None, extras=None,
-               mass_from_layer=0, blocks_BxQ=None):
+               mass_from_layer=0, blocks_BxQ=None, key_blocks_BxS=None):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     roles.declare(self, "embed", roles.Role("vocab_rows", "embedding"))
@@ -111,9 +113,9 @@ class Transformer(nn.Module):
       raise ValueError("a cached forward needs slots_BxQ")
     key_valid = key_valid_BxS
     if blocks_BxQ is not None and cfg.spec.attention.mask == "block_causal":
-      if cache is not None:
-        raise NotImplementedError("cached forwards of block-causal models")
-      key_valid = block_mask(key_valid_BxS, blocks_BxQ)
+      if cache is not None and key_blocks_BxS is None:
+        raise ValueError("a cached block-causal forward needs key_blocks_BxS")
+      key_valid = block_mask(key_valid_BxS, blocks_BxQ, key_blocks_BxS)
     new_k, new_v = [], []
     for layer in range(cfg.n_layers):
       kv = None if cache is None else (cache.k[layer], cache.v[layer])

@@ -14,6 +14,12 @@ ends after a block holding an EOS, or, with `eos_early_stop`, as soon as an
 EOS is committed with no mask before it. The model gets ceil((prompt +
 gen_length) / block_length) whole blocks; `tokens` keep gen_length.
 
+With `block_cache` (the default) a step runs only the current block (and,
+once, the block just finished) against the cached K/V of the prompt and the
+finished blocks (block_cache.py), which gives the uncached loop's tokens and
+model calls; block_cache=False re-runs the whole window each step, as the
+reference does.
+
 Temperature 0 is greedy (argmax, the confidence its softmax probability):
 LLaDA2.1's rule. LLaDA2.0's code samples from softmax(logits) at every
 temperature, 0 included; temperature 1 does that here. Above 0: logits / T,
@@ -34,6 +40,7 @@ import numpy as np
 from flax import struct
 
 from flash_dllm_jax.sampling import checks, commit_rules, select
+from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -41,16 +48,24 @@ from flash_dllm_jax.sampling.state import DecodeState
 @struct.dataclass
 class BlockRows:
   """Per row: its current block (counted from its first prompt token), the
-  steps spent in it, and whether its answer has ended."""
+  steps spent in it, and whether its answer has ended; the BlockCache
+  (None without block_cache)."""
 
   block_B: jax.Array
   step_B: jax.Array
   stop_B: jax.Array
+  cache: BlockCache | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class LLaDA2Sampler:
-  """The reference `generate`'s arguments and defaults (gen_length aside)."""
+  """The reference `generate`'s arguments and defaults (gen_length aside).
+
+  block_cache: run the current block against the cached prompt and
+    finished blocks (False: the whole window each step, as the reference).
+  max_refills: under continuous batching, at most this many slots take a
+    new request per loop step (None: any number).
+  """
 
   gen_length: int = 128
   block_length: int = 32
@@ -60,6 +75,8 @@ class LLaDA2Sampler:
   temperature: float = 0.0
   top_k: int | None = None
   top_p: float | None = None
+  block_cache: bool = True
+  max_refills: int | None = None
 
   def __post_init__(self):
     checks.check_finite(self)
@@ -74,11 +91,13 @@ class LLaDA2Sampler:
     if self.temperature < 0:
       errors.append(f"temperature must be >= 0, got {self.temperature}")
     errors += checks.optional_positive_errors(self, "top_k")
+    errors += checks.optional_positive_errors(self, "max_refills")
     if self.top_p is not None and not 0 < self.top_p <= 1:
       errors.append(f"top_p must be None or in (0, 1], got {self.top_p}")
-    if not isinstance(self.eos_early_stop, bool):
-      errors.append(f"eos_early_stop must be a bool, got "
-                    f"{self.eos_early_stop!r}")
+    for name in ("eos_early_stop", "block_cache"):
+      if not isinstance(getattr(self, name), bool):
+        errors.append(f"{name} must be a bool, got "
+                      f"{getattr(self, name)!r}")
     if errors:
       raise ValueError("invalid LLaDA2 sampler arguments: "
                        + "; ".join(errors))
@@ -110,10 +129,14 @@ class LLaDA2Sampler:
     p = tokens_BxN.shape[1] - self.gen_length - self.tail_length
     prompt_B = jnp.sum(model.valid_BxN[:, :p], axis=1, dtype=jnp.int32)
     zeros = jnp.zeros_like(prompt_B)
-    return BlockRows(prompt_B // self.block_length, zeros, zeros > 0)
+    cache = BlockCache.empty(model) if self.block_cache else None
+    return BlockRows(prompt_B // self.block_length, zeros, zeros > 0, cache)
 
   def finished(self, model, tokens_BxN, aux: BlockRows, prompt_len):
     return aux.stop_B
+
+  def reset_rows(self, aux: BlockRows, rows_B: jax.Array) -> BlockRows:
+    return reset_rows(aux, rows_B)
 
   def _draw(self, logits_BxLxV: jax.Array, rng_B: jax.Array):
     """(tokens_BxL, confidence_BxL) as the reference samples them."""
@@ -131,14 +154,17 @@ class LLaDA2Sampler:
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
-    cfg, aux, bl = model.config, state.aux, self.block_length
+    cfg, bl = model.config, self.block_length
     tokens_BxN = state.tokens_BxN
     b, n = tokens_BxN.shape
-    prompt_B = jnp.sum(model.valid_BxN[:, :prompt_len], axis=1,
-                       dtype=jnp.int32)
-    start_B = aux.block_B * bl + prompt_len - prompt_B  # the current block, in the canvas
+    aux, prompt_B, start_B = current_block(model, state.aux, prompt_len, bl)
     rows_BxL = start_B[:, None] + jnp.arange(bl)
-    logits_BxLxV = model.logits(tokens_BxN, rows_BxL, block_length=bl)
+    cache = aux.cache
+    if self.block_cache:
+      logits_BxLxV, cache = block_logits(model, tokens_BxN, cache, start_B,
+                                         ~state.done_B, bl)
+    else:
+      logits_BxLxV = model.logits(tokens_BxN, rows_BxL, block_length=bl)
     x0_BxL, p_BxL = self._draw(logits_BxLxV, rng_B)
     block_BxL = jnp.take_along_axis(tokens_BxN, rows_BxL, axis=1)
     active_BxL = block_BxL == cfg.mask_token_id
@@ -154,32 +180,55 @@ class LLaDA2Sampler:
                           block_BxL)
     tokens_BxN = tokens_BxN.at[jnp.arange(b)[:, None], rows_BxL].set(
         block_BxL)
-    return tokens_BxN, self._bookkeep(model, aux, tokens_BxN, block_BxL,
-                                      chosen_BxL, x0_BxL, start_B, prompt_B,
-                                      prompt_len), 1
+    eos_B = jnp.any(chosen_BxL & (x0_BxL == cfg.eos_token_id), axis=1)
+    rows = next_rows(model, aux, tokens_BxN, block_BxL, eos_B, start_B,
+                     prompt_B, prompt_len, self.gen_length, self.block_length,
+                     self.block_steps, self.eos_early_stop)
+    return tokens_BxN, rows.replace(cache=cache), 1
 
-  def _bookkeep(self, model, aux: BlockRows, tokens_BxN, block_BxL,
-                chosen_BxL, x0_BxL, start_B, prompt_B,
-                prompt_len) -> BlockRows:
-    """The rows' next block and step, and which answers have ended."""
-    cfg, bl = model.config, self.block_length
-    n = tokens_BxN.shape[1]
-    step_B = aux.step_B + 1
-    block_done_B = ~jnp.any(block_BxL == cfg.mask_token_id, axis=1) | (
-        step_B >= self.block_steps)
-    idx_N = jnp.arange(n)
-    answer_BxN = (idx_N >= prompt_len) & (idx_N < (start_B + bl)[:, None])
-    eos_BxN = answer_BxN & (tokens_BxN == cfg.eos_token_id)
-    stop_B = aux.stop_B
-    if model.stop_ids:
-      stop_B = stop_B | (block_done_B & jnp.any(eos_BxN, axis=1))
-      if self.eos_early_stop:
-        committed_B = jnp.any(chosen_BxL & (x0_BxL == cfg.eos_token_id), 1)
-        first_B = jnp.argmax(eos_BxN, axis=1)
-        before_BxN = answer_BxN & (idx_N < first_B[:, None])
-        clear_B = ~jnp.any(before_BxN & (tokens_BxN == cfg.mask_token_id), 1)
-        stop_B = stop_B | (committed_B & clear_B)
-    block_B = aux.block_B + block_done_B
-    ends_B = -(-(prompt_B + self.gen_length) // bl)  # the row's block count
-    stop_B = stop_B | (block_B >= ends_B)
-    return BlockRows(block_B, jnp.where(block_done_B, 0, step_B), stop_B)
+
+def reset_rows(aux: BlockRows, rows_B: jax.Array) -> BlockRows:
+  """Forgets the rows' progress for a new request (block -1: the next step
+  finds its first block from the new prompt)."""
+  cache = None if aux.cache is None else aux.cache.reset_rows(rows_B)
+  return BlockRows(jnp.where(rows_B, -1, aux.block_B),
+                   jnp.where(rows_B, 0, aux.step_B), aux.stop_B & ~rows_B,
+                   cache)
+
+
+def current_block(model, aux: BlockRows, prompt_len: int, block_length: int):
+  """(aux with every row's block set, prompt_B, start_B): the rows' prompt
+  lengths and their current block's first canvas slot."""
+  prompt_B = jnp.sum(model.valid_BxN[:, :prompt_len], axis=1,
+                     dtype=jnp.int32)
+  block_B = jnp.where(aux.block_B < 0, prompt_B // block_length, aux.block_B)
+  start_B = block_B * block_length + prompt_len - prompt_B
+  return aux.replace(block_B=block_B), prompt_B, start_B
+
+
+def next_rows(model, aux: BlockRows, tokens_BxN, block_BxL, eos_B, start_B,
+              prompt_B, prompt_len, gen_length: int, block_length: int,
+              block_steps: int, eos_early_stop: bool) -> BlockRows:
+  """The rows' next block and step, and which answers have ended, after a
+  step left block_BxL in the current block (eos_B: it committed an EOS)."""
+  cfg, bl = model.config, block_length
+  n = tokens_BxN.shape[1]
+  step_B = aux.step_B + 1
+  block_done_B = ~jnp.any(block_BxL == cfg.mask_token_id, axis=1) | (
+      step_B >= block_steps)
+  idx_N = jnp.arange(n)
+  answer_BxN = (idx_N >= prompt_len) & (idx_N < (start_B + bl)[:, None])
+  eos_BxN = answer_BxN & (tokens_BxN == cfg.eos_token_id)
+  stop_B = aux.stop_B
+  if model.stop_ids:
+    stop_B = stop_B | (block_done_B & jnp.any(eos_BxN, axis=1))
+    if eos_early_stop:
+      first_B = jnp.argmax(eos_BxN, axis=1)
+      before_BxN = answer_BxN & (idx_N < first_B[:, None])
+      clear_B = ~jnp.any(before_BxN & (tokens_BxN == cfg.mask_token_id), 1)
+      stop_B = stop_B | (eos_B & clear_B)
+  block_B = aux.block_B + block_done_B
+  ends_B = -(-(prompt_B + gen_length) // bl)  # the row's block count
+  stop_B = stop_B | (block_B >= ends_B)
+  return BlockRows(block_B, jnp.where(block_done_B, 0, step_B), stop_B,
+                   aux.cache)

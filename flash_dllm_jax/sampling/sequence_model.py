@@ -73,6 +73,22 @@ class SequenceModel:
     out = self.run(tokens_BxQ, slots_BxQ, cache, rows_BxR)
     return out.logits, out.cache
 
+  def block_cached(self, tokens_BxQ: jax.Array, slots_BxQ: jax.Array,
+                   cache: KVCache, rows_BxR: jax.Array, block_length: int
+                   ) -> tuple[jax.Array, KVCache]:
+    """Block-causal cached forward: the tokens' K/V are written at their
+    slots (-1 = padding query), then each query attends to the valid slots
+    of its block and earlier ones, as in `logits(..., block_length)`.
+    Returns (logits [B, R, V], updated cache)."""
+    positions_BxQ = jnp.take_along_axis(self.positions_BxN,
+                                        jnp.maximum(slots_BxQ, 0), axis=1)
+    (logits, new_cache) = self._module.apply(
+        {"params": self.params}, tokens_BxQ, positions_BxQ, self.valid_BxN,
+        cache=cache, slots_BxQ=slots_BxQ, logit_rows_BxR=rows_BxR,
+        blocks_BxQ=positions_BxQ // block_length,
+        key_blocks_BxS=self.positions_BxN // block_length)
+    return logits, new_cache
+
   def run(self, tokens_BxQ: jax.Array, slots_BxQ: jax.Array, cache: KVCache,
           rows_BxR: jax.Array | None = None,
           extras: CachedExtras | None = None,

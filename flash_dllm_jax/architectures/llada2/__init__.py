@@ -93,7 +93,7 @@ SPEC = Architecture(
     read_hf_config=read_hf_config, name_table=_name_table,
     attention=AttentionSpec(qk_norm=True, rope_in_float32=False,
                             mask="block_causal"),
-    logits_shift=0, default_strategy="llada2", samplers=("LLaDA2Sampler",),
+    logits_shift=0, default_strategy="llada2", samplers=("LLaDA2Sampler", "LLaDA2FlashSampler"),
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
     presets={"llada2-mini": _MINI},
     tiny_changes=dict(rms_norm_eps=1e-6, rope_theta=600000.0,

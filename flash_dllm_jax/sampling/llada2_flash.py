@@ -1,0 +1,199 @@
+"""Flash-Verify inside LLaDA2.x's blocks (strategy llada2-flash).
+
+Each step drafts the row's current block with one forward against the
+exact cache of finished blocks (block_cache.py), commits the drafts its
+rule accepts (rule "threshold": every mask with confidence >= threshold,
+and always the most confident one, as Flash-dLLM and Fast-dLLM do;
+"factor": Fast-dLLM's factor rule), then verifies up to block_length // 2
+of the remaining drafts, most confident first, in a second pass that does
+not write the cache (flash_verify.plan): the block's other positions as
+they stand, each candidate as a draft row and as a mask row, over the
+cached finished blocks; mask row i sees the drafts before it, so its
+probability of draft i is "draft i given the earlier drafts". The longest
+prefix whose cumulative probability stays >= gamma is committed too. A
+block ends when no mask is left in it; answers end as in LLaDA2Sampler
+(after a block holding EOS, or with eos_early_stop at a committed EOS with
+no mask before it). Greedy. forwards_B counts both passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from flash_dllm_jax.model import CachedExtras
+from flash_dllm_jax.sampling import checks, commit_rules, flash_verify, select
+from flash_dllm_jax.sampling import llada2
+from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
+from flash_dllm_jax.sampling.llada2 import BlockRows
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.state import DecodeState
+
+RULES = ("threshold", "factor")
+
+
+@dataclasses.dataclass(frozen=True)
+class LLaDA2FlashSampler:
+  """Block drafts, Flash-Verify of the rest; LLaDA2's blocks and stops.
+
+  rule / threshold / factor: the draft's commit rule (commit_rules.py).
+  gamma: the verify pass's acceptance level (Flash-dLLM's).
+  block_cache: False runs the whole window every step (the exactness
+    reference: same tokens and model calls).
+  max_refills: as LLaDA2Sampler's.
+  """
+
+  gen_length: int = 128
+  block_length: int = 32
+  rule: str = "threshold"
+  threshold: float = 0.9
+  factor: float = 1.0
+  gamma: float = 0.8
+  eos_early_stop: bool = False
+  block_cache: bool = True
+  max_refills: int | None = None
+
+  def __post_init__(self):
+    checks.check_finite(self)
+    errors = []
+    for name in ("gen_length", "block_length"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        errors.append(f"{name} must be a positive int, got {value!r}")
+    if self.rule not in RULES:
+      errors.append(f"rule must be one of {RULES}, got {self.rule!r}")
+    if not 0 < self.threshold <= 1:
+      errors.append(f"threshold must be in (0, 1], got {self.threshold}")
+    if not self.factor > 0:
+      errors.append(f"factor must be > 0, got {self.factor}")
+    if not 0 < self.gamma <= 1:
+      errors.append(f"gamma must be in (0, 1], got {self.gamma}")
+    if isinstance(self.block_length, int) and self.block_length < 2:
+      errors.append("block_length must be >= 2 (the verify checks "
+                    "block_length // 2 drafts)")
+    for name in ("eos_early_stop", "block_cache"):
+      if not isinstance(getattr(self, name), bool):
+        errors.append(f"{name} must be a bool, got {getattr(self, name)!r}")
+    errors += checks.optional_positive_errors(self, "max_refills")
+    if errors:
+      raise ValueError("invalid LLaDA2 Flash-Verify sampler arguments: "
+                       + "; ".join(errors))
+
+  @property
+  def tail_length(self) -> int:
+    return self.block_length - 1
+
+  @property
+  def num_steps(self) -> int:
+    """Every step commits a mask at least: a block's masks at most."""
+    blocks = math.ceil(self.gen_length / self.block_length) + 1
+    return blocks * self.block_length
+
+  @property
+  def commit_rule(self) -> commit_rules.CommitRule:
+    return commit_rules.make(self.rule, threshold=self.threshold,
+                             factor=self.factor)
+
+  def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
+    checks.check_fits(prompt_len, self.gen_length + self.tail_length,
+                      max_seq_len)
+
+  def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array) -> BlockRows:
+    p = tokens_BxN.shape[1] - self.gen_length - self.tail_length
+    prompt_B = jnp.sum(model.valid_BxN[:, :p], axis=1, dtype=jnp.int32)
+    zeros = jnp.zeros_like(prompt_B)
+    return BlockRows(prompt_B // self.block_length, zeros, zeros > 0,
+                     BlockCache.empty(model))
+
+  def finished(self, model, tokens_BxN, aux: BlockRows, prompt_len):
+    return aux.stop_B
+
+  def reset_rows(self, aux: BlockRows, rows_B: jax.Array) -> BlockRows:
+    return llada2.reset_rows(aux, rows_B)
+
+  def propose(self, model: SequenceModel, state: DecodeState,
+              rng_B: jax.Array, prompt_len: int):
+    cfg, l = model.config, self.block_length
+    tokens_BxN = state.tokens_BxN
+    rows_Bx1 = jnp.arange(tokens_BxN.shape[0])[:, None]
+    aux, prompt_B, start_B = llada2.current_block(model, state.aux,
+                                                  prompt_len, l)
+    pos_BxL = start_B[:, None] + jnp.arange(l)
+    active_B = ~state.done_B
+    bc = aux.cache if self.block_cache else aux.cache.reset_rows(active_B)
+    logits_BxLxV, bc = block_logits(model, tokens_BxN, bc, start_B, active_B,
+                                    l)
+    x0_BxL, conf_BxL = commit_rules.confidence(logits_BxLxV)
+    x0_BxL = x0_BxL.astype(tokens_BxN.dtype)
+    block_BxL = tokens_BxN[rows_Bx1, pos_BxL]
+    masked_BxL = block_BxL == cfg.mask_token_id
+    commit_BxL = self.commit_rule.commit(conf_BxL, masked_BxL)
+    block_BxL = jnp.where(commit_BxL, x0_BxL, block_BxL)
+    tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
+    v = self.verify_block(model, tokens_BxN, bc.cache, pos_BxL, start_B,
+                          x0_BxL, conf_BxL,
+                          masked_BxL & ~commit_BxL & active_B[:, None])
+    keep_BxL = v.keep_BxL
+    block_BxL = jnp.where(keep_BxL, x0_BxL, block_BxL)
+    tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
+    eos_B = jnp.any((commit_BxL | keep_BxL) & (x0_BxL == cfg.eos_token_id),
+                    axis=1)
+    rows = llada2.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
+                            start_B, prompt_B, prompt_len, self.gen_length,
+                            l, l, self.eos_early_stop)
+    return tokens_BxN, rows.replace(cache=bc), 1 + v.ran_B.astype(jnp.int32)
+
+  def verify_block(self, model, tokens_BxN, cache, pos_BxL, start_B, x0_BxL,
+                   conf_BxL, eligible_BxL) -> "BlockVerify":
+    """The verify pass over the drafts x0_BxL of the eligible block
+    positions pos_BxL (tokens_BxN: the block after the draft's commits;
+    cache: final before start_B)."""
+    b, n = tokens_BxN.shape
+    l, c = self.block_length, self.block_length // 2
+    rows_Bx1 = jnp.arange(b)[:, None]
+    order_BxC = jnp.argsort(jnp.where(eligible_BxL, -conf_BxL, jnp.inf),
+                            axis=1, stable=True)[:, :c]
+    n_cand_B = jnp.minimum(eligible_BxL.sum(1), c)
+    real_BxC = jnp.arange(c)[None, :] < n_cand_B[:, None]
+    slots_BxC = jnp.where(real_BxC, jnp.take_along_axis(pos_BxL, order_BxC, 1),
+                          -1)
+    drafts_BxC = jnp.take_along_axis(x0_BxL, order_BxC, 1)
+    idx_N = jnp.arange(n)
+    block_BxN = (idx_N >= start_B[:, None]) & (idx_N < start_B[:, None] + l)
+    cand_BxN = jnp.zeros((b, n), bool).at[
+        rows_Bx1, jnp.where(real_BxC, slots_BxC, n)].set(True, mode="drop")
+    recent_BxN = jnp.where(block_BxN & ~cand_BxN, 0.0, -jnp.inf)
+    plan = flash_verify.plan(tokens_BxN, recent_BxN, slots_BxC, drafts_BxC,
+                             n_cand_B, l, model.config.mask_token_id)
+    # The cache is final before the block; the block's own slots are stale.
+    hidden_BxS = plan.exclude_BxS | (idx_N >= start_B[:, None])
+
+    def run_pass():
+      out = model.run(plan.tokens_BxQ, plan.slots_BxQ, cache,
+                      plan.score_rows_BxC, extras=CachedExtras(
+                          write_cache=False, exclude_BxS=hidden_BxS,
+                          inq_mask_BxQxQ=plan.inq_BxQxQ))
+      return select.prob_of(out.logits, drafts_BxC)
+
+    p_BxC = jax.lax.cond(jnp.any(plan.S_B > 0), run_pass,
+                         lambda: jnp.zeros((b, c), jnp.float32))
+    keep_BxC = flash_verify.accept(p_BxC, plan.S_B, self.gamma)
+    keep_BxL = jnp.zeros((b, l), bool).at[
+        rows_Bx1, jnp.where(keep_BxC, order_BxC, l)].set(True, mode="drop")
+    return BlockVerify(keep_BxL, plan.S_B > 0, p_BxC, slots_BxC, drafts_BxC)
+
+
+class BlockVerify(NamedTuple):
+  """keep_BxL: the drafts committed; ran_B: rows the pass checked; p_BxC:
+  each candidate's probability given the earlier ones, slots_BxC (-1 =
+  none) and drafts_BxC: the candidates, most confident first."""
+
+  keep_BxL: jax.Array
+  ran_B: jax.Array
+  p_BxC: jax.Array
+  slots_BxC: jax.Array
+  drafts_BxC: jax.Array
