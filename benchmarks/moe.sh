@@ -7,9 +7,10 @@
 # same run. Each part fits one 10-minute device call:
 #   bash benchmarks/moe.sh OUT_DIR tests   # the grouped kernel's GPU tests
 #   bash benchmarks/moe.sh OUT_DIR layer   # one MoE layer, a tiling sweep
-#   bash benchmarks/moe.sh OUT_DIR steps   # llada2 steps (+ the layer)
+#   bash benchmarks/moe.sh OUT_DIR steps   # llada2 whole-window steps (+ the layer)
+#   bash benchmarks/moe.sh OUT_DIR cached  # llada2 block-cache steps
 #   bash benchmarks/moe.sh OUT_DIR dense   # the LLaDA-8B reference
-#   bash benchmarks/moe.sh OUT_DIR         # all four
+#   bash benchmarks/moe.sh OUT_DIR         # all five
 source "$(dirname "$0")/common.sh"
 PART=${2:-all}
 part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
@@ -26,10 +27,15 @@ if part layer; then
       > "$OUT/moe-layer.log" 2>&1
   grep -h "^|\|device" "$OUT/moe-layer.log"
 fi
-if part steps; then
-  timeout 580 python scripts/bench_moe.py --batch 1 32 --json "$OUT/moe.json" \
-      > "$OUT/moe.log" 2>&1
+if part steps; then  # the reference's whole-window step (block_cache=False)
+  timeout 580 python scripts/bench_moe.py --batch 1 32 --window \
+      --json "$OUT/moe.json" > "$OUT/moe.log" 2>&1
   grep -h "^|\|device" "$OUT/moe.log"
+fi
+if part cached; then  # strategy llada2's default, the block cache
+  timeout 580 python scripts/bench_moe.py --batch 1 32 --layer-paths grouped \
+      --json "$OUT/moe-cached.json" > "$OUT/moe-cached.log" 2>&1
+  grep -h "^|\|device" "$OUT/moe-cached.log"
 fi
 if part dense; then
   timeout 580 python scripts/bench_strategies.py --only llada --batch 1 32 \

@@ -16,8 +16,10 @@ every-expert path (implementation 'reference'), against the same floor.
   python scripts/bench_moe.py --batch 1 32 --window  # no block cache
   python scripts/bench_moe.py --smoke          # tiny model, any backend
 
-The step's FLOPs floor counts the whole window (the --window forward); a
-block-cache step computes one or two blocks' queries.
+With --window the step's floor counts the whole window's queries and every
+expert; a block-cache step's floor counts one block's queries and at most
+batch * block * top_k of each layer's routed experts (a pair step runs two
+blocks, so the floor is a lower bound).
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ def main(argv=None):
   moe_params = params[f"layers_{cfg.moe.first_dense_layers}"]["moe"]
   layer_bytes = quantize.weight_bytes(moe_params)
   m = cfg.moe
+  routed_bytes = (cfg.n_layers - m.first_dense_layers) * quantize.weight_bytes(
+      {k: v for k, v in moe_params.items() if k.startswith("experts_")})
   for b in args.batch:
     tokens = b * (args.prompt + args.gen + args.block - 1)
     flops = 2 * tokens * cfg.d_model * (
@@ -149,8 +153,12 @@ def main(argv=None):
           cfg, params, sampler, b, args.prompt, args.reps,
           implementation=ops.Kernels(experts=args.tilings[0]))
       n = args.prompt + args.gen + args.block - 1
-      floor = max(wbytes / bw, timing.forward_flops(cfg, b, n, n,
-                                                    args.block) / mm)
+      # A cached step runs at least one block's queries, which touch at
+      # most b * block * top_k of each layer's experts.
+      q = n if args.window else args.block
+      touched = min(1.0, b * q * m.top_k / m.n_experts)
+      floor = max((wbytes - (1 - touched) * routed_bytes) / bw,
+                  timing.forward_flops(cfg, b, q, n, args.block) / mm)
       rows.append(dict(kind="llada2 step", batch=b, steps=steps,
                        forwards=forwards, ms=s_step * 1e3,
                        floor_ms=floor * 1e3, compile_s=compile_s,
