@@ -12,6 +12,7 @@ from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling import flash_budget
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from tests.test_sampling import (check_compiled_equals_python,
+                                 check_continuous_equals_alone,
                                  check_rows_do_not_depend_on_the_batch,
                                  random_prompts, tiny)
 
@@ -138,20 +139,7 @@ def test_bad_arguments(kwargs, message):
 def test_continuous_batching_equals_each_request_alone(sampler):
   """Five requests through two slots in one compiled loop: every answer and
   forward count equals decoding that request alone."""
-  config, params = tiny("llada", eos_boost=1.2)
-  prompts = random_prompts(40, [4, 19, 9, 30, 6])
-  queued = generate(params, prompts, config=config, sampler=sampler,
-                    batch_size=2)
-  total_alone = 0
-  for i, p in enumerate(prompts):
-    alone = generate(params, [p], config=config, sampler=sampler)
-    np.testing.assert_array_equal(queued.tokens_BxG[i], alone.tokens_BxG[0])
-    assert queued.forwards_B[i] == alone.forwards_B[0]
-    assert queued.steps_B[i] == alone.steps_B[0] == alone.steps
-    total_alone += alone.steps
-  # slots are refilled as soon as they free up: fewer loop steps than
-  # running the requests one after another, at least half as many (2 slots)
-  assert total_alone / 2 <= queued.steps < total_alone
+  check_continuous_equals_alone("llada", sampler, 1.2, [4, 19, 9, 30, 6])
 
 
 @pytest.mark.parametrize("verify", [False, True])

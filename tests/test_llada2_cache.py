@@ -21,6 +21,7 @@ from flash_dllm_jax.sampling import LLaDA2FlashSampler, LLaDA2Sampler
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from tests.test_sampling import (check_compiled_equals_python,
+                                 check_continuous_equals_alone,
                                  check_rows_do_not_depend_on_the_batch,
                                  random_prompts, tiny)
 
@@ -170,15 +171,4 @@ def test_continuous_batching_equals_each_request_alone(sampler):
   """Four requests through two slots in one compiled loop (a refilled slot
   runs its window again): every answer, model call count and step count
   equals decoding that request alone."""
-  config, params = tiny("llada2", eos_boost=1.2)
-  prompts = random_prompts(40, [4, 19, 9, 6])
-  queued = generate(params, prompts, config=config, sampler=sampler,
-                    batch_size=2)
-  total_alone = 0
-  for i, p in enumerate(prompts):
-    alone = generate(params, [p], config=config, sampler=sampler)
-    np.testing.assert_array_equal(queued.tokens_BxG[i], alone.tokens_BxG[0])
-    assert queued.forwards_B[i] == alone.forwards_B[0]
-    assert queued.steps_B[i] == alone.steps_B[0] == alone.steps
-    total_alone += alone.steps
-  assert total_alone / 2 <= queued.steps < total_alone
+  check_continuous_equals_alone("llada2", sampler, 1.2, [4, 19, 9, 6])

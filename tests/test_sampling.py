@@ -94,6 +94,25 @@ def check_rows_do_not_depend_on_the_batch(arch, sampler, eos_boost, seed,
   return batch
 
 
+def check_continuous_equals_alone(arch, sampler, eos_boost, lengths):
+  """Prompts of `random_prompts(40, lengths)` through two slots in one
+  compiled loop: every answer, forward count and step count equals decoding
+  that request alone, and refilled slots take fewer loop steps than running
+  the requests one after another (at least half as many: 2 slots)."""
+  config, params = tiny(arch, eos_boost=eos_boost)
+  prompts = random_prompts(40, lengths)
+  queued = generate(params, prompts, config=config, sampler=sampler,
+                    batch_size=2)
+  total_alone = 0
+  for i, p in enumerate(prompts):
+    alone = generate(params, [p], config=config, sampler=sampler)
+    np.testing.assert_array_equal(queued.tokens_BxG[i], alone.tokens_BxG[0])
+    assert queued.forwards_B[i] == alone.forwards_B[0]
+    assert queued.steps_B[i] == alone.steps_B[0] == alone.steps
+    total_alone += alone.steps
+  assert total_alone / 2 <= queued.steps < total_alone
+
+
 LLADA_CASES = [
     dict(gen_length=16, steps=16, block_length=16),
     dict(gen_length=24, steps=12, block_length=8),

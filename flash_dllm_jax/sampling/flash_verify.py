@@ -185,6 +185,36 @@ class Verified(NamedTuple):
   drafts_BxC: jax.Array
 
 
+def candidates(window_BxW, drafts_BxW, conf_BxW, eligible_BxW, c: int):
+  """The c most confident eligible drafts, most confident first: (their
+  indices into W [B, C], slots [B, C] (-1 = none), drafts [B, C], count
+  [B])."""
+  order_BxC = jnp.argsort(jnp.where(eligible_BxW, -conf_BxW, jnp.inf),
+                          axis=1, stable=True)[:, :c]
+  n_cand_B = jnp.minimum(eligible_BxW.sum(1), c)
+  real_BxC = jnp.arange(c)[None, :] < n_cand_B[:, None]
+  slots_BxC = jnp.where(
+      real_BxC, jnp.take_along_axis(window_BxW, order_BxC, 1), -1)
+  drafts_BxC = jnp.take_along_axis(drafts_BxW, order_BxC, 1)
+  return order_BxC, slots_BxC, drafts_BxC, n_cand_B
+
+
+def run_pass(model, the_plan: VerifyPlan, cache, drafts_BxC,
+             hidden_BxS) -> jax.Array:
+  """p [B, C]: each candidate draft's probability from the verify pass over
+  the plan's rows (no cache write; hidden_BxS slots unseen), skipped when no
+  row has a candidate."""
+  def run():
+    out = model.run(the_plan.tokens_BxQ, the_plan.slots_BxQ, cache,
+                    the_plan.score_rows_BxC, extras=CachedExtras(
+                        write_cache=False, exclude_BxS=hidden_BxS,
+                        inq_mask_BxQxQ=the_plan.inq_BxQxQ))
+    return select.prob_of(out.logits, drafts_BxC)
+
+  return jax.lax.cond(jnp.any(the_plan.S_B > 0), run,
+                      lambda: jnp.zeros(drafts_BxC.shape, jnp.float32))
+
+
 def verify(model, tokens_BxN, recent_key_BxN, window_BxW, drafts_BxW,
            conf_BxW, eligible_BxW, end_B, cache, *, block_m: int,
            gamma: float, accept_none: bool = False,
@@ -196,31 +226,14 @@ def verify(model, tokens_BxN, recent_key_BxN, window_BxW, drafts_BxW,
   accept_none: run the pass, keep nothing (the benchmark schedule).
   exclude_BxS: further slots hidden from the pass (the tail past its keys)."""
   cfg = model.config
-  b = tokens_BxN.shape[0]
-  c = block_m // 2
-  order_BxW = jnp.argsort(jnp.where(eligible_BxW, -conf_BxW, jnp.inf),
-                          axis=1, stable=True)[:, :c]
-  n_cand_B = jnp.minimum(eligible_BxW.sum(1), c)
-  real_BxC = jnp.arange(c)[None, :] < n_cand_B[:, None]
-  cand_slots_BxC = jnp.where(
-      real_BxC, jnp.take_along_axis(window_BxW, order_BxW, 1), -1)
-  cand_drafts_BxC = jnp.take_along_axis(drafts_BxW, order_BxW, 1)
+  _, cand_slots_BxC, cand_drafts_BxC, n_cand_B = candidates(
+      window_BxW, drafts_BxW, conf_BxW, eligible_BxW, block_m // 2)
   the_plan = plan(tokens_BxN, recent_key_BxN, cand_slots_BxC, cand_drafts_BxC,
                   n_cand_B, block_m, cfg.mask_token_id, cfg.logits_shift)
-
   hidden_BxS = the_plan.exclude_BxS
   if exclude_BxS is not None:
     hidden_BxS = hidden_BxS | exclude_BxS
-
-  def run_pass():
-    out = model.run(the_plan.tokens_BxQ, the_plan.slots_BxQ, cache,
-                    the_plan.score_rows_BxC, extras=CachedExtras(
-                        write_cache=False, exclude_BxS=hidden_BxS,
-                        inq_mask_BxQxQ=the_plan.inq_BxQxQ))
-    return select.prob_of(out.logits, cand_drafts_BxC)
-
-  p_BxC = jax.lax.cond(jnp.any(the_plan.S_B > 0), run_pass,
-                       lambda: jnp.zeros((b, c), jnp.float32))
+  p_BxC = run_pass(model, the_plan, cache, cand_drafts_BxC, hidden_BxS)
   p_BxC = jnp.where(cand_slots_BxC >= end_B[:, None], 0.0, p_BxC)
   keep_BxC = accept(p_BxC, the_plan.S_B, gamma)
   if accept_none:

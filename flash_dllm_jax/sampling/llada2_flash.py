@@ -25,8 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.model import CachedExtras
-from flash_dllm_jax.sampling import checks, commit_rules, flash_verify, select
+from flash_dllm_jax.sampling import checks, commit_rules, flash_verify
 from flash_dllm_jax.sampling import llada2
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.llada2 import BlockRows
@@ -153,15 +152,11 @@ class LLaDA2FlashSampler:
     positions pos_BxL (tokens_BxN: the block after the draft's commits;
     cache: final before start_B)."""
     b, n = tokens_BxN.shape
-    l, c = self.block_length, self.block_length // 2
+    l = self.block_length
     rows_Bx1 = jnp.arange(b)[:, None]
-    order_BxC = jnp.argsort(jnp.where(eligible_BxL, -conf_BxL, jnp.inf),
-                            axis=1, stable=True)[:, :c]
-    n_cand_B = jnp.minimum(eligible_BxL.sum(1), c)
-    real_BxC = jnp.arange(c)[None, :] < n_cand_B[:, None]
-    slots_BxC = jnp.where(real_BxC, jnp.take_along_axis(pos_BxL, order_BxC, 1),
-                          -1)
-    drafts_BxC = jnp.take_along_axis(x0_BxL, order_BxC, 1)
+    order_BxC, slots_BxC, drafts_BxC, n_cand_B = flash_verify.candidates(
+        pos_BxL, x0_BxL, conf_BxL, eligible_BxL, l // 2)
+    real_BxC = slots_BxC >= 0
     idx_N = jnp.arange(n)
     block_BxN = (idx_N >= start_B[:, None]) & (idx_N < start_B[:, None] + l)
     cand_BxN = jnp.zeros((b, n), bool).at[
@@ -171,16 +166,7 @@ class LLaDA2FlashSampler:
                              n_cand_B, l, model.config.mask_token_id)
     # The cache is final before the block; the block's own slots are stale.
     hidden_BxS = plan.exclude_BxS | (idx_N >= start_B[:, None])
-
-    def run_pass():
-      out = model.run(plan.tokens_BxQ, plan.slots_BxQ, cache,
-                      plan.score_rows_BxC, extras=CachedExtras(
-                          write_cache=False, exclude_BxS=hidden_BxS,
-                          inq_mask_BxQxQ=plan.inq_BxQxQ))
-      return select.prob_of(out.logits, drafts_BxC)
-
-    p_BxC = jax.lax.cond(jnp.any(plan.S_B > 0), run_pass,
-                         lambda: jnp.zeros((b, c), jnp.float32))
+    p_BxC = flash_verify.run_pass(model, plan, cache, drafts_BxC, hidden_BxS)
     keep_BxC = flash_verify.accept(p_BxC, plan.S_B, self.gamma)
     keep_BxL = jnp.zeros((b, l), bool).at[
         rows_Bx1, jnp.where(keep_BxC, order_BxC, l)].set(True, mode="drop")
