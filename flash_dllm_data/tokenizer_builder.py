@@ -3,9 +3,10 @@ corpus.
 
 Qwen2-style pipeline (NFC, the Qwen2 split regex, byte-level BPE), whose
 regex splits every digit into its own token so the model sees numbers digit
-by digit, which makes arithmetic learnable. LLaDA's special tokens take the
-top ids and LLaDA's chat template is attached, so a checkpoint with this
-tokenizer is an `arch='llada'` model to the rest of the project.
+by digit, which makes arithmetic learnable. The architecture's special tokens
+take the top ids and its chat template is attached (LLaDA's by default, or
+LLaDA2's), so a checkpoint with this tokenizer is a model of that
+architecture to the rest of the project.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tokenizers
 from tokenizers import AddedToken, models
 from tokenizers import pre_tokenizers, trainers
 
+from flash_dllm_jax import architectures
 from flash_dllm_jax.architectures.llada.chat import CHAT_TEMPLATE as LLADA_CHAT_TEMPLATE
 from flash_dllm_jax.tokenizer import Tokenizer, byte_level_pipeline
 
@@ -25,6 +27,9 @@ DEFAULT_VOCAB_SIZE = 1024
 # Text the chat template and the eval prompts add around the problems.
 _EXTRA_TEXT = ("user\n\nassistant\n\n", "Question: ", "\nAnswer:",
                "Answer: ", "The answer is ")
+# LLaDA2's template adds these (merged only in its tokenizer, so LLaDA's
+# stays what it was).
+_LLADA2_TEXT = ("SYSTEM", "detailed thinking off", "HUMAN", "ASSISTANT")
 
 
 def corpus_texts(problems: Sequence[dict]) -> list[str]:
@@ -38,21 +43,36 @@ def corpus_texts(problems: Sequence[dict]) -> list[str]:
 
 def build_tokenizer(texts: Iterable[str],
                     vocab_size: int = DEFAULT_VOCAB_SIZE,
+                    arch: str = "llada",
                     ) -> tuple[Tokenizer, dict[str, int]]:
   """Trains the BPE on `texts` and returns (Tokenizer with exactly
-  `vocab_size` ids, special ids for ModelConfig(arch='llada', ...)).
+  `vocab_size` ids, special ids for ModelConfig(arch=arch, ...)).
+  arch: 'llada' (LLaDA's specials and template) or any architecture with
+  tiny-tokenizer specials (llada2: <|mask|>, <|role_end|>, roles).
 
   Unused ids below the specials are reserved tokens, so the vocabulary size
   (the embedding rows) is fixed whatever the corpus. Deterministic given
   the texts and vocab_size.
   """
-  n_base = vocab_size - len(SPECIAL_TOKENS)
+  if arch == "llada":
+    specials, config = SPECIAL_TOKENS, dict(
+        add_bos_token=False, add_eos_token=False,
+        bos_token="<|startoftext|>", eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>", mask_token="<|mdm_mask|>",
+        chat_template=LLADA_CHAT_TEMPLATE)
+    extra = _EXTRA_TEXT
+  else:
+    spec = architectures.get(arch)
+    specials, config = spec.tiny_special_tokens, dict(
+        spec.tiny_tokenizer_config)
+    extra = _EXTRA_TEXT + _LLADA2_TEXT
+  n_base = vocab_size - len(specials)
   alphabet = pre_tokenizers.ByteLevel.alphabet()
   if n_base < len(alphabet):
-    minimum = len(alphabet) + len(SPECIAL_TOKENS)
+    minimum = len(alphabet) + len(specials)
     raise ValueError(f"vocab_size must be >= {minimum} (256 bytes + "
-                     f"{len(SPECIAL_TOKENS)} specials), got {vocab_size}")
-  texts = list(texts) + list(_EXTRA_TEXT)
+                     f"{len(specials)} specials), got {vocab_size}")
+  texts = list(texts) + list(extra)
   if not any(texts):
     raise ValueError("build_tokenizer needs some non-empty training text")
   tok = byte_level_pipeline(tokenizers.Tokenizer(models.BPE()))
@@ -62,12 +82,8 @@ def build_tokenizer(texts: Iterable[str],
   filler = [f"<|reserved_token_{i}|>"
             for i in range(n_base - tok.get_vocab_size())]
   tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                          for t in filler + list(SPECIAL_TOKENS)])
-  config = dict(add_bos_token=False, add_eos_token=False,
-                bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                pad_token="<|endoftext|>", mask_token="<|mdm_mask|>",
-                chat_template=LLADA_CHAT_TEMPLATE,
-                clean_up_tokenization_spaces=False, model_max_length=4096)
+                          for t in filler + list(specials)])
+  config.update(clean_up_tokenization_spaces=False, model_max_length=4096)
   tokenizer = Tokenizer(tok, config)
   if tokenizer.vocab_size != vocab_size:
     raise RuntimeError(f"built {tokenizer.vocab_size} ids, wanted {vocab_size}")
@@ -75,7 +91,7 @@ def build_tokenizer(texts: Iterable[str],
 
 
 def special_ids(tokenizer: Tokenizer) -> dict[str, int]:
-  """mask/eos/pad/bos/eot_token_id of a LLaDA-format tokenizer, checked."""
+  """mask/eos/pad/bos/eot_token_id of the tokenizer, checked."""
   ids = dict(mask_token_id=tokenizer.mask_id, eos_token_id=tokenizer.eos_id,
              pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.bos_id,
              eot_token_id=tokenizer.eot_id)

@@ -46,6 +46,13 @@ class TrainConfig:
   # The model's ops implementation (flash_dllm_jax/ops/): None uses the
   # GPU's fused (cuDNN) attention there; 'reference' the plain-JAX one.
   implementation: str | None = None
+  # Block-causal architectures: the decode block of the block-diffusion
+  # objective (block_objective.py).
+  block_length: int = 32
+  # MoE: after each step every expert bias moves by this much towards
+  # balance (+ for experts below the mean load, - above; the bias only
+  # shifts the choice, so no gradient trains it). 0 keeps the biases.
+  bias_rate: float = 1e-3
 
   def __post_init__(self):
     bad = [f"{k}={getattr(self, k)!r}" for k in
@@ -60,6 +67,10 @@ class TrainConfig:
       bad.append("fit_to_time needs max_minutes and probe_steps + 1 < "
                  f"warmup_steps (got {self.max_minutes}, {self.probe_steps},"
                  f" {self.warmup_steps})")
+    if not isinstance(self.block_length, int) or self.block_length < 1:
+      bad.append(f"block_length={self.block_length!r} (needs an int >= 1)")
+    if not 0 <= self.bias_rate < 1:
+      bad.append(f"bias_rate={self.bias_rate} (needs 0 <= it < 1)")
     if self.stop_after_minutes is not None and self.stop_after_minutes < 0:
       bad.append(f"stop_after_minutes={self.stop_after_minutes} (needs >= 0)")
     if self.stop_after_steps is not None and self.stop_after_steps <= 0:

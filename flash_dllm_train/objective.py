@@ -19,6 +19,8 @@ import jax.numpy as jnp
 
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import Transformer
+from flash_dllm_jax.ops.choice import Kernels
+from flash_dllm_train.block_objective import block_logits
 
 DEFAULT_EPS = 1e-3
 
@@ -74,11 +76,14 @@ def positions_of(valid_BxN: jax.Array) -> jax.Array:
 
 
 def loss_fn(params, batch: dict, rng: jax.Array, *, config: ModelConfig,
-            eps: float = DEFAULT_EPS, implementation: str | None = None
-            ) -> tuple[jax.Array, dict]:
+            eps: float = DEFAULT_EPS, implementation=None,
+            block_length: int = 32) -> tuple[jax.Array, dict]:
   """The objective on one batch {"tokens_BxN", "prompt_BxN", "valid_BxN"}:
   draws t and the mask from `rng`, runs the model, returns (loss, metrics).
-  Jit-able (config static); differentiable in params."""
+  Block-causal architectures train with the block-diffusion objective
+  (block_objective.py, blocks of `block_length`); an MoE's metrics carry
+  "expert_load", {layer name: tokens per expert [X]}. Jit-able (config
+  static); differentiable in params."""
   tokens_BxN = batch["tokens_BxN"]
   valid_BxN = batch["valid_BxN"].astype(bool)
   response_BxN = valid_BxN & ~batch["prompt_BxN"].astype(bool)
@@ -86,10 +91,33 @@ def loss_fn(params, batch: dict, rng: jax.Array, *, config: ModelConfig,
   t_B, u_BxN = diffusion_draws(rng, b, n, eps)
   noisy_BxN, masked_BxN = noise_tokens(tokens_BxN, response_BxN, t_B, u_BxN,
                                        config.mask_token_id)
-  logits_BxNxV, _ = Transformer(config, implementation=implementation).apply(
-      {"params": params}, noisy_BxN, positions_of(valid_BxN), valid_BxN)
+  if config.moe is not None and not isinstance(implementation, Kernels):
+    # The grouped expert kernel has no VJP: train through the dense path.
+    implementation = Kernels(name=implementation, experts=None)
+  model = Transformer(config, implementation=implementation)
+  mutable = ["intermediates"] if config.moe is not None else False
+  positions_BxN = positions_of(valid_BxN)
+  if config.spec.attention.mask == "block_causal":
+    out = block_logits(model, params, noisy_BxN, tokens_BxN, positions_BxN,
+                       valid_BxN, block_length, mutable)
+  else:
+    out = model.apply({"params": params}, noisy_BxN, positions_BxN,
+                      valid_BxN, mutable=mutable)
+    out = (out[0][0], out[1]) if mutable else out[0]
+  logits_BxNxV, state = out if mutable else (out, {})
   if config.logits_shift:  # Dream: row i-1 predicts token i
     logits_BxNxV = jnp.concatenate([logits_BxNxV[:, :1],
                                     logits_BxNxV[:, :-1]], axis=1)
-  return masked_diffusion_loss(logits_BxNxV, tokens_BxN, masked_BxN,
-                               response_BxN, t_B)
+  loss, metrics = masked_diffusion_loss(logits_BxNxV, tokens_BxN, masked_BxN,
+                                        response_BxN, t_B)
+  if config.moe is not None:
+    metrics["expert_load"] = expert_loads(state)
+  return loss, metrics
+
+
+def expert_loads(state: dict) -> dict:
+  """{"layers_N": tokens per expert [X]} from a forward's intermediates."""
+  inter = state.get("intermediates", {})
+  return {name: layer["moe"]["expert_load"][0]
+          for name, layer in inter.items()
+          if "moe" in layer and "expert_load" in layer["moe"]}

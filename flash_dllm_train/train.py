@@ -31,6 +31,7 @@ from flash_dllm_jax.model import init_params
 from flash_dllm_jax.tokenizer import Tokenizer
 from flash_dllm_train import checkpoints as ckpt
 from flash_dllm_train import run_log
+from flash_dllm_train.balance import balance_experts, expert_imbalance
 from flash_dllm_train.data import Batches, EncodedRows, rows_batch
 from flash_dllm_train.stream import StreamBatches
 from flash_dllm_train.config import TrainConfig, make_optimizer, \
@@ -92,7 +93,8 @@ def make_steps(config: ModelConfig, tc: TrainConfig):
   so they do not depend on restarts. Cached: runs with equal settings share
   one compilation."""
   objective = functools.partial(loss_fn, config=config, eps=tc.eps,
-                                implementation=tc.implementation)
+                                implementation=tc.implementation,
+                                block_length=tc.block_length)
   schedule, optimizer = make_schedule(tc), make_optimizer(tc)
 
   def train_step(state: TrainState, batch, key):
@@ -103,10 +105,18 @@ def make_steps(config: ModelConfig, tc: TrainConfig):
     params = optax.apply_updates(state.params, updates)
     metrics = {**metrics, "grad_norm": _tree_norm(grads),
                "lr": schedule(state.step)}
+    if "expert_load" in metrics:
+      loads = metrics.pop("expert_load")
+      params = balance_experts(params, loads, tc.bias_rate)
+      metrics["expert_imbalance"] = expert_imbalance(loads)
     return TrainState(state.step + 1, params, opt_state), metrics
 
   def eval_step(params, batch, key):
-    return objective(params, batch, key)[1]
+    metrics = objective(params, batch, key)[1]
+    if "expert_load" in metrics:
+      metrics["expert_imbalance"] = expert_imbalance(
+          metrics.pop("expert_load"))
+    return metrics
 
   return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
 

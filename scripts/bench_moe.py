@@ -3,7 +3,8 @@
 Random bf16 weights at the mini's geometry (16.3B parameters, 256 experts,
 8 per token); strategy `llada2` on the pure schedule (`--per-step` tokens a
 step, so random weights do not change the step count), every position
-decoded. Prints ms per step against its floor, the larger of two
+decoded; with `--strategies llada2-flash` also its draft + verify step
+(its floor two passes). Prints ms per step against its floor, the larger of two
 measured in this run: every weight read once per step (a step of hundreds
 of tokens routes to every expert) at the copy rate, and the step's FLOPs
 (K experts a token) at the measured bf16 matmul rate. Plus one MoE layer
@@ -77,6 +78,21 @@ def tiling_name(t: ops.ExpertTiling) -> str:
           f"s{t.num_stages}")
 
 
+def step_sampler(name: str, args):
+  """(sampler, model passes a step) of a timed strategy: llada2 on the pure
+  schedule (--per-step tokens a step); llada2-flash with its defaults, a
+  draft and a verify pass a step (random weights commit about one token a
+  step, so its tokens per step come from a trained model)."""
+  if name == "llada2":
+    return build_sampler("llada2", "llada2", dict(
+        gen_length=args.gen, block_length=args.block, threshold=None,
+        steps=args.block // args.per_step,
+        block_cache=not args.window)), 1
+  return build_sampler(name, "llada2", dict(
+      gen_length=args.gen, block_length=args.block,
+      block_cache=not args.window)), 2
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
@@ -89,6 +105,9 @@ def main(argv=None):
   ap.add_argument("--window", action="store_true",
                   help="re-run the whole window each step (block_cache "
                        "off, the reference's way) instead of the block cache")
+  ap.add_argument("--strategies", nargs="+", default=["llada2"],
+                  choices=["llada2", "llada2-flash"],
+                  help="decodes to time (llada2-flash: one timed run)")
   ap.add_argument("--json", type=Path, default=None)
   ap.add_argument("--layer-only", action="store_true",
                   help="only the MoE layer, no decode")
@@ -144,28 +163,28 @@ def main(argv=None):
         rows.append(dict(kind=kind, batch=b, tokens=tokens,
                          error=f"{type(e).__name__}: {str(e)[:300]}"))
       print(rows[-1], flush=True)
-  sampler = build_sampler("llada2", "llada2", dict(
-      gen_length=args.gen, block_length=args.block, threshold=None,
-      steps=args.block // args.per_step, block_cache=not args.window))
-  for b in [] if args.layer_only else args.batch:
+  decodes = [(name, b) for name in args.strategies for b in args.batch]
+  for name, b in [] if args.layer_only else decodes:
+    sampler, passes = step_sampler(name, args)
     try:
       s_step, compile_s, steps, forwards = timing.time_decode(
-          cfg, params, sampler, b, args.prompt, args.reps,
+          cfg, params, sampler, b, args.prompt,
+          args.reps if name == "llada2" else 1,
           implementation=ops.Kernels(experts=args.tilings[0]))
       n = args.prompt + args.gen + args.block - 1
       # A cached step runs at least one block's queries, which touch at
       # most b * block * top_k of each layer's experts.
       q = n if args.window else args.block
       touched = min(1.0, b * q * m.top_k / m.n_experts)
-      floor = max((wbytes - (1 - touched) * routed_bytes) / bw,
-                  timing.forward_flops(cfg, b, q, n, args.block) / mm)
-      rows.append(dict(kind="llada2 step", batch=b, steps=steps,
+      floor = passes * max((wbytes - (1 - touched) * routed_bytes) / bw,
+                           timing.forward_flops(cfg, b, q, n, args.block) / mm)
+      rows.append(dict(kind=f"{name} step", batch=b, steps=steps,
                        forwards=forwards, ms=s_step * 1e3,
                        floor_ms=floor * 1e3, compile_s=compile_s,
                        tok_s=b * args.gen / (s_step * steps),
                        peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
     except Exception as e:  # noqa: BLE001
-      rows.append(dict(kind="llada2 step", batch=b,
+      rows.append(dict(kind=f"{name} step", batch=b,
                        error=f"{type(e).__name__}: {str(e)[:300]}"))
     print(rows[-1], flush=True)
   if args.json:

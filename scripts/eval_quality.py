@@ -61,7 +61,8 @@ def sampler_options(strategy: str, gen_length: int) -> dict:
 
 def parse_strategy(spec: str) -> tuple[str, dict]:
   """'flash-dllm:block_m=64,gamma=0.7' -> ('flash-dllm', {'block_m': 64,
-  'gamma': 0.7}); values parse as int, float, true/false, or stay text."""
+  'gamma': 0.7}); values parse as int, float, true/false/none, or stay
+  text."""
   name, _, rest = spec.partition(":")
   options = {}
   for item in filter(None, rest.split(",")):
@@ -69,7 +70,8 @@ def parse_strategy(spec: str) -> tuple[str, dict]:
     if not eq or not key:
       raise ValueError(f"strategy {spec!r}: options are key=value, got "
                        f"{item!r}")
-    value = {"true": True, "false": False}.get(text.lower(), text)
+    value = {"true": True, "false": False, "none": None}.get(text.lower(),
+                                                            text)
     for cast in (int, float):
       try:
         value = cast(text)
@@ -88,24 +90,30 @@ def _num(x, fmt, unit=""):
   return "-" if x is None else format(x, fmt) + unit
 
 
-def quality_table(summaries: dict, lengths, strategies) -> str:
+def quality_table(summaries: dict, lengths, strategies, reference="llada",
+                  baseline="threshold") -> str:
   """Markdown: the table over {(strategy, gen length): summary} and the
-  targets section (PASS / FAIL / n/a per target)."""
-  cols = ["strategy", "gen len", "n", "accuracy", "Δ acc vs LLaDA (pts)",
-          "tok/step", "tok/step ÷ threshold", "tok/s"]
+  targets section (PASS / FAIL / n/a per target). Accuracy differences are
+  to `reference`'s, tokens per step over `baseline`'s."""
+  ref = "LLaDA" if reference == "llada" else reference
+  cols = ["strategy", "gen len", "n", "accuracy",
+          f"Δ acc vs {ref} (pts)", "tok/step",
+          f"tok/step ÷ {baseline}", "tok/s"]
   lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   targets = []
   for L in lengths:
-    base, thr = summaries.get(("llada", L)), summaries.get(("threshold", L))
+    base, thr = summaries.get((reference, L)), summaries.get((baseline, L))
     acc = base["score"] if base else None
-    targets.append((f"LLaDA sampler >= {100 * LLADA_TARGET:g}% at gen {L}",
+    targets.append((f"{'LLaDA sampler' if ref == 'LLaDA' else ref} >= "
+                    f"{100 * LLADA_TARGET:g}% at gen {L}",
                     _pct(acc), None if acc is None else acc >= LLADA_TARGET))
     for name in strategies:
       s = summaries.get((name, L))
       if s is None:
         continue
       diff = ratio = None
-      if name != "llada" and base and None not in (s["score"], base["score"]):
+      if (name != reference and base
+          and None not in (s["score"], base["score"])):
         diff = round(100 * (s["score"] - base["score"]), 9) + 0.0  # no -0
       if thr and s["tokens_per_step"] and thr["tokens_per_step"]:
         ratio = round(s["tokens_per_step"] / thr["tokens_per_step"], 9)
@@ -115,10 +123,10 @@ def quality_table(summaries: dict, lengths, strategies) -> str:
           _num(ratio, ".2f", "x"),
           _num(s["tokens_per_s"], ".1f")]) + " |")
       base_name = parse_strategy(name)[0]
-      if name != "llada":
+      if name != reference:
         ok = None if diff is None else diff >= -MAX_DROP
-        targets.append((f"{name} within {MAX_DROP:g} point of LLaDA at gen "
-                        f"{L}", _num(diff, "+.1f", " pts"), ok))
+        targets.append((f"{name} within {MAX_DROP:g} point of {ref} "
+                        f"at gen {L}", _num(diff, "+.1f", " pts"), ok))
       if base_name == "flash-dllm":
         ok = None if ratio is None else ratio >= TPS_TARGET
         targets.append((f"{name} tok/step >= {TPS_TARGET:g}x threshold "
@@ -135,9 +143,10 @@ def quality_table(summaries: dict, lengths, strategies) -> str:
                         _num(own, ".2f", "x"),
                         None if own is None else own >= TPS_TARGET))
   verdict = {True: "PASS", False: "FAIL", None: "n/a (not run)"}
-  out = lines + ["", "Δ acc: accuracy minus the LLaDA sampler's at the same "
-                 "length, in percentage points. tok/step ÷ threshold: tokens "
-                 "per step over threshold decoding's (no cache) at the same "
+  out = lines + ["", "Δ acc: accuracy minus "
+                 f"{'the LLaDA sampler' if ref == 'LLaDA' else ref}'s at the same "
+                 f"length, in percentage points. tok/step ÷ {baseline}: "
+                 f"tokens per step over {baseline}'s at the same "
                  "length. tok/s excludes JAX compilation.", "", "## Targets",
                  "", "| target | value | result |", "|---|---|---|"]
   out += [f"| {t} | {v} | {verdict[ok]} |" for t, v, ok in targets]
@@ -154,6 +163,11 @@ def main(argv=None) -> int:
                   help="first N problems (default: all)")
   ap.add_argument("--gen-lengths", type=int, nargs="+", default=[128, 256])
   ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
+  ap.add_argument("--reference", default="llada",
+                  help="the strategy (as listed) accuracy is compared to")
+  ap.add_argument("--baseline", default="threshold",
+                  help="the strategy (as listed) tokens per step are "
+                  "divided by")
   ap.add_argument("--batch-size", type=int, default=128,
                   help="rows per batch (capped at the problem count)")
   ap.add_argument("--mesh", default=None, help="as eval_gsm8k's --mesh")
@@ -216,7 +230,8 @@ def main(argv=None) -> int:
   if parallel.process_index() != 0:  # process 0 merges and reports
     return 0
   report.write_report(args.out_dir)
-  table = quality_table(summaries, args.gen_lengths, args.strategies)
+  table = quality_table(summaries, args.gen_lengths, args.strategies,
+                        args.reference, args.baseline)
   header = (f"# Quality: {args.checkpoint.name} on {args.data.name} "
             f"(0-shot, chat), {batch} rows per batch\n\n")
   (args.out_dir / "quality.md").write_text(header + table)

@@ -45,12 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 from flash_dllm_jax.checkpoint import load  # noqa: E402
-from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_data import synthetic_gsm  # noqa: E402
 from flash_dllm_data.tokenizer_builder import (  # noqa: E402
     build_tokenizer, corpus_texts, special_ids)
 from flash_dllm_jax.tokenizer import Tokenizer  # noqa: E402
-from flash_dllm_train import checkpoints as ckpt  # noqa: E402
+from flash_dllm_train import checkpoints as ckpt, models  # noqa: E402
 from flash_dllm_train.data import EOS_PAD, encode_problems  # noqa: E402
 from flash_dllm_train.evaluate import solve_accuracy  # noqa: E402
 from flash_dllm_train.stream import StreamBatches  # noqa: E402
@@ -58,11 +57,12 @@ from flash_dllm_train.train import (  # noqa: E402
     TrainConfig, train)
 from flash_dllm_train.run_log import scheduled_steps  # noqa: E402
 
-MODEL_ARGS = ("layers", "d_model", "heads", "kv_heads", "mlp_hidden",
-              "vocab_size", "rope_theta", "max_seq_len")
+MODEL_ARGS = ("arch", "layers", "d_model", "heads", "kv_heads", "mlp_hidden",
+              "vocab_size", "rope_theta", "max_seq_len", "experts", "top_k",
+              "expert_hidden", "shared_experts", "dense_layers")
 SMOKE = dict(steps=6, batch_size=4, layers=2, d_model=64, heads=4,
              kv_heads=4, mlp_hidden=128, log_every=2, eval_every=3,
-             ckpt_every=3, eval_problems=2, gen_length=32)
+             ckpt_every=3, eval_problems=2, gen_length=32, expert_hidden=32)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
                   "checkpoint) whose weights, config and tokenizer replace "
                   "the random init; fresh optimizer state and schedule")
   g = ap.add_argument_group("model")
+  g.add_argument("--arch", choices=models.ARCHS, default="llada",
+                 help="llada: dense, full attention, LLaDA's SFT objective; "
+                 "llada2: block-causal MoE, the block-diffusion objective")
   g.add_argument("--layers", type=int, default=8)
   g.add_argument("--d-model", type=int, default=384)
   g.add_argument("--heads", type=int, default=6)
@@ -104,6 +107,15 @@ def _parser() -> argparse.ArgumentParser:
   g.add_argument("--vocab-size", type=int, default=1024)
   g.add_argument("--rope-theta", type=float, default=10000.0)
   g.add_argument("--max-seq-len", type=int, default=1024)
+  g.add_argument("--experts", type=int, default=8, help="llada2: routed "
+                 "experts (--top-k per token, width --expert-hidden)")
+  g.add_argument("--top-k", type=int, default=2)
+  g.add_argument("--expert-hidden", type=int, default=128)
+  g.add_argument("--shared-experts", type=int, default=1)
+  g.add_argument("--dense-layers", type=int, default=1,
+                 help="llada2: first layers with the dense MLP")
+  g.add_argument("--block-length", type=int, default=32,
+                 help="llada2: decode block of the objective and final check")
   g.add_argument("--dtype", choices=["bfloat16", "float32"],
                  default="bfloat16", help="compute dtype (params are f32)")
   t = ap.add_argument_group("training")
@@ -194,14 +206,11 @@ def main(argv=None):
           512 if args.data is None else 50000, args.data_seed, "train",
           workers=max(1, args.stream_workers), phrasing=args.phrasing)
     tokenizer, _ = build_tokenizer(corpus_texts(train_rows[:50000]),
-                                   args.vocab_size)
-  config = ModelConfig(
-      arch="llada", vocab_size=tokenizer.vocab_size, d_model=args.d_model,
-      n_layers=args.layers, n_heads=args.heads,
-      n_kv_heads=args.kv_heads or args.heads,
-      head_dim=args.d_model // args.heads, mlp_hidden=args.mlp_hidden,
-      rms_norm_eps=1e-5, rope_theta=args.rope_theta,
-      max_seq_len=args.max_seq_len, dtype=args.dtype, **special_ids(tokenizer))
+                                   args.vocab_size, args.arch)
+  config = models.train_config(
+      args.arch, special_ids(tokenizer), vocab_size=tokenizer.vocab_size,
+      **{k: getattr(args, k) for k in MODEL_ARGS[2:] if k != "vocab_size"},
+      layers=args.layers, dtype=args.dtype)
   if init_from is not None:
     config = init_config.replace(dtype=args.dtype)
   if args.stream:
@@ -231,7 +240,7 @@ def main(argv=None):
                    implementation=args.implementation,
                    stop_after_minutes=args.stop_after_minutes,
                    stop_after_steps=args.stop_after_steps,
-                   eos_pad=args.eos_pad)
+                   eos_pad=args.eos_pad, block_length=args.block_length)
   t1 = time.time()
   try:
     params, step = train(config, tokenizer, rows, out, tc, eval_rows,
@@ -254,14 +263,17 @@ def main(argv=None):
   print(f"wrote {out / 'model'} ({size / 1e6:.2f} MB), {out / 'loss.png'}")
   if args.eval_problems > 0:
     model = load(out / "model")
-    acc, results = solve_accuracy(
+    block = args.block_length if config.arch == "llada2" else 32
+    acc, results = solve_accuracy(  # the architecture's default sampler
         model, test_rows[:args.eval_problems], gen_length=args.gen_length,
-        steps=args.gen_length, block_length=32)
+        steps=block if config.arch == "llada2" else args.gen_length,
+        block_length=block)
     for question, text, predicted, target in results[:3]:
       print(f"--- {question}\n{text}\n(predicted {predicted}, target "
             f"{target})")
     print(f"held-out accuracy {acc:.3f} on {len(results)} problems "
-          f"(gen_length {args.gen_length}, LLaDA sampler, block 32)")
+          f"(gen_length {args.gen_length}, {config.spec.default_strategy} "
+          f"sampler, block {block})")
 
 
 if __name__ == "__main__":

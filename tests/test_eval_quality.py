@@ -117,3 +117,19 @@ def test_script_end_to_end_on_the_tiny_checkpoint(tmp_path):
   # Every (strategy, length) is an ordinary eval run with a summary.
   assert len(list(out.glob("*/summary.json"))) == 2 * len(strategies)
   assert (out / "results.md").exists()
+
+
+def test_reference_and_baseline_are_chosen():
+  q = _module()
+  ref, thr = "llada2:threshold=none,block_cache=false", "llada2:block_cache=false"
+  assert q.parse_strategy(ref) == ("llada2", {"threshold": None,
+                                              "block_cache": False})
+  summaries = {(ref, 192): _summary(0.90, 1.0), (thr, 192): _summary(0.90, 2.0),
+               ("llada2-flash", 192): _summary(0.88, 5.0)}
+  table = q.quality_table(summaries, [192], [ref, thr, "llada2-flash"],
+                          reference=ref, baseline=thr)
+  assert (f"| llada2-flash | 192 | 10 | 88.0% | -2.0 | 5.00 | 2.50x | 100.0 |"
+          in table)
+  assert (f"| llada2-flash within 1 point of {ref} at gen 192 | -2.0 pts | "
+          "FAIL |") in table
+  assert f"| {ref} >= 90% at gen 192 | 90.0% | PASS |" in table

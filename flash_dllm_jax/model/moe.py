@@ -133,6 +133,10 @@ class MoE(nn.Module):
                          router.astype(jnp.float32),
                          precision=jax.lax.Precision.HIGHEST)
     ids_TxK, weights_TxK = route_rows(moe, logits_TxX, bias)
+    # Tokens per expert, for training's bias balancing (kept only when
+    # applied with mutable=["intermediates"]).
+    self.sow("intermediates", "expert_load", jnp.sum(
+        jax.nn.one_hot(ids_TxK, moe.n_experts, dtype=jnp.float32), (0, 1)))
     stack = lambda name, i, o: ExpertStack(
         moe.n_experts, o, self.param_dtype, cfg.quantize, name=name)(i)
     stacks = (stack("experts_gate", e, moe.hidden),

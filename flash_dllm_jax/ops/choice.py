@@ -15,13 +15,14 @@ Tiling = attention_api.Tiling  # the attention kernel's tiling rules
 class Kernels:
   """A kernel choice with settings, accepted wherever `implementation` is:
   name as `implementation` (None: by backend), the attention kernel's
-  tiling rules, the grouped expert kernel's (`routed_experts`) and the
-  rows per sequence up to which 8-bit weights stream (`quantized_linear`;
+  tiling rules, the grouped expert kernel's (`routed_experts`; None runs
+  every expert on every row, the differentiable path training takes, as
+  the kernel has no VJP) and the rows per sequence up to which 8-bit weights stream (`quantized_linear`;
   benchmarks sweep them; static, so part of the jit key)."""
 
   name: str | None = None
   attention: attention_api.Tiling = attention_api.Tiling()
-  experts: ExpertTiling = ExpertTiling()
+  experts: ExpertTiling | None = ExpertTiling()
   stream_max_q: int | None = None  # default: ops.stream_max_q(format)
 
   def __post_init__(self):
@@ -41,7 +42,7 @@ def tiling(implementation) -> attention_api.Tiling:
   return attention_api.Tiling()
 
 
-def expert_tiling(implementation) -> ExpertTiling:
+def expert_tiling(implementation) -> ExpertTiling | None:
   if isinstance(implementation, Kernels):
     return implementation.experts
   return ExpertTiling()

@@ -11,7 +11,9 @@ mesh. It costs every expert's FLOPs on every row.
 Grouped (GPU 'pallas', or 'pallas_interpret'): pairs sorted by expert into
 fixed tiles (pallas_kernels/grouped_matmul), K experts' FLOPs a row; its
 rows are invariant too (kernel.py). What the kernel does not take (widths
-without a power-of-two tile, unusual scale groups) runs dense.
+without a power-of-two tile, unusual scale groups) runs dense, and so does
+a `Kernels` choice without expert tiling (training: the dense path is
+differentiable).
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ def routed_experts(x_TxE: jax.Array, ids_TxK: jax.Array, first, stacks, *,
   `stacks` (gate, up, down: ExpertStack arrays, X' experts) hold, experts
   first .. first + X' - 1; with others (pairs may have other experts) the
   other pairs are -0.0."""
-  impl = kernel_name(implementation)
-  if impl != "reference":
+  impl, tiling = kernel_name(implementation), expert_tiling(implementation)
+  if impl != "reference" and tiling is not None:
     try:
       return grouped_api.expert_mlp(
           x_TxE, ids_TxK - first, *stacks,
-          tiling=expert_tiling(implementation), implementation=impl)
+          tiling=tiling, implementation=impl)
     except NotImplementedError:
       pass
   return dense_experts(x_TxE, ids_TxK, first, stacks, others)
