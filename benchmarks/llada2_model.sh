@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The shipped LLaDA2-format model (checkpoints/synthetic-gsm-llada2-moe):
 # its training recipe on one GPU and BENCHMARKS.md's "LLaDA2 quality" and
-# "LLaDA2 speed" tables. Training spans two device calls on the SAME warm
-# machine (the paused optimizer state stays on it):
-#   bash benchmarks/llada2_model.sh OUT_DIR a        # trains, pauses
-#   bash benchmarks/llada2_model.sh OUT_DIR b        # resumes, exports, solves
+# "LLaDA2 speed" tables, each part one device call of under 10 minutes:
+#   bash benchmarks/llada2_model.sh OUT_DIR train    # trains, exports, solves
 #                                                    # the README's problem
 #   bash benchmarks/llada2_model.sh OUT_DIR quality "192 256"
 #   bash benchmarks/llada2_model.sh OUT_DIR speed    # LLaDA2.0-mini shapes
 # quality runs on $RUN/model when it exists, else on the shipped checkpoint.
 # OUT gets logs, metrics.jsonl, loss.png, model.tar.* (cat model.tar.* |
-# tar -x) and quality.tgz.
+# tar -x) and quality.tgz. A longer schedule (MINUTES=N) can pause and
+# resume across calls on one warm machine: PAUSE=M pauses after M minutes,
+# and the same part again continues.
 source "$(dirname "$0")/common.sh"
 RUN=${RUN:-runs/train-llada2}
 SHIPPED=checkpoints/synthetic-gsm-llada2-moe
@@ -20,24 +20,20 @@ T="python scripts/train_tiny.py --arch llada2 --data data/synthetic_gsm \
     --heads 6 --kv-heads 2 --mlp-hidden 768 --experts 8 --top-k 2 \
     --expert-hidden 128 --shared-experts 1 --dense-layers 1 \
     --block-length 32 --batch-size 128 --seq-len 320 --out $RUN \
-    --fit-to-time --max-minutes 10.5 --steps 100000 --eval-every 1000 \
+    --fit-to-time --max-minutes ${MINUTES:-5.0} --steps 100000 --eval-every 1000 \
     --ckpt-every 100000"
 # The four decodings of the quality table: the reference sampler (one token
 # a step), its threshold rule without and with the block cache, llada2-flash.
 REF="llada2:threshold=none,block_cache=false"
 THR="llada2:block_cache=false"
-case "${2:?second argument: a, b, quality or speed}" in
-  a) rm -rf "$RUN"
-     $T --stop-after-minutes 6.5 > "$OUT/train-a.log" 2>&1
-     tail -n 5 "$OUT/train-a.log" ;;
-  b) if ! ls -d "$RUN"/checkpoints/step_* > /dev/null 2>&1; then
-       echo "no paused run in $RUN: run part a on this machine first" >&2
-       exit 3
-     fi
-     $T --eval-problems 0 > "$OUT/train-b.log" 2>&1 || exit 1
+case "${2:?second argument: train, quality or speed}" in
+  train)
+     [ -n "${PAUSE:-}" ] && pause="--stop-after-minutes $PAUSE"
+     $T --eval-problems 0 ${pause:-} > "$OUT/train.log" 2>&1 || exit 1
+     tail -n 3 "$OUT/train.log"
+     [ -d "$RUN/model" ] || exit 0  # paused: the same part again continues
      cp "$RUN/metrics.jsonl" "$RUN/loss.png" "$OUT/"
      tar -cf - -C "$RUN" model | split -b 15M - "$OUT/model.tar."
-     tail -n 3 "$OUT/train-b.log"
      python -m flash_dllm_jax generate --checkpoint "$RUN/model" \
          --strategy llada2-flash --prompt "$PROMPT" --gen-length 192 \
          | tee "$OUT/readme-problem.txt" ;;
@@ -55,17 +51,17 @@ case "${2:?second argument: a, b, quality or speed}" in
        done
      done
      wait
-     python scripts/eval_quality.py --checkpoint "$ckpt" \
-         --limit ${LIMIT:-1000} --gen-lengths ${3:-192 256} \
+     timeout ${QUALITY_TIMEOUT:-540} python scripts/eval_quality.py \
+         --checkpoint "$ckpt" --limit ${LIMIT:-1000} --gen-lengths ${3:-192 256} \
          --strategies "$REF" "$THR" llada2 llada2-flash --reference "$REF" \
          --baseline "$THR" --no-progress --out-dir "$OUT/q" \
          > "$OUT/quality.log" 2>&1
      tar -czf "$OUT/quality.tgz" -C "$OUT" q
      grep -h "^|" "$OUT/q/quality.md" ;;
   speed)
-     timeout 580 python scripts/bench_moe.py --batch 1 32 \
-         --strategies llada2 llada2-flash --layer-paths grouped \
+     timeout ${SPEED_TIMEOUT:-580} python scripts/bench_moe.py --batch 1 32 \
+         --strategies llada2 llada2-flash --layer-paths grouped --reps 1 \
          --json "$OUT/llada2-speed.json" > "$OUT/llada2-speed.log" 2>&1
      grep -h "^|\|device" "$OUT/llada2-speed.log" ;;
-  *) echo "second argument: a, b, quality or speed" >&2; exit 2 ;;
+  *) echo "second argument: train, quality or speed" >&2; exit 2 ;;
 esac

@@ -71,7 +71,8 @@ def restore_checkpoint(path: str | Path, opt_state_like: Any,
   `opt_state_like` (optimizer.init of same-shaped params) gives the tree."""
   path = Path(path).absolute()
   step = json.loads((path / "state.json").read_text())["step"]
-  params, config, tokenizer = load(path / "model")
+  # Unfused, as training built them (load joins q/k/v on a GPU).
+  params, config, tokenizer = load(path / "model", fuse_qkv=False)
   treedef = jax.tree.structure(opt_state_like)
   like = jax.tree.leaves(opt_state_like)
   tree = ocp.PyTreeCheckpointer().restore(path / "optimizer")
