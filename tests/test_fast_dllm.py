@@ -14,7 +14,7 @@ from flash_dllm_jax.model import KVCache, Transformer
 from flash_dllm_jax.sampling import FastDLLMSampler, LLaDASampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from tests import fast_dllm_reference as ref
-from tests.test_sampling import (check_compiled_equals_python,
+from tests.test_sampling import (NEIGHBOURS, check_compiled_equals_python,
                                  random_prompts, tiny)
 
 
@@ -164,10 +164,11 @@ def test_rows_do_not_depend_on_the_batch(arch, opts):
   sampler = FastDLLMSampler(gen_length=32, block_length=8, **opts)
   prompts = random_prompts(5, [4, 13, 9, 30])
   batch = _gen(arch, sampler, prompts, stop_at_eos=True)
-  others = random_prompts(6, [40, 2])  # more left padding, other neighbours
+  # Other neighbours in the same prompt bucket: the batch's program.
+  others = random_prompts(6, NEIGHBOURS)
   for i, prompt in enumerate(prompts):
     alone = _gen(arch, sampler, [prompt], stop_at_eos=True)
-    mixed = _gen(arch, sampler, [others[0], prompt, others[1]],
+    mixed = _gen(arch, sampler, [others[0], prompt, *others[1:]],
                  stop_at_eos=True)
     for out, row in ((alone, 0), (mixed, 1)):
       np.testing.assert_array_equal(out.tokens_BxG[row], batch.tokens_BxG[i])

@@ -16,9 +16,15 @@ from tests.attention_case import CASES, check as _check, inputs as _inputs
 from tests.kernel_case import gpu_only, rng as _rng
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16],
-                         ids=["f32", "bf16"])
-@pytest.mark.parametrize("name", list(CASES))
+# Every case in float32; bfloat16 on one case per path that rounds
+# differently: new keys in the query's tile, a split merge (with an empty
+# row), and a long cache over several splits.
+BF16_CASES = ["g4_d128_new", "g4_d64_split", "g1_d128_long"]
+
+
+@pytest.mark.parametrize("name,dtype", [
+    *[pytest.param(n, jnp.float32, id=f"{n}-f32") for n in CASES],
+    *[pytest.param(n, jnp.bfloat16, id=f"{n}-bf16") for n in BF16_CASES]])
 def test_matches_reference(request, name, dtype):
   b, q, h, kh, d, s, t, k_lens, q_lens, block_k, splits = CASES[name]
   args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,

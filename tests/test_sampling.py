@@ -10,7 +10,7 @@ import torch
 
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import decode_jit, decode_tokens, generate
-from flash_dllm_jax.prompts import left_pad
+from flash_dllm_jax.prompts import PROMPT_BUCKET, left_pad
 from flash_dllm_jax.model import Transformer, init_params
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
 from flash_dllm_jax.sampling.dream import torch_linspace_f32
@@ -74,23 +74,33 @@ def check_compiled_equals_python(arch, sampler, eos_boost, seed, lengths):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+# Neighbour prompt lengths of the batch-independence checks: one bucket.
+NEIGHBOURS = [31, 2, 17]
+
+
 def check_rows_do_not_depend_on_the_batch(arch, sampler, eos_boost, seed,
                                           lengths):
   """Each prompt of `random_prompts(seed, lengths)` decodes to the same
-  tokens and forward count alone, in the batch, and in the middle of a
-  batch with other neighbours and more left padding (each row keeps its
-  own seed). Returns the batch's GenerateOutput."""
+  tokens and forward count alone, in the batch, and at row 1 of a batch of
+  as many rows with other neighbours and seeds (each row keeps its own
+  seed). The lengths and the neighbours' (NEIGHBOURS) lie in one prompt
+  bucket, so every call runs one of two programs (batch and alone): a
+  longer neighbour would decode in a group of its own (bucket_groups)
+  and only add compilations. Returns the batch's GenerateOutput."""
   config, params = tiny(arch, eos_boost=eos_boost)
   prompts = random_prompts(seed, lengths)
+  assert max(lengths) <= PROMPT_BUCKET and len(lengths) <= len(NEIGHBOURS) + 1
   batch = generate(params, prompts, config=config, sampler=sampler, seed=3)
-  others = random_prompts(seed + 1, [40, 2])
+  others = random_prompts(seed + 1, NEIGHBOURS[:len(lengths) - 1])
+  seeds = [9, 3] + [11 + j for j in range(len(lengths) - 2)]
   for i, p in enumerate(prompts):
     alone = generate(params, [p], config=config, sampler=sampler, seed=3)
     np.testing.assert_array_equal(alone.tokens_BxG[0], batch.tokens_BxG[i])
     assert alone.forwards_B[0] == batch.forwards_B[i]
-    mixed = generate(params, [others[0], p, others[1]], config=config,
-                     sampler=sampler, seed=[9, 3, 11])
+    mixed = generate(params, [others[0], p, *others[1:]], config=config,
+                     sampler=sampler, seed=seeds)
     np.testing.assert_array_equal(mixed.tokens_BxG[1], batch.tokens_BxG[i])
+    assert mixed.forwards_B[1] == batch.forwards_B[i]
   return batch
 
 
