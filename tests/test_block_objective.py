@@ -83,7 +83,8 @@ def test_two_copy_logits_are_the_samplers_view(setup):
   model = Transformer(config, implementation="reference")
   both = block_logits(model, params, noisy, tokens, pos, valid, BLOCK)
   n = tokens.shape[1]
-  for b in range(0, n // BLOCK, 3):
+  first = int(np.min(np.argmax(np.asarray(response), axis=1))) // BLOCK
+  for b in (first, n // BLOCK - 4):  # a block shared with the prompt; a late one
     lo, hi = b * BLOCK, (b + 1) * BLOCK
     view = jnp.concatenate([tokens[:, :lo], noisy[:, lo:hi]], axis=1)
     alone, _ = model.apply({"params": params}, view, pos[:, :hi],
@@ -127,14 +128,14 @@ def test_balance_moves_biases_towards_the_mean():
 
 def test_a_few_steps_lower_the_loss_and_balance(setup):
   _, config, rows, params = setup
-  tc = TrainConfig(steps=20, batch_size=8, lr=3e-3, warmup_steps=2,
+  tc = TrainConfig(steps=12, batch_size=8, lr=3e-3, warmup_steps=2,
                    block_length=BLOCK, bias_rate=1e-2)
   optimizer = make_optimizer(tc)
   train_step, eval_step = make_steps(config, tc)
   state = TrainState(jnp.int32(0), params, optimizer.init(params))
   batch = rows_batch(rows, np.arange(8))
   before = eval_step(state.params, batch, jax.random.key(9))
-  for _ in range(20):
+  for _ in range(12):
     state, metrics = train_step(state, batch, jax.random.key(1))
   after = eval_step(state.params, batch, jax.random.key(9))
   assert float(after["loss"]) < 0.7 * float(before["loss"])

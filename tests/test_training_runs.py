@@ -219,3 +219,19 @@ def test_train_tiny_script_warm_starts_from_a_model_dir(tmp_path, capsys):
     script.main(base + ["--out", str(tmp_path / "c"), "--layers", "3",
                         "--init-from", str(tmp_path / "a" / "model")])
   assert "drop --layers" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_unfused_projections(setup, tmp_path, monkeypatch):
+  """load() joins q/k/v on a GPU; a resumed run must get the layout it
+  trains (and saved), so restore_checkpoint asks for it unfused."""
+  from flash_dllm_jax.model import fuse
+  from flash_dllm_train.config import make_optimizer
+  tok, config, _, _ = setup
+  params = init_params(config, jax.random.key(0), param_dtype="float32")
+  opt_state = make_optimizer(TrainConfig()).init(params)
+  ckpt.save_checkpoint(tmp_path, 3, params, opt_state, config, tok, 1)
+  monkeypatch.setattr(fuse, "joins_by_default", lambda: True)
+  step, got, _, got_config, _ = ckpt.restore_checkpoint(
+      ckpt.list_checkpoints(tmp_path)[-1][1], opt_state)
+  assert step == 3 and got_config == config
+  assert jax.tree.structure(got) == jax.tree.structure(params)
