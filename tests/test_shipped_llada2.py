@@ -58,3 +58,34 @@ def test_solves_with_llada2_flash_and_the_cache_is_exact():
   np.testing.assert_array_equal(outs[0].tokens_BxG, outs[1].tokens_BxG)
   np.testing.assert_array_equal(outs[0].forwards_B, outs[1].forwards_B)
   assert extract_answer(outs[0].texts[0]) == "8"
+
+
+def test_server_llada2_flash_answers_equal_offline(tmp_path):
+  """Three chats on two slots (one refill mid-decode), sent at once through
+  the official client: each answer equals offline generate's alone."""
+  import concurrent.futures
+  from flash_dllm_jax.generate import answer_ids
+  from tests.serve_case import Server
+  rows = [json.loads(line) for line in TEST_SPLIT.read_text().splitlines()]
+  prompts = [README_PROBLEM, rows[692]["question"], rows[838]["question"]]
+  options = {"gen_length": 160}
+  model = flash_dllm_jax.load(CHECKPOINT)
+  sampler = build_sampler("llada2-flash", "llada2", options)
+  want = [answer_ids(flash_dllm_jax.generate(
+      model, [p], chat=True, sampler=sampler).tokens_BxG[0], model[1])
+      for p in prompts]
+  server = Server(CHECKPOINT, "llada2-flash", options, "--batch-size", "2",
+                  "--max-prompt-tokens", "160",
+                  log_path=tmp_path / "server.log")
+  try:
+    server.wait_ready()
+    client = server.client()
+    name = client.models.list().data[0].id
+    ask = lambda p: client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": p}])
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+      got = list(pool.map(ask, prompts))
+    assert [g.choices[0].token_ids for g in got] == want
+    assert extract_answer(got[0].choices[0].message.content) == "8"
+  finally:
+    server.close()
