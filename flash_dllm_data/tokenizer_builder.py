@@ -65,7 +65,7 @@ def build_tokenizer(texts: Iterable[str],
     spec = architectures.get(arch)
     specials, config = spec.tiny_special_tokens, dict(
         spec.tiny_tokenizer_config)
-    extra = _EXTRA_TEXT + _LLADA2_TEXT
+    extra = _EXTRA_TEXT + (_LLADA2_TEXT if arch == "llada2" else ())
   n_base = vocab_size - len(specials)
   alphabet = pre_tokenizers.ByteLevel.alphabet()
   if n_base < len(alphabet):

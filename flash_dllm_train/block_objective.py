@@ -22,8 +22,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.config import ModelConfig
-
 
 def two_copy_mask(valid_BxN: jax.Array, blocks_BxN: jax.Array) -> jax.Array:
   """[B, 2N, 2N] bool: which of the 2N keys ([x_t; x_0]) each query sees."""
@@ -37,28 +35,15 @@ def two_copy_mask(valid_BxN: jax.Array, blocks_BxN: jax.Array) -> jax.Array:
   return jnp.concatenate([top, bottom], axis=1)
 
 
-def block_logits(model, params, noisy_BxN, tokens_BxN, positions_BxN,
-                 valid_BxN, block_length: int, mutable=False):
-  """The x_t copy's logits [B, N, V] (float32) of the two-copy forward
-  (`model` a Transformer), and with `mutable` its collections."""
+def two_copy_logits(model, params, noisy_BxN, tokens_BxN, positions_BxN,
+                 valid_BxN, block_length: int):
+  """(the x_t copy's logits [B, N, V] in float32, the forward's
+  intermediates) of the two-copy forward (`model` a Transformer)."""
   n = tokens_BxN.shape[1]
-  blocks_BxN = positions_BxN // block_length
-  mask = two_copy_mask(valid_BxN, blocks_BxN)
+  mask = two_copy_mask(valid_BxN, positions_BxN // block_length)
   rows_BxN = jnp.broadcast_to(jnp.arange(n), tokens_BxN.shape)
-  out = model.apply(
+  (logits_BxNxV, _), state = model.apply(
       {"params": params}, jnp.concatenate([noisy_BxN, tokens_BxN], axis=1),
       jnp.concatenate([positions_BxN, positions_BxN], axis=1), mask,
-      logit_rows_BxR=rows_BxN, mutable=mutable)
-  if mutable:
-    (logits_BxNxV, _), state = out
-    return logits_BxNxV, state
-  return out[0]
-
-
-def check_block_config(config: ModelConfig, block_length: int) -> None:
-  if config.spec.attention.mask != "block_causal":
-    raise ValueError(f"the block-diffusion objective is for block-causal "
-                     f"architectures; {config.arch!r} attends fully")
-  if not isinstance(block_length, int) or block_length < 1:
-    raise ValueError(f"block_length must be a positive int, got "
-                     f"{block_length!r}")
+      logit_rows_BxR=rows_BxN, mutable=["intermediates"])
+  return logits_BxNxV, state

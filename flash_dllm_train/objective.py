@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import Transformer
 from flash_dllm_jax.ops.choice import Kernels
-from flash_dllm_train.block_objective import block_logits
+from flash_dllm_train.block_objective import two_copy_logits
 
 DEFAULT_EPS = 1e-3
 
@@ -95,16 +95,15 @@ def loss_fn(params, batch: dict, rng: jax.Array, *, config: ModelConfig,
     # The grouped expert kernel has no VJP: train through the dense path.
     implementation = Kernels(name=implementation, experts=None)
   model = Transformer(config, implementation=implementation)
-  mutable = ["intermediates"] if config.moe is not None else False
   positions_BxN = positions_of(valid_BxN)
   if config.spec.attention.mask == "block_causal":
-    out = block_logits(model, params, noisy_BxN, tokens_BxN, positions_BxN,
-                       valid_BxN, block_length, mutable)
-  else:
-    out = model.apply({"params": params}, noisy_BxN, positions_BxN,
-                      valid_BxN, mutable=mutable)
-    out = (out[0][0], out[1]) if mutable else out[0]
-  logits_BxNxV, state = out if mutable else (out, {})
+    logits_BxNxV, state = two_copy_logits(
+        model, params, noisy_BxN, tokens_BxN, positions_BxN, valid_BxN,
+        block_length)
+  else:  # intermediates: an MoE's expert loads (nothing else is sown here)
+    (logits_BxNxV, _), state = model.apply(
+        {"params": params}, noisy_BxN, positions_BxN, valid_BxN,
+        mutable=["intermediates"])
   if config.logits_shift:  # Dream: row i-1 predicts token i
     logits_BxNxV = jnp.concatenate([logits_BxNxV[:, :1],
                                     logits_BxNxV[:, :-1]], axis=1)

@@ -209,8 +209,12 @@ def main(argv=None):
                                    args.vocab_size, args.arch)
   config = models.train_config(
       args.arch, special_ids(tokenizer), vocab_size=tokenizer.vocab_size,
-      **{k: getattr(args, k) for k in MODEL_ARGS[2:] if k != "vocab_size"},
-      layers=args.layers, dtype=args.dtype)
+      layers=args.layers, d_model=args.d_model, heads=args.heads,
+      kv_heads=args.kv_heads, mlp_hidden=args.mlp_hidden,
+      rope_theta=args.rope_theta, max_seq_len=args.max_seq_len,
+      dtype=args.dtype, experts=args.experts, top_k=args.top_k,
+      expert_hidden=args.expert_hidden, shared_experts=args.shared_experts,
+      dense_layers=args.dense_layers)
   if init_from is not None:
     config = init_config.replace(dtype=args.dtype)
   if args.stream:

@@ -17,8 +17,9 @@ class Kernels:
   name as `implementation` (None: by backend), the attention kernel's
   tiling rules, the grouped expert kernel's (`routed_experts`; None runs
   every expert on every row, the differentiable path training takes, as
-  the kernel has no VJP) and the rows per sequence up to which 8-bit weights stream (`quantized_linear`;
-  benchmarks sweep them; static, so part of the jit key)."""
+  the kernel has no VJP) and the rows per sequence up to which 8-bit
+  weights stream (`quantized_linear`; benchmarks sweep them; static, so
+  part of the jit key)."""
 
   name: str | None = None
   attention: attention_api.Tiling = attention_api.Tiling()
