@@ -17,7 +17,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import bucket_groups, left_pad
 from flash_dllm_jax.sampling import (DecodeState, Sampler, make_step,
                                      run_compiled, run_python)
-from flash_dllm_jax.sampling import checks, continuous
+from flash_dllm_jax.sampling import checks, continuous, row_options
 from flash_dllm_jax.sampling.loop import Refillable, tail_length
 from flash_dllm_jax.sampling.row_sampling import (RowSampling, Sampling,
                                                   row_settings)
@@ -197,12 +197,15 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   seed: one seed for every row, or one per row. A row's random draws come
     from its own seed only, so its answer never depends on the rest of the
     batch.
-  sampling: a `Sampling` (temperature, top_p, top_k) for every row, or one
-    per row (row_sampling.py); None: greedy. Rows with different settings
-    decode in one compiled program, and a row's tokens depend only on its
-    prompt, settings and seed. Taken by the samplers that sample per row
-    (Flash-dLLM, Fast-dLLM, Elastic-Cache); the others have their own
-    temperature options.
+  sampling: a `Sampling` (temperature, top_p, top_k; threshold, factor,
+    gamma) for every row, or one per row (row_sampling.py); None: greedy.
+    Rows with different settings decode in one compiled program, and a
+    row's tokens depend only on its prompt, settings and seed. temperature
+    / top_p / top_k are taken by the samplers that sample per row
+    (Flash-dLLM, Fast-dLLM, Elastic-Cache; the others have their own
+    temperature options); threshold / factor / gamma replace the sampler's
+    own in its rule where it has that rule (row_options.py: a row decodes
+    what the sampler built with the value decodes), else ValueError.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
   batch_size: decode at most this many rows at a time. Samplers that can
     refill slots (`reset_rows`: Flash-dLLM, Elastic-Cache) use continuous
@@ -241,6 +244,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
   row_sampling = row_settings(sampler, sampling, len(rows))
+  row_options.check_rows(sampler, row_sampling)
   if batch_size is not None and batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   mesh = parallel.parse_mesh(mesh)

@@ -64,6 +64,7 @@ class FastDLLMSampler:
   """
 
   samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
+  row_options: ClassVar[tuple[str, ...]] = ("threshold", "factor")
 
   gen_length: int = 256
   block_length: int = 32

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,10 +41,14 @@ class LLaDA2FlashSampler:
 
   rule / threshold / factor: the draft's commit rule (commit_rules.py).
   gamma: the verify pass's acceptance level (Flash-dLLM's).
+  A row's own threshold, factor and gamma are row data (row_options.py);
+  the draft stays greedy.
   block_cache: False runs the whole window every step (the exactness
     reference: same tokens and model calls).
   max_refills: as LLaDA2Sampler's.
   """
+
+  row_options: ClassVar[tuple[str, ...]] = ("threshold", "factor", "gamma")
 
   gen_length: int = 128
   block_length: int = 32
@@ -130,12 +134,14 @@ class LLaDA2FlashSampler:
     x0_BxL = x0_BxL.astype(tokens_BxN.dtype)
     block_BxL = tokens_BxN[rows_Bx1, pos_BxL]
     masked_BxL = block_BxL == cfg.mask_token_id
-    commit_BxL = self.commit_rule.commit(conf_BxL, masked_BxL)
+    commit_BxL = commit_rules.row_rule(self.commit_rule, state).commit(
+        conf_BxL, masked_BxL)
     block_BxL = jnp.where(commit_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     v = self.verify_block(model, tokens_BxN, bc.cache, pos_BxL, start_B,
                           x0_BxL, conf_BxL,
-                          masked_BxL & ~commit_BxL & active_B[:, None])
+                          masked_BxL & ~commit_BxL & active_B[:, None],
+                          commit_rules.row_value(state, "gamma", self.gamma))
     keep_BxL = v.keep_BxL
     block_BxL = jnp.where(keep_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
@@ -147,10 +153,11 @@ class LLaDA2FlashSampler:
     return tokens_BxN, rows.replace(cache=bc), 1 + v.ran_B.astype(jnp.int32)
 
   def verify_block(self, model, tokens_BxN, cache, pos_BxL, start_B, x0_BxL,
-                   conf_BxL, eligible_BxL) -> "BlockVerify":
+                   conf_BxL, eligible_BxL, gamma=None) -> "BlockVerify":
     """The verify pass over the drafts x0_BxL of the eligible block
     positions pos_BxL (tokens_BxN: the block after the draft's commits;
-    cache: final before start_B)."""
+    cache: final before start_B; gamma: [B] the rows' levels, None: the
+    sampler's)."""
     b, n = tokens_BxN.shape
     l = self.block_length
     rows_Bx1 = jnp.arange(b)[:, None]
@@ -167,7 +174,8 @@ class LLaDA2FlashSampler:
     # The cache is final before the block; the block's own slots are stale.
     hidden_BxS = plan.exclude_BxS | (idx_N >= start_B[:, None])
     p_BxC = flash_verify.run_pass(model, plan, cache, drafts_BxC, hidden_BxS)
-    keep_BxC = flash_verify.accept(p_BxC, plan.S_B, self.gamma)
+    keep_BxC = flash_verify.accept(
+        p_BxC, plan.S_B, self.gamma if gamma is None else gamma)
     keep_BxL = jnp.zeros((b, l), bool).at[
         rows_Bx1, jnp.where(keep_BxC, order_BxC, l)].set(True, mode="drop")
     return BlockVerify(keep_BxL, plan.S_B > 0, p_BxC, slots_BxC, drafts_BxC)

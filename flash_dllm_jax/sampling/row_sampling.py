@@ -2,7 +2,9 @@
 
 `Sampling` is one request's settings (host side, validated); `RowSampling`
 holds them per row ([B] arrays) in `DecodeState.sampling`, so rows with
-different temperature / top_p / top_k decode in one compiled program.
+different temperature / top_p / top_k, and different values of the
+sampler's numeric rule options (threshold, factor, gamma: row_options.py),
+decode in one compiled program.
 
 `propose_tokens` turns a step's logits into (token, confidence, logprob) per
 scored position; logprob is the token's log-probability under the model's
@@ -39,12 +41,16 @@ _OUT = -1e30
 class Sampling:
   """One row's settings: temperature >= 0 (0: greedy), top_p in (0, 1],
   top_k >= 0 (0: off); threshold in (0, 1]: the confidence a position needs
-  to commit under the threshold rule (None: the sampler's own)."""
+  to commit under the threshold rule; factor > 0: the factor rule's;
+  gamma: Flash-Verify's acceptance level or Elastic-Cache's drift level
+  (the sampler checks its range; row_options.py). None: the sampler's own."""
 
   temperature: float = 0.0
   top_p: float = 1.0
   top_k: int = 0
   threshold: float | None = None
+  factor: float | None = None
+  gamma: float | None = None
 
   def __post_init__(self):
     errors = []
@@ -60,6 +66,15 @@ class Sampling:
     if h is not None and not (isinstance(h, (int, float))
                               and math.isfinite(h) and 0 < h <= 1):
       errors.append(f"threshold must be None or in (0, 1], got {h!r}")
+    real = lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and math.isfinite(v))
+    if self.factor is not None and not (real(self.factor)
+                                        and self.factor > 0):
+      errors.append(f"factor must be None or a number > 0, got "
+                    f"{self.factor!r}")
+    if self.gamma is not None and not real(self.gamma):
+      errors.append(f"gamma must be None or a finite number, got "
+                    f"{self.gamma!r}")
     if errors:
       raise ValueError("invalid sampling settings: " + "; ".join(errors))
 
@@ -84,31 +99,37 @@ def row_settings(sampler, sampling, n_rows: int
                         f"{type(r).__name__}")
   if getattr(sampler, "samples_rows", False):
     return rows
-  if any(r != GREEDY for r in rows):
+  own = getattr(sampler, "row_options", ())  # greedy, its rule options
+  if any(dataclasses.replace(r, **dict.fromkeys(own)) != GREEDY
+         for r in rows):
     raise ValueError(f"{type(sampler).__name__} does not take per-row "
                      "sampling settings; use its own options (temperature, "
                      "top_p, ...)")
-  return None
+  return rows if own else None
 
 
 @struct.dataclass
 class RowSampling:
   """temperature_B float32, top_p_B float32, top_k_B int32 (0: off),
-  threshold_B float32 (NaN: the sampler's own)."""
+  threshold_B, factor_B, gamma_B float32 (NaN: the sampler's own)."""
 
   temperature_B: jax.Array
   top_p_B: jax.Array
   top_k_B: jax.Array
   threshold_B: jax.Array
+  factor_B: jax.Array
+  gamma_B: jax.Array
 
   @classmethod
   def host(cls, rows: list[Sampling]) -> "RowSampling":
     """numpy arrays of the rows' settings (the engine fills them per slot)."""
+    own = lambda name: np.array([np.nan if getattr(r, name) is None
+                                 else getattr(r, name) for r in rows],
+                                np.float32)
     return cls(np.array([r.temperature for r in rows], np.float32),
                np.array([r.top_p for r in rows], np.float32),
                np.array([r.top_k for r in rows], np.int32),
-               np.array([np.nan if r.threshold is None else r.threshold
-                         for r in rows], np.float32))
+               own("threshold"), own("factor"), own("gamma"))
 
   @classmethod
   def of(cls, rows: list[Sampling]) -> "RowSampling":
