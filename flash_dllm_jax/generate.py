@@ -197,15 +197,12 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   seed: one seed for every row, or one per row. A row's random draws come
     from its own seed only, so its answer never depends on the rest of the
     batch.
-  sampling: a `Sampling` (temperature, top_p, top_k; threshold, factor,
-    gamma) for every row, or one per row (row_sampling.py); None: greedy.
-    Rows with different settings decode in one compiled program, and a
-    row's tokens depend only on its prompt, settings and seed. temperature
-    / top_p / top_k are taken by the samplers that sample per row
-    (Flash-dLLM, Fast-dLLM, Elastic-Cache; the others have their own
-    temperature options); threshold / factor / gamma replace the sampler's
-    own in its rule where it has that rule (row_options.py: a row decodes
-    what the sampler built with the value decodes), else ValueError.
+  sampling: a `Sampling` for every row, or one per row (row_sampling.py);
+    None: greedy. Rows with different settings decode in one compiled
+    program; a row's tokens depend only on its prompt, settings and seed.
+    temperature / top_p / top_k: for the samplers that sample per row
+    (Flash-dLLM, Fast-dLLM, Elastic-Cache; the others have their own);
+    threshold / factor / gamma replace the sampler's (row_options.py).
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
   batch_size: decode at most this many rows at a time. Samplers that can
     refill slots (`reset_rows`: Flash-dLLM, Elastic-Cache) use continuous

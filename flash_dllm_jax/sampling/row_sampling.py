@@ -85,8 +85,9 @@ GREEDY = Sampling()
 def row_settings(sampler, sampling, n_rows: int
                  ) -> list[Sampling] | None:
   """Each row's Sampling (one for all, or one per row), or None for a
-  sampler that does not sample per row (only greedy rows are allowed
-  there: its own options, such as LLaDA's temperature, decide)."""
+  sampler that takes no row data (only greedy rows are allowed there: its
+  own options, such as LLaDA's temperature, decide). A sampler with
+  `row_options` but no per-row sampling takes greedy rows with those."""
   if sampling is None or isinstance(sampling, Sampling):
     rows = [sampling or GREEDY] * n_rows
   else:

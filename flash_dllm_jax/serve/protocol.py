@@ -11,9 +11,12 @@ k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
     compiles its sampler variants at start (`--variant`); the request is
     decoded by the first variant whose options equal these (none stated:
     the server's own flags), else 400. For strategies that sample per row
-    (Flash-dLLM, Fast-dLLM, Elastic-Cache) temperature / top_p / top_k and
-    decoding.threshold are the row's own data; for the others they are
-    sampler options, matched like `decoding`.
+    (Flash-dLLM, Fast-dLLM, Elastic-Cache) temperature / top_p / top_k are
+    the row's own data; for the others they are sampler options, matched
+    like `decoding`. The numeric rule options decoding.threshold /
+    decoding.factor / decoding.gamma are the row's own data wherever the
+    sampler has them (sampling/row_options.py; llada2-flash too), never a
+    variant; a value for a rule the variant does not run is a 400.
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
 """

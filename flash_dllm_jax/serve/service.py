@@ -16,6 +16,7 @@ from flash_dllm_jax.serve.errors import BadRequest
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
 from flash_dllm_jax.serve.scheduler import Request, Scheduler
+from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.serve.text import AnswerText
 
@@ -52,10 +53,6 @@ class Settings:
     top = padded_length(self.max_prompt_tokens)
     return tuple(range(PROMPT_BUCKET, top + 1, PROMPT_BUCKET))
 
-
-# Sampler options that are row data for samplers that sample per row
-# (their values do not change the compiled program).
-ROW_OPTIONS = ("threshold",)
 
 # Request fields that pick a variant besides `decoding`, for samplers that
 # do not sample per row: (field, the value a sampler without the option
@@ -168,8 +165,8 @@ class Service:
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
-      if name in ROW_OPTIONS and self.samples_rows:
-        continue  # the row's own (see `_row_threshold`)
+      if name in getattr(self.sampler, "row_options", ()):
+        continue  # the row's own (see `_row_options`)
       stated.append((name, value, f"decoding.{name}", None))
     left = list(range(len(self.samplers)))
     for name, value, param, absent in stated:
@@ -185,21 +182,24 @@ class Service:
       left = match
     return left[0]
 
-  def _row_threshold(self, req, sampler) -> float | None:
-    """decoding.threshold as the row's own threshold (None: not stated), or
-    BadRequest where the variant's rule has none."""
-    value = (req.decoding or {}).get("threshold")
-    if value is None or not self.samples_rows:
-      return None
-    if sampler.rule != "threshold":
-      raise BadRequest(f"decoding.threshold applies to rule='threshold', "
-                       f"not the variant's rule {sampler.rule!r}",
-                       "decoding.threshold")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-        or not 0 < value <= 1:
-      raise BadRequest(f"decoding.threshold must be in (0, 1], got "
-                       f"{value!r}", "decoding.threshold")
-    return float(value)
+  def _row_options(self, req, sampler) -> dict[str, float]:
+    """The stated decoding options that are the row's own data
+    (row_options.py: threshold, factor, gamma), or BadRequest naming the
+    field where the variant has no such rule or refuses the value."""
+    out = {}
+    for name in getattr(sampler, "row_options", ()):
+      value = (req.decoding or {}).get(name)
+      if value is None:
+        continue
+      param = f"decoding.{name}"
+      if isinstance(value, bool) or not isinstance(value, (int, float)) \
+          or not math.isfinite(value):
+        raise BadRequest(f"{param} must be a finite number, got {value!r}",
+                         param)
+      if why := row_options.value_error(sampler, name, float(value)):
+        raise BadRequest(f"{param}: {why}", param)
+      out[name] = float(value)
+    return out
 
   def _logprobs(self, req) -> bool:
     """Whether `req` asks for log-probabilities; BadRequest for what the
@@ -272,8 +272,9 @@ class Service:
       sampling = Sampling(
           temperature=float(req.temperature or 0.0),
           top_p=float(1.0 if req.top_p is None else req.top_p),
-          top_k=max(0, req.top_k or 0),
-          threshold=self._row_threshold(req, sampler))
+          top_k=max(0, req.top_k or 0), **self._row_options(req, sampler))
+    elif row_options.takes_rows(sampler):  # greedy rows, their rule options
+      sampling = Sampling(**self._row_options(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
     bucket = padded_length(len(ids))
