@@ -190,7 +190,9 @@ def main(argv=None):
     if changed or args.tokenizer:
       ap.error(f"--init-from takes the model and tokenizer from "
                f"{args.init_from}; drop {' '.join(changed) or '--tokenizer'}")
-    init_from, init_config, init_tokenizer = load(args.init_from)
+    # Unfused, the layout training builds (load joins q/k/v on a GPU).
+    init_from, init_config, init_tokenizer = load(args.init_from,
+                                                  fuse_qkv=False)
     if init_tokenizer is None:
       ap.error(f"--init-from {args.init_from}: no tokenizer.json there")
   found = ckpt.list_checkpoints(out)

@@ -201,8 +201,13 @@ def test_warm_start_begins_at_the_given_weights(setup, tmp_path):
   assert "down_proj" in str(err.value)
 
 
-def test_train_tiny_script_warm_starts_from_a_model_dir(tmp_path, capsys):
+def test_train_tiny_script_warm_starts_from_a_model_dir(tmp_path, capsys,
+                                                        monkeypatch):
+  """--init-from trains (and exports) the layout training builds, unfused,
+  even where load() would join q/k/v (a GPU)."""
   import importlib.util
+  from flash_dllm_jax.checkpoint import load_config
+  from flash_dllm_jax.model import fuse
   from tests.paths import ROOT
   spec = importlib.util.spec_from_file_location(
       "train_tiny", ROOT / "scripts" / "train_tiny.py")
@@ -210,11 +215,13 @@ def test_train_tiny_script_warm_starts_from_a_model_dir(tmp_path, capsys):
   spec.loader.exec_module(script)
   base = ["--smoke", "--eval-problems", "0"]
   script.main(base + ["--out", str(tmp_path / "a")])
+  monkeypatch.setattr(fuse, "joins_by_default", lambda: True)
   script.main(base + ["--out", str(tmp_path / "b"), "--init-from",
                       str(tmp_path / "a" / "model")])
   assert "starting from the given weights" in capsys.readouterr().out
-  assert fdj.load(tmp_path / "b" / "model")[1] == fdj.load(
-      tmp_path / "a" / "model")[1]
+  config = load_config(tmp_path / "b" / "model")
+  assert not config.fused_qkv
+  assert config == load_config(tmp_path / "a" / "model")
   with pytest.raises(SystemExit):
     script.main(base + ["--out", str(tmp_path / "c"), "--layers", "3",
                         "--init-from", str(tmp_path / "a" / "model")])
