@@ -19,7 +19,8 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.sampling.loop import (Refillable, Sampler, make_step,
                                           tail_length)
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
-from flash_dllm_jax.sampling.state import DecodeState, fill_after_stop
+from flash_dllm_jax.sampling.state import (DecodeState, admit,
+                                          fill_after_stop)
 
 EMPTY = -1  # request index of a slot with nothing left to decode
 
@@ -45,40 +46,21 @@ class QueueState:
 
 
 def _load(state: QueueState, rows_B, requests_B, prompts_UxP, valid_UxP,
-          rng_U, sampling_U, gen_length: int, mask_id: int,
-          sampler) -> QueueState:
+          rng_U, sampling_U, mask_id: int, sampler) -> QueueState:
   """Puts requests_B into the slots marked by rows_B (EMPTY: leave idle)."""
   has_B = rows_B & (requests_B != EMPTY)
   idx_B = jnp.maximum(requests_B, 0)
-  b = rows_B.shape[0]
-  new_tokens_BxN = jnp.concatenate(
-      [prompts_UxP[idx_B], jnp.full((b, gen_length), mask_id,
-                                    prompts_UxP.dtype)], axis=1)
-  new_valid_BxN = jnp.concatenate(
-      [valid_UxP[idx_B], jnp.ones((b, gen_length), bool)], axis=1)
-  d = state.decode
-  decode = d.replace(
-      tokens_BxN=jnp.where(has_B[:, None], new_tokens_BxN, d.tokens_BxN),
-      done_B=jnp.where(rows_B, ~has_B, d.done_B),
-      forwards_B=jnp.where(rows_B, 0, d.forwards_B),
-      steps_B=jnp.where(rows_B, 0, d.steps_B),
-      rng_B=_where_keys(has_B, rng_U[idx_B], d.rng_B),
-      sampling=None if sampling_U is None else jax.tree.map(
-          lambda u, c: jnp.where(has_B, u[idx_B], c), sampling_U,
-          d.sampling),
-      aux=sampler.reset_rows(d.aux, has_B))
+  sampling_B = None if sampling_U is None else jax.tree.map(
+      lambda u: u[idx_B], sampling_U)
+  decode, valid_BxN = admit(state.decode, state.valid_BxN, has_B,
+                            prompts_UxP[idx_B], valid_UxP[idx_B], mask_id,
+                            rng_U[idx_B], sampling_B)
+  decode = decode.replace(done_B=decode.done_B | (rows_B & ~has_B),
+                          aux=sampler.reset_rows(decode.aux, has_B))
   return state.replace(
-      decode=decode,
-      valid_BxN=jnp.where(has_B[:, None], new_valid_BxN, state.valid_BxN),
+      decode=decode, valid_BxN=valid_BxN,
       request_B=jnp.where(rows_B, jnp.where(has_B, requests_B, EMPTY),
                           state.request_B))
-
-
-def _where_keys(pick_B, a_B, b_B):
-  """jnp.where for typed PRNG key arrays."""
-  data = jnp.where(pick_B[:, None], jax.random.key_data(a_B),
-                   jax.random.key_data(b_B))
-  return jax.random.wrap_key_data(data)
 
 
 def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
@@ -117,7 +99,7 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
       forwards_U=jnp.zeros((q,), jnp.int32), steps_U=jnp.zeros((q,), jnp.int32),
       logprob_UxG=jnp.zeros((q, g), jnp.float32))
   state = _load(state, jnp.ones((b,), bool), first_B, prompts_UxP, valid_UxP,
-                rng_U, sampling_U, g_all, mask_id, sampler)
+                rng_U, sampling_U, mask_id, sampler)
 
   def body(state: QueueState) -> QueueState:
     model = SequenceModel.for_batch(config, params, state.valid_BxN,
@@ -142,7 +124,7 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
     load_B = free_B & (order_B < refills) & (wanted_B < q)
     requests_B = jnp.where(load_B, wanted_B, EMPTY)
     state = _load(state, free_B, requests_B, prompts_UxP, valid_UxP,
-                  rng_U, sampling_U, g_all, mask_id, sampler)
+                  rng_U, sampling_U, mask_id, sampler)
     return state.replace(next_request=state.next_request + load_B.sum())
 
   refills = sampler.max_refills or b

@@ -53,6 +53,39 @@ class DecodeState:
                                      jnp.float32))
 
 
+def where_keys(pick_B: jax.Array, a_B: jax.Array, b_B: jax.Array):
+  """jnp.where for typed PRNG key arrays."""
+  data = jnp.where(pick_B[:, None], jax.random.key_data(a_B),
+                   jax.random.key_data(b_B))
+  return jax.random.wrap_key_data(data)
+
+
+def admit(decode: DecodeState, valid_BxN: jax.Array, load_B: jax.Array,
+          prompt_BxP: jax.Array, prompt_valid_BxP: jax.Array, mask_id: int,
+          rng_B: jax.Array, sampling=None) -> tuple[DecodeState, jax.Array]:
+  """(decode, valid_BxN) with rows load_B starting a new request: its prompt
+  then masks, its valid positions, counters at 0, running, its own key and
+  RowSampling (None: keep the state's); other rows unchanged.
+
+  The one admission path of offline continuous batching (continuous.py)
+  and the server's slots (serve/engine.py); the strategy's aux for the
+  loaded rows is the caller's (reset_rows, or a fresh init_aux).
+  """
+  b, g = load_B.shape[0], valid_BxN.shape[1] - prompt_BxP.shape[1]
+  tokens_BxN = jnp.concatenate(
+      [prompt_BxP, jnp.full((b, g), mask_id, prompt_BxP.dtype)], axis=1)
+  new_valid_BxN = jnp.concatenate(
+      [prompt_valid_BxP, jnp.ones((b, g), bool)], axis=1)
+  decode = decode.replace(
+      tokens_BxN=jnp.where(load_B[:, None], tokens_BxN, decode.tokens_BxN),
+      done_B=decode.done_B & ~load_B,
+      forwards_B=jnp.where(load_B, 0, decode.forwards_B),
+      steps_B=jnp.where(load_B, 0, decode.steps_B),
+      rng_B=where_keys(load_B, rng_B, decode.rng_B),
+      sampling=decode.sampling if sampling is None else sampling.where(
+          load_B, decode.sampling))
+  return decode, jnp.where(load_B[:, None], new_valid_BxN, valid_BxN)
+
 def tokens_shape(prompt_BxP, gen_length: int) -> tuple[int, int]:
   return prompt_BxP.shape[0], prompt_BxP.shape[1] + gen_length
 

@@ -32,6 +32,7 @@ from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import compiler_options
 from flash_dllm_jax.sampling import DecodeState, Refillable, make_step
+from flash_dllm_jax.sampling.state import admit
 from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.loop import tail_length
 from flash_dllm_jax.sampling.row_sampling import GREEDY, RowSampling
@@ -59,12 +60,6 @@ class CycleOut(NamedTuple):
   forwards_B: np.ndarray
   iters: int
   logprobs_BxG: np.ndarray | None = None
-
-
-def _where_keys(pick_B, a_B, b_B):
-  data = jnp.where(pick_B[:, None], jax.random.key_data(a_B),
-                   jax.random.key_data(b_B))
-  return jax.random.wrap_key_data(data)
 
 
 class SlotEngine:
@@ -153,20 +148,9 @@ class SlotEngine:
 
   def _admit(self, params, state: SlotState, load_B, prompt_BxP, valid_BxP,
              seed_B, sampling) -> SlotState:
-    b, g, mask_id = self.b, self.g_all, self.config.mask_token_id
-    tokens_BxN = jnp.concatenate(
-        [prompt_BxP, jnp.full((b, g), mask_id, jnp.int32)], axis=1)
-    valid_BxN = jnp.concatenate([valid_BxP, jnp.ones((b, g), bool)], axis=1)
-    valid_BxN = jnp.where(load_B[:, None], valid_BxN, state.valid_BxN)
-    d = state.decode
-    d = d.replace(
-        tokens_BxN=jnp.where(load_B[:, None], tokens_BxN, d.tokens_BxN),
-        done_B=d.done_B & ~load_B,
-        forwards_B=jnp.where(load_B, 0, d.forwards_B),
-        steps_B=jnp.where(load_B, 0, d.steps_B),
-        rng_B=_where_keys(load_B, jax.vmap(jax.random.key)(seed_B), d.rng_B),
-        sampling=None if sampling is None else sampling.where(load_B,
-                                                              d.sampling))
+    d, valid_BxN = admit(state.decode, state.valid_BxN, load_B, prompt_BxP,
+                         valid_BxP, self.config.mask_token_id,
+                         jax.vmap(jax.random.key)(seed_B), sampling)
     if self.continuous:
       d = d.replace(aux=self.sampler.reset_rows(d.aux, load_B))
     else:  # a whole new batch: the schedule starts again at step 0
