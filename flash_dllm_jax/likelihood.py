@@ -38,7 +38,7 @@ import numpy as np
 from flash_dllm_jax.architectures import LIKELIHOOD_MASKS
 from flash_dllm_jax.compilation import _BatchInvariantJit
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.prompts import PROMPT_BUCKET
+from flash_dllm_jax.prompts import padded_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 
@@ -96,10 +96,6 @@ _row_losses_jit = _BatchInvariantJit(_row_losses,
                                      static_argnames=("config", "cfg", "block_length"))
 
 
-def _bucket(n: int) -> int:
-  return -(-n // PROMPT_BUCKET) * PROMPT_BUCKET
-
-
 class Request(NamedTuple):
   """One continuation to score: prefix and target ids, and the target's
   masks [M, L] and weights [M] (draw_masks)."""
@@ -133,15 +129,15 @@ def _layout(config: ModelConfig, req: Request) -> _Layout:
     raise ValueError(f"masks of shape {req.masked_MxL.shape} and {m} "
                      f"weights for a {el}-token continuation")
   seq = list(req.prefix) + list(req.target)
-  n = _bucket(len(seq))
+  n = padded_length(len(seq))
   pad = n - len(seq)
   tokens_N = np.full(n, config.pad_token_id, np.int32)
   tokens_N[pad:] = seq
   uncond_N = tokens_N.copy()
   uncond_N[pad:pad + p] = config.mask_token_id
-  rows_R = np.full(_bucket(el), pad + p - shift, np.int32)
+  rows_R = np.full(padded_length(el), pad + p - shift, np.int32)
   rows_R[:el] = pad + p + np.arange(el) - shift
-  targets_R = np.zeros(_bucket(el), np.int32)
+  targets_R = np.zeros(padded_length(el), np.int32)
   targets_R[:el] = req.target
   return _Layout(tokens_N, uncond_N, np.arange(n) >= pad, rows_R, targets_R,
                  pad + p)

@@ -46,7 +46,7 @@ from tqdm import tqdm
 from flash_dllm_jax import parallel
 from flash_dllm_jax.checkpoint import load, load_config
 from flash_dllm_jax.generate import answer_ids, generate
-from flash_dllm_jax.prompts import PROMPT_BUCKET, bucket_groups
+from flash_dllm_jax.prompts import bucket_groups, padded_length
 from flash_dllm_jax import likelihood
 from flash_dllm_jax.sampling import Refillable
 from flash_dllm_jax.lm_eval.args import ModelArgsError, parse
@@ -146,7 +146,7 @@ class FlashDLLMJax(LM):
     rows = [self._prompt_ids(requests[i].args[0]) for i in idx]
     row_of = dict(zip(idx, rows))
     for i, row in zip(idx, rows):
-      padded = -(-len(row) // PROMPT_BUCKET) * PROMPT_BUCKET
+      padded = padded_length(len(row))
       try:
         sampler.check_prompt(padded, self.config.max_seq_len)
       except ValueError as e:
