@@ -14,6 +14,8 @@ them (config.fused_qkv records it).
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 
@@ -84,5 +86,7 @@ def fuse_qkv(params, config: ModelConfig):
     missing = [p for p in PARTS if p not in params[name]]
     if missing:
       raise ValueError(f"{name} lacks {missing}: cannot join q/k/v")
-    params[name] = join(dict(params[name]))
+    with warnings.catch_warnings():  # q/k/v are donated to free them
+      warnings.filterwarnings("ignore", message="Some donated buffers")
+      params[name] = join(dict(params[name]))
   return params, config.replace(fused_qkv=True)
