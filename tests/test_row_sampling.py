@@ -1,16 +1,22 @@
-"""Per-row sampling settings (row_sampling.py): the top_k / top_p cut
-against a NumPy reference, greedy rows equal to `commit_rules.confidence`,
-and each row's draw independent of the other rows' settings."""
+"""Per-row sampling settings (row_sampling.py, row_draws.py): the top_k /
+top_p cut against a NumPy reference, greedy rows equal to
+`commit_rules.confidence`, each row's draw independent of the other rows'
+settings, LLaDA's and Dream's per-row settings equal to their own options,
+and their logprobs against a replay of the commit steps."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.sampling import commit_rules
+from flash_dllm_jax.generate import generate
+from flash_dllm_jax.sampling import DreamSampler, LLaDASampler, commit_rules
 from flash_dllm_jax.sampling.row_sampling import (GREEDY, RowSampling,
                                                   Sampling, _restrict,
                                                   propose_tokens)
+from tests.row_sampling_case import (check_rows_equal_own_samplers,
+                                     replay_logprobs)
+from tests.test_sampling import random_prompts, tiny
 
 MASK = 7
 
@@ -85,17 +91,69 @@ def test_invalid_settings_name_every_field():
     Sampling(temperature=-1, top_p=0, top_k=-2)
 
 
-def test_generate_refuses_row_sampling_for_samplers_without_it():
+def test_generate_refuses_row_settings_a_sampler_does_not_take():
   from flash_dllm_jax import load
   from flash_dllm_jax.generate import generate
   from tests.paths import TINY_CHECKPOINT
   model = load(TINY_CHECKPOINT)
-  with pytest.raises(ValueError, match="LLaDASampler does not take per-row"):
+  with pytest.raises(ValueError, match="LLaDASampler does not take a per-row "
+                     "top_p"):
     generate(model, [[1, 2]], strategy="llada", gen_length=8, steps=8,
-             sampling=Sampling(temperature=0.5))
+             sampling=Sampling(temperature=0.5, top_p=0.9))
   with pytest.raises(ValueError, match="2 sampling settings for 1 prompts"):
     generate(model, [[1, 2]], strategy="flash-dllm", gen_length=8, block_m=8,
              sampling=[GREEDY, GREEDY])
+
+
+# (arch, base sampler, each row's settings: None keeps the base's options)
+OWN_CASES = [
+    ("llada", LLaDASampler(gen_length=16, steps=8, block_length=8),
+     [Sampling(temperature=0.7), None, Sampling(temperature=1.3)]),
+    ("llada", LLaDASampler(gen_length=16, steps=8, temperature=0.5,
+                           logits_eos_inf=True, confidence_eos_eot_inf=True),
+     [None, GREEDY, Sampling(temperature=0.9)]),
+    ("dream", DreamSampler(gen_length=16, steps=8, alg="maskgit_plus"),
+     [Sampling(0.8, 0.9, 5), None, Sampling(0.0, 0.7, 0)]),
+    ("dream", DreamSampler(gen_length=16, steps=8, alg="entropy", top_k=20),
+     [Sampling(1.0, 1.0, 3), None, GREEDY]),
+]
+
+
+@pytest.mark.parametrize("arch,base,rows", OWN_CASES)
+def test_row_settings_decode_as_the_samplers_own_options(arch, base, rows):
+  """A row's temperature / top_p / top_k in the batch decodes, token for
+  token with the same seed, what the sampler built with them decodes for
+  the row alone (LLaDA's Gumbel noise, Dream's filters and confidences);
+  a greedy row stays bit-identical to the greedy sampler."""
+  config, params = tiny(arch, eos_boost=1.5)
+  prompts = random_prompts(4, [5, 12, 9])
+  check_rows_equal_own_samplers((params, config, None), base, prompts,
+                                [3, 4, 5], rows)
+
+
+def _full_rows(shift):
+  def logits(seq, tokens_BxN):
+    n = tokens_BxN.shape[1]
+    rows_BxN = jnp.broadcast_to(jnp.maximum(jnp.arange(n) - shift, 0),
+                                tokens_BxN.shape)
+    return seq.logits(tokens_BxN, rows_BxN)
+  return logits
+
+
+@pytest.mark.parametrize("arch,base,rows,shift", [
+    (*OWN_CASES[0], 0), (*OWN_CASES[2], 1)])
+def test_logprobs_equal_a_replay_of_the_commit_steps(arch, base, rows, shift):
+  """logprobs_BxG: each token's log-probability under the model's softmax
+  (before temperature and filters) at the step that committed it."""
+  config, params = tiny(arch, eos_boost=1.5)
+  model = (params, config, None)
+  prompts, seeds = random_prompts(4, [5, 12, 9]), [3, 4, 5]
+  full = [base.own_sampling() if r is None else r for r in rows]
+  got = generate(model, prompts, sampler=base, seed=seeds, sampling=full,
+                 logprobs=True)
+  want = replay_logprobs(model, base, prompts, seeds, full, _full_rows(shift))
+  np.testing.assert_allclose(got.logprobs_BxG, want, atol=2e-5)
+  assert (want < 0).mean() > 0.5
 
 
 def test_row_threshold_equals_the_samplers_own():

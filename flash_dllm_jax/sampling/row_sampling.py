@@ -69,9 +69,18 @@ GREEDY = Sampling()
 
 def row_settings(sampler, sampling, n_rows: int
                  ) -> list[Sampling] | None:
-  """Each row's Sampling (one for all, or one per row), or None for a
-  sampler that does not sample per row (only greedy rows are allowed
-  there: its own options, such as LLaDA's temperature, decide)."""
+  """Each row's Sampling (one for all, or one per row), or None: every row
+  decodes with the sampler's own options.
+
+  A row's Sampling replaces the sampler's own temperature / top_p / top_k
+  for that row; a row without one (sampling None, or a None entry) keeps
+  them (`own_sampling()`, GREEDY for samplers without such options). A
+  sampler with `row_fields` takes only those fields per row (the others
+  must keep their defaults); one without `samples_rows` takes only greedy
+  rows (its own options decide)."""
+  own = getattr(sampler, "own_sampling", None)
+  if sampling is None and own is not None:
+    return None
   if sampling is None or isinstance(sampling, Sampling):
     rows = [sampling or GREEDY] * n_rows
   else:
@@ -79,16 +88,34 @@ def row_settings(sampler, sampling, n_rows: int
     if len(rows) != n_rows:
       raise ValueError(f"{len(rows)} sampling settings for {n_rows} prompts")
     for i, r in enumerate(rows):
-      if not isinstance(r, Sampling):
+      if r is None:
+        rows[i] = GREEDY if own is None else own()
+      elif not isinstance(r, Sampling):
         raise TypeError(f"sampling[{i}] must be a Sampling, got "
                         f"{type(r).__name__}")
   if getattr(sampler, "samples_rows", False):
+    for name in unsupported_fields(sampler, rows):
+      raise ValueError(f"{type(sampler).__name__} does not take a per-row "
+                       f"{name} (it takes "
+                       f"{', '.join(sampler.row_fields)})")
     return rows
   if any(r != GREEDY for r in rows):
     raise ValueError(f"{type(sampler).__name__} does not take per-row "
                      "sampling settings; use its own options (temperature, "
                      "top_p, ...)")
   return None
+
+
+def unsupported_fields(sampler, rows: list[Sampling]) -> list[str]:
+  """The Sampling fields some row sets that `sampler` does not take per
+  row (its `row_fields`; every field for samplers without them)."""
+  fields = getattr(sampler, "row_fields", None)
+  if fields is None:
+    return []
+  return [f.name for f in dataclasses.fields(Sampling)
+          if f.name not in fields
+          and any(getattr(r, f.name) != getattr(GREEDY, f.name)
+                  for r in rows)]
 
 
 @struct.dataclass
