@@ -3,6 +3,9 @@
 `Sampling` is one request's settings (host side, validated); `RowSampling`
 holds them per row ([B] arrays) in `DecodeState.sampling`, so rows with
 different temperature / top_p / top_k decode in one compiled program.
+The reference samplers (LLaDA, Dream, LLaDA2) read the same arrays with
+their own sampling rules (row_draws.py); `propose_tokens` is the rule of
+Flash-dLLM, Fast-dLLM, Elastic-Cache and llada2-flash.
 
 `propose_tokens` turns a step's logits into (token, confidence, logprob) per
 scored position; logprob is the token's log-probability under the model's
@@ -106,12 +109,19 @@ def row_settings(sampler, sampling, n_rows: int
   return None
 
 
+def row_fields(sampler) -> tuple[str, ...]:
+  """The Sampling fields `sampler` takes per row: its `row_fields`, every
+  field where it names none, none if it does not sample per row."""
+  if not getattr(sampler, "samples_rows", False):
+    return ()
+  return getattr(sampler, "row_fields",
+                 tuple(f.name for f in dataclasses.fields(Sampling)))
+
+
 def unsupported_fields(sampler, rows: list[Sampling]) -> list[str]:
   """The Sampling fields some row sets that `sampler` does not take per
-  row (its `row_fields`; every field for samplers without them)."""
-  fields = getattr(sampler, "row_fields", None)
-  if fields is None:
-    return []
+  row (see `row_fields`)."""
+  fields = row_fields(sampler)
   return [f.name for f in dataclasses.fields(Sampling)
           if f.name not in fields
           and any(getattr(r, f.name) != getattr(GREEDY, f.name)

@@ -117,7 +117,8 @@ def main(args: argparse.Namespace) -> int:
   from flash_dllm_jax.serve.security import (API_KEY_ENV,
                                              header_timeout_protocol,
                                              is_loopback)
-  from flash_dllm_jax.serve.service import ROW_OPTIONS, Service, Settings
+  from flash_dllm_jax.sampling.row_sampling import row_fields
+  from flash_dllm_jax.serve.service import Service, Settings
   from flash_dllm_jax.strategies import build_sampler
 
   handler = logging.StreamHandler()
@@ -168,13 +169,13 @@ def main(args: argparse.Namespace) -> int:
                          "with the same options as an earlier sampler")
       changed = {k for k in vars(sampler) if getattr(v, k) != getattr(
           sampler, k)}
-      if getattr(sampler, "samples_rows", False) and changed <= set(
-          ROW_OPTIONS):
+      if changed <= set(row_fields(sampler)):
         raise ValueError(
             f"--variant #{i + 1} ({args.variant[i]!r}): "
             f"{', '.join(sorted(changed))} is a per-request setting "
-            "(decoding.threshold); --variant is for options that change "
-            "the compiled program")
+            "(the request's temperature / top_p / top_k, decoding."
+            "threshold); --variant is for options that change the "
+            "compiled program")
     mesh = parallel.parse_mesh(args.mesh)
     if mesh is not None:
       parallel.check_config(config, mesh)

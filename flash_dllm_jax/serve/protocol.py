@@ -10,10 +10,15 @@ k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
   decoding: {option: value} of the strategy's sampler options. The server
     compiles its sampler variants at start (`--variant`); the request is
     decoded by the first variant whose options equal these (none stated:
-    the server's own flags), else 400. For strategies that sample per row
-    (Flash-dLLM, Fast-dLLM, Elastic-Cache) temperature / top_p / top_k and
-    decoding.threshold are the row's own data; for the others they are
-    sampler options, matched like `decoding`.
+    the server's own flags), else 400. temperature / top_p / top_k are the
+    row's own data, never a variant: each request's settings decode in the
+    one compiled program, with each strategy's own sampling rules (LLaDA
+    takes temperature only; Dream, LLaDA2, Flash-dLLM, Fast-dLLM,
+    Elastic-Cache and llada2-flash all three). A field a request leaves out
+    takes the variant's sampler option (the strategy's --temperature,
+    --top-p, --top-k; greedy where it has none). decoding.threshold is the
+    row's own too for the Flash-dLLM, Fast-dLLM, Elastic-Cache and
+    llada2-flash threshold rule; for llada2 it is a sampler option.
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
 """

@@ -16,7 +16,7 @@ from flash_dllm_jax.serve.errors import BadRequest
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
 from flash_dllm_jax.serve.scheduler import Request, Scheduler
-from flash_dllm_jax.sampling.row_sampling import Sampling
+from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.serve.text import AnswerText
 
 log = logging.getLogger("flash_dllm_jax.serve")
@@ -54,12 +54,15 @@ class Settings:
 
 
 # Sampler options that are row data for samplers that sample per row
-# (their values do not change the compiled program).
+# (their values do not change the compiled program): `decoding.threshold`,
+# and the top-level temperature / top_p / top_k for samplers that have them
+# as options (see `row_fields`).
 ROW_OPTIONS = ("threshold",)
+TOP_LEVEL_ROW = ("temperature", "top_p", "top_k")
 
-# Request fields that pick a variant besides `decoding`, for samplers that
-# do not sample per row: (field, the value a sampler without the option
-# decodes with).
+# Request fields that pick a variant besides `decoding`, where the sampler
+# does not take them per row (LLaDA's top_p / top_k): (field, the value a
+# sampler without the option decodes with).
 _TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0), ("top_k", None))
 
 
@@ -159,16 +162,20 @@ class Service:
     """The index of the declared variant whose options equal every option
     the request states (the first such), or BadRequest naming the field."""
     top_k = None if req.top_k is None or req.top_k <= 0 else req.top_k
-    stated = [] if self.samples_rows else [
+    rows = row_fields(self.sampler)
+    stated = [
         (name, top_k if name == "top_k" else getattr(req, name), name, absent)
         for name, absent in _TOP_LEVEL if getattr(req, name) is not None
-        and (name != "top_k" or top_k is not None)]
+        and (name != "top_k" or top_k is not None) and name not in rows]
     names = dataclasses.asdict(self.sampler)
     for name, value in (req.decoding or {}).items():
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
-      if name in ROW_OPTIONS and self.samples_rows:
+      if name in TOP_LEVEL_ROW and name in rows:
+        raise BadRequest(f"{name} is a per-request setting: send it as the "
+                         f"request's {name} field", f"decoding.{name}")
+      if name in ROW_OPTIONS and name in rows:
         continue  # the row's own (see `_row_threshold`)
       stated.append((name, value, f"decoding.{name}", None))
     left = list(range(len(self.samplers)))
@@ -189,7 +196,7 @@ class Service:
     """decoding.threshold as the row's own threshold (None: not stated), or
     BadRequest where the variant's rule has none."""
     value = (req.decoding or {}).get("threshold")
-    if value is None or not self.samples_rows:
+    if value is None or "threshold" not in row_fields(sampler):
       return None
     if sampler.rule != "threshold":
       raise BadRequest(f"decoding.threshold applies to rule='threshold', "
@@ -214,8 +221,7 @@ class Service:
                        "log-probability is available (ask for 0)", param)
     if want and not self.samples_rows:
       raise BadRequest(f"strategy {self.settings.strategy!r} does not report "
-                       "log-probabilities (flash-dllm, fast-dllm and "
-                       "elastic-cache do)", "logprobs")
+                       "log-probabilities", "logprobs")
     return want
 
   def token_strings(self, ids) -> list[str]:
@@ -269,10 +275,12 @@ class Service:
       raise BadRequest("stop takes at most 4 non-empty strings", "stop")
     sampling = None
     if self.samples_rows:
+      own = getattr(sampler, "own_sampling", Sampling)()
       sampling = Sampling(
-          temperature=float(req.temperature or 0.0),
-          top_p=float(1.0 if req.top_p is None else req.top_p),
-          top_k=max(0, req.top_k or 0),
+          temperature=float(own.temperature if req.temperature is None
+                            else req.temperature),
+          top_p=float(own.top_p if req.top_p is None else req.top_p),
+          top_k=own.top_k if req.top_k is None else max(0, req.top_k),
           threshold=self._row_threshold(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
