@@ -24,6 +24,8 @@ def own_options(sampler, s: Sampling) -> dict:
   if "top_p" in sampler.row_fields:
     opts["top_p"] = None if s.top_p == 1 else s.top_p
     opts["top_k"] = s.top_k or None
+  if s.threshold is not None:
+    opts["threshold"] = s.threshold
   return opts
 
 

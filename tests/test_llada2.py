@@ -142,18 +142,19 @@ def test_sampled_rows_do_not_depend_on_the_batch(model):
 
 
 def test_row_settings_decode_as_the_samplers_own_options(model):
-  """Per-row temperature / top_k / top_p decode, token for token, what the
-  sampler built with them decodes for the row alone; logprobs equal a
+  """Per-row temperature / top_k / top_p and threshold decode, token for
+  token, what the sampler built with them decodes for the row alone (the
+  greedy row bit for bit the greedy sampler's); logprobs equal a
   replay of the commit steps under the block-causal model's softmax."""
   sampler = LLaDA2Sampler(gen_length=16, block_length=BL, steps=8,
                           temperature=0.7, top_k=40)
-  rows = [Sampling(0.8, 0.9, 40), None, GREEDY]
+  rows = [Sampling(0.8, 0.9, 40), None, GREEDY, Sampling(threshold=0.6)]
   rng = np.random.default_rng(5)
-  prompts = [rng.integers(0, 290, n).tolist() for n in (4, 13, 9)]
-  got = check_rows_equal_own_samplers(model, sampler, prompts, [7, 8, 9],
-                                      rows)
+  prompts = [rng.integers(0, 290, n).tolist() for n in (4, 13, 9, 6)]
+  seeds = [7, 8, 9, 10]
+  got = check_rows_equal_own_samplers(model, sampler, prompts, seeds, rows)
   full = [sampler.own_sampling() if r is None else r for r in rows]
-  want = replay_logprobs(model, sampler, prompts, [7, 8, 9], full,
+  want = replay_logprobs(model, sampler, prompts, seeds, full,
                          lambda seq, t: seq.logits(t, jnp.broadcast_to(
                              jnp.arange(t.shape[1]), t.shape), block_length=BL))
   np.testing.assert_allclose(got.logprobs_BxG, want, atol=2e-5)

@@ -72,12 +72,14 @@ class LLaDA2Sampler:
     finished blocks (False: the whole window each step, as the reference).
   max_refills: under continuous batching, at most this many slots take a
     new request per loop step (None: any number).
-  temperature / top_k / top_p are also per row (`DecodeState.sampling`,
-  which replaces them where given).
+  temperature / top_k / top_p and threshold are also per row
+  (`DecodeState.sampling`, which replaces them where given; a row's
+  threshold None keeps the sampler's).
   """
 
   samples_rows: ClassVar[bool] = True
-  row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k")
+  row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k",
+                                           "threshold")
 
   gen_length: int = 128
   block_length: int = 32
@@ -176,6 +178,17 @@ class LLaDA2Sampler:
     x0_BxL = select.row_categorical(rng_B, logits_BxLxV)
     return x0_BxL, select.prob_of(logits_BxLxV, x0_BxL)
 
+  def _thresholds(self, rows, b: int):
+    """(tau_B, on_B): each row's threshold (its own, else the sampler's)
+    and whether it has one; (None, None) when no row can."""
+    own = jnp.float32(jnp.nan if self.threshold is None else self.threshold)
+    if rows is None:
+      if self.threshold is None:
+        return None, None
+      return jnp.full((b,), own), jnp.ones((b,), bool)
+    tau_B = jnp.where(jnp.isnan(rows.threshold_B), own, rows.threshold_B)
+    return tau_B, ~jnp.isnan(tau_B)
+
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
     cfg, bl = model.config, self.block_length
@@ -197,9 +210,10 @@ class LLaDA2Sampler:
     k_B = jnp.asarray(self.schedule())[jnp.minimum(aux.step_B,
                                                    self.block_steps - 1)]
     chosen_BxL = select.choose_top(conf_BxL, k_B)
-    if self.threshold is not None:
-      high_BxL = active_BxL & (conf_BxL > self.threshold)
-      enough_B = jnp.sum(high_BxL, axis=1) >= k_B
+    tau_B, on_B = self._thresholds(state.sampling, b)
+    if on_B is not None:
+      high_BxL = active_BxL & (conf_BxL > tau_B[:, None])
+      enough_B = on_B & (jnp.sum(high_BxL, axis=1) >= k_B)
       chosen_BxL = jnp.where(enough_B[:, None], high_BxL, chosen_BxL)
     block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype),
                           block_BxL)

@@ -17,8 +17,8 @@ k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
     Elastic-Cache and llada2-flash all three). A field a request leaves out
     takes the variant's sampler option (the strategy's --temperature,
     --top-p, --top-k; greedy where it has none). decoding.threshold is the
-    row's own too for the Flash-dLLM, Fast-dLLM, Elastic-Cache and
-    llada2-flash threshold rule; for llada2 it is a sampler option.
+    row's own too for the threshold rules (Flash-dLLM, Fast-dLLM,
+    Elastic-Cache, llada2-flash, and LLaDA2's confidence threshold).
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
 """

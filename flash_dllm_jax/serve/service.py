@@ -198,9 +198,10 @@ class Service:
     value = (req.decoding or {}).get("threshold")
     if value is None or "threshold" not in row_fields(sampler):
       return None
-    if sampler.rule != "threshold":
+    rule = getattr(sampler, "rule", "threshold")
+    if rule != "threshold":
       raise BadRequest(f"decoding.threshold applies to rule='threshold', "
-                       f"not the variant's rule {sampler.rule!r}",
+                       f"not the variant's rule {rule!r}",
                        "decoding.threshold")
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
         or not 0 < value <= 1:
