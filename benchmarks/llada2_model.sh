@@ -4,34 +4,42 @@
 # "LLaDA2 speed" tables, each part one device call of under 10 minutes:
 #   bash benchmarks/llada2_model.sh OUT_DIR train    # trains, exports, solves
 #                                                    # the README's problem
+#   INIT=DIR DATA_SEED=K bash benchmarks/llada2_model.sh OUT_DIR continue
+#                                    # a further stage from DIR's weights
 #   bash benchmarks/llada2_model.sh OUT_DIR quality "192 256"
 #   bash benchmarks/llada2_model.sh OUT_DIR speed    # LLaDA2.0-mini shapes
 # quality runs on $RUN/model when it exists, else on the shipped checkpoint.
 # OUT gets logs, metrics.jsonl, loss.png, model.tar.* (cat model.tar.* |
-# tar -x) and quality.tgz. A longer schedule (MINUTES=N) can pause and
-# resume across calls on one warm machine: PAUSE=M pauses after M minutes,
-# and the same part again continues.
+# tar -x) and quality.tgz. A longer schedule runs as stages of one device
+# call each (a machine can be lost between calls): train, then continue
+# from the exported weights (INIT, default the shipped checkpoint) with a
+# fresh optimizer, warmup and cosine schedule on the stream of DATA_SEED,
+# so no stage sees the problems of another.
 source "$(dirname "$0")/common.sh"
 RUN=${RUN:-runs/train-llada2}
 SHIPPED=checkpoints/synthetic-gsm-llada2-moe
 PROMPT="Ruby bakes 6 trays of rolls with 7 on each tray. She eats 7 of them and gives 3 to Henry. She packs the rest into boxes of 4. How many boxes does she fill?"
-T="python scripts/train_tiny.py --arch llada2 --data data/synthetic_gsm \
-    --stream --phrasing varied --stream-workers 8 --layers 10 --d-model 384 \
-    --heads 6 --kv-heads 2 --mlp-hidden 768 --experts 8 --top-k 2 \
-    --expert-hidden 128 --shared-experts 1 --dense-layers 1 \
-    --block-length 32 --batch-size 128 --seq-len 320 --out $RUN \
-    --fit-to-time --max-minutes ${MINUTES:-5.0} --steps 100000 --eval-every 1000 \
-    --ckpt-every 100000"
+COMMON="--data data/synthetic_gsm --stream --phrasing varied \
+    --stream-workers 8 --block-length 32 --batch-size 128 --seq-len 320 \
+    --out $RUN --fit-to-time --max-minutes ${MINUTES:-5.0} --steps 100000 \
+    --eval-every 1000 --ckpt-every 100000 --eval-problems 0"
+MODEL="--arch llada2 --layers 10 --d-model 384 --heads 6 --kv-heads 2 \
+    --mlp-hidden 768 --experts 8 --top-k 2 --expert-hidden 128 \
+    --shared-experts 1 --dense-layers 1"
 # The four decodings of the quality table: the reference sampler (one token
 # a step), its threshold rule without and with the block cache, llada2-flash.
 REF="llada2:threshold=none,block_cache=false"
 THR="llada2:block_cache=false"
-case "${2:?second argument: train, quality or speed}" in
-  train)
-     [ -n "${PAUSE:-}" ] && pause="--stop-after-minutes $PAUSE"
-     $T --eval-problems 0 ${pause:-} > "$OUT/train.log" 2>&1 || exit 1
+case "${2:?second argument: train, continue, quality or speed}" in
+  train|continue)
+     if [ "$2" = train ]; then
+       python scripts/train_tiny.py $MODEL $COMMON > "$OUT/train.log" 2>&1 || exit 1
+     else
+       python scripts/train_tiny.py --init-from "${INIT:-$SHIPPED}" \
+           --data-seed "${DATA_SEED:?DATA_SEED: seed of the problem stream of this stage}" \
+           --lr ${LR:-1e-3} $COMMON > "$OUT/train.log" 2>&1 || exit 1
+     fi
      tail -n 3 "$OUT/train.log"
-     [ -d "$RUN/model" ] || exit 0  # paused: the same part again continues
      cp "$RUN/metrics.jsonl" "$RUN/loss.png" "$OUT/"
      tar -cf - -C "$RUN" model | split -b 15M - "$OUT/model.tar."
      python -m flash_dllm_jax generate --checkpoint "$RUN/model" \
@@ -63,5 +71,5 @@ case "${2:?second argument: train, quality or speed}" in
          --strategies llada2 llada2-flash --layer-paths grouped --reps 1 \
          --json "$OUT/llada2-speed.json" > "$OUT/llada2-speed.log" 2>&1
      grep -h "^|\|device" "$OUT/llada2-speed.log" ;;
-  *) echo "second argument: train, quality or speed" >&2; exit 2 ;;
+  *) echo "second argument: train, continue, quality or speed" >&2; exit 2 ;;
 esac

@@ -17,7 +17,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import bucket_groups, left_pad
 from flash_dllm_jax.sampling import (DecodeState, Sampler, make_step,
                                      run_compiled, run_python)
-from flash_dllm_jax.sampling import checks, continuous
+from flash_dllm_jax.sampling import checks, continuous, row_options
 from flash_dllm_jax.sampling.loop import Refillable, tail_length
 from flash_dllm_jax.sampling.row_sampling import (RowSampling, Sampling,
                                                   row_settings)
@@ -197,13 +197,16 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   seed: one seed for every row, or one per row. A row's random draws come
     from its own seed only, so its answer never depends on the rest of the
     batch.
-  sampling: a `Sampling` (temperature, top_p, top_k, threshold) for every
-    row, or one per row (row_sampling.py); None (for all, or for a row):
-    the sampler's own options (greedy for samplers without them). A row's
-    Sampling replaces the sampler's temperature / top_p / top_k for that
-    row, drawn with the sampler's own rules (LLaDA: temperature only).
-    Rows with different settings decode in one compiled program, and a
-    row's tokens depend only on its prompt, settings and seed.
+  sampling: a `Sampling` (temperature, top_p, top_k; threshold, factor,
+    gamma) for every row, or one per row (row_sampling.py); None (for all,
+    or for a row): the sampler's own options (greedy for samplers without
+    them). A row's Sampling replaces the sampler's options it names in
+    `row_fields` for that row: temperature / top_p / top_k drawn with the
+    sampler's own rules (LLaDA: temperature only), threshold / factor /
+    gamma in its rule where it runs that rule (row_options.py), else
+    ValueError. Rows with different settings decode in one compiled
+    program, and a row's tokens depend only on its prompt, settings and
+    seed.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
   batch_size: decode at most this many rows at a time. Samplers that can
     refill slots (`reset_rows`: Flash-dLLM, Elastic-Cache) use continuous
@@ -242,6 +245,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   if len(seeds) != len(rows):
     raise ValueError(f"{len(seeds)} seeds for {len(rows)} prompts")
   row_sampling = row_settings(sampler, sampling, len(rows))
+  row_options.check_rows(sampler, row_sampling)
   if batch_size is not None and batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   mesh = parallel.parse_mesh(mesh)

@@ -1,5 +1,6 @@
 """Elastic-Cache's drift test: it restarts where a from-scratch reference
-of layer 0's attention would, and recomputes the layers from there."""
+of layer 0's attention would (at the sampler's gamma or a row's own), and
+recomputes the layers from there."""
 
 import functools
 
@@ -11,6 +12,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model import KVCache, init_params, layerwise
 from flash_dllm_jax.sampling import DecodeState, ElasticCacheSampler
+from flash_dllm_jax.sampling.row_sampling import RowSampling, Sampling
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import advance
 from tests.independent_forward import _rms, _rope
@@ -125,6 +127,16 @@ def test_drift_test_restarts_where_the_reference_would():
       if r < L:
         _check_recomputed_from(config, params, model, state.aux, trace, b, r)
   assert {1, 2} <= seen, f"no mid-depth restart among {seen}"
+  # each row's own gamma (row data) restarts it where the sampler built
+  # with that gamma would: row 0 never, row 1 after layer 1
+  gammas = (float(sims[0].min()) - 1e-3, float(sims[1, 1]) + 1e-5)
+  rows = state.replace(sampling=RowSampling.of(
+      [Sampling(gamma=g) for g in gammas]))
+  trace = jax.jit(lambda st: never.step_trace(model, st, p_len,
+                                              st.rng_B))(rows)
+  want = [int(expected(g)[b]) for b, g in enumerate(gammas)]
+  np.testing.assert_array_equal(trace.restart_B, want)
+  assert all(want != expected(g).tolist() for g in gammas)  # both count
 
 
 def _check_recomputed_from(config, params, model, old, trace, b, r):

@@ -2,7 +2,10 @@
 top_p cut against a NumPy reference, greedy rows equal to
 `commit_rules.confidence`, each row's draw independent of the other rows'
 settings, LLaDA's and Dream's per-row settings equal to their own options,
-and their logprobs against a replay of the commit steps."""
+and their logprobs against a replay of the commit steps; a row's own
+threshold / factor / gamma (row_options.py), with or without its own
+temperature / top_k, decodes as the sampler built with it, and one its
+sampler has no rule for is an error."""
 
 import jax
 import jax.numpy as jnp
@@ -87,8 +90,9 @@ def test_sampling_draws_from_the_cut_distribution():
 
 
 def test_invalid_settings_name_every_field():
-  with pytest.raises(ValueError, match="temperature.*top_p.*top_k"):
-    Sampling(temperature=-1, top_p=0, top_k=-2)
+  with pytest.raises(ValueError, match="temperature.*top_p.*top_k.*factor.*"
+                     "gamma"):
+    Sampling(temperature=-1, top_p=0, top_k=-2, factor=0, gamma=float("nan"))
 
 
 def test_generate_refuses_row_settings_a_sampler_does_not_take():
@@ -156,24 +160,98 @@ def test_logprobs_equal_a_replay_of_the_commit_steps(arch, base, rows, shift):
   assert (want < 0).mean() > 0.5
 
 
-def test_row_threshold_equals_the_samplers_own():
-  """Sampling(threshold=t) on a row decodes what a sampler built with
-  threshold t decodes, beside rows keeping the sampler's own."""
+LLADA2_FLASH = {"gen_length": 16, "block_length": 4, "threshold": 0.7,
+                "gamma": 0.5}
+ROW_CASES = {  # id: (strategy, sampler options, the rows' own options)
+    "flash-threshold": ("flash-dllm", {"gen_length": 16, "block_m": 8},
+                        {"threshold": 0.6}),
+    "flash-gamma": ("flash-dllm", {"gen_length": 16, "block_m": 8},
+                    {"gamma": 0.1}),
+    "fast-factor": ("fast-dllm-dual", {"gen_length": 16, "block_length": 8,
+                                       "rule": "factor"}, {"factor": 4.0}),
+    "llada2-flash-threshold-gamma": ("llada2-flash", LLADA2_FLASH,
+                                     {"threshold": 0.3, "gamma": 0.05}),
+    "llada2-flash-factor": ("llada2-flash", {**LLADA2_FLASH, "rule": "factor",
+                                             "factor": 1.5}, {"factor": 4.0}),
+}
+SAMPLED = {"temperature": 0.8, "top_k": 5}  # every row's own draws too
+ROW_CASES |= {
+    "flash-gamma-sampled": (*ROW_CASES["flash-gamma"], SAMPLED),
+    "llada2-flash-sampled": (*ROW_CASES["llada2-flash-threshold-gamma"],
+                             SAMPLED),
+}
+
+
+@pytest.mark.parametrize("case", list(ROW_CASES))
+def test_row_options_equal_the_samplers_own(case):
+  """Rows with their own threshold / factor / gamma decode what a sampler
+  built with those values decodes, beside a row keeping the sampler's own,
+  and the same among other rows and values (and alone); with every row's
+  own temperature / top_k too, against the samplers with those draws."""
   from flash_dllm_jax import load
   from flash_dllm_jax.generate import generate
   from flash_dllm_jax.strategies import build_sampler
   from tests.paths import TINY_CHECKPOINT
-  model = load(TINY_CHECKPOINT)
+  strategy, opts, row, draw = (*ROW_CASES[case], {})[:4]
+  if strategy == "llada2-flash":  # a tiny random LLaDA2 with sharp logits
+    from flash_dllm_jax.config import ModelConfig
+    from flash_dllm_jax.model import init_params
+    config = ModelConfig.tiny("llada2")
+    model = (init_params(config, jax.random.key(7), head_init_scale=8.0),
+             config, None)
+  else:
+    model = load(TINY_CHECKPOINT)
+  arch = model[1].arch
   rows, seeds = [[5, 6, 7, 8], [9, 10, 11, 12, 13], [15, 16, 17]], [1, 2, 3]
-  opts = {"gen_length": 16, "block_m": 8}
-  own = build_sampler("flash-dllm", "llada", opts)
-  low = build_sampler("flash-dllm", "llada", {**opts, "threshold": 0.6})
-  want_low = generate(model, rows, sampler=low, seed=seeds)
-  want_own = generate(model, rows, sampler=own, seed=seeds)
-  got = generate(model, rows, sampler=own, seed=seeds, sampling=[
-      Sampling(threshold=0.6), GREEDY, Sampling(threshold=0.6)])
+  own = build_sampler(strategy, arch, opts)
+  theirs = build_sampler(strategy, arch, {**opts, **row})
+  drawn = Sampling(**draw)
+  want_theirs = generate(model, rows, sampler=theirs, seed=seeds,
+                         sampling=drawn)
+  want_own = generate(model, rows, sampler=own, seed=seeds, sampling=drawn)
+  mine = Sampling(**draw, **row)
+  got = generate(model, rows, sampler=own, seed=seeds,
+                 sampling=[mine, drawn, mine])
   np.testing.assert_array_equal(got.tokens_BxG[[0, 2]],
-                                want_low.tokens_BxG[[0, 2]])
+                                want_theirs.tokens_BxG[[0, 2]])
   np.testing.assert_array_equal(got.tokens_BxG[1], want_own.tokens_BxG[1])
-  np.testing.assert_array_equal(got.steps_B[[0, 2]], want_low.steps_B[[0, 2]])
-  assert (want_low.steps_B < want_own.steps_B).any()  # it made a difference
+  for name in ("steps_B", "forwards_B"):
+    np.testing.assert_array_equal(getattr(got, name)[[0, 2]],
+                                  getattr(want_theirs, name)[[0, 2]])
+  assert (want_theirs.steps_B != want_own.steps_B).any()  # a difference
+  # the first row among other rows, seeds and values (the sampler's own,
+  # stated): the same program, the same tokens
+  stated = Sampling(**draw, **{k: getattr(own, k) for k in row})
+  moved = generate(model, [rows[2], rows[0], rows[1]], sampler=own,
+                   seed=[7, 1, 2], sampling=[GREEDY, mine, stated])
+  np.testing.assert_array_equal(moved.tokens_BxG[1], got.tokens_BxG[0])
+  np.testing.assert_array_equal(moved.tokens_BxG[2], want_own.tokens_BxG[1])
+  if case == "flash-gamma":  # and alone
+    alone = generate(model, rows[:1], sampler=own, seed=seeds[:1],
+                     sampling=mine)
+    np.testing.assert_array_equal(alone.tokens_BxG[0], got.tokens_BxG[0])
+
+
+@pytest.mark.parametrize("strategy,opts,row,needle", [
+    ("flash-dllm", {}, {"factor": 2.0}, "FlashDLLMSampler does not take a "
+     "per-row factor"),
+    ("fast-dllm-dual", {}, {"factor": 2.0}, "factor applies to rule='factor'"),
+    ("flash-cache", {}, {"gamma": 0.5}, "runs without verify"),
+    ("flash-dllm", {"rule": "fixed"}, {"gamma": 0.5}, "accepts nothing"),
+    ("flash-dllm", {}, {"gamma": 1.5}, r"gamma must be in \(0, 1\]"),
+    ("fast-dllm-dual", {"rule": "fixed"}, {"threshold": 0.5},
+     "threshold applies to rule='threshold'"),
+    ("llada", {}, {"gamma": 0.5}, "LLaDASampler does not take a per-row "
+     "gamma"),
+])
+def test_row_options_the_sampler_cannot_take_are_errors(strategy, opts, row,
+                                                        needle):
+  from flash_dllm_jax import load
+  from flash_dllm_jax.generate import generate
+  from tests.paths import TINY_CHECKPOINT
+  model = load(TINY_CHECKPOINT)
+  size = {"llada": {"steps": 8}, "fast-dllm-dual": {"block_length": 8}}.get(
+      strategy, {"block_m": 8})
+  with pytest.raises(ValueError, match=needle):
+    generate(model, [[1, 2], [3]], strategy=strategy, gen_length=8, **size,
+             **opts, sampling=[GREEDY, Sampling(**row)])

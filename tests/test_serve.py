@@ -183,6 +183,33 @@ def test_per_request_sampling_and_n_equal_offline_generate(server, model):
                                                         want))
 
 
+def test_per_request_gamma_equals_offline_generate(server, model):
+  """decoding.gamma is row data: two requests with different Flash-Verify
+  levels, sent at once to the one running server, each equal offline
+  generate with that gamma; the response reports the row's gamma."""
+  _, config, _ = model
+  ids = [int(t) for t in np.random.default_rng(3).integers(0, 300, 12)]
+  gammas = (0.5, 0.05)
+
+  def run(gamma):
+    c = server.client().completions.create(
+        model="tiny-random-llada", prompt=ids, seed=4,
+        extra_body={"decoding": {"gamma": gamma}})
+    assert c.decoding["sampling"]["gamma"] == gamma
+    assert c.decoding["options"]["gamma"] == 0.8  # the variant's own
+    return c.choices[0].token_ids, c.usage.decode_steps
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    got = list(pool.map(run, gammas))
+  for (ids_got, steps), gamma in zip(got, gammas):
+    sampler = build_sampler("flash-dllm", config.arch,
+                            {**TINY_OPTIONS, "gamma": gamma})
+    out = generate(model, [ids], sampler=sampler, seed=4)
+    assert ids_got == answer_ids(out.tokens_BxG[0], config), gamma
+    assert steps == out.steps_B[0], gamma
+  assert got[0][1] != got[1][1]  # gamma made a difference
+
+
 def test_logprobs_equal_offline_generate(server, model):
   """Each token's log-probability at its commit step: the completion and
   chat formats, whole and streamed, equal to generate(logprobs=True)."""
@@ -246,6 +273,9 @@ def test_bad_requests_get_400_naming_the_field(server, model):
            ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"),
            ({"bogus": 1}, "bogus"),
            ({"decoding": {"threshold": 1.5}}, "decoding.threshold"),
+           ({"decoding": {"gamma": 1.5}}, "decoding.gamma"),
+           ({"decoding": {"gamma": "high"}}, "decoding.gamma"),
+           ({"decoding": {"factor": 2.0}}, "decoding.factor"),
            ({"decoding": {"block_m": 4}}, "decoding.block_m"),
            ({"decoding": {"nope": 1}}, "decoding.nope"),
            ({"prompt": [config.mask_token_id, 5]}, "prompt"),

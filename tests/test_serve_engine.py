@@ -1,6 +1,7 @@
 """The slot engine without HTTP: requests arriving while others decode,
 more new requests in one call than Flash-dLLM's max_refills (prefilled
-together), each answer equal to offline generate."""
+together), llada2-flash rows with their own rule options, each answer
+equal to offline generate."""
 
 import os
 import subprocess
@@ -51,6 +52,50 @@ def test_online_admission_equals_offline(strategy, options):
     assert answer_ids(got[i], config) == answer_ids(ref.tokens_BxG[i], config)
   assert calls < 20 * sampler.num_steps  # several steps per host round trip
   assert most == 3  # one call took more new requests than max_refills
+
+
+@pytest.mark.slow
+def test_llada2_flash_rows_with_their_own_options_equal_offline():
+  """llada2-flash through two slots with refills: rows with their own
+  threshold / gamma, greedy or with their own temperature / top_k (row data
+  in the one compiled loop), each equal offline generate with the same
+  settings."""
+  import jax
+  from flash_dllm_jax.config import ModelConfig
+  from flash_dllm_jax.model import init_params
+  from flash_dllm_jax.sampling.row_sampling import GREEDY, Sampling
+  config = ModelConfig.tiny("llada2")
+  params = init_params(config, jax.random.key(7), head_init_scale=8.0)
+  sampler = build_sampler("llada2-flash", "llada2", {
+      "gen_length": 16, "block_length": 4, "threshold": 0.7, "gamma": 0.5})
+  engine = SlotEngine(params, config, sampler, prompt_len=32, slots=2,
+                      steps_per_call=3)
+  assert engine.continuous
+  rng = np.random.default_rng(1)
+  prompts = [[int(t) for t in rng.integers(0, 300, int(n))]
+             for n in (5, 12, 9, 17)]
+  settings = [Sampling(gamma=0.05), GREEDY, Sampling(threshold=0.3),
+              Sampling(temperature=0.8, top_k=5, threshold=0.3,
+                       gamma=0.05)]
+  waiting, held, got = list(range(4)), {}, {}
+  while len(got) < 4:
+    admit = {}
+    for slot in engine.free_slots():
+      if waiting:
+        i = waiting.pop(0)
+        admit[slot], held[slot] = (prompts[i], 0, settings[i]), i
+    out = engine.cycle(admit=admit)
+    for slot, i in list(held.items()):
+      if out.done_B[slot]:
+        got[i] = out.tokens_BxG[slot]
+        del held[slot]
+  ref = generate((params, config, None), prompts, sampler=sampler,
+                 sampling=settings)
+  for i in range(4):
+    assert answer_ids(got[i], config) == answer_ids(ref.tokens_BxG[i],
+                                                    config), i
+  plain = generate((params, config, None), prompts, sampler=sampler)
+  assert (plain.steps_B != ref.steps_B).any()  # the row options mattered
 
 
 MESH_SCRIPT = r'''

@@ -40,7 +40,9 @@ def test_parse_variant_types_and_errors():
 @pytest.mark.slow
 def test_bad_variants_and_mesh_exit_with_one_error():
   cases = [(["--variant", "threshold=0.9"], "same options"),
-           (["--variant", "threshold=0.7"], "threshold is a per-request"),
+           (["--variant", "threshold=0.7,gamma=0.5"],
+            "gamma, threshold is a per-request setting (decoding.gamma, "
+            "decoding.threshold)"),
            (["--variant", "nope=1"], "unknown sampler option 'nope'"),
            (["--mesh", "data=3"], "asks for 3 devices"),
            (["--attention-split-target", "0"],
@@ -96,9 +98,10 @@ def test_concurrent_variants_equal_offline_generate(server, model):
     v = i % 3
     ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
                                         int(rng.integers(1, 33)))]
-    # threshold is the row's own: any value, any variant
-    decoding = {0: {"threshold": 0.9}, 1: {"block_m": 4, "threshold": 0.6},
-                2: {"gen_length": 8, "threshold": 0.7}}[v] if i % 2 else \
+    # threshold and gamma are the row's own: any value, any variant
+    decoding = {0: {"threshold": 0.9, "gamma": 0.3},
+                1: {"block_m": 4, "threshold": 0.6},
+                2: {"gen_length": 8, "gamma": 0.1}}[v] if i % 2 else \
         ({} if v == 0 else VARIANTS[v])
     jobs.append({"ids": ids, "seed": int(rng.integers(0, 1000)),
                  "variant": v, "decoding": decoding, "stream": i % 5 == 0})
@@ -124,8 +127,9 @@ def test_concurrent_variants_equal_offline_generate(server, model):
     sampler = build_sampler("flash-dllm", config.arch, options)
     out = generate(model, [jobs[i]["ids"] for i in mine], sampler=sampler,
                    seed=[jobs[i]["seed"] for i in mine],
-                   sampling=[Sampling(threshold=jobs[i]["decoding"].get(
-                       "threshold")) for i in mine])
+                   sampling=[Sampling(**{k: jobs[i]["decoding"].get(k)
+                                         for k in ("threshold", "gamma")})
+                             for i in mine])
     for i, gen in zip(mine, out.tokens_BxG):
       ids, decoding = got[i]
       assert ids == answer_ids(gen, config), f"request {i} ({jobs[i]})"
@@ -133,6 +137,8 @@ def test_concurrent_variants_equal_offline_generate(server, model):
         assert decoding["variant"] == v and decoding["seed"] == \
             jobs[i]["seed"] and decoding["options"] == dataclasses.asdict(
                 sampler)
+        assert decoding["sampling"]["gamma"] == jobs[i]["decoding"].get(
+            "gamma")
   assert sum(d is None for _, d in got) == 13  # streamed
 
 
@@ -143,6 +149,7 @@ def test_undeclared_options_get_400_listing_the_allowed(server):
             "decoding.block_m", "allowed: 8"),
            ({"decoding": {"threshold": 1.5}}, "decoding.threshold",
             "(0, 1]"),
+           ({"decoding": {"gamma": 0}}, "decoding.gamma", "(0, 1]"),
            ({"max_tokens": 12, "decoding": {"gen_length": 8}}, "max_tokens",
             "gen_length 8")]
   for extra, param, needle in cases:

@@ -50,15 +50,26 @@ def proposal(logits_BxLxV: jax.Array, state, rng_B,
                                      mask_id)
 
 
-def row_rule(rule: "CommitRule", state) -> "CommitRule":
-  """`rule` with each row's own threshold (`state.sampling.threshold_B`,
-  NaN: the rule's) for the threshold rule; other rules as they are."""
+def row_value(state, name: str, own: float):
+  """[B] each row's option `name` (`state.sampling.<name>_B`, NaN: `own`,
+  the sampler's; row_options.py), or `own` without row settings."""
   s = state.sampling
-  if s is None or not isinstance(rule, Threshold):
+  if s is None:
+    return own
+  v_B = getattr(s, name + "_B")
+  return jnp.where(jnp.isnan(v_B), jnp.float32(own), v_B)
+
+
+def row_rule(rule: "CommitRule", state) -> "CommitRule":
+  """`rule` with each row's own threshold or factor (`row_value`) for the
+  threshold and factor rules; other rules as they are."""
+  if state.sampling is None:
     return rule
-  tau_B = jnp.where(jnp.isnan(s.threshold_B), jnp.float32(rule.threshold),
-                    s.threshold_B)
-  return Threshold(tau_B[:, None])
+  if isinstance(rule, Threshold):
+    return Threshold(row_value(state, "threshold", rule.threshold)[:, None])
+  if isinstance(rule, Factor):
+    return Factor(row_value(state, "factor", rule.factor)[:, None])
+  return rule
 
 
 def _masked_conf(conf_BxL: jax.Array, masked_BxL: jax.Array) -> jax.Array:
@@ -85,7 +96,7 @@ def threshold_commit(conf_BxL: jax.Array, masked_BxL: jax.Array,
 
 
 def factor_count(conf_BxL: jax.Array, masked_BxL: jax.Array,
-                 f: float) -> jax.Array:
+                 f) -> jax.Array:
   """[B] how many masked positions Fast-dLLM's factor rule commits.
 
   `get_transfer_index_dynamic`: sort the m masked confidences c1 >= c2 >= ...
@@ -94,14 +105,15 @@ def factor_count(conf_BxL: jax.Array, masked_BxL: jax.Array,
   form a prefix. Edge cases matched exactly: m = 0 commits nothing (the
   reference indexes an empty list there); and when the first failure is the
   last rank m >= 2, the reference's `top_i == len - 1` adjustment commits all
-  m anyway (so m = 2 always commits both).
+  m anyway (so m = 2 always commits both). f: a number, or [B, 1] (a factor
+  per row).
   """
   l = conf_BxL.shape[1]
   sorted_BxL = -jnp.sort(-_masked_conf(conf_BxL, masked_BxL), axis=1)
   n_L = jnp.arange(1, l + 1, dtype=jnp.float32)
-  thresh_L = jnp.where(n_L == 1, -1.0, 1.0 - f / (n_L + 1))
+  thresh_BxL = jnp.where(n_L == 1, -1.0, 1.0 - f / (n_L + 1))
   m_B = jnp.sum(masked_BxL, axis=1, dtype=jnp.int32)
-  ok_BxL = (sorted_BxL >= thresh_L) & (jnp.arange(l) < m_B[:, None])
+  ok_BxL = (sorted_BxL >= thresh_BxL) & (jnp.arange(l) < m_B[:, None])
   count_B = jnp.sum(jnp.cumprod(ok_BxL, axis=1), axis=1, dtype=jnp.int32)
   return jnp.where((m_B >= 2) & (count_B == m_B - 1), m_B, count_B)
 

@@ -51,7 +51,6 @@ class DreamSampler(Uncached):
   top_p and top_k are also per row (`DecodeState.sampling`, which replaces
   them where given)."""
 
-  samples_rows: ClassVar[bool] = True
   row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k")
 
   gen_length: int = 512

@@ -94,9 +94,11 @@ class ElasticCacheSampler(commit_rules.WindowRule):
   recompute_all: an uncached full forward every step, the exactness
     reference.
   gamma: any finite real; > 1 restarts after layer 0 every step, <= 0 never.
+    A row's own gamma and threshold are row data (row_options.py).
   """
 
-  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
+  row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
+      "temperature", "top_p", "top_k", "threshold", "gamma")
 
   gen_length: int = 256
   window: int = 16
@@ -217,7 +219,8 @@ class ElasticCacheSampler(commit_rules.WindowRule):
     out = elastic_forward.forward(
         model, state.tokens_BxN, slots_BxQ, mass_rows_BxQ,
         slice(q - m, q - m + self.window), others_BxN, start_B, aux.cache,
-        aux.hidden, tracked=t, track_num=self.track_num, gamma=self.gamma)
+        aux.hidden, tracked=t, track_num=self.track_num,
+        gamma=commit_rules.row_value(state, "gamma", self.gamma))
     full_layers_B = model.config.n_layers - out.restart_B
     aux = aux.replace(
         cache=out.cache, hidden=out.hidden,

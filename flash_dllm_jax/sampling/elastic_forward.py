@@ -46,10 +46,11 @@ class LayerwiseOutput(NamedTuple):
 def forward(model: SequenceModel, tokens_BxN, slots_BxQ, mass_rows_BxQ,
             logit_rows: slice, trackable_BxN, start_B, cache: KVCache,
             hidden: tuple[jax.Array, ...], *, tracked: int, track_num: int,
-            gamma: float) -> LayerwiseOutput:
+            gamma) -> LayerwiseOutput:
   """slots_BxQ: the query (-1 = unused), its first `tracked` rows the
   tracked tokens; mass_rows_BxQ: rows whose attention picks the next tracked
-  tokens; logit_rows: the query rows that get logits."""
+  tokens; logit_rows: the query rows that get logits; gamma: the drift
+  level, a number or [B] (a row's own)."""
   cfg, params, impl = model.config, model.params, model.implementation
   b, n = tokens_BxN.shape
   t = tracked

@@ -49,7 +49,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     exactness reference: with a budget covering the whole sequence the cached
     run must equal it).
   verify / gamma: Flash-Verify and its acceptance level (0.8 for GSM8K and
-    MBPP in the reference scripts, 0.85 for MATH and HumanEval).
+    MBPP in the reference scripts, 0.85 for MATH and HumanEval); a row's
+    own gamma and threshold are row data (row_options.py).
   rule / threshold / steps: the window's commit rule (commit_rules.py):
     "threshold" (the reference's), or "fixed", LLaDA's even schedule of
     `steps` steps (default gen_length): exactly gen_length / steps window
@@ -64,7 +65,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     max_refills, 2 max_refills, 4 max_refills, ... rows that holds them.
   """
 
-  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
+  row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
+      "temperature", "top_p", "top_k", "threshold", "gamma")
   grows_refills: ClassVar[bool] = True  # any number of fresh rows a step
 
   gen_length: int = 256
@@ -142,14 +144,7 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                       max_seq_len)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
-    b, n = tokens_BxN.shape
-    return FlashCacheAux(cache=model.empty_cache(),
-                         rank_BxN=flash_budget.initial_rank(b, n),
-                         last_BxN=jnp.zeros((b, n), bool),
-                         conf_BxN=jnp.full((b, n), NOT_SCORED, jnp.float32),
-                         end_B=jnp.full((b,), n + 1, jnp.int32),
-                         tail_done_BxN=jnp.zeros((b, n), bool),
-                         fresh_B=jnp.ones((b,), bool))
+    return FlashCacheAux.start(model.empty_cache(), *tokens_BxN.shape)
 
   def reset_rows(self, aux: FlashCacheAux, rows_B: jax.Array) -> FlashCacheAux:
     """Forgets the rows' bookkeeping when a new request takes their slot; the
@@ -273,7 +268,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       v = flash_verify.verify(
           model, tokens_BxN, recent_BxN, window_BxW, drafts_BxW, conf_w_BxW,
           eligible_BxW, new_end_B, cache, block_m=self.block_m,
-          gamma=self.gamma, accept_none=self.rule == "fixed",
+          gamma=commit_rules.row_value(state, "gamma", self.gamma),
+          accept_none=self.rule == "fixed",
           exclude_BxS=exclude_BxS)
       plan, p_BxC, keep_BxC = v.plan, v.p_BxC, v.keep_BxC
       verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax.model import KVCache
-from flash_dllm_jax.sampling import flash_verify
+from flash_dllm_jax.sampling import flash_budget, flash_verify
 
 
 @struct.dataclass
@@ -32,6 +33,17 @@ class FlashCacheAux:
   end_B: jax.Array
   tail_done_BxN: jax.Array
   fresh_B: jax.Array
+
+  @classmethod
+  def start(cls, cache: KVCache, b: int, n: int) -> "FlashCacheAux":
+    """Every row fresh: nothing ranked, scored or ended yet."""
+    return cls(cache=cache, rank_BxN=flash_budget.initial_rank(b, n),
+               last_BxN=jnp.zeros((b, n), bool),
+               conf_BxN=jnp.full((b, n), flash_budget.NOT_SCORED,
+                                 jnp.float32),
+               end_B=jnp.full((b,), n + 1, jnp.int32),
+               tail_done_BxN=jnp.zeros((b, n), bool),
+               fresh_B=jnp.ones((b,), bool))
 
 
 class StepTrace(NamedTuple):

@@ -166,12 +166,13 @@ def _predictor_tokens(tokens_BxN, cand_slots_BxC, drafts_BxC, real_BxC):
                    jnp.take_along_axis(tokens_BxN, prev_BxC, 1))
 
 
-def accept(p_BxC: jax.Array, s_B: jax.Array, gamma: float) -> jax.Array:
-  """[B, C] bool: the longest prefix (i < S) with prod_{j<=i} p_j >= gamma."""
+def accept(p_BxC: jax.Array, s_B: jax.Array, gamma) -> jax.Array:
+  """[B, C] bool: the longest prefix (i < S) with prod_{j<=i} p_j >= gamma
+  (a number, or [B]: a level per row)."""
   c = p_BxC.shape[1]
   real_BxC = jnp.arange(c)[None, :] < s_B[:, None]
   cum_BxC = jnp.cumprod(jnp.where(real_BxC, p_BxC, 1.0), axis=1)
-  return real_BxC & (cum_BxC >= gamma)
+  return real_BxC & (cum_BxC >= jnp.reshape(gamma, (-1, 1)))
 
 
 class Verified(NamedTuple):
@@ -217,7 +218,7 @@ def run_pass(model, the_plan: VerifyPlan, cache, drafts_BxC,
 
 def verify(model, tokens_BxN, recent_key_BxN, window_BxW, drafts_BxW,
            conf_BxW, eligible_BxW, end_B, cache, *, block_m: int,
-           gamma: float, accept_none: bool = False,
+           gamma, accept_none: bool = False,
            exclude_BxS=None) -> Verified:
   """Picks the candidates (the block_m // 2 most confident eligible window
   drafts), runs the pass over the recent tokens (recent_key_BxN, larger =

@@ -37,7 +37,6 @@ class LLaDASampler(Uncached):
   the whole generation, as there). temperature is also per row
   (`DecodeState.sampling`, which replaces it where given)."""
 
-  samples_rows: ClassVar[bool] = True
   row_fields: ClassVar[tuple[str, ...]] = ("temperature",)
 
   gen_length: int = 128

@@ -77,7 +77,6 @@ class LLaDA2Sampler:
   threshold None keeps the sampler's).
   """
 
-  samples_rows: ClassVar[bool] = True
   row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k",
                                            "threshold")
 

@@ -17,7 +17,8 @@ no mask before it). forwards_B counts both passes.
 
 Drafts are greedy, or drawn per row from `DecodeState.sampling` as
 Flash-dLLM draws them (row_sampling.propose_tokens: temperature, top_k,
-then top_p, and a row's own threshold for rule "threshold"). A draft
+then top_p); a row's own threshold, factor and gamma replace the
+sampler's in its rule and verify pass (row_options.py). A draft
 committed by the rule reports its log-probability under the model's
 softmax; a verified one the verify pass's probability of it, as
 Flash-dLLM does.
@@ -48,12 +49,16 @@ class LLaDA2FlashSampler:
 
   rule / threshold / factor: the draft's commit rule (commit_rules.py).
   gamma: the verify pass's acceptance level (Flash-dLLM's).
+  A row's own temperature / top_p / top_k (its draft, Flash-dLLM's
+  row sampling) and threshold, factor and gamma are row data
+  (`DecodeState.sampling`; row_options.py).
   block_cache: False runs the whole window every step (the exactness
     reference: same tokens and model calls).
   max_refills: as LLaDA2Sampler's.
   """
 
-  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
+  row_fields: ClassVar[tuple[str, ...]] = (
+      "temperature", "top_p", "top_k", "threshold", "factor", "gamma")
 
   gen_length: int = 128
   block_length: int = 32
@@ -146,7 +151,8 @@ class LLaDA2FlashSampler:
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     v = self.verify_block(model, tokens_BxN, bc.cache, pos_BxL, start_B,
                           x0_BxL, conf_BxL,
-                          masked_BxL & ~commit_BxL & active_B[:, None])
+                          masked_BxL & ~commit_BxL & active_B[:, None],
+                          commit_rules.row_value(state, "gamma", self.gamma))
     keep_BxL = v.keep_BxL
     lp_BxL = jnp.where(keep_BxL, jnp.log(v.p_BxL), lp_BxL)
     block_BxL = jnp.where(keep_BxL, x0_BxL, block_BxL)
@@ -162,10 +168,11 @@ class LLaDA2FlashSampler:
             1 + v.ran_B.astype(jnp.int32), logprob_BxN)
 
   def verify_block(self, model, tokens_BxN, cache, pos_BxL, start_B, x0_BxL,
-                   conf_BxL, eligible_BxL) -> "BlockVerify":
+                   conf_BxL, eligible_BxL, gamma=None) -> "BlockVerify":
     """The verify pass over the drafts x0_BxL of the eligible block
     positions pos_BxL (tokens_BxN: the block after the draft's commits;
-    cache: final before start_B)."""
+    cache: final before start_B; gamma: [B] the rows' levels, None: the
+    sampler's)."""
     b, n = tokens_BxN.shape
     l = self.block_length
     rows_Bx1 = jnp.arange(b)[:, None]
@@ -182,7 +189,8 @@ class LLaDA2FlashSampler:
     # The cache is final before the block; the block's own slots are stale.
     hidden_BxS = plan.exclude_BxS | (idx_N >= start_B[:, None])
     p_BxC = flash_verify.run_pass(model, plan, cache, drafts_BxC, hidden_BxS)
-    keep_BxC = flash_verify.accept(p_BxC, plan.S_B, self.gamma)
+    keep_BxC = flash_verify.accept(
+        p_BxC, plan.S_B, self.gamma if gamma is None else gamma)
     at_BxC = jnp.where(keep_BxC, order_BxC, l)
     keep_BxL = jnp.zeros((b, l), bool).at[rows_Bx1, at_BxC].set(
         True, mode="drop")

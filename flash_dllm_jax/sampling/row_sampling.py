@@ -2,10 +2,13 @@
 
 `Sampling` is one request's settings (host side, validated); `RowSampling`
 holds them per row ([B] arrays) in `DecodeState.sampling`, so rows with
-different temperature / top_p / top_k decode in one compiled program.
-The reference samplers (LLaDA, Dream, LLaDA2) read the same arrays with
-their own sampling rules (row_draws.py); `propose_tokens` is the rule of
-Flash-dLLM, Fast-dLLM, Elastic-Cache and llada2-flash.
+different temperature / top_p / top_k, and different values of the
+sampler's numeric rule options (threshold, factor, gamma: row_options.py),
+decode in one compiled program. A sampler's `row_fields` names the Sampling
+fields it takes per row. The reference samplers (LLaDA, Dream, LLaDA2) read
+temperature / top_p / top_k with their own sampling rules (row_draws.py);
+`propose_tokens` is the rule of Flash-dLLM, Fast-dLLM, Elastic-Cache and
+llada2-flash.
 
 `propose_tokens` turns a step's logits into (token, confidence, logprob) per
 scored position; logprob is the token's log-probability under the model's
@@ -42,12 +45,16 @@ _OUT = -1e30
 class Sampling:
   """One row's settings: temperature >= 0 (0: greedy), top_p in (0, 1],
   top_k >= 0 (0: off); threshold in (0, 1]: the confidence a position needs
-  to commit under the threshold rule (None: the sampler's own)."""
+  to commit under the threshold rule; factor > 0: the factor rule's;
+  gamma: Flash-Verify's acceptance level or Elastic-Cache's drift level
+  (the sampler checks its range; row_options.py). None: the sampler's own."""
 
   temperature: float = 0.0
   top_p: float = 1.0
   top_k: int = 0
   threshold: float | None = None
+  factor: float | None = None
+  gamma: float | None = None
 
   def __post_init__(self):
     errors = []
@@ -63,6 +70,15 @@ class Sampling:
     if h is not None and not (isinstance(h, (int, float))
                               and math.isfinite(h) and 0 < h <= 1):
       errors.append(f"threshold must be None or in (0, 1], got {h!r}")
+    real = lambda v: (isinstance(v, (int, float)) and not isinstance(v, bool)
+                      and math.isfinite(v))
+    if self.factor is not None and not (real(self.factor)
+                                        and self.factor > 0):
+      errors.append(f"factor must be None or a number > 0, got "
+                    f"{self.factor!r}")
+    if self.gamma is not None and not real(self.gamma):
+      errors.append(f"gamma must be None or a finite number, got "
+                    f"{self.gamma!r}")
     if errors:
       raise ValueError("invalid sampling settings: " + "; ".join(errors))
 
@@ -75,12 +91,11 @@ def row_settings(sampler, sampling, n_rows: int
   """Each row's Sampling (one for all, or one per row), or None: every row
   decodes with the sampler's own options.
 
-  A row's Sampling replaces the sampler's own temperature / top_p / top_k
-  for that row; a row without one (sampling None, or a None entry) keeps
-  them (`own_sampling()`, GREEDY for samplers without such options). A
-  sampler with `row_fields` takes only those fields per row (the others
-  must keep their defaults); one without `samples_rows` takes only greedy
-  rows (its own options decide)."""
+  A row's Sampling replaces the sampler's own options for that row; a row
+  without one (sampling None, or a None entry) keeps them (`own_sampling()`,
+  GREEDY for samplers without such options). A sampler takes per row only
+  its `row_fields` (the others must keep their defaults); one with none
+  takes only greedy rows (its own options decide)."""
   own = getattr(sampler, "own_sampling", None)
   if sampling is None and own is not None:
     return None
@@ -96,11 +111,11 @@ def row_settings(sampler, sampling, n_rows: int
       elif not isinstance(r, Sampling):
         raise TypeError(f"sampling[{i}] must be a Sampling, got "
                         f"{type(r).__name__}")
-  if getattr(sampler, "samples_rows", False):
+  if row_fields(sampler):
     for name in unsupported_fields(sampler, rows):
       raise ValueError(f"{type(sampler).__name__} does not take a per-row "
                        f"{name} (it takes "
-                       f"{', '.join(sampler.row_fields)})")
+                       f"{', '.join(row_fields(sampler))})")
     return rows
   if any(r != GREEDY for r in rows):
     raise ValueError(f"{type(sampler).__name__} does not take per-row "
@@ -110,12 +125,9 @@ def row_settings(sampler, sampling, n_rows: int
 
 
 def row_fields(sampler) -> tuple[str, ...]:
-  """The Sampling fields `sampler` takes per row: its `row_fields`, every
-  field where it names none, none if it does not sample per row."""
-  if not getattr(sampler, "samples_rows", False):
-    return ()
-  return getattr(sampler, "row_fields",
-                 tuple(f.name for f in dataclasses.fields(Sampling)))
+  """The Sampling fields `sampler` takes per row (its `row_fields`; none:
+  its decode state carries no RowSampling)."""
+  return tuple(getattr(sampler, "row_fields", ()))
 
 
 def unsupported_fields(sampler, rows: list[Sampling]) -> list[str]:
@@ -131,21 +143,25 @@ def unsupported_fields(sampler, rows: list[Sampling]) -> list[str]:
 @struct.dataclass
 class RowSampling:
   """temperature_B float32, top_p_B float32, top_k_B int32 (0: off),
-  threshold_B float32 (NaN: the sampler's own)."""
+  threshold_B, factor_B, gamma_B float32 (NaN: the sampler's own)."""
 
   temperature_B: jax.Array
   top_p_B: jax.Array
   top_k_B: jax.Array
   threshold_B: jax.Array
+  factor_B: jax.Array
+  gamma_B: jax.Array
 
   @classmethod
   def host(cls, rows: list[Sampling]) -> "RowSampling":
     """numpy arrays of the rows' settings (the engine fills them per slot)."""
+    own = lambda name: np.array([np.nan if getattr(r, name) is None
+                                 else getattr(r, name) for r in rows],
+                                np.float32)
     return cls(np.array([r.temperature for r in rows], np.float32),
                np.array([r.top_p for r in rows], np.float32),
                np.array([r.top_k for r in rows], np.int32),
-               np.array([np.nan if r.threshold is None else r.threshold
-                         for r in rows], np.float32))
+               own("threshold"), own("factor"), own("gamma"))
 
   @classmethod
   def of(cls, rows: list[Sampling]) -> "RowSampling":

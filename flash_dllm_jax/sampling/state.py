@@ -21,9 +21,10 @@ class DecodeState:
     rest of the batch.
   aux: the strategy's own pytree (a KV cache, tracked positions, ...), None
     for the uncached reference samplers.
-  sampling: per-row temperature / top_p / top_k (row_sampling.RowSampling),
-    None: every row with the sampler's own options (greedy where it has
-    none). Samplers that sample per row read it.
+  sampling: per-row temperature / top_p / top_k and rule options
+    (threshold, factor, gamma; row_sampling.RowSampling), None: every row
+    with the sampler's own options (greedy where it has none). Samplers
+    with `row_fields` (row_sampling.py) read it.
   logprob_BxN: each position's token's log-probability at the step it was
     committed (float32; 0 for the prompt and for samplers that do not
     report it, see `advance`).

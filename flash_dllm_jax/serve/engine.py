@@ -32,6 +32,7 @@ from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import compiler_options
 from flash_dllm_jax.sampling import DecodeState, Refillable, make_step
+from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.loop import tail_length
 from flash_dllm_jax.sampling.row_sampling import GREEDY, RowSampling
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -89,7 +90,7 @@ class SlotEngine:
     self.continuous = isinstance(sampler, Refillable)
     self.stop_ids = config.stop_token_ids if stop_at_eos else ()
     self.implementation = implementation
-    self.samples_rows = getattr(sampler, "samples_rows", False)
+    self.row_data = row_options.takes_rows(sampler)  # RowSampling
     self._state = self._initial_state()
     self._busy_B = np.zeros(self.b, bool)  # rows whose loop has not stopped
     args = (self.params, self._state, np.zeros(self.b, bool),
@@ -122,8 +123,8 @@ class SlotEngine:
 
   def _host_sampling(self, rows):
     """RowSampling numpy arrays, GREEDY where `rows` (slot, Sampling) says
-    nothing; None for a sampler that does not sample per row."""
-    if not self.samples_rows:
+    nothing; None for a sampler that takes no row data."""
+    if not self.row_data:
       return None
     settings = [GREEDY] * self.b
     for slot, sampling in rows:
@@ -141,7 +142,7 @@ class SlotEngine:
     decode = DecodeState.start(jnp.full((b, self.p), self.config.pad_token_id,
                                         jnp.int32), self.g_all,
                                self.config.mask_token_id, rng_B,
-                               None if not self.samples_rows else
+                               None if not self.row_data else
                                RowSampling.of([GREEDY] * b))
     valid_BxN = jnp.ones((b, n), bool)
     decode = decode.replace(
@@ -244,9 +245,8 @@ class SlotEngine:
       valid_BxP[slot, self.p - len(ids):] = True
       seed_B[slot] = np.uint32(seed)
       rows += [(slot, sampling[0])] if sampling else []
-    if rows and not self.samples_rows and any(r != GREEDY for _, r in rows):
-      raise ValueError(f"{type(self.sampler).__name__} does not sample per "
-                       "row")
+    if rows and not self.row_data and any(r != GREEDY for _, r in rows):
+      raise ValueError(f"{type(self.sampler).__name__} takes no row data")
     self._state, gen, logp, iters = self._compiled(
         self.params, self._state, release_B, load_B, prompt_BxP, valid_BxP,
         seed_B, self._host_sampling(rows))

@@ -16,9 +16,12 @@ k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
     takes temperature only; Dream, LLaDA2, Flash-dLLM, Fast-dLLM,
     Elastic-Cache and llada2-flash all three). A field a request leaves out
     takes the variant's sampler option (the strategy's --temperature,
-    --top-p, --top-k; greedy where it has none). decoding.threshold is the
-    row's own too for the threshold rules (Flash-dLLM, Fast-dLLM,
-    Elastic-Cache, llada2-flash, and LLaDA2's confidence threshold).
+    --top-p, --top-k; greedy where it has none). The numeric rule options
+    decoding.threshold / decoding.factor / decoding.gamma are the row's own
+    data too wherever the sampler has them (sampling/row_options.py:
+    Flash-dLLM, Fast-dLLM, Elastic-Cache, llada2-flash, and LLaDA2's
+    confidence threshold), never a variant; a value for a rule the variant
+    does not run is a 400.
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
 """

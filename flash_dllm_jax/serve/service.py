@@ -16,6 +16,7 @@ from flash_dllm_jax.serve.errors import BadRequest
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
 from flash_dllm_jax.serve.scheduler import Request, Scheduler
+from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.serve.text import AnswerText
 
@@ -53,16 +54,9 @@ class Settings:
     return tuple(range(PROMPT_BUCKET, top + 1, PROMPT_BUCKET))
 
 
-# Sampler options that are row data for samplers that sample per row
-# (their values do not change the compiled program): `decoding.threshold`,
-# and the top-level temperature / top_p / top_k for samplers that have them
-# as options (see `row_fields`).
-ROW_OPTIONS = ("threshold",)
-TOP_LEVEL_ROW = ("temperature", "top_p", "top_k")
-
 # Request fields that pick a variant besides `decoding`, where the sampler
-# does not take them per row (LLaDA's top_p / top_k): (field, the value a
-# sampler without the option decodes with).
+# does not take them per row (`row_fields`; LLaDA's top_p / top_k): (field,
+# the value a sampler without the option decodes with).
 _TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0), ("top_k", None))
 
 
@@ -154,9 +148,9 @@ class Service:
     return a == b
 
   @property
-  def samples_rows(self) -> bool:
-    """temperature / top_p / top_k are row data (else sampler options)."""
-    return getattr(self.sampler, "samples_rows", False)
+  def row_data(self) -> bool:
+    """The sampler takes row data (`row_fields`; else sampler options)."""
+    return row_options.takes_rows(self.sampler)
 
   def _variant(self, req) -> int:
     """The index of the declared variant whose options equal every option
@@ -172,11 +166,11 @@ class Service:
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
-      if name in TOP_LEVEL_ROW and name in rows:
+      if name in rows and name not in row_options.ROW_OPTIONS:
         raise BadRequest(f"{name} is a per-request setting: send it as the "
                          f"request's {name} field", f"decoding.{name}")
-      if name in ROW_OPTIONS and name in rows:
-        continue  # the row's own (see `_row_threshold`)
+      if name in rows:
+        continue  # the row's own (see `_row_options`)
       stated.append((name, value, f"decoding.{name}", None))
     left = list(range(len(self.samplers)))
     for name, value, param, absent in stated:
@@ -192,22 +186,29 @@ class Service:
       left = match
     return left[0]
 
-  def _row_threshold(self, req, sampler) -> float | None:
-    """decoding.threshold as the row's own threshold (None: not stated), or
-    BadRequest where the variant's rule has none."""
-    value = (req.decoding or {}).get("threshold")
-    if value is None or "threshold" not in row_fields(sampler):
-      return None
-    rule = getattr(sampler, "rule", "threshold")
-    if rule != "threshold":
-      raise BadRequest(f"decoding.threshold applies to rule='threshold', "
-                       f"not the variant's rule {rule!r}",
-                       "decoding.threshold")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-        or not 0 < value <= 1:
-      raise BadRequest(f"decoding.threshold must be in (0, 1], got "
-                       f"{value!r}", "decoding.threshold")
-    return float(value)
+  def _row_options(self, req, sampler) -> dict[str, float]:
+    """The stated decoding options that are the row's own data
+    (row_options.py: threshold, factor, gamma), or BadRequest naming the
+    field where the variant has no such rule or refuses the value."""
+    out = {}
+    for name in row_options.options(sampler):
+      value = (req.decoding or {}).get(name)
+      if value is None:
+        continue
+      param = f"decoding.{name}"
+      if isinstance(value, bool) or not isinstance(value, (int, float)) \
+          or not math.isfinite(value):
+        raise BadRequest(f"{param} must be a finite number, got {value!r}",
+                         param)
+      if why := row_options.value_error(sampler, name, float(value)):
+        raise BadRequest(f"{param}: {why}", param)
+      try:
+        Sampling(**{name: float(value)})
+      except ValueError as e:
+        raise BadRequest(f"{param}: {str(e).split(': ', 1)[-1]}",
+                         param) from None
+      out[name] = float(value)
+    return out
 
   def _logprobs(self, req) -> bool:
     """Whether `req` asks for log-probabilities; BadRequest for what the
@@ -220,7 +221,7 @@ class Service:
     if top:
       raise BadRequest(f"{param} {top}: only each chosen token's own "
                        "log-probability is available (ask for 0)", param)
-    if want and not self.samples_rows:
+    if want and not self.row_data:
       raise BadRequest(f"strategy {self.settings.strategy!r} does not report "
                        "log-probabilities", "logprobs")
     return want
@@ -275,14 +276,14 @@ class Service:
     if len(stops) > 4 or any(not s for s in stops):
       raise BadRequest("stop takes at most 4 non-empty strings", "stop")
     sampling = None
-    if self.samples_rows:
+    if self.row_data:
       own = getattr(sampler, "own_sampling", Sampling)()
       sampling = Sampling(
           temperature=float(own.temperature if req.temperature is None
                             else req.temperature),
           top_p=float(own.top_p if req.top_p is None else req.top_p),
           top_k=own.top_k if req.top_k is None else max(0, req.top_k),
-          threshold=self._row_threshold(req, sampler))
+          **self._row_options(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
     bucket = padded_length(len(ids))
