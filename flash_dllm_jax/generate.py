@@ -171,7 +171,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
              config: ModelConfig | None = None, tokenizer=None,
              sampler: Sampler | None = None, chat: bool | None = None,
              seed: int | Sequence[int] = 0,
-             sampling: Sampling | Sequence[Sampling] | None = None,
+             sampling: Sampling | Sequence[Sampling | None] | None = None,
              stop_at_eos: bool = True,
              batch_size: int | None = None, mesh=None,
              progress: Callable[[np.ndarray, int], None] | None = None,
@@ -197,12 +197,16 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   seed: one seed for every row, or one per row. A row's random draws come
     from its own seed only, so its answer never depends on the rest of the
     batch.
-  sampling: a `Sampling` for every row, or one per row (row_sampling.py);
-    None: greedy. Rows with different settings decode in one compiled
-    program; a row's tokens depend only on its prompt, settings and seed.
-    temperature / top_p / top_k: for the samplers that sample per row
-    (Flash-dLLM, Fast-dLLM, Elastic-Cache; the others have their own);
-    threshold / factor / gamma replace the sampler's (row_options.py).
+  sampling: a `Sampling` (temperature, top_p, top_k; threshold, factor,
+    gamma) for every row, or one per row (row_sampling.py); None (for all,
+    or for a row): the sampler's own options (greedy for samplers without
+    them). A row's Sampling replaces the sampler's options it names in
+    `row_fields` for that row: temperature / top_p / top_k drawn with the
+    sampler's own rules (LLaDA: temperature only), threshold / factor /
+    gamma in its rule where it runs that rule (row_options.py), else
+    ValueError. Rows with different settings decode in one compiled
+    program, and a row's tokens depend only on its prompt, settings and
+    seed.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
   batch_size: decode at most this many rows at a time. Samplers that can
     refill slots (`reset_rows`: Flash-dLLM, Elastic-Cache) use continuous

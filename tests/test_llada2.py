@@ -18,7 +18,10 @@ from flash_dllm_jax.generate import decode_tokens
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling import LLaDA2Sampler
+from flash_dllm_jax.sampling.row_sampling import GREEDY, Sampling
 from tests import llada2_fixtures, llada2_numpy, llada2_reference
+from tests.row_sampling_case import (check_rows_equal_own_samplers,
+                                     replay_logprobs)
 from tests.paths import ROOT
 
 MINI = ROOT / "tests" / "reference" / "llada2-mini"
@@ -136,6 +139,26 @@ def test_sampled_rows_do_not_depend_on_the_batch(model):
   alone = fdj.generate(model, prompts[1:2], seed=8, **opts)
   np.testing.assert_array_equal(batch.tokens_BxG[1], alone.tokens_BxG[0])
   assert batch.forwards_B[1] == alone.forwards_B[0]
+
+
+def test_row_settings_decode_as_the_samplers_own_options(model):
+  """Per-row temperature / top_k / top_p and threshold decode, token for
+  token, what the sampler built with them decodes for the row alone (the
+  greedy row bit for bit the greedy sampler's); logprobs equal a
+  replay of the commit steps under the block-causal model's softmax."""
+  sampler = LLaDA2Sampler(gen_length=16, block_length=BL, steps=8,
+                          temperature=0.7, top_k=40)
+  rows = [Sampling(0.8, 0.9, 40), None, GREEDY, Sampling(threshold=0.6)]
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(0, 290, n).tolist() for n in (4, 13, 9, 6)]
+  seeds = [7, 8, 9, 10]
+  got = check_rows_equal_own_samplers(model, sampler, prompts, seeds, rows)
+  full = [sampler.own_sampling() if r is None else r for r in rows]
+  want = replay_logprobs(model, sampler, prompts, seeds, full,
+                         lambda seq, t: seq.logits(t, jnp.broadcast_to(
+                             jnp.arange(t.shape[1]), t.shape), block_length=BL))
+  np.testing.assert_allclose(got.logprobs_BxG, want, atol=2e-5)
+  assert (want < 0).mean() > 0.5
 
 
 def test_compiled_loop_equals_the_python_loop(model):

@@ -19,11 +19,13 @@ from flash_dllm_jax.model import init_params
 from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling import LLaDA2FlashSampler, LLaDA2Sampler
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
+from flash_dllm_jax.sampling.row_sampling import GREEDY, Sampling
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from tests.test_sampling import (check_compiled_equals_python,
                                  check_continuous_equals_alone,
                                  check_rows_do_not_depend_on_the_batch,
                                  random_prompts, tiny)
+from tests.row_sampling_case import replay_logprobs
 
 BL, GEN = 4, 8
 
@@ -172,3 +174,31 @@ def test_continuous_batching_equals_each_request_alone(sampler):
   runs its window again): every answer, model call count and step count
   equals decoding that request alone."""
   check_continuous_equals_alone("llada2", sampler, 1.2, [4, 19, 9, 6])
+
+
+def test_llada2_flash_rows_sample_on_their_own():
+  """llada2-flash drafts per row (Flash-dLLM's row_sampling): a sampled
+  row, a greedy row and a row with its own threshold in one batch each
+  equal the row alone (the greedy row under the greedy sampler, the
+  threshold row under the sampler built with that threshold); with gamma 1
+  (no verified commits) logprobs equal a replay of the commit steps."""
+  config, params = tiny("llada2", eos_boost=1.5)
+  model = (params, config, None)
+  prompts, seeds = random_prompts(6, [5, 12, 9]), [3, 4, 5]
+  base = LLaDA2FlashSampler(gen_length=GEN, block_length=BL, gamma=1.0)
+  rows = [Sampling(3.0, 0.95, 20), GREEDY, Sampling(threshold=0.6)]
+  got = generate(model, prompts, sampler=base, seed=seeds, sampling=rows,
+                 logprobs=True)
+  for i, (s, own) in enumerate([
+      (rows[0], base), (None, base),
+      (None, dataclasses.replace(base, threshold=0.6))]):
+    alone = generate(model, [prompts[i]], sampler=own, seed=seeds[i],
+                     sampling=s, logprobs=True)
+    np.testing.assert_array_equal(got.tokens_BxG[i], alone.tokens_BxG[0])
+    np.testing.assert_array_equal(got.logprobs_BxG[i], alone.logprobs_BxG[0])
+  greedy = generate(model, prompts, sampler=base, seed=seeds)
+  assert (got.tokens_BxG[0] != greedy.tokens_BxG[0]).any()
+  want = replay_logprobs(model, base, prompts, seeds, rows,
+                         lambda seq, t: seq.logits(t, jnp.broadcast_to(
+                             jnp.arange(t.shape[1]), t.shape), block_length=BL))
+  np.testing.assert_allclose(got.logprobs_BxG, want, atol=2e-5)

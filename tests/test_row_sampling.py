@@ -1,18 +1,25 @@
-"""Per-row sampling settings (row_sampling.py): the top_k / top_p cut
-against a NumPy reference, greedy rows equal to `commit_rules.confidence`,
-each row's draw independent of the other rows' settings; a row's own
-threshold / factor / gamma (row_options.py) decodes as the sampler built
-with it, and one its sampler has no rule for is an error."""
+"""Per-row sampling settings (row_sampling.py, row_draws.py): the top_k /
+top_p cut against a NumPy reference, greedy rows equal to
+`commit_rules.confidence`, each row's draw independent of the other rows'
+settings, LLaDA's and Dream's per-row settings equal to their own options,
+and their logprobs against a replay of the commit steps; a row's own
+threshold / factor / gamma (row_options.py), with or without its own
+temperature / top_k, decodes as the sampler built with it, and one its
+sampler has no rule for is an error."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.sampling import commit_rules
+from flash_dllm_jax.generate import generate
+from flash_dllm_jax.sampling import DreamSampler, LLaDASampler, commit_rules
 from flash_dllm_jax.sampling.row_sampling import (GREEDY, RowSampling,
                                                   Sampling, _restrict,
                                                   propose_tokens)
+from tests.row_sampling_case import (check_rows_equal_own_samplers,
+                                     replay_logprobs)
+from tests.test_sampling import random_prompts, tiny
 
 MASK = 7
 
@@ -88,17 +95,69 @@ def test_invalid_settings_name_every_field():
     Sampling(temperature=-1, top_p=0, top_k=-2, factor=0, gamma=float("nan"))
 
 
-def test_generate_refuses_row_sampling_for_samplers_without_it():
+def test_generate_refuses_row_settings_a_sampler_does_not_take():
   from flash_dllm_jax import load
   from flash_dllm_jax.generate import generate
   from tests.paths import TINY_CHECKPOINT
   model = load(TINY_CHECKPOINT)
-  with pytest.raises(ValueError, match="LLaDASampler does not take per-row"):
+  with pytest.raises(ValueError, match="LLaDASampler does not take a per-row "
+                     "top_p"):
     generate(model, [[1, 2]], strategy="llada", gen_length=8, steps=8,
-             sampling=Sampling(temperature=0.5))
+             sampling=Sampling(temperature=0.5, top_p=0.9))
   with pytest.raises(ValueError, match="2 sampling settings for 1 prompts"):
     generate(model, [[1, 2]], strategy="flash-dllm", gen_length=8, block_m=8,
              sampling=[GREEDY, GREEDY])
+
+
+# (arch, base sampler, each row's settings: None keeps the base's options)
+OWN_CASES = [
+    ("llada", LLaDASampler(gen_length=16, steps=8, block_length=8),
+     [Sampling(temperature=0.7), None, Sampling(temperature=1.3)]),
+    ("llada", LLaDASampler(gen_length=16, steps=8, temperature=0.5,
+                           logits_eos_inf=True, confidence_eos_eot_inf=True),
+     [None, GREEDY, Sampling(temperature=0.9)]),
+    ("dream", DreamSampler(gen_length=16, steps=8, alg="maskgit_plus"),
+     [Sampling(0.8, 0.9, 5), None, Sampling(0.0, 0.7, 0)]),
+    ("dream", DreamSampler(gen_length=16, steps=8, alg="entropy", top_k=20),
+     [Sampling(1.0, 1.0, 3), None, GREEDY]),
+]
+
+
+@pytest.mark.parametrize("arch,base,rows", OWN_CASES)
+def test_row_settings_decode_as_the_samplers_own_options(arch, base, rows):
+  """A row's temperature / top_p / top_k in the batch decodes, token for
+  token with the same seed, what the sampler built with them decodes for
+  the row alone (LLaDA's Gumbel noise, Dream's filters and confidences);
+  a greedy row stays bit-identical to the greedy sampler."""
+  config, params = tiny(arch, eos_boost=1.5)
+  prompts = random_prompts(4, [5, 12, 9])
+  check_rows_equal_own_samplers((params, config, None), base, prompts,
+                                [3, 4, 5], rows)
+
+
+def _full_rows(shift):
+  def logits(seq, tokens_BxN):
+    n = tokens_BxN.shape[1]
+    rows_BxN = jnp.broadcast_to(jnp.maximum(jnp.arange(n) - shift, 0),
+                                tokens_BxN.shape)
+    return seq.logits(tokens_BxN, rows_BxN)
+  return logits
+
+
+@pytest.mark.parametrize("arch,base,rows,shift", [
+    (*OWN_CASES[0], 0), (*OWN_CASES[2], 1)])
+def test_logprobs_equal_a_replay_of_the_commit_steps(arch, base, rows, shift):
+  """logprobs_BxG: each token's log-probability under the model's softmax
+  (before temperature and filters) at the step that committed it."""
+  config, params = tiny(arch, eos_boost=1.5)
+  model = (params, config, None)
+  prompts, seeds = random_prompts(4, [5, 12, 9]), [3, 4, 5]
+  full = [base.own_sampling() if r is None else r for r in rows]
+  got = generate(model, prompts, sampler=base, seed=seeds, sampling=full,
+                 logprobs=True)
+  want = replay_logprobs(model, base, prompts, seeds, full, _full_rows(shift))
+  np.testing.assert_allclose(got.logprobs_BxG, want, atol=2e-5)
+  assert (want < 0).mean() > 0.5
 
 
 LLADA2_FLASH = {"gen_length": 16, "block_length": 4, "threshold": 0.7,
@@ -115,18 +174,25 @@ ROW_CASES = {  # id: (strategy, sampler options, the rows' own options)
     "llada2-flash-factor": ("llada2-flash", {**LLADA2_FLASH, "rule": "factor",
                                              "factor": 1.5}, {"factor": 4.0}),
 }
+SAMPLED = {"temperature": 0.8, "top_k": 5}  # every row's own draws too
+ROW_CASES |= {
+    "flash-gamma-sampled": (*ROW_CASES["flash-gamma"], SAMPLED),
+    "llada2-flash-sampled": (*ROW_CASES["llada2-flash-threshold-gamma"],
+                             SAMPLED),
+}
 
 
 @pytest.mark.parametrize("case", list(ROW_CASES))
 def test_row_options_equal_the_samplers_own(case):
   """Rows with their own threshold / factor / gamma decode what a sampler
   built with those values decodes, beside a row keeping the sampler's own,
-  and the same among other rows and values (and alone)."""
+  and the same among other rows and values (and alone); with every row's
+  own temperature / top_k too, against the samplers with those draws."""
   from flash_dllm_jax import load
   from flash_dllm_jax.generate import generate
   from flash_dllm_jax.strategies import build_sampler
   from tests.paths import TINY_CHECKPOINT
-  strategy, opts, row = ROW_CASES[case]
+  strategy, opts, row, draw = (*ROW_CASES[case], {})[:4]
   if strategy == "llada2-flash":  # a tiny random LLaDA2 with sharp logits
     from flash_dllm_jax.config import ModelConfig
     from flash_dllm_jax.model import init_params
@@ -139,11 +205,13 @@ def test_row_options_equal_the_samplers_own(case):
   rows, seeds = [[5, 6, 7, 8], [9, 10, 11, 12, 13], [15, 16, 17]], [1, 2, 3]
   own = build_sampler(strategy, arch, opts)
   theirs = build_sampler(strategy, arch, {**opts, **row})
-  want_theirs = generate(model, rows, sampler=theirs, seed=seeds)
-  want_own = generate(model, rows, sampler=own, seed=seeds)
-  mine = Sampling(**row)
+  drawn = Sampling(**draw)
+  want_theirs = generate(model, rows, sampler=theirs, seed=seeds,
+                         sampling=drawn)
+  want_own = generate(model, rows, sampler=own, seed=seeds, sampling=drawn)
+  mine = Sampling(**draw, **row)
   got = generate(model, rows, sampler=own, seed=seeds,
-                 sampling=[mine, GREEDY, mine])
+                 sampling=[mine, drawn, mine])
   np.testing.assert_array_equal(got.tokens_BxG[[0, 2]],
                                 want_theirs.tokens_BxG[[0, 2]])
   np.testing.assert_array_equal(got.tokens_BxG[1], want_own.tokens_BxG[1])
@@ -153,9 +221,9 @@ def test_row_options_equal_the_samplers_own(case):
   assert (want_theirs.steps_B != want_own.steps_B).any()  # a difference
   # the first row among other rows, seeds and values (the sampler's own,
   # stated): the same program, the same tokens
-  stated = Sampling(**{k: getattr(own, k) for k in row})
+  stated = Sampling(**draw, **{k: getattr(own, k) for k in row})
   moved = generate(model, [rows[2], rows[0], rows[1]], sampler=own,
-                   seed=[7, 1, 8], sampling=[GREEDY, mine, stated])
+                   seed=[7, 1, 2], sampling=[GREEDY, mine, stated])
   np.testing.assert_array_equal(moved.tokens_BxG[1], got.tokens_BxG[0])
   np.testing.assert_array_equal(moved.tokens_BxG[2], want_own.tokens_BxG[1])
   if case == "flash-gamma":  # and alone
@@ -165,15 +233,16 @@ def test_row_options_equal_the_samplers_own(case):
 
 
 @pytest.mark.parametrize("strategy,opts,row,needle", [
-    ("flash-dllm", {}, {"factor": 2.0}, "FlashDLLMSampler takes no per-row "
-     "factor"),
+    ("flash-dllm", {}, {"factor": 2.0}, "FlashDLLMSampler does not take a "
+     "per-row factor"),
     ("fast-dllm-dual", {}, {"factor": 2.0}, "factor applies to rule='factor'"),
     ("flash-cache", {}, {"gamma": 0.5}, "runs without verify"),
     ("flash-dllm", {"rule": "fixed"}, {"gamma": 0.5}, "accepts nothing"),
     ("flash-dllm", {}, {"gamma": 1.5}, r"gamma must be in \(0, 1\]"),
     ("fast-dllm-dual", {"rule": "fixed"}, {"threshold": 0.5},
      "threshold applies to rule='threshold'"),
-    ("llada", {}, {"gamma": 0.5}, "LLaDASampler does not take per-row"),
+    ("llada", {}, {"gamma": 0.5}, "LLaDASampler does not take a per-row "
+     "gamma"),
 ])
 def test_row_options_the_sampler_cannot_take_are_errors(strategy, opts, row,
                                                         needle):

@@ -56,9 +56,10 @@ def test_online_admission_equals_offline(strategy, options):
 
 @pytest.mark.slow
 def test_llada2_flash_rows_with_their_own_options_equal_offline():
-  """llada2-flash (greedy drafts) through two slots with refills: rows
-  with their own threshold / gamma (row data in the one compiled loop)
-  each equal offline generate with the same settings."""
+  """llada2-flash through two slots with refills: rows with their own
+  threshold / gamma, greedy or with their own temperature / top_k (row data
+  in the one compiled loop), each equal offline generate with the same
+  settings."""
   import jax
   from flash_dllm_jax.config import ModelConfig
   from flash_dllm_jax.model import init_params
@@ -74,7 +75,8 @@ def test_llada2_flash_rows_with_their_own_options_equal_offline():
   prompts = [[int(t) for t in rng.integers(0, 300, int(n))]
              for n in (5, 12, 9, 17)]
   settings = [Sampling(gamma=0.05), GREEDY, Sampling(threshold=0.3),
-              Sampling(threshold=0.3, gamma=0.05)]
+              Sampling(temperature=0.8, top_k=5, threshold=0.3,
+                       gamma=0.05)]
   waiting, held, got = list(range(4)), {}, {}
   while len(got) < 4:
     admit = {}

@@ -1,16 +1,20 @@
 """The server on the shipped model: LLaDA's sampler at temperature > 0
 (batch admission, per-request seeds), 64 concurrent chat and completion
-requests, each equal to offline `generate` with the settings it reports."""
+requests, each equal to offline `generate` with the settings it reports;
+per-request temperatures and logprobs in the same server."""
 
 from __future__ import annotations
 
 import concurrent.futures
 
+import httpx
 import numpy as np
 import pytest
 
 from flash_dllm_jax import load
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
+from flash_dllm_jax.generate import answer_ids, generate
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.strategies import build_sampler
 from tests.serve_case import Server, offline
 
@@ -81,3 +85,44 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
     assert text == tok.decode(ref), f"request {i}"
   # the seeds matter: the same prompt under two seeds differs somewhere
   assert len({tuple(ids) for ids, _ in got}) > 1
+
+
+def test_per_request_temperature_seed_and_logprobs_equal_offline(server,
+                                                                 model):
+  """temperature is each request's own row data (the sampler's 0.5 where a
+  request states none): requests with different temperatures and seeds in
+  the one running server each equal offline generate with those settings,
+  logprobs included; LLaDA takes no top_p and no decoding.temperature."""
+  _, config, tok = model
+  sampler = build_sampler("llada", config.arch, OPTIONS)
+  temps = [None, 0.0, 0.9, 1.4, 0.5, 1.1]
+  prompts = [f"{3 + i} + {7 * i} =" for i in range(len(temps))]
+
+  def run(i):
+    kw = {} if temps[i] is None else {"temperature": temps[i]}
+    c = server.client().completions.create(
+        model=NAME, prompt=prompts[i], seed=10 + i, logprobs=0, **kw)
+    assert c.decoding["sampling"]["temperature"] == (
+        0.5 if temps[i] is None else temps[i])
+    return c.choices[0].token_ids, c.choices[0].logprobs.token_logprobs
+
+  with concurrent.futures.ThreadPoolExecutor(len(temps)) as pool:
+    got = list(pool.map(run, range(len(temps))))
+  rows = [tok.encode(p) for p in prompts]
+  seeds = [10 + i for i in range(len(temps))]
+  out = generate(model, rows, sampler=sampler, seed=seeds, logprobs=True,
+                 sampling=[None if t is None else Sampling(temperature=t)
+                           for t in temps])
+  for i, (ids, lps) in enumerate(got):
+    assert ids == answer_ids(out.tokens_BxG[i], config), i
+    assert lps == [float(x) for x in out.logprobs_BxG[i][:len(ids)]], i
+  greedy = generate(model, rows, sampler=sampler, seed=seeds,
+                    sampling=Sampling())
+  assert any((g != w).any() for g, w in zip(greedy.tokens_BxG,
+                                            out.tokens_BxG))
+  for extra, param in [({"top_p": 0.9}, "top_p"),
+                       ({"decoding": {"temperature": 0.7}},
+                        "decoding.temperature")]:
+    r = httpx.post(server.url + "/v1/completions",
+                   json={"model": NAME, "prompt": "1 + 1 =", **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param

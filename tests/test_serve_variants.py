@@ -46,7 +46,9 @@ def test_bad_variants_and_mesh_exit_with_one_error():
            (["--variant", "nope=1"], "unknown sampler option 'nope'"),
            (["--mesh", "data=3"], "asks for 3 devices"),
            (["--attention-split-target", "0"],
-            "--attention-split-target: split_target must be an int >= 1")]
+            "--attention-split-target: split_target must be an int >= 1"),
+           (["--strategy", "llada", "--variant", "temperature=0.7"],
+            "temperature is a per-request")]
   for flags, needle in cases:
     r = subprocess.run(
         [sys.executable, "-m", "flash_dllm_jax", "serve", "--checkpoint",

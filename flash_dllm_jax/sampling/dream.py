@@ -2,17 +2,26 @@
 
 The logits row for position i is the model's raw row i-1 (Dream predicts the
 next token AR-style), so the rows read are [P-1, N-2].
+
+temperature / top_p / top_k come from the sampler, or per row from
+`DecodeState.sampling` (row_draws.py: the same filters in Dream's order,
+top_p then top_k, and the same confidences). Each committed token's
+log-probability is read from the softmax of the model's logits, before
+temperature and filters.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.sampling import checks, commit_rules, select
+from flash_dllm_jax import ops
+from flash_dllm_jax.sampling import checks, commit_rules, row_draws, select
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.loop import Uncached
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -38,7 +47,11 @@ def torch_linspace_f32(start: float, end: float, n: int) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class DreamSampler(Uncached):
-  """Arguments and defaults of Dream's `diffusion_generate`."""
+  """Arguments and defaults of Dream's `diffusion_generate`. temperature,
+  top_p and top_k are also per row (`DecodeState.sampling`, which replaces
+  them where given)."""
+
+  row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k")
 
   gen_length: int = 512
   steps: int = 512
@@ -101,25 +114,37 @@ class DreamSampler(Uncached):
     probs[-1] = 1
     return probs.astype(np.float32)
 
+  def own_sampling(self) -> Sampling:
+    """The row settings this sampler's own options state."""
+    return Sampling(temperature=self.temperature,
+                    top_p=1.0 if self.top_p is None else self.top_p,
+                    top_k=self.top_k or 0)
+
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
     checks.check_fits(prompt_len, self.gen_length, max_seq_len,
                       needs_prompt="Dream")
 
-  def _sample(self, logits_BxGxV: jax.Array, rng_B: jax.Array):
-    """Dream's `sample_tokens`: (confidence_BxG, x0_BxG)."""
-    if self.temperature > 0:
-      logits_BxGxV = logits_BxGxV / self.temperature
-    if self.top_p is not None and self.top_p < 1:
-      logits_BxGxV = select.top_p_filter(logits_BxGxV, self.top_p)
-    if self.top_k is not None:
-      logits_BxGxV = select.top_k_filter(logits_BxGxV, self.top_k)
+  def _sample(self, logits_BxGxV: jax.Array, rng_B: jax.Array, rows=None):
+    """Dream's `sample_tokens`: (confidence_BxG, x0_BxG); rows: per-row
+    settings (RowSampling) in place of the sampler's."""
+    if rows is not None:
+      logits_BxGxV = row_draws.dream_filtered(logits_BxGxV, rows)
+      x0_BxG = row_draws.categorical_or_argmax(
+          logits_BxGxV, rows.temperature_B > 0, rng_B)
+    else:
+      if self.temperature > 0:
+        logits_BxGxV = logits_BxGxV / self.temperature
+      if self.top_p is not None and self.top_p < 1:
+        logits_BxGxV = select.top_p_filter(logits_BxGxV, self.top_p)
+      if self.top_k is not None:
+        logits_BxGxV = select.top_k_filter(logits_BxGxV, self.top_k)
+      if self.temperature > 0:
+        x0_BxG = select.row_categorical(rng_B, logits_BxGxV)
+      else:
+        x0_BxG = jnp.argmax(logits_BxGxV, axis=-1)
     # Probabilities through select.prob_of, whose vocabulary sum does not
     # depend on the batch on a GPU (one pass per rule); only 'entropy' needs
     # all of them.
-    if self.temperature > 0:
-      x0_BxG = select.row_categorical(rng_B, logits_BxGxV)
-    else:
-      x0_BxG = jnp.argmax(logits_BxGxV, axis=-1)
     if self.alg == "topk_margin":
       top2_BxGx2, idx_BxGx2 = jax.lax.top_k(logits_BxGxV, 2)
       p1_BxG = select.prob_of(logits_BxGxV, idx_BxGx2[..., 0])
@@ -138,7 +163,8 @@ class DreamSampler(Uncached):
     rows_BxG = jnp.broadcast_to(prompt_len - 1 + jnp.arange(g), (b, g))
     logits_BxGxV = model.logits(tokens_BxN, rows_BxG)
     sample_rng, choice_rng = select.split_rows(rng_B, 2)
-    conf_BxG, x0_BxG = self._sample(logits_BxGxV, sample_rng)
+    conf_BxG, x0_BxG = self._sample(logits_BxGxV, sample_rng, state.sampling)
+    lp_BxG = ops.token_logprob(logits_BxGxV, x0_BxG)
 
     gen_BxG = tokens_BxN[:, prompt_len:]
     masked_BxG = gen_BxG == config.mask_token_id
@@ -155,5 +181,7 @@ class DreamSampler(Uncached):
       chosen_BxG = rule.commit(conf_BxG, masked_BxG,
                                jnp.broadcast_to(step, (b,)))
     gen_BxG = jnp.where(chosen_BxG, x0_BxG.astype(gen_BxG.dtype), gen_BxG)
+    logprob_BxN = jnp.zeros(tokens_BxN.shape, jnp.float32).at[
+        :, prompt_len:].set(lp_BxG)
     return (tokens_BxN.at[:, prompt_len:].set(gen_BxG), None,
-            self.forwards_per_step)
+            self.forwards_per_step, logprob_BxN)

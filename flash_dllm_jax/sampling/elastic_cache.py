@@ -97,8 +97,8 @@ class ElasticCacheSampler(commit_rules.WindowRule):
     A row's own gamma and threshold are row data (row_options.py).
   """
 
-  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
-  row_options: ClassVar[tuple[str, ...]] = ("threshold", "gamma")
+  row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
+      "temperature", "top_p", "top_k", "threshold", "gamma")
 
   gen_length: int = 256
   window: int = 16

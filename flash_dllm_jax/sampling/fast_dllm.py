@@ -63,8 +63,8 @@ class FastDLLMSampler:
     equals cache='none'); ignored without a cache.
   """
 
-  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
-  row_options: ClassVar[tuple[str, ...]] = ("threshold", "factor")
+  row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
+      "temperature", "top_p", "top_k", "threshold", "factor")
 
   gen_length: int = 256
   block_length: int = 32

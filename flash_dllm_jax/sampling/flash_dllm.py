@@ -65,8 +65,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     max_refills, 2 max_refills, 4 max_refills, ... rows that holds them.
   """
 
-  samples_rows: ClassVar[bool] = True  # reads DecodeState.sampling
-  row_options: ClassVar[tuple[str, ...]] = ("threshold", "gamma")
+  row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
+      "temperature", "top_p", "top_k", "threshold", "gamma")
   grows_refills: ClassVar[bool] = True  # any number of fresh rows a step
 
   gen_length: int = 256

@@ -3,17 +3,27 @@
 Semi-autoregressive blocks; within a block, a fixed number of the most
 confident masked positions is committed each step (low_confidence) or a random
 choice of them (random). Nothing is ever remasked.
+
+Temperature comes from the sampler, or per row from `DecodeState.sampling`
+(the same Gumbel-noise draw with each row's own temperature and key). Each
+committed token's log-probability is read from the softmax of the logits
+the step drew from (guided ones with cfg_scale), before noise and
+logits_eos_inf.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.sampling import checks, commit_rules, select
+from flash_dllm_jax import ops
+
+from flash_dllm_jax.sampling import checks, commit_rules, row_draws, select
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.loop import Uncached
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -24,7 +34,10 @@ REMASKING = ("low_confidence", "random")
 @dataclasses.dataclass(frozen=True)
 class LLaDASampler(Uncached):
   """Arguments and defaults of LLaDA's `generate` (block_length defaults to
-  the whole generation, as there)."""
+  the whole generation, as there). temperature is also per row
+  (`DecodeState.sampling`, which replaces it where given)."""
+
+  row_fields: ClassVar[tuple[str, ...]] = ("temperature",)
 
   gen_length: int = 128
   steps: int = 128
@@ -70,6 +83,10 @@ class LLaDASampler(Uncached):
                                          self.steps_per_block)
     return np.tile(np.asarray(per_block, np.int32), self.num_blocks)
 
+  def own_sampling(self) -> Sampling:
+    """The row settings this sampler's own options state."""
+    return Sampling(temperature=self.temperature)
+
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
     checks.check_fits(prompt_len, self.gen_length, max_seq_len)
 
@@ -87,11 +104,17 @@ class LLaDASampler(Uncached):
       uncond_BxLxV = model.logits(unprompted_BxN, rows_BxL)
       logits_BxLxV = uncond_BxLxV + (self.cfg_scale + 1) * (
           logits_BxLxV - uncond_BxLxV)
+    model_BxLxV = logits_BxLxV  # the logprobs' softmax
     if self.logits_eos_inf:
       logits_BxLxV = select.set_logit(logits_BxLxV, config.eos_token_id,
                                       select.NEG_INF)
     noise_rng, order_rng = select.split_rows(rng_B, 2)
-    x0_BxL = select.gumbel_argmax(logits_BxLxV, self.temperature, noise_rng)
+    rows = state.sampling
+    if rows is None:
+      x0_BxL = select.gumbel_argmax(logits_BxLxV, self.temperature, noise_rng)
+    else:
+      x0_BxL = row_draws.llada_x0(logits_BxLxV, rows.temperature_B, noise_rng)
+    lp_BxL = ops.token_logprob(model_BxLxV, x0_BxL)
 
     if self.remasking == "low_confidence":
       conf_logits = logits_BxLxV
@@ -101,7 +124,12 @@ class LLaDASampler(Uncached):
         # where logits_with_noise is the same tensor as logits.
         conf_logits = select.set_logit(conf_logits, config.eot_token_id,
                                        select.NEG_INF)
-        if self.temperature == 0:
+        if rows is not None and config.eos_token_id is not None:
+          greedy_B = rows.temperature_B == 0
+          eos_V = jnp.arange(conf_logits.shape[-1]) == config.eos_token_id
+          conf_logits = jnp.where(greedy_B[:, None, None] & eos_V,
+                                  select.NEG_INF, conf_logits)
+        elif rows is None and self.temperature == 0:
           conf_logits = select.set_logit(conf_logits, config.eos_token_id,
                                          select.NEG_INF)
       p_BxL = select.prob_of(conf_logits, x0_BxL)
@@ -115,4 +143,6 @@ class LLaDASampler(Uncached):
     block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype), block_BxL)
     tokens_BxN = jax.lax.dynamic_update_slice_in_dim(tokens_BxN, block_BxL,
                                                      start, 1)
-    return tokens_BxN, None, self.forwards_per_step
+    logprob_BxN = jax.lax.dynamic_update_slice_in_dim(
+        jnp.zeros(tokens_BxN.shape, jnp.float32), lp_BxL, start, 1)
+    return tokens_BxN, None, self.forwards_per_step, logprob_BxN

@@ -24,7 +24,11 @@ Temperature 0 is greedy (argmax, the confidence its softmax probability):
 LLaDA2.1's rule. LLaDA2.0's code samples from softmax(logits) at every
 temperature, 0 included; temperature 1 does that here. Above 0: logits / T,
 then top_k and top_p, then a draw from the softmax with each row's own key,
-the confidence the drawn token's probability. Deliberate difference: only
+the confidence the drawn token's probability. temperature / top_k / top_p
+come from the sampler, or per row from `DecodeState.sampling` (row_draws.py,
+the same draw with each row's values). Each committed token's
+log-probability is read from the softmax of the model's logits, before
+temperature and filters. Deliberate difference: only
 the answer's EOS counts (the reference's early stop also looks at the
 prompt, which here holds left padding).
 """
@@ -33,13 +37,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from flash_dllm_jax.sampling import checks, commit_rules, select
+from flash_dllm_jax import ops
+from flash_dllm_jax.sampling import checks, commit_rules, row_draws, select
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -65,7 +72,13 @@ class LLaDA2Sampler:
     finished blocks (False: the whole window each step, as the reference).
   max_refills: under continuous batching, at most this many slots take a
     new request per loop step (None: any number).
+  temperature / top_k / top_p and threshold are also per row
+  (`DecodeState.sampling`, which replaces them where given; a row's
+  threshold None keeps the sampler's).
   """
+
+  row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k",
+                                           "threshold")
 
   gen_length: int = 128
   block_length: int = 32
@@ -121,6 +134,12 @@ class LLaDA2Sampler:
     return np.asarray(commit_rules.even_counts(self.block_length,
                                                self.block_steps), np.int32)
 
+  def own_sampling(self) -> Sampling:
+    """The row settings this sampler's own options state."""
+    return Sampling(temperature=self.temperature,
+                    top_p=1.0 if self.top_p is None else self.top_p,
+                    top_k=self.top_k or 0)
+
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
     checks.check_fits(prompt_len, self.gen_length + self.tail_length,
                       max_seq_len)
@@ -138,8 +157,14 @@ class LLaDA2Sampler:
   def reset_rows(self, aux: BlockRows, rows_B: jax.Array) -> BlockRows:
     return reset_rows(aux, rows_B)
 
-  def _draw(self, logits_BxLxV: jax.Array, rng_B: jax.Array):
-    """(tokens_BxL, confidence_BxL) as the reference samples them."""
+  def _draw(self, logits_BxLxV: jax.Array, rng_B: jax.Array, rows=None):
+    """(tokens_BxL, confidence_BxL) as the reference samples them; rows:
+    per-row settings (RowSampling) in place of the sampler's."""
+    if rows is not None:
+      l_BxLxV = row_draws.llada2_filtered(logits_BxLxV, rows)
+      x0_BxL = row_draws.categorical_or_argmax(
+          l_BxLxV, rows.temperature_B > 0, rng_B)
+      return x0_BxL, select.prob_of(l_BxLxV, x0_BxL)
     if self.temperature == 0:
       x0_BxL = jnp.argmax(logits_BxLxV, axis=-1)
       return x0_BxL, select.prob_of(logits_BxLxV, x0_BxL)
@@ -151,6 +176,17 @@ class LLaDA2Sampler:
       logits_BxLxV = select.top_p_filter(logits_BxLxV, self.top_p)
     x0_BxL = select.row_categorical(rng_B, logits_BxLxV)
     return x0_BxL, select.prob_of(logits_BxLxV, x0_BxL)
+
+  def _thresholds(self, rows, b: int):
+    """(tau_B, on_B): each row's threshold (its own, else the sampler's)
+    and whether it has one; (None, None) when no row can."""
+    own = jnp.float32(jnp.nan if self.threshold is None else self.threshold)
+    if rows is None:
+      if self.threshold is None:
+        return None, None
+      return jnp.full((b,), own), jnp.ones((b,), bool)
+    tau_B = jnp.where(jnp.isnan(rows.threshold_B), own, rows.threshold_B)
+    return tau_B, ~jnp.isnan(tau_B)
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
@@ -165,16 +201,18 @@ class LLaDA2Sampler:
                                          ~state.done_B, bl)
     else:
       logits_BxLxV = model.logits(tokens_BxN, rows_BxL, block_length=bl)
-    x0_BxL, p_BxL = self._draw(logits_BxLxV, rng_B)
+    x0_BxL, p_BxL = self._draw(logits_BxLxV, rng_B, state.sampling)
+    lp_BxL = ops.token_logprob(logits_BxLxV, x0_BxL)
     block_BxL = jnp.take_along_axis(tokens_BxN, rows_BxL, axis=1)
     active_BxL = block_BxL == cfg.mask_token_id
     conf_BxL = jnp.where(active_BxL, p_BxL, select.NEG_INF)
     k_B = jnp.asarray(self.schedule())[jnp.minimum(aux.step_B,
                                                    self.block_steps - 1)]
     chosen_BxL = select.choose_top(conf_BxL, k_B)
-    if self.threshold is not None:
-      high_BxL = active_BxL & (conf_BxL > self.threshold)
-      enough_B = jnp.sum(high_BxL, axis=1) >= k_B
+    tau_B, on_B = self._thresholds(state.sampling, b)
+    if on_B is not None:
+      high_BxL = active_BxL & (conf_BxL > tau_B[:, None])
+      enough_B = on_B & (jnp.sum(high_BxL, axis=1) >= k_B)
       chosen_BxL = jnp.where(enough_B[:, None], high_BxL, chosen_BxL)
     block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype),
                           block_BxL)
@@ -184,7 +222,9 @@ class LLaDA2Sampler:
     rows = next_rows(model, aux, tokens_BxN, block_BxL, eos_B, start_B,
                      prompt_B, prompt_len, self.gen_length, self.block_length,
                      self.block_steps, self.eos_early_stop)
-    return tokens_BxN, rows.replace(cache=cache), 1
+    logprob_BxN = jnp.zeros((b, n), jnp.float32).at[
+        jnp.arange(b)[:, None], rows_BxL].set(lp_BxL)
+    return tokens_BxN, rows.replace(cache=cache), 1, logprob_BxN
 
 
 def reset_rows(aux: BlockRows, rows_B: jax.Array) -> BlockRows:

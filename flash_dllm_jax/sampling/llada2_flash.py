@@ -13,7 +13,15 @@ probability of draft i is "draft i given the earlier drafts". The longest
 prefix whose cumulative probability stays >= gamma is committed too. A
 block ends when no mask is left in it; answers end as in LLaDA2Sampler
 (after a block holding EOS, or with eos_early_stop at a committed EOS with
-no mask before it). Greedy. forwards_B counts both passes.
+no mask before it). forwards_B counts both passes.
+
+Drafts are greedy, or drawn per row from `DecodeState.sampling` as
+Flash-dLLM draws them (row_sampling.propose_tokens: temperature, top_k,
+then top_p); a row's own threshold, factor and gamma replace the
+sampler's in its rule and verify pass (row_options.py). A draft
+committed by the rule reports its log-probability under the model's
+softmax; a verified one the verify pass's probability of it, as
+Flash-dLLM does.
 """
 
 from __future__ import annotations
@@ -41,14 +49,16 @@ class LLaDA2FlashSampler:
 
   rule / threshold / factor: the draft's commit rule (commit_rules.py).
   gamma: the verify pass's acceptance level (Flash-dLLM's).
-  A row's own threshold, factor and gamma are row data (row_options.py);
-  the draft stays greedy.
+  A row's own temperature / top_p / top_k (its draft, Flash-dLLM's
+  row sampling) and threshold, factor and gamma are row data
+  (`DecodeState.sampling`; row_options.py).
   block_cache: False runs the whole window every step (the exactness
     reference: same tokens and model calls).
   max_refills: as LLaDA2Sampler's.
   """
 
-  row_options: ClassVar[tuple[str, ...]] = ("threshold", "factor", "gamma")
+  row_fields: ClassVar[tuple[str, ...]] = (
+      "temperature", "top_p", "top_k", "threshold", "factor", "gamma")
 
   gen_length: int = 128
   block_length: int = 32
@@ -130,7 +140,8 @@ class LLaDA2FlashSampler:
     bc = aux.cache if self.block_cache else aux.cache.reset_rows(active_B)
     logits_BxLxV, bc = block_logits(model, tokens_BxN, bc, start_B, active_B,
                                     l)
-    x0_BxL, conf_BxL = commit_rules.confidence(logits_BxLxV)
+    x0_BxL, conf_BxL, lp_BxL = commit_rules.proposal(
+        logits_BxLxV, state, rng_B, cfg.mask_token_id)
     x0_BxL = x0_BxL.astype(tokens_BxN.dtype)
     block_BxL = tokens_BxN[rows_Bx1, pos_BxL]
     masked_BxL = block_BxL == cfg.mask_token_id
@@ -143,6 +154,7 @@ class LLaDA2FlashSampler:
                           masked_BxL & ~commit_BxL & active_B[:, None],
                           commit_rules.row_value(state, "gamma", self.gamma))
     keep_BxL = v.keep_BxL
+    lp_BxL = jnp.where(keep_BxL, jnp.log(v.p_BxL), lp_BxL)
     block_BxL = jnp.where(keep_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     eos_B = jnp.any((commit_BxL | keep_BxL) & (x0_BxL == cfg.eos_token_id),
@@ -150,7 +162,10 @@ class LLaDA2FlashSampler:
     rows = llada2.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
                             start_B, prompt_B, prompt_len, self.gen_length,
                             l, l, self.eos_early_stop)
-    return tokens_BxN, rows.replace(cache=bc), 1 + v.ran_B.astype(jnp.int32)
+    logprob_BxN = jnp.zeros(tokens_BxN.shape, jnp.float32).at[
+        rows_Bx1, pos_BxL].set(lp_BxL)
+    return (tokens_BxN, rows.replace(cache=bc),
+            1 + v.ran_B.astype(jnp.int32), logprob_BxN)
 
   def verify_block(self, model, tokens_BxN, cache, pos_BxL, start_B, x0_BxL,
                    conf_BxL, eligible_BxL, gamma=None) -> "BlockVerify":
@@ -176,18 +191,24 @@ class LLaDA2FlashSampler:
     p_BxC = flash_verify.run_pass(model, plan, cache, drafts_BxC, hidden_BxS)
     keep_BxC = flash_verify.accept(
         p_BxC, plan.S_B, self.gamma if gamma is None else gamma)
-    keep_BxL = jnp.zeros((b, l), bool).at[
-        rows_Bx1, jnp.where(keep_BxC, order_BxC, l)].set(True, mode="drop")
-    return BlockVerify(keep_BxL, plan.S_B > 0, p_BxC, slots_BxC, drafts_BxC)
+    at_BxC = jnp.where(keep_BxC, order_BxC, l)
+    keep_BxL = jnp.zeros((b, l), bool).at[rows_Bx1, at_BxC].set(
+        True, mode="drop")
+    p_BxL = jnp.ones((b, l), jnp.float32).at[rows_Bx1, at_BxC].set(
+        p_BxC, mode="drop")
+    return BlockVerify(keep_BxL, plan.S_B > 0, p_BxC, slots_BxC, drafts_BxC,
+                       p_BxL)
 
 
 class BlockVerify(NamedTuple):
   """keep_BxL: the drafts committed; ran_B: rows the pass checked; p_BxC:
   each candidate's probability given the earlier ones, slots_BxC (-1 =
-  none) and drafts_BxC: the candidates, most confident first."""
+  none) and drafts_BxC: the candidates, most confident first; p_BxL: the
+  kept drafts' p at their block position (1 elsewhere)."""
 
   keep_BxL: jax.Array
   ran_B: jax.Array
   p_BxC: jax.Array
   slots_BxC: jax.Array
   drafts_BxC: jax.Array
+  p_BxL: jax.Array | None = None

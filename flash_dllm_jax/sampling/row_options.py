@@ -1,37 +1,47 @@
 """Sampler options that are row data (`Sampling` / `RowSampling` fields).
 
-A sampler lists in `row_options` its numeric options that change neither
-shapes nor compiled control flow, only values its rule compares with:
-  threshold  the threshold rule's confidence level (rule "threshold");
+The rule options a sampler lists in its `row_fields` (row_sampling.py)
+are numeric options that change neither shapes nor compiled control flow,
+only values its rule compares with:
+  threshold  the threshold rule's confidence level (rule "threshold";
+             LLaDA2's confidence threshold);
   factor     Fast-dLLM's factor rule (rule "factor");
   gamma      Flash-Verify's acceptance level (Flash-dLLM with verify,
              llada2-flash) or Elastic-Cache's attention-drift level.
 A row's value replaces the sampler's in its rule, so the row decodes what
 `dataclasses.replace(sampler, option=value)` decodes. A value for an option
 the sampler has no rule for (or whose rule is off) is an error, and so is a
-value the sampler itself refuses. Every other option changes the compiled
-program: the server's `--variant`s.
+value the sampler itself refuses. temperature / top_p / top_k are row data
+too (row_sampling.py); every other option changes the compiled program:
+the server's `--variant`s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from flash_dllm_jax.sampling.row_sampling import row_fields
+
 ROW_OPTIONS = ("threshold", "factor", "gamma")
 
 
 def takes_rows(sampler) -> bool:
   """Whether the sampler's decode state carries RowSampling."""
-  return bool(getattr(sampler, "samples_rows", False)
-              or getattr(sampler, "row_options", ()))
+  return bool(row_fields(sampler))
+
+
+def options(sampler) -> tuple[str, ...]:
+  """The rule options `sampler` takes per row (its row_fields among
+  ROW_OPTIONS)."""
+  return tuple(f for f in row_fields(sampler) if f in ROW_OPTIONS)
 
 
 def off_reason(sampler, name: str) -> str | None:
   """Why `sampler` has no rule that a row's `name` would change, or None."""
   kind = type(sampler).__name__
-  if name not in getattr(sampler, "row_options", ()):
+  if name not in options(sampler):
     return f"{kind} takes no per-row {name}"
-  rule = getattr(sampler, "rule", None)
+  rule = getattr(sampler, "rule", name)  # LLaDA2: its threshold, no rule
   if name in ("threshold", "factor") and rule != name:
     return f"{name} applies to rule={name!r}, not the sampler's rule {rule!r}"
   if name == "gamma":

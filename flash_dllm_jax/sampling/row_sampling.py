@@ -4,7 +4,11 @@
 holds them per row ([B] arrays) in `DecodeState.sampling`, so rows with
 different temperature / top_p / top_k, and different values of the
 sampler's numeric rule options (threshold, factor, gamma: row_options.py),
-decode in one compiled program.
+decode in one compiled program. A sampler's `row_fields` names the Sampling
+fields it takes per row. The reference samplers (LLaDA, Dream, LLaDA2) read
+temperature / top_p / top_k with their own sampling rules (row_draws.py);
+`propose_tokens` is the rule of Flash-dLLM, Fast-dLLM, Elastic-Cache and
+llada2-flash.
 
 `propose_tokens` turns a step's logits into (token, confidence, logprob) per
 scored position; logprob is the token's log-probability under the model's
@@ -84,10 +88,17 @@ GREEDY = Sampling()
 
 def row_settings(sampler, sampling, n_rows: int
                  ) -> list[Sampling] | None:
-  """Each row's Sampling (one for all, or one per row), or None for a
-  sampler that takes no row data (only greedy rows are allowed there: its
-  own options, such as LLaDA's temperature, decide). A sampler with
-  `row_options` but no per-row sampling takes greedy rows with those."""
+  """Each row's Sampling (one for all, or one per row), or None: every row
+  decodes with the sampler's own options.
+
+  A row's Sampling replaces the sampler's own options for that row; a row
+  without one (sampling None, or a None entry) keeps them (`own_sampling()`,
+  GREEDY for samplers without such options). A sampler takes per row only
+  its `row_fields` (the others must keep their defaults); one with none
+  takes only greedy rows (its own options decide)."""
+  own = getattr(sampler, "own_sampling", None)
+  if sampling is None and own is not None:
+    return None
   if sampling is None or isinstance(sampling, Sampling):
     rows = [sampling or GREEDY] * n_rows
   else:
@@ -95,18 +106,38 @@ def row_settings(sampler, sampling, n_rows: int
     if len(rows) != n_rows:
       raise ValueError(f"{len(rows)} sampling settings for {n_rows} prompts")
     for i, r in enumerate(rows):
-      if not isinstance(r, Sampling):
+      if r is None:
+        rows[i] = GREEDY if own is None else own()
+      elif not isinstance(r, Sampling):
         raise TypeError(f"sampling[{i}] must be a Sampling, got "
                         f"{type(r).__name__}")
-  if getattr(sampler, "samples_rows", False):
+  if row_fields(sampler):
+    for name in unsupported_fields(sampler, rows):
+      raise ValueError(f"{type(sampler).__name__} does not take a per-row "
+                       f"{name} (it takes "
+                       f"{', '.join(row_fields(sampler))})")
     return rows
-  own = getattr(sampler, "row_options", ())  # greedy, its rule options
-  if any(dataclasses.replace(r, **dict.fromkeys(own)) != GREEDY
-         for r in rows):
+  if any(r != GREEDY for r in rows):
     raise ValueError(f"{type(sampler).__name__} does not take per-row "
                      "sampling settings; use its own options (temperature, "
                      "top_p, ...)")
-  return rows if own else None
+  return None
+
+
+def row_fields(sampler) -> tuple[str, ...]:
+  """The Sampling fields `sampler` takes per row (its `row_fields`; none:
+  its decode state carries no RowSampling)."""
+  return tuple(getattr(sampler, "row_fields", ()))
+
+
+def unsupported_fields(sampler, rows: list[Sampling]) -> list[str]:
+  """The Sampling fields some row sets that `sampler` does not take per
+  row (see `row_fields`)."""
+  fields = row_fields(sampler)
+  return [f.name for f in dataclasses.fields(Sampling)
+          if f.name not in fields
+          and any(getattr(r, f.name) != getattr(GREEDY, f.name)
+                  for r in rows)]
 
 
 @struct.dataclass

@@ -23,8 +23,8 @@ class DecodeState:
     for the uncached reference samplers.
   sampling: per-row temperature / top_p / top_k and rule options
     (threshold, factor, gamma; row_sampling.RowSampling), None: every row
-    greedy with the sampler's own options. Samplers that sample per row or
-    take row options (row_options.py) read it.
+    with the sampler's own options (greedy where it has none). Samplers
+    with `row_fields` (row_sampling.py) read it.
   logprob_BxN: each position's token's log-probability at the step it was
     committed (float32; 0 for the prompt and for samplers that do not
     report it, see `advance`).

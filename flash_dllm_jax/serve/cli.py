@@ -117,6 +117,8 @@ def main(args: argparse.Namespace) -> int:
   from flash_dllm_jax.serve.security import (API_KEY_ENV,
                                              header_timeout_protocol,
                                              is_loopback)
+  from flash_dllm_jax.sampling.row_options import ROW_OPTIONS
+  from flash_dllm_jax.sampling.row_sampling import row_fields
   from flash_dllm_jax.serve.service import Service, Settings
   from flash_dllm_jax.strategies import build_sampler
 
@@ -168,12 +170,14 @@ def main(args: argparse.Namespace) -> int:
                          "with the same options as an earlier sampler")
       changed = {k for k in vars(sampler) if getattr(v, k) != getattr(
           sampler, k)}
-      if changed <= set(getattr(sampler, "row_options", ())):
+      if changed <= set(row_fields(sampler)):
+        fields = ", ".join(f"decoding.{k}" if k in ROW_OPTIONS
+                           else f"the request's {k}" for k in sorted(changed))
         raise ValueError(
             f"--variant #{i + 1} ({args.variant[i]!r}): "
-            f"{', '.join(sorted(changed))} is a per-request setting ("
-            f"{', '.join('decoding.' + k for k in sorted(changed))}); "
-            "--variant is for options that change the compiled program")
+            f"{', '.join(sorted(changed))} is a per-request setting "
+            f"({fields}); --variant is for options that change the "
+            "compiled program")
     mesh = parallel.parse_mesh(args.mesh)
     if mesh is not None:
       parallel.check_config(config, mesh)

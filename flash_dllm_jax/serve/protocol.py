@@ -10,13 +10,18 @@ k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
   decoding: {option: value} of the strategy's sampler options. The server
     compiles its sampler variants at start (`--variant`); the request is
     decoded by the first variant whose options equal these (none stated:
-    the server's own flags), else 400. For strategies that sample per row
-    (Flash-dLLM, Fast-dLLM, Elastic-Cache) temperature / top_p / top_k are
-    the row's own data; for the others they are sampler options, matched
-    like `decoding`. The numeric rule options decoding.threshold /
-    decoding.factor / decoding.gamma are the row's own data wherever the
-    sampler has them (sampling/row_options.py; llada2-flash too), never a
-    variant; a value for a rule the variant does not run is a 400.
+    the server's own flags), else 400. temperature / top_p / top_k are the
+    row's own data, never a variant: each request's settings decode in the
+    one compiled program, with each strategy's own sampling rules (LLaDA
+    takes temperature only; Dream, LLaDA2, Flash-dLLM, Fast-dLLM,
+    Elastic-Cache and llada2-flash all three). A field a request leaves out
+    takes the variant's sampler option (the strategy's --temperature,
+    --top-p, --top-k; greedy where it has none). The numeric rule options
+    decoding.threshold / decoding.factor / decoding.gamma are the row's own
+    data too wherever the sampler has them (sampling/row_options.py:
+    Flash-dLLM, Fast-dLLM, Elastic-Cache, llada2-flash, and LLaDA2's
+    confidence threshold), never a variant; a value for a rule the variant
+    does not run is a 400.
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
 """

@@ -17,7 +17,7 @@ from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
 from flash_dllm_jax.serve.scheduler import Request, Scheduler
 from flash_dllm_jax.sampling import row_options
-from flash_dllm_jax.sampling.row_sampling import Sampling
+from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.serve.text import AnswerText
 
 log = logging.getLogger("flash_dllm_jax.serve")
@@ -54,9 +54,9 @@ class Settings:
     return tuple(range(PROMPT_BUCKET, top + 1, PROMPT_BUCKET))
 
 
-# Request fields that pick a variant besides `decoding`, for samplers that
-# do not sample per row: (field, the value a sampler without the option
-# decodes with).
+# Request fields that pick a variant besides `decoding`, where the sampler
+# does not take them per row (`row_fields`; LLaDA's top_p / top_k): (field,
+# the value a sampler without the option decodes with).
 _TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0), ("top_k", None))
 
 
@@ -148,24 +148,28 @@ class Service:
     return a == b
 
   @property
-  def samples_rows(self) -> bool:
-    """temperature / top_p / top_k are row data (else sampler options)."""
-    return getattr(self.sampler, "samples_rows", False)
+  def row_data(self) -> bool:
+    """The sampler takes row data (`row_fields`; else sampler options)."""
+    return row_options.takes_rows(self.sampler)
 
   def _variant(self, req) -> int:
     """The index of the declared variant whose options equal every option
     the request states (the first such), or BadRequest naming the field."""
     top_k = None if req.top_k is None or req.top_k <= 0 else req.top_k
-    stated = [] if self.samples_rows else [
+    rows = row_fields(self.sampler)
+    stated = [
         (name, top_k if name == "top_k" else getattr(req, name), name, absent)
         for name, absent in _TOP_LEVEL if getattr(req, name) is not None
-        and (name != "top_k" or top_k is not None)]
+        and (name != "top_k" or top_k is not None) and name not in rows]
     names = dataclasses.asdict(self.sampler)
     for name, value in (req.decoding or {}).items():
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
-      if name in getattr(self.sampler, "row_options", ()):
+      if name in rows and name not in row_options.ROW_OPTIONS:
+        raise BadRequest(f"{name} is a per-request setting: send it as the "
+                         f"request's {name} field", f"decoding.{name}")
+      if name in rows:
         continue  # the row's own (see `_row_options`)
       stated.append((name, value, f"decoding.{name}", None))
     left = list(range(len(self.samplers)))
@@ -187,7 +191,7 @@ class Service:
     (row_options.py: threshold, factor, gamma), or BadRequest naming the
     field where the variant has no such rule or refuses the value."""
     out = {}
-    for name in getattr(sampler, "row_options", ()):
+    for name in row_options.options(sampler):
       value = (req.decoding or {}).get(name)
       if value is None:
         continue
@@ -198,6 +202,11 @@ class Service:
                          param)
       if why := row_options.value_error(sampler, name, float(value)):
         raise BadRequest(f"{param}: {why}", param)
+      try:
+        Sampling(**{name: float(value)})
+      except ValueError as e:
+        raise BadRequest(f"{param}: {str(e).split(': ', 1)[-1]}",
+                         param) from None
       out[name] = float(value)
     return out
 
@@ -212,10 +221,9 @@ class Service:
     if top:
       raise BadRequest(f"{param} {top}: only each chosen token's own "
                        "log-probability is available (ask for 0)", param)
-    if want and not self.samples_rows:
+    if want and not self.row_data:
       raise BadRequest(f"strategy {self.settings.strategy!r} does not report "
-                       "log-probabilities (flash-dllm, fast-dllm and "
-                       "elastic-cache do)", "logprobs")
+                       "log-probabilities", "logprobs")
     return want
 
   def token_strings(self, ids) -> list[str]:
@@ -268,13 +276,14 @@ class Service:
     if len(stops) > 4 or any(not s for s in stops):
       raise BadRequest("stop takes at most 4 non-empty strings", "stop")
     sampling = None
-    if self.samples_rows:
+    if self.row_data:
+      own = getattr(sampler, "own_sampling", Sampling)()
       sampling = Sampling(
-          temperature=float(req.temperature or 0.0),
-          top_p=float(1.0 if req.top_p is None else req.top_p),
-          top_k=max(0, req.top_k or 0), **self._row_options(req, sampler))
-    elif row_options.takes_rows(sampler):  # greedy rows, their rule options
-      sampling = Sampling(**self._row_options(req, sampler))
+          temperature=float(own.temperature if req.temperature is None
+                            else req.temperature),
+          top_p=float(own.top_p if req.top_p is None else req.top_p),
+          top_k=own.top_k if req.top_k is None else max(0, req.top_k),
+          **self._row_options(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
     bucket = padded_length(len(ids))
