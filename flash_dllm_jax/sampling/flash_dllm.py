@@ -188,53 +188,13 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     tests can check them against an independent forward."""
     aux = state.aux
     b, n = state.tokens_BxN.shape
-    w, x = self.block_m, self.extra_masks
-    r = self._regions(model, state.tokens_BxN, prompt_len, aux, aux.fresh_B)
+    w = self.block_m
+    r, slots_BxQ, logits_BxRxV, cache, rank_BxN = self.budget_pass(
+        model, state, prompt_len)
     tokens_BxN, decoded_BxN, exclude_BxS = (r.tokens_BxN, r.decoded_BxN,
                                             r.exclude_BxS)
     end_B = aux.end_B  # N + 1 until an end token commits: no limit
-    slots_BxQ = flash_budget.select(
-        r.undecoded_BxN, decoded_BxN, end_B, aux.conf_BxN, aux.rank_BxN,
-        aux.last_BxN, window_rule=self.window_rule, window=w, extra=x,
-        tracked=self.query_budget - w - x, extra_end_B=r.extra_end_B)
     scored_BxR = slots_BxQ[:, :self._scored]
-    # Dream predicts position i from row i - 1 (config.logits_shift).
-    pred_BxR = jnp.where(scored_BxR >= 0,
-                         scored_BxR - model.config.logits_shift, -1)
-    window_rows_BxQ = (jnp.arange(slots_BxQ.shape[1])[None, :] < w) & (
-        slots_BxQ >= 0)
-
-    if self.recompute_all:
-      logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
-      cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
-    else:
-      prefill = lambda: flash_forward.prefill(
-          self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.cache, exclude_BxS)
-      flash = lambda: flash_forward.flash(
-          self, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
-          aux.cache, exclude_BxS)
-
-      def mixed():  # new requests in some slots: each row takes its own pass
-        if self.max_refills is not None:
-          # the smallest group that holds every fresh row (the server may
-          # admit more than max_refills at once)
-          sizes = flash_forward.group_sizes(self.max_refills, b)
-          group = lambda s: lambda: flash_forward.prefill_rows(
-              self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
-              flash(), exclude_BxS, size=s)
-          if len(sizes) == 1:
-            return group(sizes[0])()
-          pick = jnp.searchsorted(jnp.asarray(sizes), jnp.sum(aux.fresh_B))
-          return jax.lax.switch(pick, [group(s) for s in sizes])
-        pick = lambda a, b_: jnp.where(
-            aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
-        return jax.tree.map(pick, prefill(), flash())
-
-      which = jnp.where(jnp.all(aux.fresh_B), 0,
-                        jnp.where(jnp.any(aux.fresh_B), 1, 2))
-      logits_BxRxV, cache, rank_BxN = jax.lax.switch(
-          which, [prefill, mixed, flash])
-
     x0_BxR, conf_BxR, lp_BxR = commit_rules.proposal(
         logits_BxRxV, state, rng_B, model.config.mask_token_id)
     window_BxW = scored_BxR[:, :w]
@@ -294,3 +254,57 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                         fresh_B=jnp.zeros_like(aux.fresh_B))
     return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC,
                      logprob_BxN)
+
+  def budget_pass(self, model: SequenceModel, state: DecodeState,
+                  prompt_len: int):
+    """The step's one Flash-Cache forward: (regions, slots_BxQ, logits of
+    the scored rows [B, R, V], the cache after it, rank_BxN)."""
+    aux = state.aux
+    b = state.tokens_BxN.shape[0]
+    w, x = self.block_m, self.extra_masks
+    r = self._regions(model, state.tokens_BxN, prompt_len, aux, aux.fresh_B)
+    tokens_BxN, decoded_BxN, exclude_BxS = (r.tokens_BxN, r.decoded_BxN,
+                                            r.exclude_BxS)
+    end_B = aux.end_B
+    slots_BxQ = flash_budget.select(
+        r.undecoded_BxN, decoded_BxN, end_B, aux.conf_BxN, aux.rank_BxN,
+        aux.last_BxN, window_rule=self.window_rule, window=w, extra=x,
+        tracked=self.query_budget - w - x, extra_end_B=r.extra_end_B)
+    scored_BxR = slots_BxQ[:, :self._scored]
+    # Dream predicts position i from row i - 1 (config.logits_shift).
+    pred_BxR = jnp.where(scored_BxR >= 0,
+                         scored_BxR - model.config.logits_shift, -1)
+    window_rows_BxQ = (jnp.arange(slots_BxQ.shape[1])[None, :] < w) & (
+        slots_BxQ >= 0)
+
+    if self.recompute_all:
+      logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
+      cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
+    else:
+      prefill = lambda: flash_forward.prefill(
+          self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.cache, exclude_BxS)
+      flash = lambda: flash_forward.flash(
+          self, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
+          aux.cache, exclude_BxS)
+
+      def mixed():  # new requests in some slots: each row takes its own pass
+        if self.max_refills is not None:
+          # the smallest group that holds every fresh row (the server may
+          # admit more than max_refills at once)
+          sizes = flash_forward.group_sizes(self.max_refills, b)
+          group = lambda s: lambda: flash_forward.prefill_rows(
+              self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
+              flash(), exclude_BxS, size=s)
+          if len(sizes) == 1:
+            return group(sizes[0])()
+          pick = jnp.searchsorted(jnp.asarray(sizes), jnp.sum(aux.fresh_B))
+          return jax.lax.switch(pick, [group(s) for s in sizes])
+        pick = lambda a, b_: jnp.where(
+            aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
+        return jax.tree.map(pick, prefill(), flash())
+
+      which = jnp.where(jnp.all(aux.fresh_B), 0,
+                        jnp.where(jnp.any(aux.fresh_B), 1, 2))
+      logits_BxRxV, cache, rank_BxN = jax.lax.switch(
+          which, [prefill, mixed, flash])
+    return r, slots_BxQ, logits_BxRxV, cache, rank_BxN
