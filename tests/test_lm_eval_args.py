@@ -14,6 +14,7 @@ from lm_eval.utils import sanitize_model_name  # noqa: E402
 
 from flash_dllm_jax.checkpoint import load  # noqa: E402
 from flash_dllm_jax import likelihood  # noqa: E402
+from flash_dllm_jax.prompts import padded_length  # noqa: E402
 from flash_dllm_jax.lm_eval import FlashDLLMJax  # noqa: E402
 from flash_dllm_jax.lm_eval.__main__ import main, \
     model_args_as_pretrained  # noqa: E402
@@ -116,7 +117,7 @@ def _requests(config, tokenizer):
 def test_batched_estimates_equal_one_copy_per_forward(cfg):
   params, config, tokenizer = load(TINY)
   reqs = _requests(config, tokenizer)
-  assert len({likelihood._bucket(len(r.prefix) + len(r.target))
+  assert len({padded_length(len(r.prefix) + len(r.target))
               for r in reqs}) == 2
   one, forwards = likelihood.estimate_many(params, config, reqs,
                                            batch_size=1, cfg=cfg)
