@@ -17,6 +17,28 @@ from flash_dllm_jax.strategies import build_sampler
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 
+
+def _serve_all(engine, requests, config, per_call=None):
+  """Drives the engine until every request is answered, admitting them in
+  order into free slots (at most per_call a call). Returns ({index: answer
+  tokens, masks after the stop as pad}, device calls, most admitted at once).
+  """
+  waiting, held, got, calls, most = list(range(len(requests))), {}, {}, 0, 0
+  while len(got) < len(requests):
+    admit = {}
+    for slot in engine.free_slots()[:per_call]:
+      if waiting:
+        i = waiting.pop(0)
+        admit[slot], held[slot] = requests[i], i
+    out = engine.cycle(admit=admit)
+    calls, most = calls + 1, max(most, len(admit))
+    for slot, i in list(held.items()):
+      if out.done_B[slot]:
+        got[i] = np.where(out.tokens_BxG[slot] == config.mask_token_id,
+                          config.pad_token_id, out.tokens_BxG[slot])
+        del held[slot]
+  return got, calls, most
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,options", [
     ("flash-dllm", {"gen_length": 16, "block_m": 8, "max_refills": 2}),
@@ -31,22 +53,11 @@ def test_online_admission_equals_offline(strategy, options):
   prompts = [[int(t) for t in rng.integers(0, 370, int(n))]
              for n in rng.integers(1, 33, 20)]
   seeds = list(range(20))
-  waiting, held, got, calls, most = list(range(20)), {}, {}, 0, 0
-  while len(got) < 20:
-    # requests arrive over time: three per call
-    free = engine.free_slots()
-    admit = {}
-    for slot in free[:3]:  # more than Flash-dLLM's max_refills at once
-      if waiting:
-        i = waiting.pop(0)
-        admit[slot], held[slot] = (prompts[i], seeds[i]), i
-    out = engine.cycle(admit=admit)
-    calls, most = calls + 1, max(most, len(admit))
-    for slot, i in list(held.items()):
-      if out.done_B[slot]:
-        got[i] = np.where(out.tokens_BxG[slot] == config.mask_token_id,
-                          config.pad_token_id, out.tokens_BxG[slot])
-        del held[slot]
+  # requests arrive over time: three per call, more than Flash-dLLM's
+  # max_refills at once
+  got, calls, most = _serve_all(engine, [(p, s) for p, s in zip(prompts,
+                                                                 seeds)],
+                                config, per_call=3)
   ref = generate((params, config, tok), prompts, sampler=sampler, seed=seeds)
   for i in range(20):
     assert answer_ids(got[i], config) == answer_ids(ref.tokens_BxG[i], config)
@@ -77,18 +88,9 @@ def test_llada2_flash_rows_with_their_own_options_equal_offline():
   settings = [Sampling(gamma=0.05), GREEDY, Sampling(threshold=0.3),
               Sampling(temperature=0.8, top_k=5, threshold=0.3,
                        gamma=0.05)]
-  waiting, held, got = list(range(4)), {}, {}
-  while len(got) < 4:
-    admit = {}
-    for slot in engine.free_slots():
-      if waiting:
-        i = waiting.pop(0)
-        admit[slot], held[slot] = (prompts[i], 0, settings[i]), i
-    out = engine.cycle(admit=admit)
-    for slot, i in list(held.items()):
-      if out.done_B[slot]:
-        got[i] = out.tokens_BxG[slot]
-        del held[slot]
+  got, _, _ = _serve_all(engine, [(p, 0, r) for p, r in zip(prompts,
+                                                              settings)],
+                         config)
   ref = generate((params, config, None), prompts, sampler=sampler,
                  sampling=settings)
   for i in range(4):

@@ -159,9 +159,8 @@ class FlashDLLMOneReadSampler(FlashDLLMSampler):
         jnp.broadcast_to(jnp.arange(c, dtype=jnp.int32), (b, c)),
         mode="drop")
 
-    real_BxR = scored_BxR >= 0
-    conf_BxN = aux.conf_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
-                               ].set(conf_BxR, mode="drop")
+    conf_BxN = flash_budget.record_confidence(aux.conf_BxN, scored_BxR,
+                                              conf_BxR)
     tail_BxN = jnp.arange(n)[None, :] >= r.gen_end
     aux = OneReadAux(cache=cache, rank_BxN=rank_BxN, last_BxN=last_BxN,
                      conf_BxN=conf_BxN, end_B=new_end_B,
