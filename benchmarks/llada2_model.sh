@@ -47,7 +47,7 @@ case "${2:?second argument: train, continue, quality or speed}" in
          | tee "$OUT/readme-problem.txt" ;;
   quality)
      ckpt=$SHIPPED; [ -d "$RUN/model" ] && ckpt=$RUN/model
-     export XLA_PYTHON_CLIENT_MEM_FRACTION=0.2
+     export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.2}
      for len in ${3:-192 256}; do
        for part in uncached cached; do
          group="$REF $THR"; [ $part = cached ] && group="llada2 llada2-flash"
