@@ -24,7 +24,6 @@ from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
-from flash_dllm_jax.sampling.flash_dllm_oneread import FlashDLLMOneReadSampler
 from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
 from flash_dllm_jax.sampling.llada2_flash import LLaDA2FlashSampler
 
@@ -58,10 +57,6 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("flash-dllm", FlashDLLMSampler,
              fixed={"recompute_all": False, "verify": True},
              help="Flash-dLLM: Flash-Cache + Flash-Verify (gamma, threshold)"),
-    Strategy("flash-dllm-oneread", FlashDLLMOneReadSampler,
-             fixed={"recompute_all": False, "verify": True},
-             help="Flash-dLLM in one forward a step: each step's logits "
-                  "verify the last step's drafts (gamma) and decode"),
     Strategy("flash-cache-confident", FlashDLLMSampler,
              fixed={"recompute_all": False, "verify": False,
                     "window_rule": "confident"},
