@@ -16,7 +16,7 @@ from flax import struct
 from flash_dllm_jax import ops
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import fuse
-from flash_dllm_jax.model.layers import Linear, RMSNorm, apply_rope
+from flash_dllm_jax.model.layers import RMSNorm, apply_rope
 
 
 @struct.dataclass

@@ -1,7 +1,6 @@
 """LLaDA's Hugging Face tensor names (OLMo's `model.transformer.*`) -> ours."""
 
-from flash_dllm_jax.convert.tables import (E, E_F, E_Q, F_E, KV, KV_E, Q, Q_E,
-                                           V_E, rules)
+from flash_dllm_jax.convert.tables import E, E_F, E_Q, F_E, KV_E, Q_E, V_E, rules
 
 TABLE = rules("model.transformer.", [
     ("wte.weight", "embed", "identity", V_E),
