@@ -17,7 +17,6 @@ from flash_dllm_jax.strategies import build_sampler
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 
-
 def _serve_all(engine, requests, config, per_call=None):
   """Drives the engine until every request is answered, admitting them in
   order into free slots (at most per_call a call). Returns ({index: answer
@@ -38,6 +37,7 @@ def _serve_all(engine, requests, config, per_call=None):
                           config.pad_token_id, out.tokens_BxG[slot])
         del held[slot]
   return got, calls, most
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy,options", [

@@ -182,12 +182,3 @@ def _pad_take(order_BxN: jax.Array, start: int, k: int) -> jax.Array:
     part = jnp.concatenate(
         [part, jnp.full((order_BxN.shape[0], pad), -1, order_BxN.dtype)], 1)
   return part
-
-
-def record_confidence(conf_BxN, scored_BxR, conf_BxR):
-  """conf_BxN with each scored row's confidence at its position (a scored
-  index < 0 marks an unused row, which writes nothing)."""
-  b, n = conf_BxN.shape
-  at_BxR = jnp.where(scored_BxR >= 0, scored_BxR, n)
-  return conf_BxN.at[jnp.arange(b)[:, None], at_BxR].set(conf_BxR,
-                                                          mode="drop")

@@ -243,8 +243,9 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       last_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, verified_BxC].set(
           True, mode="drop")
       forwards_B = forwards_B + (plan.S_B > 0)
-    conf_BxN = flash_budget.record_confidence(aux.conf_BxN, scored_BxR,
-                                              conf_BxR)
+    real_BxR = scored_BxR >= 0
+    conf_BxN = aux.conf_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
+                               ].set(conf_BxR, mode="drop")
     tail_BxN = jnp.arange(n)[None, :] >= r.gen_end
     aux = FlashCacheAux(cache=cache, rank_BxN=rank_BxN, last_BxN=last_BxN,
                         conf_BxN=conf_BxN, end_B=new_end_B,
