@@ -16,8 +16,10 @@ import numpy as np
 
 Message = dict[str, str]
 # Prompts are left-padded to a multiple of this: fewer distinct shapes to
-# compile.
-PROMPT_BUCKET = 32
+# compile, and padding in whole key tiles of the attention (its PAD_ALIGN),
+# so that a row left-padded further by a multiple of it gets the same bits
+# (the server's slot pool pads every prompt to its longest).
+PROMPT_BUCKET = 64
 PROMPT_FORMS = ("prompt must be a string, a list of chat messages ({'role', "
                 "'content'} dicts), token ids, or a list of such prompts")
 
@@ -137,8 +139,9 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int,
   (capped at room, see `padded_length`).
 
   Pads are masked keys and RoPE positions count from each row's first real
-  token, so extra left padding changes a row's result only through the
-  order of floating-point sums (see `bucket_groups`).
+  token; the attention sums keys tile by tile, so extra left padding by a
+  multiple of PROMPT_BUCKET leaves a row's result unchanged bit for bit
+  (see `bucket_groups` for the exception).
   """
   if not rows or any(len(r) == 0 for r in rows):
     raise ValueError("every prompt needs at least one token")
@@ -156,10 +159,11 @@ def bucket_groups(rows: Sequence[Sequence[int]], bucket: int = PROMPT_BUCKET,
   """Row indices grouped by padded prompt length (each row's own length
   rounded up to `bucket`, capped at room), longest first.
 
-  Each group decodes as its own batch, so a row's padding, and with it every
-  floating-point sum over its keys, depends on the row alone: in bfloat16,
-  extra left padding changes the reduction order enough to flip near-tied
-  tokens, which would make an answer depend on the batch it came in.
+  Each group decodes as its own batch, so a row's padding depends on the
+  row alone. The project's attention (plain JAX and the Pallas kernel) gives
+  the same bits under any whole-bucket padding, but the uncached forward's
+  fused attention on GPUs (cuDNN) makes no such promise, and shorter rows
+  cost less compute in their own group.
   """
   padded = np.array([padded_length(len(r), bucket, room) for r in rows])
   return [np.flatnonzero(padded == p) for p in sorted(set(padded),

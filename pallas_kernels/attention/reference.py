@@ -1,11 +1,62 @@
 """Plain-JAX bidirectional attention with a key-validity mask and GQA.
 
 Shapes follow flash_dllm_jax/shapes.py: B batch, Q queries, S keys, H query
-heads, K key/value heads, J = H // K, D head dim.
+heads, K key/value heads, J = H // K, D head dim, C keys of one tile.
+
+Sums over keys run tile by tile: each tile of KEY_TILE keys (counted from
+key 0) is summed on its own, and the tile sums are added in key order,
+starting from zero. A tile of masked keys adds exact zeros, so padding a
+row on the left by whole tiles leaves every bit of its result unchanged
+(XLA's own reduction over the key axis picks its order from the length).
 """
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+
+KEY_TILE = 64  # keys per tile of the key sums (tiling.PAD_ALIGN)
+
+
+def _whole_tiles(x: jax.Array, axis: int) -> tuple[jax.Array, int]:
+  """x zero-padded on the right of `axis` to whole key tiles, and their
+  count."""
+  n_tiles = -(-x.shape[axis] // KEY_TILE)
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, n_tiles * KEY_TILE - x.shape[axis])
+  return jnp.pad(x, pad), n_tiles
+
+
+def key_tile_sum(term, n_tiles: int, init: jax.Array) -> jax.Array:
+  """init + term(0) + term(1) + ... + term(n_tiles - 1), in that order;
+  term(t) is tile t's contribution (one compiled body for every tile)."""
+  return lax.fori_loop(0, n_tiles, lambda t, acc: acc + term(t), init)
+
+
+def _tile(x: jax.Array, t, axis: int) -> jax.Array:
+  return lax.dynamic_slice_in_dim(x, t * KEY_TILE, KEY_TILE, axis=axis)
+
+
+def normalise(e_BxKxJxQxY: jax.Array) -> jax.Array:
+  """Softmax weights from e = exp(score - row max) (0 at masked keys): e
+  over its tiled key sum; a row that sums to 0 stays 0."""
+  y = e_BxKxJxQxY.shape[-1]
+  e, n_tiles = _whole_tiles(e_BxKxJxQxY, -1)
+  l = key_tile_sum(lambda t: jnp.sum(_tile(e, t, 4), axis=-1, keepdims=True),
+                   n_tiles, jnp.zeros(e.shape[:4] + (1,), jnp.float32))
+  return (e / jnp.where(l > 0, l, 1.0))[..., :y]
+
+
+def weighted_values(p_BxKxJxQxY: jax.Array, vals_BxYxKxD: jax.Array,
+                    precision=None) -> jax.Array:
+  """o_BxQxKxJxD = sum over keys of weight x value, float32, tiled."""
+  p, n_tiles = _whole_tiles(p_BxKxJxQxY, -1)
+  vals, _ = _whole_tiles(vals_BxYxKxD, 1)
+  b, kh, j, q, _ = p.shape
+  return key_tile_sum(
+      lambda t: jnp.einsum("bkjqc,bckd->bqkjd", _tile(p, t, 4),
+                           _tile(vals, t, 1), precision=precision,
+                           preferred_element_type=jnp.float32),
+      n_tiles, jnp.zeros((b, q, kh, j, vals.shape[-1]), jnp.float32))
 
 
 def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
@@ -27,10 +78,10 @@ def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   valid = (key_valid_BxS[:, None, None, None, :] if key_valid_BxS.ndim == 2
            else key_valid_BxS[:, None, None, :, :])
   s_BxKxJxQxS = jnp.where(valid, s_BxKxJxQxS, jnp.finfo(jnp.float32).min)
-  p_BxKxJxQxS = jax.nn.softmax(s_BxKxJxQxS, axis=-1)
-  o_BxQxKxJxD = jnp.einsum("bkjqs,bskd->bqkjd",
-                           p_BxKxJxQxS.astype(v_BxSxKxD.dtype), v_BxSxKxD,
-                           preferred_element_type=jnp.float32)
+  e_BxKxJxQxS = jnp.exp(
+      s_BxKxJxQxS - jnp.max(s_BxKxJxQxS, axis=-1, keepdims=True))
+  p_BxKxJxQxS = normalise(e_BxKxJxQxS).astype(v_BxSxKxD.dtype)
+  o_BxQxKxJxD = weighted_values(p_BxKxJxQxS, v_BxSxKxD)
   return o_BxQxKxJxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
 
 
@@ -91,7 +142,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   score_prefix: only the first score_prefix queries can be score rows.
   score: "mass" sums softmax probabilities; "logit" sums the scaled
   pre-softmax q.k of each (score row, head) instead (Flash-dLLM's ranking).
-  Plain JAX: builds the full mask and materialises float32 scores.
+  Plain JAX: builds the full mask and materialises float32 scores; key
+  sums are tiled (module docstring).
   """
   b, q, h, d = q_BxQxHxD.shape
   s, kh = k_cache_BxSxKxD.shape[1:3]
@@ -115,11 +167,10 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   s_BxKxJxQxY = jnp.where(mask, s_BxKxJxQxY, -jnp.inf)
   m = jnp.max(s_BxKxJxQxY, axis=-1, keepdims=True)
   m = jnp.where(jnp.isfinite(m), m, 0.0)
-  p_BxKxJxQxY = jnp.where(mask, jnp.exp(s_BxKxJxQxY - m), 0.0)
-  l = jnp.sum(p_BxKxJxQxY, axis=-1, keepdims=True)
-  p_BxKxJxQxY = p_BxKxJxQxY / jnp.where(l > 0, l, 1.0)
-  o_BxQxKxJxD = jnp.einsum("bkjqy,bykd->bqkjd", p_BxKxJxQxY,
-                           vals_BxYxKxD.astype(f32), precision=hi)
+  e_BxKxJxQxY = jnp.where(mask, jnp.exp(s_BxKxJxQxY - m), 0.0)
+  p_BxKxJxQxY = normalise(e_BxKxJxQxY)
+  o_BxQxKxJxD = weighted_values(p_BxKxJxQxY, vals_BxYxKxD.astype(f32),
+                                precision=hi)
   o_BxQxHxD = o_BxQxKxJxD.reshape(b, q, h, d).astype(q_BxQxHxD.dtype)
   if score_rows_BxQ is None:
     return o_BxQxHxD, None
