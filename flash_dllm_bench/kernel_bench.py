@@ -76,7 +76,7 @@ def max_err(a, b):
       jnp.float32)))) for x, y in leaves)
 
 
-SHORT = {"block_r": "r", "block_k": "k", "num_splits": "sp", "num_warps": "w",
+SHORT = {"block_r": "r", "block_k": "k", "split_tiles": "st", "num_warps": "w",
          "block_m": "m", "block_n": "n", "block_e": "e", "split_e": "sp"}
 
 
@@ -123,16 +123,17 @@ def _grid(default, axes, limit, seed, resolve):
 
 
 def _splits(sym, default, cap):
-  """num_splits / split_e as 'd' (kernel default), '2d', '4d' or an int."""
+  """split_e as 'd' (kernel default), '2d', '4d' or an int."""
   n = {"d": default, "2d": 2 * default, "4d": 4 * default}.get(sym, sym)
   return max(1, min(n, cap))
 
 
 def attention_configs(b, q, h, kh, s, d, limit=16, seed=0):
   """Tilings of kernel.scheduled_attention for one shape; [0] = default
-  (block_r from the row count, block_k 64, default_splits, 4 warps up to
-  block_r 64 else 8: mirrors the kernel's own defaults, which depend on
-  neither the batch nor head_dim)."""
+  (block_r from the row count, block_k 64, default_split_tiles, 4 warps up
+  to block_r 64 else 8: mirrors the kernel's own defaults, which depend on
+  neither the batch nor head_dim). split_tiles 'd' is the default, 'one'
+  a single split; an int at least the tile count is one split too."""
   del b, d
   rr = q * (h // kh)
   r_max = max(16, next_pow2(rr))
@@ -141,16 +142,17 @@ def attention_configs(b, q, h, kh, s, d, limit=16, seed=0):
     if c["block_r"] > r_max:  # tiles of padding only
       return None
     n_rt = -(-rr // c["block_r"])
-    dflt = attn_kernel.default_splits(kh, n_rt, s, c["block_k"])
+    n_tiles = -(-s // c["block_k"])
+    dflt = attn_kernel.default_split_tiles(kh, n_rt, s, c["block_k"])
+    st = {"d": dflt, "one": n_tiles}.get(c["split_tiles"], c["split_tiles"])
     return dict(block_r=c["block_r"], block_k=c["block_k"],
-                num_splits=_splits(c["num_splits"], dflt,
-                                   -(-s // c["block_k"])),
+                split_tiles=min(st, n_tiles),
                 num_warps=c["num_warps"] or (4 if c["block_r"] <= 64 else 8))
 
-  default = dict(block_r=min(64, r_max), block_k=64, num_splits="d",
+  default = dict(block_r=min(64, r_max), block_k=64, split_tiles="d",
                  num_warps=None)
-  axes = dict(block_r=[16, 32, 64, 128], block_k=[32, 64, 128],
-              num_splits=["d", 1, "2d", "4d"], num_warps=[4, 8])
+  axes = dict(block_r=[16, 32, 64, 128], block_k=[16, 32, 64],
+              split_tiles=["d", "one", 2, 4, 8], num_warps=[4, 8])
   return _grid(default, axes, limit, seed, resolve)
 
 

@@ -24,7 +24,7 @@ write; read-dominated kernels can beat it (BENCHMARKS.md, "Kernels"), so
 frac_copy_bw and frac_roofline above 1 are possible and not a bug.
 
 --tune: for each shape also times up to --tune-limit tilings of the Pallas
-kernel (attention: block_r, block_k, num_splits, num_warps; matmul: block_m,
+kernel (attention: block_r, block_k, split_tiles, num_warps; matmul: block_m,
 block_n, block_e, split_e, num_warps; see flash_dllm_bench/
 kernel_bench.py), prints each and writes a "tuning" section: {op: {shape:
 {"default", "best", "xla_us", "gain", "all"}}}. --ops picks attention (no mass), attention+mass, cache, matmul;

@@ -45,7 +45,6 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa
 import flash_dllm_jax  # noqa: E402
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
 from flash_dllm_jax.generate import answer_ids  # noqa: E402
-from flash_dllm_jax.prompts import padded_length  # noqa: E402
 from flash_dllm_jax.serve.app import build_app  # noqa: E402
 from flash_dllm_jax.serve.service import Service, Settings  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
@@ -211,9 +210,9 @@ def server_settings(args, model, prompts):
     options.update(rule="fixed", steps=args.gen_length // 2)
     stop_at_eos = False
   sampler = build_sampler(args.strategy, model[1].arch, options)
-  bucket = max(padded_length(len(p)) for p in prompts)
   settings = Settings(model_name=args.model, strategy=args.strategy,
-                      slots=args.slots, max_prompt_tokens=bucket,
+                      slots=args.slots,
+                      max_prompt_tokens=max(len(p) for p in prompts),
                       steps_per_call=args.steps_per_call,
                       max_queue=max(256, args.requests),
                       stop_at_eos=stop_at_eos)
@@ -314,7 +313,7 @@ def main(argv=None):
       "command": " ".join(sys.argv), "device": jax.devices()[0].device_kind,
       "jax": jax.__version__, "model": args.model, "strategy": args.strategy,
       "sampler": repr(sampler), "slots": args.slots,
-      "prompt_buckets": list(settings.buckets),
+      "prompt_len": settings.prompt_len,
       "steps_per_call": args.steps_per_call,
       "offline_tokens_per_s": offline[0], "offline_tokens": offline[1],
       "alone_latency_s": float(np.median(alone)), "alone_ttft_s": alone_ttft,

@@ -130,7 +130,7 @@ def test_kernels_reach_every_attention_call():
   CLI's --attention-split-target); anything but an ops.Kernels is refused."""
   from flash_dllm_jax import ops
   from pallas_kernels.attention import api as attention_api
-  seen, real = [], attention_api.splits_for
+  seen, real = [], attention_api.split_tiles_for
 
   def recording(*args, tiling, **kwargs):
     seen.append(tiling.split_target)
@@ -141,12 +141,12 @@ def test_kernels_reach_every_attention_call():
                                                    "block_m": 4})
   kernels = ops.Kernels(name="pallas_interpret",
                         attention=ops.Tiling(split_target=7))
-  attention_api.splits_for = recording
+  attention_api.split_tiles_for = recording
   try:
     out = generate(params, random_prompts(9, [5, 12]), config=config,
                    sampler=sampler, kernels=kernels)
   finally:
-    attention_api.splits_for = real
+    attention_api.split_tiles_for = real
   assert seen and set(seen) == {7}
   assert not (out.tokens_BxG == config.mask_token_id).any()
   with pytest.raises(TypeError, match="kernels must be a flash_dllm_jax.ops"

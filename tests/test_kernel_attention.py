@@ -26,11 +26,11 @@ BF16_CASES = ["g4_d128_new", "g4_d64_split", "g1_d128_long"]
     *[pytest.param(n, jnp.float32, id=f"{n}-f32") for n in CASES],
     *[pytest.param(n, jnp.bfloat16, id=f"{n}-bf16") for n in BF16_CASES]])
 def test_matches_reference(request, name, dtype):
-  b, q, h, kh, d, s, t, k_lens, q_lens, block_k, splits = CASES[name]
+  b, q, h, kh, d, s, t, k_lens, q_lens, block_k, split_tiles = CASES[name]
   args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,
                      dtype)
   got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
-                                block_k=block_k, num_splits=splits)
+                                block_k=block_k, split_tiles=split_tiles)
   _check(args, kw, got, dtype)
 
 
@@ -42,12 +42,12 @@ def test_matches_reference(request, name, dtype):
 def test_logit_score_matches_reference(request, name, prefix, dtype):
   """score="logit": the summed pre-softmax q.k per key (Flash-dLLM's ranking
   of decoded tokens), fused, after a split merge, and on a prefix tile."""
-  b, q, h, kh, d, s, t, k_lens, q_lens, block_k, splits = CASES[name]
+  b, q, h, kh, d, s, t, k_lens, q_lens, block_k, split_tiles = CASES[name]
   args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,
                      dtype)
   kw.update(score="logit", score_prefix=prefix)
   got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
-                                block_k=block_k, num_splits=splits)
+                                block_k=block_k, split_tiles=split_tiles)
   _check(args, kw, got, dtype)
   mass = reference.scheduled_attention(*args, **dict(kw, score="mass"))[1]
   assert (np.asarray(got[1]) < 0).any() and not np.allclose(got[1], mass)
@@ -69,7 +69,7 @@ def test_fully_masked_rows_are_zero(request):
                      jnp.bfloat16, t_frac=0.0)
   kw["inq_mask_BxQxI"] = kw["inq_mask_BxQxI"].at[0, 1, 2].set(True)
   got = api.scheduled_attention(*args, **kw, implementation="pallas_interpret",
-                                block_k=16, num_splits=2)
+                                block_k=16, split_tiles=1)
   _check(args, kw, got, jnp.bfloat16)
   o = np.asarray(got[0], np.float32)
   assert (o[0, [0, 2, 3]] == 0).all() and (o[0, 1] != 0).any()
@@ -119,11 +119,12 @@ def test_unsupported_shapes_fall_back(request):
 @pytest.mark.parametrize("name", list(CASES) + ["llada", "dream"])
 def test_triton_matches_reference(request, name, dtype):
   big = {"llada": (4, 32, 32, 32, 128, 1024, 32, [1024, 700, 1, 0],
-                   [32, 17, 32, 5], 64, 1),
+                   [32, 17, 32, 5], 64, 16),
          "dream": (2, 16, 28, 4, 128, 2048, 16, [2000, 1500], [16, 9], 64, 4)}
-  b, q, h, kh, d, s, t, k_lens, q_lens, block_k, splits = {**CASES, **big}[name]
+  b, q, h, kh, d, s, t, k_lens, q_lens, block_k, split_tiles = {
+      **CASES, **big}[name]
   args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,
                      dtype)
   got = api.scheduled_attention(*args, **kw, implementation="pallas",
-                                block_k=block_k, num_splits=splits)
+                                block_k=block_k, split_tiles=split_tiles)
   _check(args, kw, got, dtype)

@@ -10,18 +10,19 @@ import numpy as np
 import pytest
 
 from pallas_kernels.attention import api, kernel, reference
+from pallas_kernels.attention.tiling import default_split_tiles, split_count
 from tests.attention_case import MASS_TOL, check as _check, inputs as _inputs
 from tests.kernel_case import assert_close, gpu, gpu_only, rng as _rng
 
 
-# (B, Q, H, K, D, S, T, k_lens, q_lens, splits, prefix): block_r covers
+# (B, Q, H, K, D, S, T, k_lens, q_lens, split_tiles, prefix): block_r covers
 # more rows than the prefix's folded rows, so the mass runs on its own tile,
 # except in the last case (70 folded rows; every tile is scored as before).
 PREFIX_CASES = {
-    "g1_one_split": (2, 40, 2, 2, 64, 90, 0, [90, 41], [40, 23], 1, 8),
-    "g1_splits_new": (2, 48, 2, 2, 64, 160, 12, [160, 77], [48, 30], 3, 16),
-    "g7_splits": (1, 12, 7, 1, 64, 150, 9, [101], [12], 2, 2),
-    "g7_prefix_wider_than_a_tile": (1, 12, 7, 1, 64, 150, 0, [150], [12], 1,
+    "g1_one_split": (2, 40, 2, 2, 64, 90, 0, [90, 41], [40, 23], 6, 8),
+    "g1_splits_new": (2, 48, 2, 2, 64, 160, 12, [160, 77], [48, 30], 4, 16),
+    "g7_splits": (1, 12, 7, 1, 64, 150, 9, [101], [12], 5, 2),
+    "g7_prefix_wider_than_a_tile": (1, 12, 7, 1, 64, 150, 0, [150], [12], 10,
                                     10),
 }
 
@@ -32,14 +33,15 @@ PREFIX_CASES = {
 def test_score_prefix_scores_the_first_queries_alone(request, name, dtype):
   """score_prefix: the mass of the score rows among the first queries, as
   the reference gives it, and score rows past the prefix are ignored."""
-  b, q, h, kh, d, s, t, k_lens, q_lens, splits, prefix = PREFIX_CASES[name]
+  b, q, h, kh, d, s, t, k_lens, q_lens, split_tiles, prefix = PREFIX_CASES[
+      name]
   args, kw = _inputs(_rng(request), b, q, h, kh, d, s, t, k_lens, q_lens,
                      dtype)
   assert kernel._default_block_r(q * h // kh) > 16  # the prefix tile is smaller
   kw["score_rows_BxQ"] = kw["score_rows_BxQ"].at[:, q - 1].set(True)
   got = api.scheduled_attention(*args, **kw, score_prefix=prefix,
                                 implementation="pallas_interpret",
-                                block_k=16, num_splits=splits)
+                                block_k=16, split_tiles=split_tiles)
   _check(args, dict(kw, score_prefix=prefix), got, dtype)
   first = kw["score_rows_BxQ"] & (jnp.arange(q) < prefix)[None]
   want = reference.scheduled_attention(*args, **dict(kw, score_rows_BxQ=first))
@@ -89,7 +91,8 @@ def test_a_row_does_not_depend_on_the_batch_it_runs_in(request, impl, dtype,
     np.testing.assert_array_equal(np.asarray(alone[1]),
                                   np.asarray(batch[1][:1]))
     # The splits really are > 1 here, so the test exercises the combine.
-    assert kernel.default_splits(kh, q // block_r, s, 64) > 1
+    assert split_count(s, 64, default_split_tiles(kh, q // block_r, s,
+                                                  64)) > 1
 
 
 @pytest.mark.parametrize("n", [1, 3, 32, 96])
@@ -112,18 +115,20 @@ def test_tree_sum_is_the_sum_along_one_axis(request, n):
     gpu("pallas", jnp.float32), gpu("pallas", jnp.bfloat16)])
 def test_a_head_shard_gives_its_heads_bits(request, impl, dtype):
   """What a device of a tensor-parallel mesh runs: the kernel on a slice of
-  the KV heads with the key splits of the global shapes (`splits_for`)
-  gives that slice of the one-device output and per-head mass, bit for
-  bit; `sum_heads` of the per-head mass is the default mass. With 8
-  programs a sequence, the shard's own default would take other splits."""
-  tiling = api.Tiling(split_target=8)
+  the KV heads with the key split size of the global shapes
+  (`split_tiles_for`) gives that slice of the one-device output and
+  per-head mass, bit for bit; `sum_heads` of the per-head mass is the
+  default mass. With 4 programs a sequence one device takes one split; a
+  shard, with fewer, would split its keys if it chose from its own shapes."""
+  tiling = api.Tiling(split_target=4)
   b, q, h, kh, d, s = 2, 8, 8, 4, 64, 1024
   args, kw = _inputs(_rng(request), b, q, h, kh, d, s, 6, [1000, 700],
                      [8, 5], dtype)
-  splits = api.splits_for(args[0].shape, args[1].shape, tiling=tiling)
-  assert splits == 2
+  split_tiles = api.split_tiles_for(args[0].shape, args[1].shape,
+                                    tiling=tiling)
+  assert split_tiles == s // 64  # one split
   run = lambda a, **k: api.scheduled_attention(
-      *a, **{**kw, **k}, implementation=impl, num_splits=splits)
+      *a, **{**kw, **k}, implementation=impl, split_tiles=split_tiles)
   o, mass_BxKxS = run(args, head_mass=True)
   np.testing.assert_array_equal(np.asarray(api.sum_heads(mass_BxKxS)),
                                 np.asarray(run(args)[1]))
@@ -137,5 +142,5 @@ def test_a_head_shard_gives_its_heads_bits(request, impl, dtype):
                                   np.asarray(o[:, :, k0 * g:k1 * g]))
     np.testing.assert_array_equal(np.asarray(mass_part),
                                   np.asarray(mass_BxKxS[:, k0:k1]))
-    assert api.splits_for(part[0].shape, part[1].shape,
-                          tiling=tiling) != splits
+    assert api.split_tiles_for(part[0].shape, part[1].shape,
+                               tiling=tiling) == tiling.split_tiles

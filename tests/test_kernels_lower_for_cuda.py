@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 from pallas_kernels.attention import kernel as attention
+from pallas_kernels.attention.tiling import split_count, split_tiles_for
 from pallas_kernels.cache_update import kernel as cache_update
 from pallas_kernels.grouped_matmul import kernel as grouped_matmul
 from pallas_kernels.matmul import kernel as matmul
@@ -37,11 +38,13 @@ def _assert_triton_only(calls, at_least):
   assert set(calls) == {"__gpu$xla.gpu.triton"}, calls
 
 
-@pytest.mark.parametrize("b,q,h,kh,s,splits", [
-    (32, 144, 32, 32, 1280, 2),   # LLaDA-8B's Flash-Cache step, batch 32
-    (1, 144, 28, 4, 1280, 3),     # Dream-7B's heads, three key splits
-    (2, 16, 6, 6, 256, 1)])       # the shipped model's shape, one split
-def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s, splits):
+@pytest.mark.parametrize("b,q,h,kh,s,split_tiles,splits", [
+    (32, 144, 32, 32, 1280, 10, 2),  # LLaDA-8B's Flash-Cache step, batch 32
+    (1, 144, 28, 4, 1280, 7, 3),     # Dream-7B's heads, three key splits
+    (1, 16, 28, 4, 1280, None, 5),   # Dream-7B's default: 4 tiles a split
+    (2, 16, 6, 6, 256, None, 1)])    # the shipped model's shape, one split
+def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s,
+                                                       split_tiles, splits):
   d, t = 128, 16
   args = (S((b, q, h, d), BF16), S((b, s, kh, d), BF16),
           S((b, s, kh, d), BF16), S((b,), I32), S((b,), I32),
@@ -52,8 +55,10 @@ def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s, splits):
     return attention.scheduled_attention(
         qq, kc, vc, kl, ql, scale=d ** -0.5, k_new_BxIxKxD=kn,
         v_new_BxIxKxD=vn, inq_mask_BxQxI=inq, exclude_BxS=excl,
-        score_rows_BxQ=score, num_splits=splits)
+        score_rows_BxQ=score, split_tiles=split_tiles)
 
+  st = split_tiles or split_tiles_for(args[0].shape, args[1].shape)
+  assert split_count(s, 64, st) == splits
   # attention (+ mass), then the merge and a mass-only pass with splits
   _assert_triton_only(_custom_calls(run, *args), 3 if splits > 1 else 1)
 

@@ -32,13 +32,14 @@ def model():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model):
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
-               "--batch-size", "4", "--max-prompt-tokens", "64",
+               "--batch-size", "4", "--max-prompt-tokens", "128",
                "--steps-per-call", "2", "--max-queue", "64",
                log_path=tmp_path_factory.mktemp("serve") / "server.log")
   try:
     health = srv.wait_ready()
     assert health["strategy"] == "flash-dllm" and health["batching"] == \
-        "continuous" and health["prompt_buckets"] == [32, 64]
+        "continuous" and health["prompt_len"] == 128
+    assert health["slots"] == 4
     assert health["attention_tiling"]["split_target"] == 32  # the default
     yield srv
   finally:
@@ -90,8 +91,8 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
   jobs, rows = [], []
   for i in range(64):
     ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
-                                        int(rng.integers(1, 64)))]
-    while len(row_of(ids, i % 4)) > 64:
+                                        int(rng.integers(1, 128)))]
+    while len(row_of(ids, i % 4)) > 128:
       ids = ids[:len(ids) // 2]
     rows.append(row_of(ids, i % 4))
     jobs.append({"ids": ids, "max_tokens": int(rng.integers(1, 17)),
@@ -124,7 +125,8 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
   for i, ((ids, text), ref) in enumerate(zip(got, want)):
     assert ids == ref, f"request {i} ({jobs[i]})"
     assert text == tok.decode(ref), f"request {i} ({jobs[i]})"
-  assert len({len(r) // 32 for r in rows}) >= 2  # both buckets were used
+  # One slot pool of 128 prompt positions; offline pads to 64 or 128.
+  assert {-(-len(r) // 64) for r in rows} == {1, 2}
 
 
 def test_per_request_sampling_and_n_equal_offline_generate(server, model):
@@ -279,7 +281,7 @@ def test_bad_requests_get_400_naming_the_field(server, model):
            ({"decoding": {"block_m": 4}}, "decoding.block_m"),
            ({"decoding": {"nope": 1}}, "decoding.nope"),
            ({"prompt": [config.mask_token_id, 5]}, "prompt"),
-           ({"prompt": [5] * 65}, "prompt"), ({"prompt": [9999]}, "prompt"),
+           ({"prompt": [5] * 129}, "prompt"), ({"prompt": [9999]}, "prompt"),
            ({"prompt": []}, "prompt")]
   for extra, param in cases:
     body = {"model": "tiny-random-llada", "prompt": "hi", **extra}
@@ -347,7 +349,7 @@ def test_disconnect_frees_its_slot(server):
 
 def test_metrics_parse(server):
   m = server.metrics()
-  assert m["dllm_slots"] == 8
+  assert m["dllm_slots"] == 4  # one pool for both prompt buckets
   assert m["dllm_host_round_trips_total"] > 0
   assert m["dllm_generated_tokens_total"] > 0
   assert m["dllm_decode_steps_total"] >= m["dllm_host_round_trips_total"] / 8

@@ -1,7 +1,7 @@
-"""The slot engine without HTTP: requests arriving while others decode,
-more new requests in one call than Flash-dLLM's max_refills (prefilled
-together), llada2-flash rows with their own rule options, each answer
-equal to offline generate."""
+"""The slot engine without HTTP: requests of every prompt length sharing
+one slot pool, arriving while others decode, more new requests in one call
+than Flash-dLLM's max_refills (prefilled together), llada2-flash rows with
+their own rule options, each answer equal to offline generate."""
 
 import os
 import subprocess
@@ -46,12 +46,14 @@ def _serve_all(engine, requests, config, per_call=None):
 def test_online_admission_equals_offline(strategy, options):
   params, config, tok = load(TINY_CHECKPOINT)
   sampler = build_sampler(strategy, config.arch, options)
-  engine = SlotEngine(params, config, sampler, prompt_len=32, slots=6,
+  engine = SlotEngine(params, config, sampler, prompt_len=128, slots=6,
                       steps_per_call=3)
   assert engine.continuous
   rng = np.random.default_rng(0)
   prompts = [[int(t) for t in rng.integers(0, 370, int(n))]
-             for n in rng.integers(1, 33, 20)]
+             for n in rng.integers(1, 129, 20)]
+  # Offline pads them to 64 or 128: the pool adds 64 to some.
+  assert {-(-len(p) // 64) for p in prompts} == {1, 2}
   seeds = list(range(20))
   # requests arrive over time: three per call, more than Flash-dLLM's
   # max_refills at once
@@ -79,7 +81,7 @@ def test_llada2_flash_rows_with_their_own_options_equal_offline():
   params = init_params(config, jax.random.key(7), head_init_scale=8.0)
   sampler = build_sampler("llada2-flash", "llada2", {
       "gen_length": 16, "block_length": 4, "threshold": 0.7, "gamma": 0.5})
-  engine = SlotEngine(params, config, sampler, prompt_len=32, slots=2,
+  engine = SlotEngine(params, config, sampler, prompt_len=128, slots=2,
                       steps_per_call=3)
   assert engine.continuous
   rng = np.random.default_rng(1)
@@ -111,7 +113,7 @@ from tests.paths import TINY_CHECKPOINT
 params, config, tok = load(TINY_CHECKPOINT)
 sampler = build_sampler("llada", config.arch,
                         {"gen_length": 16, "steps": 8, "block_length": 8})
-engine = SlotEngine(params, config, sampler, prompt_len=32, slots=4,
+engine = SlotEngine(params, config, sampler, prompt_len=128, slots=4,
                     steps_per_call=3, mesh=parallel.parse_mesh("data=2"))
 assert not engine.continuous
 assert engine._state.decode.tokens_BxN.sharding.spec[0] == "data"

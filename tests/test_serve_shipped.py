@@ -33,7 +33,7 @@ def model():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
   srv = Server(DEFAULT_CHECKPOINT, "llada", OPTIONS, "--batch-size", "8",
-               "--max-prompt-tokens", "64",
+               "--max-prompt-tokens", "128",
                log_path=tmp_path_factory.mktemp("serve") / "server.log")
   try:
     health = srv.wait_ready()
@@ -77,7 +77,8 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
   rows = [tok.encode(tok.apply_chat_template(
       [{"role": "user", "content": j["text"]}])) if j["chat"]
           else tok.encode(j["text"]) for j in jobs]
-  assert len({-(-len(r) // 32) for r in rows}) >= 2  # two buckets
+  # Offline pads these prompts to 64; the slots pad them to 128.
+  assert max(len(r) for r in rows) <= 64
   want = offline(model, sampler, rows, [j["seed"] for j in jobs],
                  [j["max_tokens"] for j in jobs])
   for i, ((ids, text), ref) in enumerate(zip(got, want)):

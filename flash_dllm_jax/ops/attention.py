@@ -132,12 +132,13 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   named = {k: v for k, v in named.items() if v[0] is not None}
   mesh = parallel.active_mesh() if impl != "reference" else None
   tiling = tiling_of(implementation)
-  splits = attention_api.splits_for(q_BxQxHxD.shape, k_cache_BxSxKxD.shape,
-                                    tiling=tiling)
+  split_tiles = attention_api.split_tiles_for(
+      q_BxQxHxD.shape, k_cache_BxSxKxD.shape, tiling=tiling)
 
   def attend(*arrays):
     out, mass_BxKxS = attention_api.scheduled_attention(
-        scale=1.0, implementation=impl, head_mass=True, num_splits=splits,
+        scale=1.0, implementation=impl, head_mass=True,
+        split_tiles=split_tiles,
         score_prefix=mass_prefix, score=mass_score,
         tiling=tiling,
         **dict(zip(named, arrays)))

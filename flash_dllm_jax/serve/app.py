@@ -61,8 +61,9 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
             "variants": [d["options"] for d in service.decodings],
             "mesh": service.mesh,
             "attention_tiling": service.attention_tiling,
-            "slots_per_bucket": service.settings.slots,
-            "prompt_buckets": list(service.settings.buckets)}
+            "slots": service.settings.slots,
+            "max_prompt_tokens": service.settings.max_prompt_tokens,
+            "prompt_len": service.settings.prompt_len}
 
   @app.get("/metrics")
   async def metrics():

@@ -35,10 +35,10 @@ def add_parser(sub) -> None:
   ap.add_argument("--strategy", default="flash-dllm", choices=sorted(STRATEGIES),
                   help="decoding strategy (default: %(default)s)")
   ap.add_argument("--batch-size", type=int, default=8,
-                  help="device slots per prompt-length bucket")
+                  help="device slots, shared by every prompt length")
   ap.add_argument("--max-prompt-tokens", type=int, default=128,
-                  help="longest prompt served; one compiled bucket per 32 "
-                       "tokens up to it")
+                  help="longest prompt served (slots hold it rounded up to "
+                       "a multiple of 64)")
   ap.add_argument("--steps-per-call", type=int, default=8,
                   help="decoding steps the compiled loop runs at most before "
                        "returning to the host (it also returns when a slot "
@@ -63,8 +63,8 @@ def add_parser(sub) -> None:
                        "`decoding` options")
   choice.add_flags(ap)
   ap.add_argument("--mesh", default=None,
-                  help="'data=D', 'model=M' or 'data=D,model=M': split each "
-                       "bucket's slots over D devices and the weights over M")
+                  help="'data=D', 'model=M' or 'data=D,model=M': split the "
+                       "slots over D devices and the weights over M")
   ap.add_argument("--shutdown-timeout", type=float, default=30.0,
                   help="on SIGTERM, seconds to let in-flight requests finish "
                        "(the rest get 503)")
@@ -201,8 +201,8 @@ def main(args: argparse.Namespace) -> int:
     try:
       holder["service"] = Service(params, config, tokenizer, sampler,
                                   settings, variants, mesh)
-      log.info("ready: %s batching, buckets %s", holder["service"].mode,
-               settings.buckets)
+      log.info("ready: %s batching, %d slots of %d prompt positions",
+               holder["service"].mode, settings.slots, settings.prompt_len)
     except Exception:  # noqa: BLE001 - logged, and the server exits
       log.exception("compiling the engines failed")
       holder["failed"] = True

@@ -1,22 +1,25 @@
 """The device side of serving: fixed slots decoding in a compiled loop that
 returns to the host at admission points.
 
-One `SlotEngine` per sampler variant and prompt-length bucket: B slots of
-shape [B, P + G]. A call (`cycle`) first releases the slots the host gave
+One `SlotEngine` per sampler variant: B slots of shape [B, P + G] that
+take any prompt of up to P tokens. A call (`cycle`) first releases the slots the host gave
 up, loads new requests into free slots, then runs decoding steps on device
 until a busy slot finishes or `steps_per_call` steps have run. Shapes never
 change, the state is donated, and the executable is compiled once, ahead of
 time, at start. Under a mesh the slots are split over its `data` axis.
 
-Each row is padded to its own bucket and draws from its own PRNG key (the
-request's seed), and a row's tokens never depend on the other rows (see
+Each row is left-padded to P, a multiple of prompts.PROMPT_BUCKET, so it
+holds its offline layout (padded to its own bucket) plus whole key tiles of
+padding, which the attention's tiled key sums pass through bit for bit
+(prompts.left_pad). It draws from its own PRNG key (the request's seed), and
+a row's tokens never depend on the other rows (see
 `generate.compiler_options`), so a request's answer equals offline
 `generate` of its prompt whatever else shares the slots.
 
 Refillable samplers (Flash-dLLM, Flash-Cache, Elastic-Cache) take new
 rows while others decode ("continuous"). The others keep one step counter for
-the batch (their block schedule reads it), so a bucket admits new rows only
-once all of its slots are free ("batch").
+the batch (their block schedule reads it), so the pool admits new rows
+only once all of its slots are free ("batch").
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from flax import struct
 from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import compiler_options
+from flash_dllm_jax.prompts import PROMPT_BUCKET
 from flash_dllm_jax.sampling import DecodeState, Refillable, make_step
 from flash_dllm_jax.sampling.state import admit
 from flash_dllm_jax.sampling import row_options
@@ -63,7 +67,8 @@ class CycleOut(NamedTuple):
 
 
 class SlotEngine:
-  """B slots for prompts padded to exactly `prompt_len` tokens. mesh (a jax
+  """B slots for prompts of up to `prompt_len` tokens (a multiple of
+  prompts.PROMPT_BUCKET), left-padded to it. mesh (a jax
   Mesh, parallel.parse_mesh): the slots split over its `data` axis and the
   weights over `model`, as `generate(mesh=)` does. implementation: the
   kernel choice, a name or an ops.Kernels (`generate(kernels=)`)."""
@@ -72,6 +77,10 @@ class SlotEngine:
                prompt_len: int, slots: int, steps_per_call: int,
                stop_at_eos: bool = True, implementation=None,
                mesh=None):
+    if prompt_len % PROMPT_BUCKET:
+      raise ValueError(f"prompt_len ({prompt_len}) must be a multiple of "
+                       f"{PROMPT_BUCKET}: the padding a slot adds to a "
+                       "prompt's own must come in whole key tiles")
     if mesh is not None:
       parallel.check_config(config, mesh)
       if slots % parallel.data_size(mesh):
@@ -224,6 +233,9 @@ class SlotEngine:
     for slot, (ids, seed, *sampling) in admit.items():
       if self._busy_B[slot] and not release_B[slot]:
         raise RuntimeError(f"slot {slot} is busy")
+      if not 0 < len(ids) <= self.p:
+        raise ValueError(f"slot {slot}: a prompt of {len(ids)} tokens (the "
+                         f"slots take 1 to {self.p})")
       load_B[slot] = True
       prompt_BxP[slot, self.p - len(ids):] = ids
       valid_BxP[slot, self.p - len(ids):] = True

@@ -33,8 +33,8 @@ _ids = itertools.count()
 
 @dataclasses.dataclass(eq=False)
 class Request:
-  """ids: the prompt's token ids; key: its engine's key (in the server:
-  (variant, padded prompt length)); deadline: a time.monotonic() value or
+  """ids: the prompt's token ids; key: its engine's key (in the server: its
+  variant); deadline: a time.monotonic() value or
   None; emit: called (from the engine thread) with each Event; decoding: the
   settings reported with the answer; sampling: its row's
   row_sampling.Sampling (None: greedy); index: the choice's index among its

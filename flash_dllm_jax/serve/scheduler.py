@@ -1,8 +1,8 @@
 """The engine loop: a bounded queue per engine and one thread that owns
 the device slots.
 
-The thread loops over the engines (one per sampler variant and prompt-length
-bucket). For each it asks `plan.schedule` what the next device call does
+The thread loops over the engines (one slot pool per sampler variant,
+shared by every prompt length). For each it asks `plan.schedule` what the next device call does
 (fail cancelled or expired requests, stop their slots, load waiting
 requests into every free slot), runs the compiled loop once
 (`SlotEngine.cycle`), and hands the output to `plan.update`, which says
@@ -36,8 +36,8 @@ class Draining(Exception):
 
 
 class Scheduler:
-  """engines: {key: SlotEngine} (the server keys them by (variant,
-  bucket)); max_queue: waiting requests allowed."""
+  """engines: {key: SlotEngine} (the server keys them by variant);
+  max_queue: waiting requests allowed."""
 
   def __init__(self, engines: dict[int, SlotEngine], metrics: Metrics,
                max_queue: int):

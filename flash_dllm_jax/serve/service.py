@@ -25,8 +25,9 @@ log = logging.getLogger("flash_dllm_jax.serve")
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """Server settings. buckets: padded prompt lengths served (multiples of
-  PROMPT_BUCKET, each compiled once at start), slots: per bucket.
+  """Server settings. slots: rows of the one slot pool every prompt length
+  shares; max_prompt_tokens: the longest prompt served; the pool's rows
+  hold prompt_len (it rounded up to PROMPT_BUCKET) prompt positions.
   stop_at_eos=False decodes every position, as `generate(stop_at_eos=False)`
   does (answers are still cut at the first stop token)."""
 
@@ -49,9 +50,11 @@ class Settings:
                        f"{self.request_timeout}")
 
   @property
-  def buckets(self) -> tuple[int, ...]:
-    top = padded_length(self.max_prompt_tokens)
-    return tuple(range(PROMPT_BUCKET, top + 1, PROMPT_BUCKET))
+  def prompt_len(self) -> int:
+    """Prompt positions of a slot: a multiple of PROMPT_BUCKET, so a prompt
+    left-padded to it decodes as offline `generate` pads it (see
+    prompts.left_pad)."""
+    return padded_length(self.max_prompt_tokens, PROMPT_BUCKET)
 
 
 # Request fields that pick a variant besides `decoding`, where the sampler
@@ -61,7 +64,8 @@ _TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0), ("top_k", None))
 
 
 class Service:
-  """Compiles one SlotEngine per (variant, bucket), then runs the scheduler.
+  """Compiles one SlotEngine per variant (one slot pool for every prompt
+  length), then runs the scheduler.
 
   sampler: the server's sampler (variant 0, what a request that states no
   option gets); variants: further samplers of the same strategy declared at
@@ -78,24 +82,22 @@ class Service:
     for v in self.samplers:
       if type(v) is not type(sampler):
         raise ValueError(f"variant {v!r} is not a {type(sampler).__name__}")
-      for p in settings.buckets:
-        v.check_prompt(p, config.max_seq_len)
+      self._check_pool(v, config)
     if len(set(self.samplers)) < len(self.samplers):
       raise ValueError("two declared variants decode with the same options")
     engines = {}
     for i, v in enumerate(self.samplers):
-      for p in settings.buckets:
-        t0 = time.perf_counter()
-        engines[i, p] = SlotEngine(params, config, v, prompt_len=p,
-                                   slots=settings.slots,
-                                   steps_per_call=settings.steps_per_call,
-                                   stop_at_eos=settings.stop_at_eos,
-                                   mesh=mesh,
-                                   implementation=settings.kernels)
-        log.info("compiled variant %d bucket %d (%d slots) in %.1f s", i, p,
-                 settings.slots, time.perf_counter() - t0)
-    self.mode = "continuous" if engines[0, settings.buckets[0]].continuous \
-        else "batch"
+      t0 = time.perf_counter()
+      engines[i] = SlotEngine(params, config, v,
+                              prompt_len=settings.prompt_len,
+                              slots=settings.slots,
+                              steps_per_call=settings.steps_per_call,
+                              stop_at_eos=settings.stop_at_eos, mesh=mesh,
+                              implementation=settings.kernels)
+      log.info("compiled variant %d (%d slots of %d prompt positions) in "
+               "%.1f s", i, settings.slots, settings.prompt_len,
+               time.perf_counter() - t0)
+    self.mode = "continuous" if engines[0].continuous else "batch"
     self.scheduler = Scheduler(engines, self.metrics, settings.max_queue)
     self.decodings = [{"strategy": settings.strategy,
                        "gen_length": v.gen_length, "steps": v.num_steps,
@@ -106,6 +108,19 @@ class Service:
     self.mesh = None if mesh is None else dict(mesh.shape)
     self.attention_tiling = dataclasses.asdict(choice.tiling(settings.kernels))
     self.scheduler.start()
+
+  def _check_pool(self, sampler, config: ModelConfig) -> None:
+    """A ValueError unless a slot (prompt_len prompt positions + the
+    sampler's canvas) fits the model's context."""
+    p, room = self.settings.prompt_len, config.max_seq_len - sampler.gen_length
+    if p > room:
+      top = room // PROMPT_BUCKET * PROMPT_BUCKET
+      raise ValueError(
+          f"max_prompt_tokens {self.settings.max_prompt_tokens}: slots hold "
+          f"prompts padded to a multiple of {PROMPT_BUCKET} ({p}), and {p} + "
+          f"gen_length {sampler.gen_length} exceeds max_seq_len "
+          f"{config.max_seq_len}; at most {top} fits")
+    sampler.check_prompt(p, config.max_seq_len)
 
   # Request checks ---------------------------------------------------------
   def _encode(self, text: str) -> list[int]:
@@ -251,9 +266,9 @@ class Service:
     field = "messages" if isinstance(req, ChatRequest) else "prompt"
     if not ids:
       raise BadRequest("the prompt is empty", field)
-    if len(ids) > self.settings.buckets[-1]:
+    if len(ids) > self.settings.max_prompt_tokens:
       raise BadRequest(f"the prompt has {len(ids)} tokens; this server takes "
-                       f"at most {self.settings.buckets[-1]}", field)
+                       f"at most {self.settings.max_prompt_tokens}", field)
     for i, t in enumerate(ids):
       if not 0 <= t < self.config.vocab_size:
         raise BadRequest(f"token id {t} at {field}[{i}] is outside "
@@ -286,9 +301,8 @@ class Service:
           **self._row_options(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
-    bucket = padded_length(len(ids))
     seed = req.seed or 0
-    return [Request(ids=ids, key=(variant, bucket), seed=(seed + i) % 2**32,
+    return [Request(ids=ids, key=variant, seed=(seed + i) % 2**32,
                     answer=AnswerText(self.tokenizer, self.config,
                                       max_tokens or sampler.gen_length,
                                       stops),

@@ -7,7 +7,8 @@ from pallas_kernels.common import resolve_implementation
 
 exclude_mask_from_positions = reference.exclude_mask_from_positions
 sum_heads = reference.sum_heads
-splits_for = tiling.splits_for
+split_tiles_for = tiling.split_tiles_for
+PAD_ALIGN = tiling.PAD_ALIGN
 Tiling = tiling.Tiling
 
 
@@ -49,9 +50,10 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   position list exclude_BxX (-1 = none), turned into the mask here.
   implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
   on GPU, reference elsewhere); unsupported shapes fall back to the
-  reference. kernel_options: block_r, block_k, num_splits (see
-  `splits_for`), num_warps, num_stages, and tiling (a Tiling: the rules the
-  defaults follow).
+  reference. kernel_options: block_r, block_k, split_tiles (see
+  `split_tiles_for`) or num_splits, num_warps, num_stages, and tiling (a
+  Tiling: the rules the defaults follow). Left padding of the keys by a
+  multiple of PAD_ALIGN excluded slots leaves the kernel's results unchanged.
   """
   impl = resolve_implementation(implementation)
   if exclude_BxX is not None:

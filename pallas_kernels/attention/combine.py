@@ -5,27 +5,36 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 
 def _combine_kernel(o_ref, lse_ref, out_ref, out_lse_ref, *, splits):
-  """Log-sum-exp merge of the key splits of one row tile, split by split.
+  """Log-sum-exp merge of the key splits of one row tile: the largest lse
+  m, then acc = sum_j o_j * exp(lse_j - m) and total = sum_j exp(lse_j - m)
+  in split order, each as a loop of one body.
 
   A kernel rather than XLA ops so that every row is merged by the same code
   whatever the batch size: XLA compiles its own combine per array shape,
   and on CPU that changed low bits with the batch (a row's result would
-  then depend on the other rows)."""
-  m = lse_ref[0, :]
-  acc = o_ref[0, :, :]
-  total = jnp.ones_like(m)
-  for j in range(1, splits):
-    lse_j = lse_ref[j, :]
-    m_new = jnp.maximum(m, lse_j)
-    old_w, new_w = jnp.exp(m - m_new), jnp.exp(lse_j - m_new)
-    acc = acc * old_w[:, None] + o_ref[j, :, :] * new_w[:, None]
-    total = total * old_w + new_w
-    m = m_new
+  then depend on the other rows). A loop rather than unrolled steps so that
+  the rounding of each step (a fused multiply-add or not) does not depend
+  on the split count. Leading splits of pad keys only (o = 0, lse = NEG:
+  left padding) add exact zeros, so a row's result does not depend on them;
+  one split with keys gives acc = o, total = 1: the unmerged output."""
+  r = lse_ref.shape[1]
+  m = lax.fori_loop(1, splits, lambda j, m: jnp.maximum(m, lse_ref[j, :]),
+                    lse_ref[0, :])
+
+  def add(j, carry):
+    acc, total = carry
+    w = jnp.exp(lse_ref[j, :] - m)
+    return acc + o_ref[j, :, :] * w[:, None], total + w
+
+  acc, total = lax.fori_loop(
+      0, splits, add, (jnp.zeros(o_ref.shape[1:], jnp.float32),
+                       jnp.zeros((r,), jnp.float32)))
   out_ref[...] = (acc / total[:, None]).astype(out_ref.dtype)
   out_lse_ref[...] = m + jnp.log(total)
 

@@ -5,12 +5,21 @@ program owns R rows of the flattened (query, group) axis of one (sequence, kv
 head) and every K/V tile it streams serves all J heads. Grid (row tile, key
 split, sequence * kv head); row tiles vary fastest so neighbouring programs
 share K/V tiles in L2. Each program runs one online softmax over
-  1. the in-query keys (k_new, T <= 64, per-row boolean mask), split 0 only,
+  1. the in-query keys (k_new, T <= 64, per-row boolean mask), last split
+     only,
   2. cache tiles [t0, t1) of its split, t1 <= cdiv(k_len, block_k): tiles past
      the sequence's length are never loaded,
 in float32. Excluded cache slots come as an int8 [B, S] mask, loaded once per
 key tile (one contiguous vector shared by all rows): cheaper in the kernel
 than comparing every key against a position list.
+
+Key tiles start at slot 0; key splits have a fixed size (split_tiles) and are
+right-anchored at the row's last tile (tiling.split_range), the in-query keys
+going with the last split. Left padding of the keys by a multiple of
+tiling.PAD_ALIGN (excluded slots) thus keeps every real key in its tile and
+split and only adds leading tiles and splits of pad keys, exact no-ops of the
+online softmax (m stays NEG, alpha = 1, p = 0) and of the merge: a row's
+output and mass are the same bits with or without such padding.
 
 With key splits, a small second kernel merges the splits' partial outputs
 by log-sum-exp (combine.py).
@@ -33,10 +42,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.attention import combine
+from pallas_kernels.attention import blocks, combine
 from pallas_kernels.attention.reference import sum_heads, tree_sum
-from pallas_kernels.attention.tiling import (DEFAULT_TILING, Tiling,
-                                             _default_block_r, default_splits)
+from pallas_kernels.attention.tiling import (
+    DEFAULT_TILING, Tiling, _default_block_r, check_block_k,
+    default_split_tiles, split_count, split_range)
 
 NEG = -1e30  # finite "minus infinity": exp(NEG - NEG) never makes a NaN
 VALID, SCORE = 1, 2  # bits of the per-row info byte
@@ -48,8 +58,8 @@ def _dot_t(a, b):
                          preferred_element_type=jnp.float32)
 
 
-def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
-            do_attn, do_mass, score):
+def _kernel(*refs, scale, s, block_k, splits, split_tiles, has_excl, has_new,
+            t_new, do_attn, do_mass, score):
   refs = list(refs)
   klen_ref, q_ref, k_ref, v_ref, info_ref = refs[:5]
   del refs[:5]
@@ -68,9 +78,7 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
 
   n_tiles = pl.cdiv(jnp.minimum(klen_ref[()], s), block_k)
   n_tiles = jnp.where(jnp.max(info & VALID) > 0, n_tiles, 0)
-  per_split = pl.cdiv(n_tiles, splits)
-  t0 = jnp.minimum(split * per_split, n_tiles)
-  t1 = jnp.minimum(t0 + per_split, n_tiles)
+  t0, t1 = split_range(n_tiles, split, splits, split_tiles)
 
   def key_tile(t):
     """Slots of tile t, their validity, and the row x key mask."""
@@ -107,7 +115,7 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
                       other=0)
       inq = plgpu.load(inq_ref.at[:, pl.ds(0, t_p)], mask=t_ok[None, :],
                        other=0)
-      mask = (inq != 0) & row_ok[:, None] & (split == 0)
+      mask = (inq != 0) & row_ok[:, None] & (split == splits - 1)
       carry = softmax_step(carry, _dot_t(q, kn) * scale, mask, vn)
 
     def attn_body(t, carry):
@@ -140,22 +148,16 @@ def _kernel(*refs, scale, s, block_k, splits, has_excl, has_new, t_new,
     lax.fori_loop(m_t0, t1, mass_body, t0)
 
 
-def _rows(x_BxQx, g, rrp):
-  """Repeats per-query values over the J folded heads, pads rows to rrp."""
-  x = jnp.repeat(x_BxQx, g, axis=1)
-  pad = [(0, 0)] * x.ndim
-  pad[1] = (0, rrp - x.shape[1])
-  return jnp.pad(x, pad)
-
-
 @functools.partial(jax.jit, static_argnames=(
-    "scale", "block_r", "block_k", "num_splits", "num_warps", "num_stages",
-    "interpret", "head_mass", "score_prefix", "score", "tiling"))
+    "scale", "block_r", "block_k", "split_tiles", "num_splits", "num_warps",
+    "num_stages", "interpret", "head_mass", "score_prefix", "score",
+    "tiling"))
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxIxKxD=None,
                         v_new_BxIxKxD=None, inq_mask_BxQxI=None,
                         exclude_BxS=None, score_rows_BxQ=None,
                         block_r: int | None = None, block_k: int | None = None,
+                        split_tiles: int | None = None,
                         num_splits: int | None = None,
                         num_warps: int | None = None,
                         num_stages: int | None = None,
@@ -166,19 +168,23 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
 
   block_r: rows (query x folded head) per program; block_k: keys per tile
   (None: tiling.block_k); num_stages None: tiling.num_stages;
-  num_splits: key-range splits per row tile (flash-decoding style), merged
-  by log-sum-exp (combine.py); None picks default_splits (with
-  tiling.split_target; tiling.max_block_r bounds a None block_r), which
-  ignores the batch size so that a row's result does not depend on the
-  other rows (pass `splits_for` of the global shapes when running on a shard
-  of the heads). head_mass: return the mass per KV head, mass_BxKxS.
+  split_tiles: key tiles per key split (flash-decoding style splits, merged
+  by log-sum-exp in combine.py); None takes tiling.default_split_tiles
+  (tiling.split_target, tiling.split_tiles; tiling.max_block_r bounds a None
+  block_r), which ignores the batch size and S so that a row's result
+  depends neither on the other rows nor on its left padding (pass
+  `split_tiles_for` of the global shapes when running on a shard of the
+  heads). num_splits: instead, about this many splits over S (benchmark
+  sweeps; S-dependent, so not padding-invariant). head_mass: return the
+  mass per KV head, mass_BxKxS.
   score_prefix: score rows are among the first score_prefix queries (later
   ones are ignored); when their folded rows fit a smaller tile than block_r,
   the mass runs as its own call on that tile alone, so it does not re-score
   every row of the first tile (Flash-Cache's window is its first queries).
   score: what is summed per key, "mass" (softmax probability) or "logit"
   (the pre-softmax scaled q.k, no normalisation needed).
-  Raises NotImplementedError for shapes the Triton lowering can't tile.
+  Raises NotImplementedError for shapes the Triton lowering can't tile,
+  ValueError for a block_k not dividing tiling.PAD_ALIGN or bad splits.
   """
   b, q, h, d = q_BxQxHxD.shape
   s, kh = k_cache_BxSxKxD.shape[1:3]
@@ -186,7 +192,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   num_stages = num_stages or tiling.num_stages
   has_new, has_excl = k_new_BxIxKxD is not None, exclude_BxS is not None
   t_new = k_new_BxIxKxD.shape[1] if has_new else 0
-  if d < 16 or d & (d - 1) or h % kh or block_k < 16 or block_k & (block_k - 1):
+  check_block_k(block_k)
+  if d < 16 or d & (d - 1) or h % kh:
     raise NotImplementedError(f"unsupported head_dim {d} / heads {h}, {kh}")
   if t_new > 64:
     raise NotImplementedError(f"{t_new} in-query keys (at most 64)")
@@ -195,8 +202,16 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   block_r = block_r or _default_block_r(rr, tiling.max_block_r)
   n_rt = pl.cdiv(rr, block_r)
   rrp = n_rt * block_r
-  splits = num_splits or default_splits(kh, n_rt, s, block_k,
-                                        tiling.split_target)
+  if num_splits is not None:
+    if split_tiles is not None or num_splits < 1:
+      raise ValueError(f"num_splits ({num_splits}) must be >= 1 and not "
+                       f"given with split_tiles ({split_tiles})")
+    split_tiles = pl.cdiv(pl.cdiv(s, block_k), num_splits)
+  elif split_tiles is None:
+    split_tiles = default_split_tiles(kh, n_rt, s, block_k, tiling)
+  elif split_tiles < 1:
+    raise ValueError(f"split_tiles must be >= 1, got {split_tiles}")
+  splits = max(1, split_count(s, block_k, split_tiles))
   do_mass = score_rows_BxQ is not None
 
   q_BxKxQJxD = q_BxQxHxD.reshape(b, q, kh, g, d).transpose(0, 2, 1, 3, 4)
@@ -208,33 +223,13 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
     if score_prefix is not None:
       score_rows_BxQ = score_rows_BxQ & (jnp.arange(q) < score_prefix)[None]
     info_BxQ += (valid_BxQ & score_rows_BxQ).astype(jnp.int8) * SCORE
-  info_BxQJ = _rows(info_BxQ, g, rrp)
-
+  info_BxQJ = blocks.fold_rows(info_BxQ, g, rrp)
   bk = lambda z: (z // kh, z % kh)
-
-  def specs(rows):
-    """Inputs and their blocks for programs of `rows` rows."""
-    cache_blk = pl.BlockSpec((None, s, None, d),
-                             lambda i, j, z: (z // kh, 0, z % kh, 0))
-    in_specs = [pl.BlockSpec((None,), lambda i, j, z: (z // kh,)),
-                pl.BlockSpec((None, None, rows, d),
-                             lambda i, j, z: (*bk(z), i, 0)),
-                cache_blk, cache_blk,
-                pl.BlockSpec((None, rows), lambda i, j, z: (z // kh, i))]
-    args = [k_len_B.astype(jnp.int32), q_BxKxQJxD, k_cache_BxSxKxD,
-            v_cache_BxSxKxD, info_BxQJ]
-    if has_excl:
-      in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (z // kh, 0)))
-      args.append(exclude_BxS.astype(jnp.int8))
-    if has_new:
-      new_blk = pl.BlockSpec((None, t_new, None, d),
-                             lambda i, j, z: (z // kh, 0, z % kh, 0))
-      in_specs += [new_blk, new_blk, pl.BlockSpec(
-          (None, rows, t_new), lambda i, j, z: (z // kh, i, 0))]
-      args += [k_new_BxIxKxD, v_new_BxIxKxD,
-               _rows(inq_mask_BxQxI.astype(jnp.int8), g, rrp)]
-    return in_specs, args
-
+  new = (k_new_BxIxKxD, v_new_BxIxKxD, blocks.fold_rows(
+      inq_mask_BxQxI.astype(jnp.int8), g, rrp)) if has_new else None
+  specs = lambda rows: blocks.inputs(
+      rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
+      info_BxQJ, exclude_BxS, new)
   in_specs, args = specs(block_r)
   # A mass of the score prefix alone: one tile of mass_r rows per sequence.
   mass_r = block_r if score_prefix is None else max(
@@ -251,16 +246,13 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
           num_stages=num_stages))
   body = functools.partial(
       _kernel, scale=scale, s=s, block_k=block_k, splits=splits,
-      has_excl=has_excl, has_new=has_new, t_new=t_new, score=score)
+      split_tiles=split_tiles, has_excl=has_excl, has_new=has_new,
+      t_new=t_new, score=score)
 
   o_dtype = q_BxQxHxD.dtype if splits == 1 else f32
   fused_mass = do_mass and splits == 1 and not prefix_mass
-  out_specs = [
-      pl.BlockSpec((None, None, None, block_r, d),
-                   lambda i, j, z: (j, *bk(z), i, 0)),
-      pl.BlockSpec((None, None, None, block_r), lambda i, j, z: (j, *bk(z), i))]
-  out_shape = [jax.ShapeDtypeStruct((splits, b, kh, rrp, d), o_dtype),
-               jax.ShapeDtypeStruct((splits, b, kh, rrp), f32)]
+  out_specs, out_shape = blocks.outputs(splits, b, kh, rrp, block_r, d,
+                                        o_dtype)
   if fused_mass:
     out_specs.append(mass_spec)
     out_shape.append(mass_shape)

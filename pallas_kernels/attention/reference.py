@@ -41,7 +41,9 @@ def normalise(e_BxKxJxQxY: jax.Array) -> jax.Array:
   over its tiled key sum; a row that sums to 0 stays 0."""
   y = e_BxKxJxQxY.shape[-1]
   e, n_tiles = _whole_tiles(e_BxKxJxQxY, -1)
-  l = key_tile_sum(lambda t: jnp.sum(_tile(e, t, 4), axis=-1, keepdims=True),
+  # tree_sum, not jnp.sum: XLA:CPU's reduction changed its order with the
+  # number of heads (a tensor-parallel shard's one KV head).
+  l = key_tile_sum(lambda t: tree_sum(_tile(e, t, 4), axis=-1)[..., None],
                    n_tiles, jnp.zeros(e.shape[:4] + (1,), jnp.float32))
   return (e / jnp.where(l > 0, l, 1.0))[..., :y]
 

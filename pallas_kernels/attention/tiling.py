@@ -1,9 +1,28 @@
 """The scheduled attention kernel's default tiling: rows per program and key
-splits, as rules of the shapes alone (never of the batch size)."""
+splits, as rules of the shapes alone (never of the batch size; whether and
+in how many tiles a split runs, never of the cache length)."""
 
 import dataclasses
 
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+# Left padding of the keys by a multiple of PAD_ALIGN slots (excluded, k_len
+# grown by as much) leaves every row's result unchanged, bit for bit: key
+# tiles start at slot 0 and block_k divides PAD_ALIGN, so real keys keep
+# their tiles, and key splits are right-anchored (see split_range).
+PAD_ALIGN = 64
+
+
+def check_block_k(block_k):
+  """ValueError unless block_k is 16, 32 or 64 (a power of two >= 16 that
+  divides PAD_ALIGN)."""
+  k = block_k
+  if not isinstance(k, int) or k < 16 or k & (k - 1) or PAD_ALIGN % k:
+    raise ValueError(f"block_k must be a power of two >= 16 dividing "
+                     f"PAD_ALIGN={PAD_ALIGN} (16, 32 or 64), got {k!r}: "
+                     f"larger key tiles would make a row's result depend "
+                     f"on its left padding")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -11,48 +30,69 @@ class Tiling:
   """How `scheduled_attention` tiles by default (static: part of the jit key).
 
   split_target: programs one sequence should fill before its keys are split
-    (see default_splits). Splits cost a float32 partial output per split and
-    a merge; the count may not depend on the batch, so the default serves
-    batch 32: LLaDA-8B's queries (32 heads) are never split at 32, a sequence
-    with fewer programs (Dream's 4 KV heads at small Q) still is
-    (BENCHMARKS.md, "Strategy steps").
+    (see default_split_tiles). Splits cost a float32 partial output per split
+    and a merge; whether to split may depend on neither the batch nor the
+    cache length, so the default serves batch 32: LLaDA-8B's queries (32
+    heads) are never split at 32, a sequence with fewer programs (Dream's 4
+    KV heads at small Q) still is (BENCHMARKS.md, "Strategy steps"): 5
+    splits of 4 tiles at S = 1280. At 132 (one H200's SMs, batch 1)
+    LLaDA-8B splits too (Q <= 256), also into 5 at S = 1280.
+  split_tiles: key tiles per split when keys are split (a fixed size, so
+    that a longer cache only adds splits).
   max_block_r: most rows (query x folded head) per program, a power of two.
-  block_k: keys per tile, a power of two >= 16.
+  block_k: keys per tile: 16, 32 or 64 (it must divide PAD_ALIGN).
   num_stages: Triton pipeline depth of the key loop.
   """
 
   split_target: int = 32
+  split_tiles: int = 4
   max_block_r: int = 64
   block_k: int = 64
   num_stages: int = 3
 
   def __post_init__(self):
-    if not isinstance(self.split_target, int) or self.split_target < 1:
-      raise ValueError(f"split_target must be an int >= 1, got "
-                       f"{self.split_target!r}")
+    for name in ("split_target", "split_tiles", "num_stages"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
     r = self.max_block_r
     if not isinstance(r, int) or r < 16 or r & (r - 1):
       raise ValueError(f"max_block_r must be a power of two >= 16, got {r!r}")
-    k = self.block_k
-    if not isinstance(k, int) or k < 16 or k & (k - 1):
-      raise ValueError(f"block_k must be a power of two >= 16, got {k!r}")
-    if not isinstance(self.num_stages, int) or self.num_stages < 1:
-      raise ValueError(f"num_stages must be an int >= 1, got "
-                       f"{self.num_stages!r}")
+    check_block_k(self.block_k)
 
 
 DEFAULT_TILING = Tiling()
 
 
-def default_splits(kh, n_rt, s, block_k, target=DEFAULT_TILING.split_target):
-  """Key splits so one sequence alone runs about `target` programs, each
-  split keeping at least 4 key tiles.
+def default_split_tiles(kh, n_rt, s, block_k, tiling=DEFAULT_TILING):
+  """Key tiles per split: tiling.split_tiles when one sequence alone runs
+  fewer than tiling.split_target programs (kh * n_rt), else all
+  cdiv(s, block_k) tiles (one split).
 
-  Deliberately blind to the batch size: the splits fix the order in which a
-  row sums its keys, so a batch-dependent count would make a row's bf16
-  result (and near-tied tokens) depend on how many rows share the call.
+  Whether to split is blind to the batch size and to s: the splits fix the
+  order in which a row sums its keys, so a batch-dependent choice would make
+  a row's bf16 result (and near-tied tokens) depend on how many rows share
+  the call, and an s-dependent one would make it depend on left padding.
   """
-  return max(1, min(pl.cdiv(target, kh * n_rt), s // (4 * block_k)))
+  if pl.cdiv(tiling.split_target, kh * n_rt) > 1:
+    return tiling.split_tiles
+  return pl.cdiv(s, block_k)
+
+
+def split_count(s, block_k, split_tiles):
+  """Static number of key splits of split_tiles tiles over s slots."""
+  return pl.cdiv(pl.cdiv(s, block_k), split_tiles)
+
+
+def split_range(n_tiles, split, splits, split_tiles):
+  """Tiles [t0, t1) of key split `split` for a row of n_tiles key tiles.
+
+  Right-anchored: the last split ends at the row's last tile, so left
+  padding of the keys only adds leading splits of pad tiles (which the
+  online softmax and the merge pass through exactly). n_tiles may be traced.
+  """
+  t1 = n_tiles - (splits - 1 - split) * split_tiles
+  return jnp.maximum(t1 - split_tiles, 0), jnp.maximum(t1, 0)
 
 
 def _default_block_r(rr, max_r=DEFAULT_TILING.max_block_r):
@@ -60,18 +100,18 @@ def _default_block_r(rr, max_r=DEFAULT_TILING.max_block_r):
   return min(max_r, max(16, 1 << (rr - 1).bit_length()))
 
 
-def splits_for(q_shape, k_cache_shape, block_r=None, block_k=None,
-               tiling: Tiling = DEFAULT_TILING):
-  """The key splits `scheduled_attention` picks by default for queries
-  [B, Q, H, D] over a cache [B, S, K, D].
+def split_tiles_for(q_shape, k_cache_shape, block_r=None, block_k=None,
+                    tiling: Tiling = DEFAULT_TILING):
+  """The key tiles per split `scheduled_attention` takes by default for
+  queries [B, Q, H, D] over a cache [B, S, K, D].
 
   Under tensor parallelism each device runs the kernel on its own heads;
-  given the global shapes, this is the count one device would take, and
-  passing it as num_splits keeps each row's key-sum order mesh-independent.
+  given the global shapes, this is the split size one device would take,
+  and passing it as split_tiles keeps each row's key-sum order
+  mesh-independent (a shard's fewer heads could otherwise ask for splits).
   """
   _, q, h, _ = q_shape
   s, kh = k_cache_shape[1:3]
   rr = q * (h // kh)
   n_rt = pl.cdiv(rr, block_r or _default_block_r(rr, tiling.max_block_r))
-  return default_splits(kh, n_rt, s, block_k or tiling.block_k,
-                        tiling.split_target)
+  return default_split_tiles(kh, n_rt, s, block_k or tiling.block_k, tiling)

@@ -1,0 +1,58 @@
+"""The scheduled attention kernel's operands and their blocks: per-query
+values folded over the J heads of a kv head, and the BlockSpecs of grid
+(row tile i, key split j, sequence * kv head z)."""
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def fold_rows(x_BxQx, g, rrp):
+  """Repeats per-query values over the J folded heads, pads rows to rrp."""
+  x = jnp.repeat(x_BxQx, g, axis=1)
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (0, rrp - x.shape[1])
+  return jnp.pad(x, pad)
+
+
+def inputs(rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
+           info_BxQJ, exclude_BxS=None, new=None):
+  """(in_specs, args) for programs of `rows` rows: k_len, the folded
+  queries, the whole cache of one (sequence, kv head), the per-row info
+  bytes, the int8 exclusions if any, and `new` = (k_new_BxIxKxD,
+  v_new_BxIxKxD, inq_BxQJxI) if any."""
+  s, _, d = k_cache_BxSxKxD.shape[1:]
+  bk = lambda z: (z // kh, z % kh)
+  cache_blk = pl.BlockSpec((None, s, None, d),
+                           lambda i, j, z: (z // kh, 0, z % kh, 0))
+  in_specs = [pl.BlockSpec((None,), lambda i, j, z: (z // kh,)),
+              pl.BlockSpec((None, None, rows, d),
+                           lambda i, j, z: (*bk(z), i, 0)),
+              cache_blk, cache_blk,
+              pl.BlockSpec((None, rows), lambda i, j, z: (z // kh, i))]
+  args = [k_len_B.astype(jnp.int32), q_BxKxQJxD, k_cache_BxSxKxD,
+          v_cache_BxSxKxD, info_BxQJ]
+  if exclude_BxS is not None:
+    in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (z // kh, 0)))
+    args.append(exclude_BxS.astype(jnp.int8))
+  if new is not None:
+    t_new = new[0].shape[1]
+    new_blk = pl.BlockSpec((None, t_new, None, d),
+                           lambda i, j, z: (z // kh, 0, z % kh, 0))
+    in_specs += [new_blk, new_blk, pl.BlockSpec(
+        (None, rows, t_new), lambda i, j, z: (z // kh, i, 0))]
+    args += list(new)
+  return in_specs, args
+
+
+def outputs(splits, b, kh, rrp, block_r, d, o_dtype):
+  """(out_specs, out_shape) of the partial outputs o [P, B, K, QJ, D] and
+  log-sum-exps [P, B, K, QJ] of P key splits."""
+  bk = lambda z: (z // kh, z % kh)
+  out_specs = [
+      pl.BlockSpec((None, None, None, block_r, d),
+                   lambda i, j, z: (j, *bk(z), i, 0)),
+      pl.BlockSpec((None, None, None, block_r), lambda i, j, z: (j, *bk(z), i))]
+  out_shape = [jax.ShapeDtypeStruct((splits, b, kh, rrp, d), o_dtype),
+               jax.ShapeDtypeStruct((splits, b, kh, rrp), jnp.float32)]
+  return out_specs, out_shape
