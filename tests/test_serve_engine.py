@@ -102,6 +102,71 @@ def test_llada2_flash_rows_with_their_own_options_equal_offline():
   assert (plain.steps_B != ref.steps_B).any()  # the row options mattered
 
 
+@pytest.mark.slow
+def test_the_scheduler_answers_a_call_while_the_next_one_runs(monkeypatch):
+  """The engine thread collects a call, dispatches the next, and only then
+  turns the collected output into events (plan.update), so detokenizing
+  and sending overlap the device's work; every request is answered once,
+  as offline generate answers it, with max_tokens cuts and a stop string
+  (whose slot is released a call later)."""
+  import threading
+  from flash_dllm_jax.serve import plan as planning
+  from flash_dllm_jax.serve.events import Request
+  from flash_dllm_jax.serve.metrics import Metrics
+  from flash_dllm_jax.serve.scheduler import Scheduler
+  from flash_dllm_jax.serve.text import AnswerText
+  params, config, tok = load(TINY_CHECKPOINT)
+  sampler = build_sampler("flash-dllm", config.arch,
+                          {"gen_length": 16, "block_m": 8, "max_refills": 2})
+  engine = SlotEngine(params, config, sampler, prompt_len=64, slots=2,
+                      steps_per_call=2)
+  order = []
+  for name in ("dispatch", "collect"):
+    real = getattr(engine, name)
+    monkeypatch.setattr(engine, name, lambda *a, real=real, name=name, **k: (
+        order.append(name), real(*a, **k))[1])
+  real_update = planning.update
+  monkeypatch.setattr(planning, "update", lambda *a: (
+      order.append("update"), real_update(*a))[1])
+  rng = np.random.default_rng(3)
+  prompts = [[int(t) for t in rng.integers(0, 370, int(n))]
+             for n in rng.integers(1, 65, 6)]
+  ref = generate((params, config, tok), prompts, sampler=sampler,
+                 seed=list(range(6)))
+  want = [answer_ids(g, config) for g in ref.tokens_BxG]
+  assert len(want[2]) >= 4
+  stop = tok.decode(want[2][2:4])  # cuts request 2's text mid-answer
+  texts, answers, all_done = [""] * 6, {}, threading.Event()
+
+  def emit(i, ev):
+    texts[i] += ev.delta
+    if ev.done:
+      answers[i] = (ev.token_ids, ev.reason)
+      if len(answers) == 6:
+        all_done.set()
+
+  requests = [Request(ids=p, key=0, seed=i, answer=AnswerText(
+      tok, config, 5 if i == 4 else 16, [stop] if i == 2 else []),
+      emit=lambda ev, i=i: emit(i, ev)) for i, p in enumerate(prompts)]
+  scheduler = Scheduler({0: engine}, Metrics(), max_queue=16)
+  scheduler.start()
+  scheduler.submit(requests)
+  assert all_done.wait(300)
+  scheduler.stop()
+  for i in (0, 1, 3, 5):
+    assert answers[i][0] == want[i], i
+  assert answers[4] == (want[4][:5], "length")
+  full = tok.decode(want[2])
+  assert answers[2][1] == "stop" and texts[2] == full[:full.index(stop)]
+  # collect k, dispatch k + 1, update k: never an update right after its
+  # own call's collect while another call was dispatched after it.
+  steady = [i for i, name in enumerate(order) if name == "update"
+            and order[i - 1] == "dispatch"]
+  assert len(steady) >= 2, order
+  for i in steady:
+    assert order[i - 2] == "collect", order
+
+
 MESH_SCRIPT = r'''
 import numpy as np, jax
 assert len(jax.devices()) == 2, jax.devices()

@@ -97,6 +97,7 @@ class SlotEngine:
     self.row_data = row_options.takes_rows(sampler)  # RowSampling
     self._state = self._initial_state()
     self._busy_B = np.zeros(self.b, bool)  # rows whose loop has not stopped
+    self._uncollected = False
     args = (self.params, self._state, np.zeros(self.b, bool),
             np.zeros(self.b, bool), np.zeros((self.b, self.p), np.int32),
             np.zeros((self.b, self.p), bool), np.zeros(self.b, np.uint32),
@@ -221,7 +222,20 @@ class SlotEngine:
 
   def cycle(self, release=(), admit: dict | None = None) -> CycleOut:
     """release: slots to stop; admit: {slot: (prompt ids, seed[, Sampling])}
-    for free slots. One host round trip."""
+    for free slots. One host round trip: `collect(dispatch(...))`."""
+    return self.collect(self.dispatch(release, admit))
+
+  def busy_slots(self) -> set[int]:
+    """Slots whose row the device still decodes (as of the last collect)."""
+    return {int(i) for i in np.flatnonzero(self._busy_B)}
+
+  def dispatch(self, release=(), admit: dict | None = None) -> "InFlight":
+    """Starts a call (see `cycle`) and returns at once: JAX runs it
+    asynchronously, so the host can work on the last call's output
+    meanwhile. `collect` its handle before the next dispatch (which donates
+    the state its done / steps / forwards arrays belong to)."""
+    if self._uncollected:
+      raise RuntimeError("the last dispatched call was not collected")
     admit = admit or {}
     release_B = np.zeros(self.b, bool)
     release_B[list(release)] = True
@@ -247,8 +261,23 @@ class SlotEngine:
         self.params, self._state, release_B, load_B, prompt_BxP, valid_BxP,
         seed_B, self._host_sampling(rows))
     d = self._state.decode
-    out = CycleOut(np.asarray(gen), np.asarray(d.done_B),
-                   np.asarray(d.steps_B), np.asarray(d.forwards_B),
-                   int(iters), np.asarray(logp))
-    self._busy_B = ~out.done_B
+    self._uncollected = True
+    return InFlight(gen, d.done_B, d.steps_B, d.forwards_B, iters, logp)
+
+  def collect(self, call: "InFlight") -> CycleOut:
+    """Waits for a dispatched call and reads its output."""
+    out = CycleOut(*(np.asarray(x) for x in call[:4]), int(call.iters),
+                   np.asarray(call.logprobs))
+    self._busy_B, self._uncollected = ~out.done_B, False
     return out
+
+
+class InFlight(NamedTuple):
+  """A dispatched call's device arrays (CycleOut's fields, not yet read)."""
+
+  tokens: jax.Array
+  done: jax.Array
+  steps: jax.Array
+  forwards: jax.Array
+  iters: jax.Array
+  logprobs: jax.Array

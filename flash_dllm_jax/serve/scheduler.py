@@ -2,14 +2,18 @@
 the device slots.
 
 The thread loops over the engines (one slot pool per sampler variant,
-shared by every prompt length). For each it asks `plan.schedule` what the next device call does
-(fail cancelled or expired requests, stop their slots, load waiting
-requests into every free slot), runs the compiled loop once
-(`SlotEngine.cycle`), and hands the output to `plan.update`, which says
-what each busy request gets: the text that became final, or its answer
-(its slot is released at the next call). The metrics observe each plan
-and step (`Metrics.observe_*`). Every request is answered exactly once,
-through its `emit` callback, from this thread.
+shared by every prompt length). For each it collects the device call in
+flight (`SlotEngine.collect`: which rows stopped), asks `plan.schedule`
+what the next call does (fail cancelled or expired requests, stop their
+slots, load waiting requests into every free slot) and dispatches it
+(`SlotEngine.dispatch`, asynchronous), and only then hands the collected
+output to `plan.update`, which says what each request gets: the text that
+became final, or its answer. So detokenizing and sending run while the
+device decodes the next call, and a slot whose row stopped is refilled at
+once; a slot whose answer completed before its row stopped (a stop string,
+max_tokens) is released a call later. The metrics observe each plan and
+step (`Metrics.observe_*`). Every request is answered exactly once, through
+its `emit` callback, from this thread.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import collections
 import logging
 import threading
 import time
+from typing import NamedTuple
 
 from flash_dllm_jax.serve import plan as planning
 from flash_dllm_jax.serve.engine import SlotEngine
@@ -45,6 +50,7 @@ class Scheduler:
     self._pending = {p: collections.deque() for p in engines}
     self._slots = {p: {} for p in engines}  # key -> {slot: Request}
     self._release = {p: set() for p in engines}
+    self._in_flight = {}  # key -> _Call dispatched, not yet collected
     self._cond = threading.Condition()
     self._draining = self._stopping = False
     self._thread = threading.Thread(target=self._run, name="dllm-engine",
@@ -108,8 +114,8 @@ class Scheduler:
       request.emit(event)
 
   def _idle(self) -> bool:
-    return not any(self._slots.values()) and not any(self._release.values()) \
-        and self.queue_length() == 0
+    return not self._in_flight and not any(self._slots.values()) and \
+        not any(self._release.values()) and self.queue_length() == 0
 
   def _run(self) -> None:
     try:
@@ -140,8 +146,14 @@ class Scheduler:
         self._finish(r, Event("", True, outcome), outcome)
 
   def _call(self, key) -> None:
-    """One device call of engine `key`: schedule, cycle, update."""
+    """One device call of engine `key`: collect the call in flight, schedule
+    and dispatch the next, then turn the collected output into events while
+    the device runs (JAX dispatches asynchronously)."""
     engine = self.engines[key]
+    last = self._in_flight.pop(key, None)
+    if last is not None:
+      out = engine.collect(last.handle)
+      seconds = time.monotonic() - last.started
     with self._cond:
       plan = planning.schedule(self._pending[key], self._slots[key],
                                self._release[key], engine.free_slots,
@@ -151,18 +163,26 @@ class Scheduler:
       self.metrics.queue_length.set(self.queue_length())
     for r, why in plan.failed:
       self._finish(r, Event("", True, why), why)
-    if not plan.running and not plan.release:
-      return
-    t0 = time.monotonic()
-    self.metrics.observe_plan(plan, t0)
-    out = engine.cycle(release=plan.release, admit={
-        slot: (r.ids, r.seed) if r.sampling is None else
-        (r.ids, r.seed, r.sampling) for slot, r in plan.admit})
+    busy = engine.busy_slots()
+    if plan.admit or plan.release or any(s in busy for s in plan.running):
+      t0 = time.monotonic()
+      self.metrics.observe_plan(plan, t0)
+      self._in_flight[key] = _Call(plan, t0, engine.dispatch(
+          release=plan.release, admit={
+              slot: (r.ids, r.seed) if r.sampling is None else
+              (r.ids, r.seed, r.sampling) for slot, r in plan.admit}))
+    if last is not None:
+      self._answer(key, last.plan, out, seconds)
+
+  def _answer(self, key, plan: planning.Plan, out, seconds: float) -> None:
+    """The events of a collected call. Its requests that the call since
+    dispatched still holds are dropped from it once answered; those whose
+    answer completed before their row stopped are released at the next
+    call, one later than without the overlap."""
     now = time.monotonic()
-    step = planning.update(plan, out, now)
-    with self._cond:
-      self._slots[key], self._release[key] = step.running, set(step.release)
-    self.metrics.observe_step(step, out, now - t0, now)
+    live = {s: r for s, r in plan.running.items() if not r.finished}
+    step = planning.update(plan._replace(running=live), out, now)
+    self.metrics.observe_step(step, out, seconds, now)
     for r in step.finished:
       if r.answer.revised:
         log.error("request %d: final text revised streamed text", r.number)
@@ -171,4 +191,16 @@ class Scheduler:
         self._finish(r, ev, "ok")
       elif not r.cancelled:
         r.emit(ev)
+    with self._cond:
+      self._slots[key] = {s: r for s, r in self._slots[key].items()
+                          if not r.finished}
+      self._release[key] |= step.release
     self.metrics.busy_slots.set(sum(len(s) for s in self._slots.values()))
+
+
+class _Call(NamedTuple):
+  """A dispatched device call: its plan, start time and engine handle."""
+
+  plan: planning.Plan
+  started: float
+  handle: object
