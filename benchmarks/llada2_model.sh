@@ -10,7 +10,7 @@
 #   bash benchmarks/llada2_model.sh OUT_DIR speed    # LLaDA2.0-mini shapes
 # quality runs on $RUN/model when it exists, else on the shipped checkpoint.
 # OUT gets logs, metrics.jsonl, loss.png, model.tar.* (cat model.tar.* |
-# tar -x) and quality.tgz. A longer schedule runs as stages of one device
+# tar -x) and quality.tar.xz. A longer schedule runs as stages of one device
 # call each (a machine can be lost between calls): train, then continue
 # from the exported weights (INIT, default the shipped checkpoint) with a
 # fresh optimizer, warmup and cosine schedule on the stream of DATA_SEED,
@@ -64,7 +64,7 @@ case "${2:?second argument: train, continue, quality or speed}" in
          --strategies "$REF" "$THR" llada2 llada2-flash --reference "$REF" \
          --baseline "$THR" --no-progress --out-dir "$OUT/q" \
          > "$OUT/quality.log" 2>&1
-     tar -czf "$OUT/quality.tgz" -C "$OUT" q
+     tar -cJf "$OUT/quality.tar.xz" -C "$OUT" q
      grep -h "^|" "$OUT/q/quality.md" ;;
   speed)
      timeout ${SPEED_TIMEOUT:-580} python scripts/bench_moe.py --batch 1 32 \

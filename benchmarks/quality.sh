@@ -22,5 +22,5 @@ for len in 192 256; do
   done
 done
 wait
-tar -czf "$OUT/records.tgz" -C "$OUT" $(cd "$OUT" && ls -d quality-*/)
+tar -cJf "$OUT/records.tar.xz" -C "$OUT" $(cd "$OUT" && ls -d quality-*/)
 grep -h "^|" "$OUT"/quality-*/*.md | sort -u
