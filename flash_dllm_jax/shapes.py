@@ -44,5 +44,6 @@ Digits name fixed sizes (``top2_BxGx2``, ``ref_1xNxV``); a digit after a
 letter divides it (``freqs_BxQxD2``: D / 2 rotary frequencies); two letters
 together multiply (``q_BxKxQJxD``: a KV head's Q * J query rows, GQA heads
 folded into rows); the word ``split`` names an axis of key splits
-(``lse_splitxBxKxQJ``: one partial per split of the keys).
+(``lse_splitxBxKxQJ``: one partial per split of the keys), the word
+``tile`` an axis of key tiles (``e_BxKxJxQxtilex64``: 64 keys a tile).
 """

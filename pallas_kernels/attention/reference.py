@@ -1,7 +1,8 @@
 """Plain-JAX bidirectional attention with a key-validity mask and GQA.
 
 Shapes follow flash_dllm_jax/shapes.py: B batch, Q queries, S keys, H query
-heads, K key/value heads, J = H // K, D head dim, C keys of one tile.
+heads, K key/value heads, J = H // K, D head dim; the word `tile` names an
+axis of key tiles, of 64 keys each.
 
 Sums over keys run tile by tile: each tile of KEY_TILE keys (counted from
 key 0) is summed on its own, and the tile sums are added in key order,
@@ -12,53 +13,54 @@ row on the left by whole tiles leaves every bit of its result unchanged
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 KEY_TILE = 64  # keys per tile of the key sums (tiling.PAD_ALIGN)
 
 
-def _whole_tiles(x: jax.Array, axis: int) -> tuple[jax.Array, int]:
-  """x zero-padded on the right of `axis` to whole key tiles, and their
-  count."""
+def _split_tiles(x: jax.Array, axis: int) -> jax.Array:
+  """x zero-padded on the right of `axis` to whole key tiles, that axis
+  split into (tile, KEY_TILE)."""
   n_tiles = -(-x.shape[axis] // KEY_TILE)
   pad = [(0, 0)] * x.ndim
   pad[axis] = (0, n_tiles * KEY_TILE - x.shape[axis])
-  return jnp.pad(x, pad), n_tiles
+  x = jnp.pad(x, pad)
+  axis %= x.ndim
+  return x.reshape(x.shape[:axis] + (n_tiles, KEY_TILE) + x.shape[axis + 1:])
 
 
-def key_tile_sum(term, n_tiles: int, init: jax.Array) -> jax.Array:
-  """init + term(0) + term(1) + ... + term(n_tiles - 1), in that order;
-  term(t) is tile t's contribution (one compiled body for every tile)."""
-  return lax.fori_loop(0, n_tiles, lambda t, acc: acc + term(t), init)
-
-
-def _tile(x: jax.Array, t, axis: int) -> jax.Array:
-  return lax.dynamic_slice_in_dim(x, t * KEY_TILE, KEY_TILE, axis=axis)
+def key_tile_sum(parts: jax.Array, axis: int) -> jax.Array:
+  """The per-tile terms along `axis` added one after another from zero, in
+  key order: elementwise adds, unrolled (no inner loop in the decode's
+  program), whose order XLA keeps."""
+  total = jnp.zeros_like(jnp.take(parts, 0, axis=axis))
+  for t in range(parts.shape[axis]):
+    total = total + jnp.take(parts, t, axis=axis)
+  return total
 
 
 def normalise(e_BxKxJxQxY: jax.Array) -> jax.Array:
   """Softmax weights from e = exp(score - row max) (0 at masked keys): e
   over its tiled key sum; a row that sums to 0 stays 0."""
   y = e_BxKxJxQxY.shape[-1]
-  e, n_tiles = _whole_tiles(e_BxKxJxQxY, -1)
+  e_BxKxJxQxtilex64 = _split_tiles(e_BxKxJxQxY, -1)
   # tree_sum, not jnp.sum: XLA:CPU's reduction changed its order with the
   # number of heads (a tensor-parallel shard's one KV head).
-  l = key_tile_sum(lambda t: tree_sum(_tile(e, t, 4), axis=-1)[..., None],
-                   n_tiles, jnp.zeros(e.shape[:4] + (1,), jnp.float32))
-  return (e / jnp.where(l > 0, l, 1.0))[..., :y]
+  l_BxKxJxQx1 = key_tile_sum(tree_sum(e_BxKxJxQxtilex64, axis=-1),
+                             axis=-1)[..., None]
+  e = e_BxKxJxQxtilex64.reshape(e_BxKxJxQxtilex64.shape[:4] + (-1,))
+  return (e / jnp.where(l_BxKxJxQx1 > 0, l_BxKxJxQx1, 1.0))[..., :y]
 
 
 def weighted_values(p_BxKxJxQxY: jax.Array, vals_BxYxKxD: jax.Array,
                     precision=None) -> jax.Array:
-  """o_BxQxKxJxD = sum over keys of weight x value, float32, tiled."""
-  p, n_tiles = _whole_tiles(p_BxKxJxQxY, -1)
-  vals, _ = _whole_tiles(vals_BxYxKxD, 1)
-  b, kh, j, q, _ = p.shape
-  return key_tile_sum(
-      lambda t: jnp.einsum("bkjqc,bckd->bqkjd", _tile(p, t, 4),
-                           _tile(vals, t, 1), precision=precision,
-                           preferred_element_type=jnp.float32),
-      n_tiles, jnp.zeros((b, q, kh, j, vals.shape[-1]), jnp.float32))
+  """o_BxQxKxJxD = sum over keys of weight x value, float32, tiled: one
+  matmul batched over (row, KV head, tile) contracting a tile's keys, then
+  the tiles in key order."""
+  parts_BxKxtilexJxQxD = jax.lax.dot_general(
+      _split_tiles(p_BxKxJxQxY, -1), _split_tiles(vals_BxYxKxD, 1),
+      (((5,), (2,)), ((0, 1, 4), (0, 3, 1))), precision=precision,
+      preferred_element_type=jnp.float32)
+  return key_tile_sum(parts_BxKxtilexJxQxD, axis=2).transpose(0, 3, 1, 2, 4)
 
 
 def masked_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
