@@ -18,6 +18,14 @@ implementation:
                       1-byte weights and dequantizes in registers; what it
                       does not take (kernel.matmul's NotImplementedError)
                       falls through to 'xla'. Its rows are invariant to M.
+  'mosaic' / 'mosaic_interpret'
+                      the Mosaic GPU (Hopper: TMA pipeline, wgmma) kernel
+                      (mosaic.py) for bf16 rows and per-channel scales, run
+                      in Mosaic GPU's interpret mode by 'mosaic_interpret';
+                      what it does not take falls through to 'pallas' /
+                      'pallas_interpret' (with their default tiles), then
+                      'xla'. Its rows are invariant to M. Not the default:
+                      no measured table has it win yet.
   None                'pallas' on a GPU, 'reference' elsewhere.
 """
 
@@ -30,7 +38,8 @@ from pallas_kernels import common
 from pallas_kernels.qmatmul import kernel, reference
 from pallas_kernels.qmatmul.reference import FP8
 
-IMPLEMENTATIONS = ("pallas", "pallas_interpret", "xla", "reference")
+IMPLEMENTATIONS = ("pallas", "pallas_interpret", "mosaic",
+                   "mosaic_interpret", "xla", "reference")
 ACTIVATIONS = ("bf16", "fp8")
 
 
@@ -146,7 +155,7 @@ def matmul(x_MxE: jax.Array, w_OxE: jax.Array, scale_OxZ: jax.Array, *,
   """Same contract as reference.matmul; the arguments are checked first.
 
   tiling (kernel only): block_m, block_n, block_e, split_e, num_warps,
-  num_stages.
+  num_stages for 'pallas'; block_o, block_e, block_m, split_e for 'mosaic'.
   """
   impl = resolve_implementation(implementation)
   check_args(x_MxE, w_OxE, scale_OxZ, w_up_OxE, scale_up_OxZ, residual_MxO,
@@ -155,6 +164,16 @@ def matmul(x_MxE: jax.Array, w_OxE: jax.Array, scale_OxZ: jax.Array, *,
             residual_MxO=residual_MxO, activations=activations)
   if impl == "reference":
     return reference.matmul(x_MxE, w_OxE, scale_OxZ, **kw)
+  if impl in ("mosaic", "mosaic_interpret"):
+    # Imported here: Mosaic GPU's Python modules cost ~0.3 s to import.
+    from pallas_kernels.qmatmul import mosaic
+    interpret = impl == "mosaic_interpret"
+    try:
+      return mosaic.matmul(x_MxE, w_OxE, scale_OxZ, **kw, **tiling,
+                           interpret=interpret)
+    except NotImplementedError:
+      pass
+    impl, tiling = ("pallas_interpret" if interpret else "pallas"), {}
   if impl != "xla":
     try:
       return kernel.matmul(x_MxE, w_OxE, scale_OxZ, **kw, **tiling,
