@@ -32,6 +32,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                   help="8-bit weights: most query rows per sequence that "
                   "run the weight-streaming kernel, more go to XLA's GEMM "
                   "(default: ops.stream_max_q, by format)")
+  ap.add_argument("--qmatmul-backend", choices=choice.QMATMUL_BACKENDS,
+                  default="triton", help="8-bit weights: the streaming "
+                  "kernel's GPU backend (default: %(default)s)")
 
 
 def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
@@ -65,7 +68,8 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
         num_stages=args.attention_stages or default.num_stages)
   except ValueError as e:
     ap.error(str(e))
-  return Kernels(attention=tiling, stream_max_q=args.stream_max_q)
+  return Kernels(attention=tiling, stream_max_q=args.stream_max_q,
+                 qmatmul=args.qmatmul_backend)
 
 
 def fused_qkv(args: argparse.Namespace) -> bool:

@@ -202,6 +202,38 @@ def test_dispatch_picks_the_kernel_by_rows_per_sequence_never_the_batch(
     assert chosen[-1] == want, (kernels, chosen)
 
 
+def test_kernels_qmatmul_mosaic_streams_through_mosaic_gpu(monkeypatch):
+  """Kernels(qmatmul="mosaic") sends the streamed rows to Mosaic GPU's kernel
+  (its interpret mode under "pallas_interpret": the api's own result, bit
+  for bit), XLA's GEMM above the line as before; other names are refused."""
+  from flash_dllm_jax import ops
+  from pallas_kernels.qmatmul import api
+  w_OxE, scale_OxZ = quantize.quantize_weight(  # [E, O] in, [O, E] out
+      np.random.default_rng(0).standard_normal((256, 128)), "int8")
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((2, 8, 256)),
+                  jnp.bfloat16)
+  kernels = ops.Kernels("pallas_interpret", qmatmul="mosaic")
+  got = ops.quantized_linear(x, w_OxE, scale_OxZ, fmt="int8",
+                             implementation=kernels)
+  want = api.matmul(x.reshape(16, 256), w_OxE, scale_OxZ,
+                    implementation="mosaic_interpret").reshape(2, 8, 128)
+  np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                np.asarray(want, np.float32))
+  chosen = []
+  real = api.matmul
+  monkeypatch.setattr(api, "matmul", lambda *a, implementation=None, **k: (
+      chosen.append(implementation), real(*a, **k, implementation="xla"))[1])
+  limit = ops.QMATMUL_STREAM_MAX_Q
+  big = jnp.zeros((1, limit + 1, 256), jnp.bfloat16)
+  for xs, want_impl in [(x, "mosaic"), (big, "xla")]:
+    ops.quantized_linear(xs, w_OxE, scale_OxZ, fmt="int8",
+                         implementation=ops.Kernels("pallas",
+                                                    qmatmul="mosaic"))
+    assert chosen[-1] == want_impl
+  with pytest.raises(ValueError, match="qmatmul must be one of"):
+    ops.Kernels(qmatmul="cutlass")
+
+
 def test_bench_params_quantized_leaf_by_leaf_equal_quantize_params():
   from flash_dllm_bench import timing
   config = ModelConfig.tiny("llada", d_model=128, n_heads=8, dtype="bfloat16")

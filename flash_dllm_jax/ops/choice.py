@@ -19,22 +19,36 @@ class Kernels:
   every expert on every row, the differentiable path training takes, as
   the kernel has no VJP) and the rows per sequence up to which 8-bit
   weights stream (`quantized_linear`; benchmarks sweep them; static, so
-  part of the jit key)."""
+  part of the jit key), and the backend that streams them on a GPU
+  (`qmatmul`: "triton", the default, or "mosaic", Mosaic GPU's kernel,
+  which no measurement chooses yet)."""
 
   name: str | None = None
   attention: attention_api.Tiling = attention_api.Tiling()
   experts: ExpertTiling | None = ExpertTiling()
   stream_max_q: int | None = None  # default: ops.stream_max_q(format)
+  qmatmul: str = "triton"
 
   def __post_init__(self):
     if self.stream_max_q is not None and self.stream_max_q < 0:
       raise ValueError(f"stream_max_q must be >= 0, got {self.stream_max_q}")
+    if self.qmatmul not in QMATMUL_BACKENDS:
+      raise ValueError(f"qmatmul must be one of {QMATMUL_BACKENDS}, got "
+                       f"{self.qmatmul!r}")
+
+
+QMATMUL_BACKENDS = ("triton", "mosaic")
 
 
 def kernel_name(implementation: "str | Kernels | None") -> str:
   if isinstance(implementation, Kernels):
     implementation = implementation.name
   return resolve_implementation(implementation)
+
+
+def qmatmul_backend(implementation) -> str:
+  """The streaming 8-bit GEMM's GPU backend (Kernels.qmatmul)."""
+  return getattr(implementation, "qmatmul", "triton")
 
 
 def tiling(implementation) -> attention_api.Tiling:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from flash_dllm_jax import parallel, quantize
-from flash_dllm_jax.ops.choice import Kernels, kernel_name
+from flash_dllm_jax.ops.choice import Kernels, kernel_name, qmatmul_backend
 from pallas_kernels.qmatmul import api as qmatmul_api
 
 
@@ -87,7 +87,8 @@ def quantized_linear(x_BxQxE: jax.Array, w_OxE: jax.Array,
   x is [..., Q, E], Q the rows of one sequence. On CPU the plain-JAX
   reference, with the activations the format has on the H200 (fp8 W8A8
   for "fp8"). On a GPU the weight-streaming kernel when Q <=
-  stream_max_q(fmt, implementation) and XLA's GEMM above.
+  stream_max_q(fmt, implementation) and XLA's GEMM above; the kernel is
+  Triton's, or Mosaic GPU's with Kernels(qmatmul="mosaic").
   Under a mesh the weight is column-sharded over "model" like ops.linear's:
   the kernel runs per shard (rows on "data", its output columns on
   "model"); gathered gathers x before and the output columns after, so
@@ -97,6 +98,9 @@ def quantized_linear(x_BxQxE: jax.Array, w_OxE: jax.Array,
   if impl == "pallas" and x_BxQxE.shape[-2] > stream_max_q(fmt,
                                                            implementation):
     impl = "xla"
+  if impl.startswith("pallas") and qmatmul_backend(implementation) == \
+      "mosaic":
+    impl = impl.replace("pallas", "mosaic")
   acts = quantize.activations(fmt)
   o, ndim = w_OxE.shape[0], x_BxQxE.ndim
   mesh = parallel.active_mesh()
