@@ -5,6 +5,7 @@ kernel's tiling rules (a `Kernels` the benchmark decodes with)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from flash_dllm_jax.ops import choice
 
@@ -18,7 +19,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                   "OPTIONS for this run (e.g. xla_gpu_enable_cublaslt=true): "
                   "the decode loops' XLA options, which XLA_FLAGS does not "
                   "reach")
-  choice.add_flags(ap)  # --attention-split-target, as generate's
+  choice.add_flags(ap)  # --attention-split-target N|auto, as generate's
   ap.add_argument("--attention-max-block-r", type=int, default=None,
                   help="attention kernel: most rows (query x folded head) "
                   "per program (default: Tiling().max_block_r)")
@@ -53,7 +54,7 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   if args.stream_max_q is not None and args.stream_max_q < 0:
     ap.error("--stream-max-q must be >= 0")
   split = args.attention_split_target
-  if split is not None and split < 1:
+  if split is not None and split != "auto" and split < 1:
     ap.error("--attention-split-target must be >= 1")
   r = args.attention_max_block_r
   if r is not None and (r < 16 or r & (r - 1)):
@@ -61,8 +62,8 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   GPU_COMPILER_OPTIONS.update(options)
   default = Tiling()
   try:
-    tiling = Tiling(
-        split_target=split or default.split_target,
+    tiling = dataclasses.replace(
+        default, **choice.split_rule(split),
         max_block_r=r or default.max_block_r,
         block_k=args.attention_block_k or default.block_k,
         num_stages=args.attention_stages or default.num_stages)

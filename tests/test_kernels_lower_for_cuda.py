@@ -38,13 +38,15 @@ def _assert_triton_only(calls, at_least):
   assert set(calls) == {"__gpu$xla.gpu.triton"}, calls
 
 
-@pytest.mark.parametrize("b,q,h,kh,s,split_tiles,splits", [
-    (32, 144, 32, 32, 1280, 10, 2),  # LLaDA-8B's Flash-Cache step, batch 32
-    (1, 144, 28, 4, 1280, 7, 3),     # Dream-7B's heads, three key splits
-    (1, 16, 28, 4, 1280, None, 5),   # Dream-7B's default: 4 tiles a split
-    (2, 16, 6, 6, 256, None, 1)])    # the shipped model's shape, one split
+@pytest.mark.parametrize("b,q,h,kh,s,split_tiles,splits,group", [
+    (32, 144, 32, 32, 1280, 10, 2, 1),  # LLaDA-8B's Flash-Cache step, batch 32
+    (1, 144, 28, 4, 1280, 7, 3, 1),     # Dream-7B's heads, three key splits
+    (1, 16, 28, 4, 1280, None, 5, 1),   # Dream-7B's default: 4 tiles a split
+    (2, 16, 6, 6, 256, None, 1, 1),     # the shipped model's shape, one split
+    (32, 128, 32, 32, 1280, 4, 5, 2)])  # split groups: 3 programs a row tile
 def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s,
-                                                       split_tiles, splits):
+                                                       split_tiles, splits,
+                                                       group):
   d, t = 128, 16
   args = (S((b, q, h, d), BF16), S((b, s, kh, d), BF16),
           S((b, s, kh, d), BF16), S((b,), I32), S((b,), I32),
@@ -55,12 +57,15 @@ def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s,
     return attention.scheduled_attention(
         qq, kc, vc, kl, ql, scale=d ** -0.5, k_new_BxIxKxD=kn,
         v_new_BxIxKxD=vn, inq_mask_BxQxI=inq, exclude_BxS=excl,
-        score_rows_BxQ=score, split_tiles=split_tiles)
+        score_rows_BxQ=score, split_tiles=split_tiles, split_group=group)
 
   st = split_tiles or split_tiles_for(args[0].shape, args[1].shape)
   assert split_count(s, 64, st) == splits
   # attention (+ mass), then the merge and a mass-only pass with splits
   _assert_triton_only(_custom_calls(run, *args), 3 if splits > 1 else 1)
+  # the key split axis of the grid: a program a split group
+  text = jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert f"grid_y = {-(-splits // group)} : i32, grid_z = {b * kh}" in text
 
 
 def test_rope_cache_write():

@@ -110,7 +110,9 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   Under a mesh the kernel runs per shard (rows on "data", heads on "model")
   with the key splits one device would pick, and the mass of every KV head
   is gathered over "model" before one fixed-order sum over heads: the same
-  bits on every mesh.
+  bits on every mesh. The splits one program runs (the tiling's
+  group_target rule) follow the shard's own rows and heads, the programs
+  one device runs: a choice that changes no bit.
   """
   impl = kernel_name(implementation)
   b, q = q_BxQxHxD.shape[:2]

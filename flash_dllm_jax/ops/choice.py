@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 from pallas_kernels.attention import api as attention_api
@@ -63,21 +64,56 @@ def expert_tiling(implementation) -> ExpertTiling | None:
   return ExpertTiling()
 
 
+def _split_target(text):
+  """--attention-split-target's value: an int, or "auto"."""
+  if text == "auto":
+    return text
+  try:
+    return int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(
+        f"expected an int or 'auto', got {text!r}") from None
+
+
 def add_flags(parser) -> None:
-  """--attention-split-target N on an argparse parser (kernels_from_args)."""
+  """--attention-split-target N|auto on an argparse parser
+  (kernels_from_args)."""
   parser.add_argument(
-      "--attention-split-target", type=int, default=None, metavar="N",
+      "--attention-split-target", type=_split_target, default=None,
+      metavar="N|auto",
       help="attention programs a sequence fills before its keys are split "
       "(default 32, for batches of 32; 132, an H200's SM count, is the "
-      "latency tiling for batch 1)")
+      "latency tiling for batch 1); auto: the device's SM count, with at "
+      "most twice that many programs a call, a batch's rows running their "
+      "splits in fewer programs (the same bits for any batch size)")
+
+
+def device_sm_count(default: int = 132) -> int:
+  """Streaming multiprocessors of the first device (`default` where the
+  device does not tell, as on a CPU)."""
+  import jax
+  return getattr(jax.devices()[0], "core_count", None) or default
+
+
+def split_rule(value) -> dict:
+  """The Tiling fields --attention-split-target `value` sets: none for
+  None, split_target for an int, and for "auto" split_target = the SM
+  count with group_target = twice it (tiling.split_group_for)."""
+  if value is None:
+    return {}
+  if value == "auto":
+    sms = device_sm_count()
+    return dict(split_target=sms, group_target=2 * sms)
+  return dict(split_target=value)
 
 
 def kernels_from_args(args) -> Kernels | None:
   """The Kernels the add_flags flags ask for (None: the defaults)."""
-  if args.attention_split_target is None:
+  fields = split_rule(args.attention_split_target)
+  if not fields:
     return None
   try:
-    tiling = Tiling(split_target=args.attention_split_target)
+    tiling = Tiling(**fields)
   except ValueError as e:
     raise ValueError(f"--attention-split-target: {e}") from None
   return Kernels(attention=tiling)

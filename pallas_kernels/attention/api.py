@@ -51,8 +51,9 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
   on GPU, reference elsewhere); unsupported shapes fall back to the
   reference. kernel_options: block_r, block_k, split_tiles (see
-  `split_tiles_for`) or num_splits, num_warps, num_stages, and tiling (a
-  Tiling: the rules the defaults follow). Left padding of the keys by a
+  `split_tiles_for`) or num_splits, split_group (key splits a program runs;
+  no bit depends on it), num_warps, num_stages, and tiling (a Tiling: the
+  rules the defaults follow). Left padding of the keys by a
   multiple of PAD_ALIGN excluded slots leaves the kernel's results unchanged.
   """
   impl = resolve_implementation(implementation)

@@ -1,6 +1,6 @@
 """The scheduled attention kernel's operands and their blocks: per-query
 values folded over the J heads of a kv head, and the BlockSpecs of grid
-(row tile i, key split j, sequence * kv head z)."""
+(row tile i, key split group j, sequence * kv head z)."""
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,15 @@ def fold_rows(x_BxQx, g, rrp):
   pad = [(0, 0)] * x.ndim
   pad[1] = (0, rrp - x.shape[1])
   return jnp.pad(x, pad)
+
+
+def fold_queries(q_BxQxHxD, kh, rrp):
+  """q_BxKxQJxD: the J = H / K heads of each kv head folded into the rows
+  (query-major), rows padded to rrp."""
+  b, q, h, d = q_BxQxHxD.shape
+  q_BxKxQJxD = q_BxQxHxD.reshape(b, q, kh, h // kh, d).transpose(0, 2, 1, 3, 4)
+  return jnp.pad(q_BxKxQJxD.reshape(b, kh, q * h // kh, d),
+                 ((0, 0), (0, 0), (0, rrp - q * h // kh), (0, 0)))
 
 
 def inputs(rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
@@ -47,12 +56,23 @@ def inputs(rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
 
 def outputs(splits, b, kh, rrp, block_r, d, o_dtype):
   """(out_specs, out_shape) of the partial outputs o [P, B, K, QJ, D] and
-  log-sum-exps [P, B, K, QJ] of P key splits."""
+  log-sum-exps [P, B, K, QJ] of P key splits. A program's blocks hold all
+  P splits of its row tile: it writes those of its split group."""
   bk = lambda z: (z // kh, z % kh)
   out_specs = [
-      pl.BlockSpec((None, None, None, block_r, d),
-                   lambda i, j, z: (j, *bk(z), i, 0)),
-      pl.BlockSpec((None, None, None, block_r), lambda i, j, z: (j, *bk(z), i))]
+      pl.BlockSpec((splits, None, None, block_r, d),
+                   lambda i, j, z: (0, *bk(z), i, 0)),
+      pl.BlockSpec((splits, None, None, block_r),
+                   lambda i, j, z: (0, *bk(z), i))]
   out_shape = [jax.ShapeDtypeStruct((splits, b, kh, rrp, d), o_dtype),
                jax.ShapeDtypeStruct((splits, b, kh, rrp), jnp.float32)]
   return out_specs, out_shape
+
+
+def mass_output(b, kh, n_mt, s):
+  """(out_spec, out_shape) of the float32 mass partials [B, K, n_mt, S]:
+  one row of S per (sequence, kv head, mass row tile), shared by the
+  programs of every split group, which write disjoint key tiles."""
+  return (pl.BlockSpec((None, None, None, s),
+                       lambda i, j, z: (z // kh, z % kh, i, 0)),
+          jax.ShapeDtypeStruct((b, kh, n_mt, s), jnp.float32))

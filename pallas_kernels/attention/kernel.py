@@ -3,15 +3,18 @@
 Layout: the J query heads of kv head k are folded into the row axis, so a
 program owns R rows of the flattened (query, group) axis of one (sequence, kv
 head) and every K/V tile it streams serves all J heads. Grid (row tile, key
-split, sequence * kv head); row tiles vary fastest so neighbouring programs
-share K/V tiles in L2. Each program runs one online softmax over
+split group, sequence * kv head); row tiles vary fastest so neighbouring
+programs share K/V tiles in L2. For each key split of its group, one after
+another, a program runs one online softmax from a fresh state over
   1. the in-query keys (k_new, T <= 64, per-row boolean mask), last split
      only,
-  2. cache tiles [t0, t1) of its split, t1 <= cdiv(k_len, block_k): tiles past
-     the sequence's length are never loaded,
-in float32. Excluded cache slots come as an int8 [B, S] mask, loaded once per
-key tile (one contiguous vector shared by all rows): cheaper in the kernel
-than comparing every key against a position list.
+  2. cache tiles [t0, t1) of the split, t1 <= cdiv(k_len, block_k): tiles
+     past the sequence's length are never loaded,
+in float32, and writes the split's own partial: the group
+(tiling.split_group_for, which may follow the batch size) sets the program
+count and no bit of any result. Excluded cache slots come as an int8 [B, S]
+mask, loaded once per key tile (one contiguous vector shared by all rows):
+cheaper in the kernel than comparing every key against a position list.
 
 Key tiles start at slot 0; key splits have a fixed size (split_tiles) and are
 right-anchored at the row's last tile (tiling.split_range), the in-query keys
@@ -29,9 +32,9 @@ so after the online softmax the program re-streams the K tiles (not V) and
 sums exp(s - lse) over its score rows; the per (row tile, kv head) partials
 are summed over row tiles, then over heads, each as a fixed tree of adds
 (`reference.tree_sum`). With key splits the lse is global only after the split
-combine, so the same body runs again as a mass-only call; it also does when
-the score rows are a short prefix of the queries (`score_prefix`), on one
-tile of just those rows.
+combine, so the same body runs again as a mass-only call (a program over
+the tiles of its split group); it also does when the score rows are a short
+prefix of the queries (`score_prefix`), on one tile of just those rows.
 """
 
 import functools
@@ -45,8 +48,8 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels.attention import blocks, combine
 from pallas_kernels.attention.reference import sum_heads, tree_sum
 from pallas_kernels.attention.tiling import (
-    DEFAULT_TILING, Tiling, _default_block_r, check_block_k,
-    default_split_tiles, split_count, split_range)
+    DEFAULT_TILING, Tiling, _default_block_r, check_block_k, key_splits,
+    split_range)
 
 NEG = -1e30  # finite "minus infinity": exp(NEG - NEG) never makes a NaN
 VALID, SCORE = 1, 2  # bits of the per-row info byte
@@ -58,8 +61,8 @@ def _dot_t(a, b):
                          preferred_element_type=jnp.float32)
 
 
-def _kernel(*refs, scale, s, block_k, splits, split_tiles, has_excl, has_new,
-            t_new, do_attn, do_mass, score):
+def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
+            has_new, t_new, do_attn, do_mass, score):
   refs = list(refs)
   klen_ref, q_ref, k_ref, v_ref, info_ref = refs[:5]
   del refs[:5]
@@ -71,14 +74,15 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, has_excl, has_new,
   mass_ref = refs[-1] if do_mass else None
 
   r, d = q_ref.shape
-  split = pl.program_id(1)
+  first = pl.program_id(1) * group  # this program's splits: [first, last]
+  last = jnp.minimum(first + group, splits) - 1
   info = info_ref[...].astype(jnp.int32)
   row_ok = (info & VALID) != 0
   q = q_ref[...]
 
   n_tiles = pl.cdiv(jnp.minimum(klen_ref[()], s), block_k)
   n_tiles = jnp.where(jnp.max(info & VALID) > 0, n_tiles, 0)
-  t0, t1 = split_range(n_tiles, split, splits, split_tiles)
+  tiles = lambda split: split_range(n_tiles, split, splits, split_tiles)
 
   def key_tile(t):
     """Slots of tile t, their validity, and the row x key mask."""
@@ -104,8 +108,6 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, has_excl, has_new,
     return acc * alpha[:, None] + pv, m_new, l
 
   if do_attn:
-    carry = (jnp.zeros((r, d), jnp.float32), jnp.full((r,), NEG, jnp.float32),
-             jnp.zeros((r,), jnp.float32))
     if has_new:
       t_p = max(16, 1 << (t_new - 1).bit_length())
       t_ok = jnp.arange(t_p) < t_new
@@ -115,23 +117,36 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, has_excl, has_new,
                       other=0)
       inq = plgpu.load(inq_ref.at[:, pl.ds(0, t_p)], mask=t_ok[None, :],
                        other=0)
-      mask = (inq != 0) & row_ok[:, None] & (split == splits - 1)
-      carry = softmax_step(carry, _dot_t(q, kn) * scale, mask, vn)
 
     def attn_body(t, carry):
       rows, key_ok, k, mask = key_tile(t)
       v = plgpu.load(v_ref.at[rows, :], mask=key_ok[:, None], other=0)
       return softmax_step(carry, _dot_t(q, k) * scale, mask, v)
 
-    acc, m, l = lax.fori_loop(t0, t1, attn_body, carry)
-    o = acc / jnp.where(l > 0, l, 1.0)[:, None]
-    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG)
-    o_ref[...] = o.astype(o_ref.dtype)
-    lse_ref[...] = lse
+    def attn_split(split):
+      """One split from a fresh state: its partial (o, lse) at o_ref[split]."""
+      carry = (jnp.zeros((r, d), jnp.float32),
+               jnp.full((r,), NEG, jnp.float32), jnp.zeros((r,), jnp.float32))
+      if has_new:
+        mask = (inq != 0) & row_ok[:, None] & (split == splits - 1)
+        carry = softmax_step(carry, _dot_t(q, kn) * scale, mask, vn)
+      acc, m, l = lax.fori_loop(*tiles(split), attn_body, carry)
+      o = acc / jnp.where(l > 0, l, 1.0)[:, None]
+      lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG)
+      o_ref[split] = o.astype(o_ref.dtype)
+      lse_ref[split] = lse
+      return lse
+
+    if splits == 1:
+      lse = attn_split(first)
+    else:  # the same body for every group size: the same bits
+      lax.fori_loop(first, last + 1, lambda j, c: (attn_split(j), c)[1],
+                    first)  # yield the carried value, not a literal
   else:
     lse = lse_in_ref[...]
 
-  if do_mass:
+  if do_mass:  # one lse: fused (one split) or the merged one (mass only)
+    t0, t1 = tiles(first)[0], tiles(last)[1]  # the group's splits' tiles
     score_rows = row_ok & ((info & SCORE) != 0)
     m_t0 = jnp.where(jnp.max(score_rows.astype(jnp.int32)) > 0, t0, t1)
 
@@ -151,7 +166,7 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, has_excl, has_new,
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_r", "block_k", "split_tiles", "num_splits", "num_warps",
     "num_stages", "interpret", "head_mass", "score_prefix", "score",
-    "tiling"))
+    "tiling", "split_group"))
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxIxKxD=None,
                         v_new_BxIxKxD=None, inq_mask_BxQxI=None,
@@ -163,7 +178,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         num_stages: int | None = None,
                         interpret: bool = False, head_mass: bool = False,
                         score_prefix: int | None = None, score: str = "mass",
-                        tiling: Tiling = DEFAULT_TILING):
+                        tiling: Tiling = DEFAULT_TILING,
+                        split_group: int | None = None):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile
@@ -175,8 +191,11 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   depends neither on the other rows nor on its left padding (pass
   `split_tiles_for` of the global shapes when running on a shard of the
   heads). num_splits: instead, about this many splits over S (benchmark
-  sweeps; S-dependent, so not padding-invariant). head_mass: return the
-  mass per KV head, mass_BxKxS.
+  sweeps; S-dependent, so not padding-invariant). split_group: key splits
+  one program runs one after another, each from a fresh state into its own
+  partial, so no result depends on it; None takes tiling.split_group_for
+  of the batch (1 unless tiling.group_target is set). head_mass: return
+  the mass per KV head, mass_BxKxS.
   score_prefix: score rows are among the first score_prefix queries (later
   ones are ignored); when their folded rows fit a smaller tile than block_r,
   the mass runs as its own call on that tile alone, so it does not re-score
@@ -202,21 +221,11 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   block_r = block_r or _default_block_r(rr, tiling.max_block_r)
   n_rt = pl.cdiv(rr, block_r)
   rrp = n_rt * block_r
-  if num_splits is not None:
-    if split_tiles is not None or num_splits < 1:
-      raise ValueError(f"num_splits ({num_splits}) must be >= 1 and not "
-                       f"given with split_tiles ({split_tiles})")
-    split_tiles = pl.cdiv(pl.cdiv(s, block_k), num_splits)
-  elif split_tiles is None:
-    split_tiles = default_split_tiles(kh, n_rt, s, block_k, tiling)
-  elif split_tiles < 1:
-    raise ValueError(f"split_tiles must be >= 1, got {split_tiles}")
-  splits = max(1, split_count(s, block_k, split_tiles))
+  split_tiles, splits, group = key_splits(
+      b, kh, n_rt, s, block_k, split_tiles, num_splits, split_group, tiling)
   do_mass = score_rows_BxQ is not None
 
-  q_BxKxQJxD = q_BxQxHxD.reshape(b, q, kh, g, d).transpose(0, 2, 1, 3, 4)
-  q_BxKxQJxD = jnp.pad(q_BxKxQJxD.reshape(b, kh, rr, d),
-                      ((0, 0), (0, 0), (0, rrp - rr), (0, 0)))
+  q_BxKxQJxD = blocks.fold_queries(q_BxQxHxD, kh, rrp)
   valid_BxQ = jnp.arange(q)[None, :] < q_len_B[:, None]
   info_BxQ = valid_BxQ.astype(jnp.int8) * VALID
   if do_mass:
@@ -236,17 +245,16 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
       16, 1 << (score_prefix * g - 1).bit_length())
   prefix_mass = do_mass and mass_r < block_r
   mass_r, n_mt = (mass_r, 1) if prefix_mass else (block_r, n_rt)
-  mass_spec = pl.BlockSpec((None, None, None, s),
-                           lambda i, j, z: (*bk(z), i, 0))
-  mass_shape = jax.ShapeDtypeStruct((b, kh, n_mt, s), f32)
+  mass_spec, mass_shape = blocks.mass_output(b, kh, n_mt, s)
   call = lambda rows, tiles: functools.partial(
-      pl.pallas_call, grid=(tiles, splits, b * kh), interpret=interpret,
+      pl.pallas_call, grid=(tiles, pl.cdiv(splits, group), b * kh),
+      interpret=interpret,
       compiler_params=plgpu.CompilerParams(
           num_warps=num_warps or (4 if rows <= 64 else 8),
           num_stages=num_stages))
   body = functools.partial(
       _kernel, scale=scale, s=s, block_k=block_k, splits=splits,
-      split_tiles=split_tiles, has_excl=has_excl, has_new=has_new,
+      split_tiles=split_tiles, group=group, has_excl=has_excl, has_new=has_new,
       t_new=t_new, score=score)
 
   o_dtype = q_BxQxHxD.dtype if splits == 1 else f32

@@ -1,6 +1,8 @@
 """The scheduled attention kernel's default tiling: rows per program and key
 splits, as rules of the shapes alone (never of the batch size; whether and
-in how many tiles a split runs, never of the cache length)."""
+in how many tiles a split runs, never of the cache length), and how many
+splits one program runs (split groups), the one choice that follows the
+batch size: it changes no arithmetic."""
 
 import dataclasses
 
@@ -37,6 +39,16 @@ class Tiling:
     KV heads at small Q) still is (BENCHMARKS.md, "Strategy steps"): 5
     splits of 4 tiles at S = 1280. At 132 (one H200's SMs, batch 1)
     LLaDA-8B splits too (Q <= 256), also into 5 at S = 1280.
+  group_target: programs a call should not exceed by running its key splits
+    in separate programs (see split_group_for): a program runs a group of
+    consecutive splits one after another, each written as its own partial,
+    so the group changes the program count and not a bit of any result,
+    and may follow the batch size. None: one split per program. With
+    split_target = the device's SM count (132 on an H200) and group_target
+    set (e.g. 264), batch 1 runs LLaDA-8B's splits in parallel or nearly
+    (the latency tiling; at 128 queries its 5 splits in 3 programs a row
+    tile, 192 in all) and batch 32 runs them in one program per row tile:
+    one compiled rule for both, to be measured against the default.
   split_tiles: key tiles per split when keys are split (a fixed size, so
     that a longer cache only adds splits).
   max_block_r: most rows (query x folded head) per program, a power of two.
@@ -45,6 +57,7 @@ class Tiling:
   """
 
   split_target: int = 32
+  group_target: int | None = None
   split_tiles: int = 4
   max_block_r: int = 64
   block_k: int = 64
@@ -55,6 +68,9 @@ class Tiling:
       v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
         raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    v = self.group_target
+    if v is not None and (not isinstance(v, int) or v < 1):
+      raise ValueError(f"group_target must be None or an int >= 1, got {v!r}")
     r = self.max_block_r
     if not isinstance(r, int) or r < 16 or r & (r - 1):
       raise ValueError(f"max_block_r must be a power of two >= 16, got {r!r}")
@@ -93,6 +109,43 @@ def split_range(n_tiles, split, splits, split_tiles):
   """
   t1 = n_tiles - (splits - 1 - split) * split_tiles
   return jnp.maximum(t1 - split_tiles, 0), jnp.maximum(t1, 0)
+
+
+def split_group_for(batch, kh, n_rt, splits, programs=None):
+  """Key splits per program: the smallest group such that batch * kh * n_rt
+  * cdiv(splits, group) programs do not exceed `programs` (all splits in
+  one program when even that exceeds it; None: 1).
+
+  Batch-dependent, yet a row's result is not: every split still runs from a
+  fresh online-softmax state and writes its own partial, whatever the group.
+  """
+  if programs is None or splits <= 1:
+    return 1
+  per_split = max(1, programs // (batch * kh * n_rt))
+  return pl.cdiv(splits, per_split)
+
+
+def key_splits(b, kh, n_rt, s, block_k, split_tiles=None, num_splits=None,
+               split_group=None, tiling=DEFAULT_TILING):
+  """(split_tiles, splits, group) for `scheduled_attention`'s arguments:
+  split_tiles given, or from num_splits (about that many over s), or
+  default_split_tiles; group given (at most splits), or split_group_for of
+  batch b and tiling.group_target. ValueError for bad values."""
+  if num_splits is not None:
+    if split_tiles is not None or num_splits < 1:
+      raise ValueError(f"num_splits ({num_splits}) must be >= 1 and not "
+                       f"given with split_tiles ({split_tiles})")
+    split_tiles = pl.cdiv(pl.cdiv(s, block_k), num_splits)
+  elif split_tiles is None:
+    split_tiles = default_split_tiles(kh, n_rt, s, block_k, tiling)
+  elif split_tiles < 1:
+    raise ValueError(f"split_tiles must be >= 1, got {split_tiles}")
+  splits = max(1, split_count(s, block_k, split_tiles))
+  if split_group is None:
+    split_group = split_group_for(b, kh, n_rt, splits, tiling.group_target)
+  elif not isinstance(split_group, int) or split_group < 1:
+    raise ValueError(f"split_group must be an int >= 1, got {split_group!r}")
+  return split_tiles, splits, min(split_group, splits)
 
 
 def _default_block_r(rr, max_r=DEFAULT_TILING.max_block_r):
