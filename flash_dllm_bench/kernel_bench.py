@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from pallas_kernels.attention import kernel as attn_kernel
+from pallas_kernels.attention import tiling as attn_tiling
 from pallas_kernels.common import next_pow2
 from pallas_kernels.matmul import kernel as mm_kernel
 
@@ -143,7 +143,7 @@ def attention_configs(b, q, h, kh, s, d, limit=16, seed=0):
       return None
     n_rt = -(-rr // c["block_r"])
     n_tiles = -(-s // c["block_k"])
-    dflt = attn_kernel.default_split_tiles(kh, n_rt, s, c["block_k"])
+    dflt = attn_tiling.default_split_tiles(kh, n_rt, s, c["block_k"])
     st = {"d": dflt, "one": n_tiles}.get(c["split_tiles"], c["split_tiles"])
     return dict(block_r=c["block_r"], block_k=c["block_k"],
                 split_tiles=min(st, n_tiles),
