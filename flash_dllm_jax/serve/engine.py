@@ -2,9 +2,10 @@
 returns to the host at admission points.
 
 One `SlotEngine` per sampler variant: B slots of shape [B, P + G] that
-take any prompt of up to P tokens. A call (`cycle`) first releases the slots the host gave
-up, loads new requests into free slots, then runs decoding steps on device
-until a busy slot finishes or `steps_per_call` steps have run. Shapes never
+take any prompt of up to P tokens. A call (`cycle`) first releases the
+slots the host gave up, loads new requests into free slots, then runs
+decoding steps on device until a busy slot finishes or `steps_per_call`
+steps have run. Shapes never
 change, the state is donated, and the executable is compiled once, ahead of
 time, at start. Under a mesh the slots are split over its `data` axis.
 
