@@ -3,8 +3,9 @@
 At LLaDA-8B's projection shapes (q/k/v/o 4096 -> 4096, gate+up+SwiGLU
 4096 -> 2 x 12288, down+residual 12288 -> 4096) and M rows, it times the
 bf16 XLA dot (weight [E, O], the baseline) and pallas_kernels/qmatmul's
-formats: the weight-streaming kernel ('pallas', a few tilings each, the
-fastest kept) and XLA's dots ('xla': W8A8 through cuBLASLt's fp8 GEMM,
+formats: the weight-streaming kernels ('pallas', Triton, and 'mosaic',
+Mosaic GPU's TMA + wgmma kernel for weight-only formats; a few tilings
+each, the fastest kept) and XLA's dots ('xla': W8A8 through cuBLASLt's fp8 GEMM,
 int8 converted in the jit). Each row: median time, bytes moved at least and
 GB/s against the copy rate, TFLOP/s against the bf16 or fp8 matmul rate
 (all three ceilings measured in the same run), bf16's time / this time, and
@@ -36,7 +37,12 @@ FORMATS = {"bf16": None, "int8": (jnp.int8, None, "bf16"),
            "fp8_w8a8": (FP8, None, "fp8")}
 VARIANTS = [("bf16", "xla"), ("int8", "pallas"), ("int8_g128", "pallas"),
             ("fp8", "pallas"), ("fp8_w8a8", "pallas"), ("fp8_w8a8", "xla"),
-            ("int8", "xla")]
+            ("int8", "xla"), ("int8", "mosaic"), ("fp8", "mosaic")]
+# Mosaic GPU tilings (mosaic.matmul): the weight tile [block_o, block_e]
+# and the E splits; rows go in wgmma tiles of block_m = 16.
+SWEEP_MOSAIC = [{}, dict(block_o=128), dict(block_e=256),
+                dict(block_o=128, block_e=256), dict(split_e=1),
+                dict(block_o=128, split_e=2), dict(block_e=64)]
 # Tilings tried per kernel row, one knob changed at a time from the
 # kernel's default: the column tile and E split for few rows, the row tile
 # for many (the kernel's own tiles never depend on M; a caller picks them).
@@ -115,10 +121,12 @@ def _bytes(e, o, m, epilogue, fmt, z):
   return w + 2 * m * e + 2 * m * o * (2 if epilogue == "residual" else 1)
 
 
-def _configs(fmt, m, e, o, limit):
+def _configs(fmt, m, e, o, limit, impl="pallas"):
   """The first `limit` distinct tilings (split_e resolved to compare)."""
   if FORMATS[fmt] is None:
     return []
+  if impl == "mosaic":
+    return SWEEP_MOSAIC[:limit]
   grouped = FORMATS[fmt][1] is not None
   out, seen = [], set()
   for c in (SWEEP_FEW if m <= 64 else SWEEP_WIDE if m <= 256 else
@@ -153,14 +161,21 @@ def table(data):
   return "\n".join(out)
 
 
-def _sweep(time_it, x, w, kw, configs, interpret):
+def _sweep(time_it, x, w, kw, configs, interpret, impl="pallas"):
   """(seconds, output, tiling label, every config tried) of the fastest
-  kernel tiling; (None, None, "", tried) when none ran."""
+  kernel tiling; (None, None, "", tried) when none ran. The kernel is
+  called itself, so what it does not take is an error here, never a
+  fall-through timed under its name."""
   best, out, tiling, tried = None, None, "", []
+  if impl == "mosaic":
+    from pallas_kernels.qmatmul import mosaic
+    matmul = mosaic.matmul
+  else:
+    matmul = kernel.matmul
   for cfg in configs:
     try:
       t, o = time_it(functools.partial(
-          kernel.matmul, **kw, interpret=interpret, **cfg), x, *w)
+          matmul, **kw, interpret=interpret, **cfg), x, *w)
     except Exception as ex:  # noqa: BLE001  an unsupported tiling
       tried.append(dict(cfg, error=f"{type(ex).__name__}: {ex}"[:200]))
       continue
@@ -183,7 +198,7 @@ def _time_variant(time_it, x, w, kw, fmt, impl, configs, interpret):
     t, out = time_it(functools.partial(api.matmul, **kw,
                                        implementation="xla"), x, *w)
     return t, out, want, "", []
-  t, out, tiling, tried = _sweep(time_it, x, w, kw, configs, interpret)
+  t, out, tiling, tried = _sweep(time_it, x, w, kw, configs, interpret, impl)
   return t, out, want, tiling, tried
 
 
@@ -237,8 +252,8 @@ def run(args):
           continue
         x, w, kw = _operands(ein, o, epilogue, m, fmt)
         t, out, want, tiling, tried = _time_variant(
-            time_it, x, w, kw, fmt, impl, _configs(fmt, m, ein, o, limit),
-            smoke)
+            time_it, x, w, kw, fmt, impl,
+            _configs(fmt, m, ein, o, limit, impl), smoke)
         if t is None:
           print(f"{label}: no tiling ran: {tried}", flush=True)
           continue

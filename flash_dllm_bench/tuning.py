@@ -38,6 +38,47 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                   "kernel's GPU backend (default: %(default)s)")
 
 
+def add_variant_args(ap: argparse.ArgumentParser) -> None:
+  """--variants (read by `variants`), for scripts that loop over them."""
+  ap.add_argument("--variants", nargs="+", default=None, metavar="SPEC",
+                  help="time several kernel choices in one process (the "
+                  "weights made once), each the options above changed by "
+                  "SPEC: 'default', or comma-joined split=N|auto, "
+                  "qmatmul=triton|mosaic, stream-max-q=N")
+
+
+_VARIANT_KEYS = ("split", "qmatmul", "stream-max-q")
+
+
+def variants(ap: argparse.ArgumentParser, args: argparse.Namespace, base):
+  """[(label, Kernels)]: --variants applied to `base` (apply's result);
+  [("", base)] without the flag. ap.error names a bad SPEC."""
+  if not getattr(args, "variants", None):
+    return [("", base)]
+  out = []
+  for spec in args.variants:
+    kernels = base
+    for item in ([] if spec == "default" else spec.split(",")):
+      key, sep, value = item.partition("=")
+      if not sep or key not in _VARIANT_KEYS:
+        ap.error(f"--variants {spec!r}: expected 'default' or "
+                 f"KEY=VALUE items with KEY in {', '.join(_VARIANT_KEYS)}")
+      try:
+        if key == "split":
+          tiling = dataclasses.replace(
+              kernels.attention, **choice.split_rule(
+                  choice.parse_split_target(value)))
+          kernels = dataclasses.replace(kernels, attention=tiling)
+        elif key == "qmatmul":
+          kernels = dataclasses.replace(kernels, qmatmul=value)
+        else:
+          kernels = dataclasses.replace(kernels, stream_max_q=int(value))
+      except (ValueError, argparse.ArgumentTypeError) as e:
+        ap.error(f"--variants {spec!r}: {e}")
+    out.append((spec, kernels))
+  return out
+
+
 def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   """Validates the options (ap.error on a bad one), adds the XLA options and
   returns the kernel choice to decode with (`implementation=`)."""

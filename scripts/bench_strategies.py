@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import time
 import sys
@@ -81,8 +82,10 @@ def main(argv=None):
                   "steady step, without the first step's prefill")
   quantize.add_flags(ap)
   tuning.add_args(ap)
+  tuning.add_variant_args(ap)
   args = ap.parse_args(argv)
   kernels = tuning.apply(ap, args)  # before any trace
+  choices = tuning.variants(ap, args, kernels)
   t_start = time.perf_counter()  # progress lines: where a cut run was
   if args.smoke:
     # d_model 128: a whole group of 128 inputs for int8-g128
@@ -121,9 +124,10 @@ def main(argv=None):
       if args.only and name not in args.only:
         continue
       sampler, *queries = build()
-      for b in args.batch:
+      for b, (label, kernels) in itertools.product(args.batch, choices):
         print(f"[{time.perf_counter() - t_start:.0f} s] {name} batch {b} gen "
-              f"{gen}: compile and decode", flush=True)
+              f"{gen}{' ' + label if label else ''}: compile and decode",
+              flush=True)
         ms_step, compile_s, steps, forwards = timing.time_decode(
             cfg, params, sampler, b, args.prompt, args.reps,
             implementation=kernels)
@@ -139,7 +143,8 @@ def main(argv=None):
         pass_floor = [max(wbytes / bw, timing.forward_flops(
             cfg, b, q(args.prompt), n) / mm) for q in queries]
         floor = pass_floor[0] + pass_floor[-1] * (forwards - steps) / steps
-        rows.append(dict(strategy=name, batch=b, gen=gen, steps=steps,
+        rows.append(dict(strategy=name, kernels=label, batch=b, gen=gen,
+                         steps=steps,
                          forwards=forwards, ms_step=ms_step * 1e3,
                          steady_ms_step=steady_ms,
                          floor_ms=floor * 1e3, compile_s=compile_s,
@@ -151,16 +156,17 @@ def main(argv=None):
               quantize=cfg.quantize, quantize_head=cfg.quantize_head,
               quantize_embedding=cfg.quantize_embedding,
               rows=rows), indent=1))
-  print("\n| strategy | batch | gen | steps | forwards | ms/step | steady "
+  print("\n| strategy | kernels | batch | gen | steps | forwards | ms/step | steady "
         "ms/step | roofline ms/step | roofline / measured (steady) | "
         "compile s | peak GB |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     steady, of_steady = "–", ""
     if r["steady_ms_step"] is not None:
       steady = f"{r['steady_ms_step']:.2f}"
       of_steady = f" ({r['floor_ms'] / r['steady_ms_step']:.0%})"
-    print(f"| {r['strategy']} | {r['batch']} | {r['gen']} | {r['steps']} | "
+    print(f"| {r['strategy']} | {r['kernels'] or 'default'} | {r['batch']} | "
+          f"{r['gen']} | {r['steps']} | "
           f"{r['forwards']} | {r['ms_step']:.2f} | {steady} | "
           f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms_step']:.0%}"
           f"{of_steady} | {r['compile_s']:.1f} | {r['peak_gb']:.1f} |")

@@ -64,7 +64,7 @@ def expert_tiling(implementation) -> ExpertTiling | None:
   return ExpertTiling()
 
 
-def _split_target(text):
+def parse_split_target(text):
   """--attention-split-target's value: an int, or "auto"."""
   if text == "auto":
     return text
@@ -79,7 +79,7 @@ def add_flags(parser) -> None:
   """--attention-split-target N|auto on an argparse parser
   (kernels_from_args)."""
   parser.add_argument(
-      "--attention-split-target", type=_split_target, default=None,
+      "--attention-split-target", type=parse_split_target, default=None,
       metavar="N|auto",
       help="attention programs a sequence fills before its keys are split "
       "(default 32, for batches of 32; 132, an H200's SM count, is the "

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# BENCHMARKS.md "Hopper kernels": the Mosaic GPU kernels and the automatic
+# attention split against the Triton kernels and the fixed tilings, one
+# part per ten-minute device call:
+#   bash benchmarks/hopper.sh OUT_DIR kernels   # Mosaic GPU tests, 8-bit GEMM
+#                                               # table at decode rows
+#   bash benchmarks/hopper.sh OUT_DIR steps1    # batch 1 Flash-dLLM steps
+#   bash benchmarks/hopper.sh OUT_DIR steps32   # batch 32 Flash-dLLM steps
+#   bash benchmarks/hopper.sh OUT_DIR gpu-tests # every gpu-marked test
+source "$(dirname "$0")/common.sh"
+PART=${2:?part: kernels, steps1, steps32 or gpu-tests}
+S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
+--gen 512 --only flash-dllm --steady"
+ALL8="--quantize fp8 --quantize-head --quantize-embedding"
+T="python -m pytest -q -m gpu -p no:cacheprovider"
+case $PART in
+kernels)
+  mosaic_tests=$(ls tests/test_kernel_*mosaic*.py)
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 $T $mosaic_tests \
+      tests/test_kernel_attention_groups.py > "$OUT/gpu-tests.log" 2>&1
+  tail -n 3 "$OUT/gpu-tests.log"
+  timeout 240 python scripts/bench_kernels.py "$OUT/qmatmul.json" --qmatmul \
+      --ms 16,144 --match " (int8|fp8) " --markdown "$OUT/qmatmul.md" \
+      > "$OUT/qmatmul.log" 2>&1
+  cat "$OUT/qmatmul.md"
+  ;;
+steps1)
+  timeout 280 $S --batch 1 --variants default split=132 split=auto \
+      --json "$OUT/b1-bf16.json" | grep '^|'
+  timeout 280 $S --batch 1 $ALL8 --variants split=auto split=auto,qmatmul=mosaic \
+      --json "$OUT/b1-fp8-all8.json" | grep '^| f'
+  ;;
+steps32)
+  timeout 280 $S --batch 32 --variants default split=auto \
+      --json "$OUT/b32-bf16.json" | grep '^|'
+  timeout 280 $S --batch 32 --quantize fp8 --variants default qmatmul=mosaic \
+      --json "$OUT/b32-fp8.json" | grep '^| f'
+  ;;
+gpu-tests)
+  # -n 4: four pytest workers share the GPU (compiling is the bulk of it)
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${TEST_SECONDS:-570} $T -n 4 \
+      --durations=40 tests > "$OUT/gpu-tests-all.log" 2>&1
+  tail -n 50 "$OUT/gpu-tests-all.log"
+  ;;
+*) echo "unknown part $PART"; exit 2 ;;
+esac
