@@ -5,10 +5,13 @@
 #   bash benchmarks/hopper.sh OUT_DIR kernels   # Mosaic GPU tests, 8-bit GEMM
 #                                               # table at decode rows
 #   bash benchmarks/hopper.sh OUT_DIR steps1    # batch 1 Flash-dLLM steps
+#   bash benchmarks/hopper.sh OUT_DIR steps1-8bit  # the same, all 8-bit
 #   bash benchmarks/hopper.sh OUT_DIR steps32   # batch 32 Flash-dLLM steps
+#   bash benchmarks/hopper.sh OUT_DIR onepass   # one weight read a step:
+#                                               # quality, steps
 #   bash benchmarks/hopper.sh OUT_DIR gpu-tests # every gpu-marked test
 source "$(dirname "$0")/common.sh"
-PART=${2:?part: kernels, steps1, steps32 or gpu-tests}
+PART=${2:?part: kernels, steps1, steps1-8bit, steps32, onepass or gpu-tests}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 --gen 512 --only flash-dllm --steady"
 ALL8="--quantize fp8 --quantize-head --quantize-embedding"
@@ -16,19 +19,38 @@ T="python -m pytest -q -m gpu -p no:cacheprovider"
 case $PART in
 kernels)
   mosaic_tests=$(ls tests/test_kernel_*mosaic*.py)
-  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 $T $mosaic_tests \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 120 $T $mosaic_tests \
       tests/test_kernel_attention_groups.py > "$OUT/gpu-tests.log" 2>&1
   tail -n 3 "$OUT/gpu-tests.log"
-  timeout 240 python scripts/bench_kernels.py "$OUT/qmatmul.json" --qmatmul \
+  timeout 150 python scripts/bench_kernels.py "$OUT/qmatmul.json" --qmatmul \
       --ms 16,144 --match " (int8|fp8) " --markdown "$OUT/qmatmul.md" \
       > "$OUT/qmatmul.log" 2>&1
   cat "$OUT/qmatmul.md"
   ;;
 steps1)
-  timeout 280 $S --batch 1 --variants default split=132 split=auto \
+  timeout 290 $S --batch 1 --variants default split=132 split=auto \
+      split=auto,attention=mosaic,cache=mosaic \
       --json "$OUT/b1-bf16.json" | grep '^|'
-  timeout 280 $S --batch 1 $ALL8 --variants split=auto split=auto,qmatmul=mosaic \
+  ;;
+steps1-8bit)
+  timeout 200 $S --batch 1 $ALL8 --variants split=auto split=auto,qmatmul=mosaic \
       --json "$OUT/b1-fp8-all8.json" | grep '^| f'
+  ;;
+onepass)
+  # the shipped model, all 1000 held-out problems, gen 192 and 256 side by
+  # side, then the step at LLaDA-8B shapes
+  for len in 192 256; do
+    (XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 timeout 300 python \
+         scripts/eval_quality.py --limit 1000 --gen-lengths $len \
+         --strategies flash-dllm flash-dllm-onepass --reference flash-dllm \
+         --baseline flash-dllm --no-progress --out-dir "$OUT/quality-$len" \
+         > "$OUT/quality-$len.log" 2>&1) &
+  done
+  wait
+  tar -cJf "$OUT/quality-records.tar.xz" -C "$OUT" quality-192 quality-256
+  grep -h "^|" "$OUT"/quality-*/*.md | sort -u
+  timeout 240 $S --batch 1 32 --only flash-dllm flash-dllm-onepass \
+      --variants split=auto --json "$OUT/onepass-steps.json" | grep '^|'
   ;;
 steps32)
   timeout 280 $S --batch 32 --variants default split=auto \

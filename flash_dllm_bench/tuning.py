@@ -44,10 +44,12 @@ def add_variant_args(ap: argparse.ArgumentParser) -> None:
                   help="time several kernel choices in one process (the "
                   "weights made once), each the options above changed by "
                   "SPEC: 'default', or comma-joined split=N|auto, "
-                  "qmatmul=triton|mosaic, stream-max-q=N")
+                  "qmatmul=, cache= (the RoPE + cache write), attention= "
+                  "(the cached attention) each triton|mosaic, "
+                  "stream-max-q=N")
 
 
-_VARIANT_KEYS = ("split", "qmatmul", "stream-max-q")
+_VARIANT_KEYS = ("split", "qmatmul", "cache", "attention", "stream-max-q")
 
 
 def variants(ap: argparse.ArgumentParser, args: argparse.Namespace, base):
@@ -71,6 +73,10 @@ def variants(ap: argparse.ArgumentParser, args: argparse.Namespace, base):
           kernels = dataclasses.replace(kernels, attention=tiling)
         elif key == "qmatmul":
           kernels = dataclasses.replace(kernels, qmatmul=value)
+        elif key == "cache":
+          kernels = dataclasses.replace(kernels, cache_update=value)
+        elif key == "attention":
+          kernels = dataclasses.replace(kernels, attention_backend=value)
         else:
           kernels = dataclasses.replace(kernels, stream_max_q=int(value))
       except (ValueError, argparse.ArgumentTypeError) as e:

@@ -24,6 +24,7 @@ from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
 from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
 from flash_dllm_jax.sampling.llada2_flash import LLaDA2FlashSampler
 
@@ -57,6 +58,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("flash-dllm", FlashDLLMSampler,
              fixed={"recompute_all": False, "verify": True},
              help="Flash-dLLM: Flash-Cache + Flash-Verify (gamma, threshold)"),
+    Strategy("flash-dllm-onepass", FlashDLLMOnePassSampler,
+             fixed={"recompute_all": False, "verify": True},
+             help="Flash-dLLM in one forward a step: the verify rows of the "
+                  "last step's drafts ride in this step's forward (gamma)"),
     Strategy("flash-cache-confident", FlashDLLMSampler,
              fixed={"recompute_all": False, "verify": False,
                     "window_rule": "confident"},

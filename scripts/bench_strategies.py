@@ -53,6 +53,9 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
                       [lambda p: 8 * block_m]),
       "flash-dllm": (dict(block_m=block_m, rule="fixed", steps=steps),
                      [lambda p: 8 * block_m, lambda p: 2 * block_m]),
+      # the verify rows (a draft and a mask row per candidate) ride along
+      "flash-dllm-onepass": (dict(block_m=block_m, rule="fixed",
+                                  steps=steps), [lambda p: 9 * block_m]),
       "elastic-cache": (dict(window=block_m, rule="fixed", steps=steps),
                         [lambda p: layers + 2 * block_m]),
   }

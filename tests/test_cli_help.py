@@ -21,7 +21,8 @@ def test_help_names_strategies_per_flag(capsys, monkeypatch):
   monkeypatch.setenv("COLUMNS", "1000")  # no line breaks inside names
   text = _help(capsys, "generate")
   assert ("--gamma GAMMA strategies: flash-cache, flash-dllm, "
-          "flash-cache-confident, flash-dllm-confident, elastic-cache, "
+          "flash-dllm-onepass, flash-cache-confident, flash-dllm-confident, "
+          "elastic-cache, "
           "llada2-flash") in text
   assert "--alg ALG strategies: dream" in text
   assert "flash-dllm: Flash-dLLM" in text

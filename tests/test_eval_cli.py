@@ -38,7 +38,7 @@ def _error(capsys, argv) -> str:
     (["gsm8k", "--strategy", "magic"],
      "unknown strategy 'magic'; known: dream, elastic-cache, fast-dllm-dual, "
      "fast-dllm-prefix, flash-cache, flash-cache-confident, flash-dllm, "
-     "flash-dllm-confident, llada, llada2, llada2-flash, "
+     "flash-dllm-confident, flash-dllm-onepass, llada, llada2, llada2-flash, "
      "threshold"),
     (["gsm8k", "--strategy", "dream"],
      "strategy 'dream' decodes dream checkpoints, not 'llada'"),

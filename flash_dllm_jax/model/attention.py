@@ -33,6 +33,11 @@ class CachedExtras:
     are ignored), so the kernel can score those rows alone.
   mass_score: "mass" accumulates softmax probabilities, "logit" the scaled
     pre-softmax q.k (summed the same way).
+  side_rows: the last side_rows queries form a second group (a verify pass
+    riding on a cache-writing one, so both share one weight read): they
+    write nothing, attend to the cache after the first group's write minus
+    side_exclude_BxS, and see each other where side_inq_BxVxV allows; the
+    first group never sees them, and the options above apply to it alone.
   """
 
   write_cache: bool = struct.field(pytree_node=False, default=True)
@@ -41,6 +46,9 @@ class CachedExtras:
   mass_rows_BxQ: jax.Array | None = None
   mass_prefix: int | None = struct.field(pytree_node=False, default=None)
   mass_score: str = struct.field(pytree_node=False, default="mass")
+  side_rows: int = struct.field(pytree_node=False, default=0)
+  side_exclude_BxS: jax.Array | None = None
+  side_inq_BxVxV: jax.Array | None = None
 
 
 def project_qkv(block: nn.Module, cfg: ModelConfig, n_BxQxE: jax.Array,
@@ -74,8 +82,45 @@ def attend(block: nn.Module, cfg: ModelConfig, n_BxQxE, positions_BxQ,
   (k, v) cache (None uncached). key_valid: [B, S], or [B, Q, S] for a
   per-query mask (cached: the exact block-causal path; extras unused)."""
   b, q, _ = n_BxQxE.shape
-  d = cfg.head_dim
   q_BxQxHxD, k_BxQxKxD, v_BxQxKxD = project_qkv(block, cfg, n_BxQxE, dense)
+  if cache_kv is not None and extras is not None and extras.side_rows:
+    return _with_side_rows(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
+                           positions_BxQ, cos_BxQxR, sin_BxQxR, key_valid,
+                           cache_kv, slots_BxQ, extras)
+  return _attend_projected(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
+                           positions_BxQ, cos_BxQxR, sin_BxQxR, key_valid,
+                           cache_kv, slots_BxQ, extras)
+
+
+def _with_side_rows(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
+                    positions_BxQ, cos_BxQxR, sin_BxQxR, key_valid, cache_kv,
+                    slots_BxQ, extras):
+  """CachedExtras.side_rows: the first group as a plain cached pass, then
+  the side group as a no-write pass over the cache that pass wrote."""
+  v = extras.side_rows
+  main = lambda x: x[:, :-v]
+  side = lambda x: x[:, -v:]
+  first = extras.replace(side_rows=0, side_exclude_BxS=None,
+                         side_inq_BxVxV=None)
+  o_main, new_kv = _attend_projected(
+      block, cfg, *map(main, (q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ,
+                              cos_BxQxR, sin_BxQxR)),
+      key_valid, cache_kv, main(slots_BxQ), first)
+  o_side, _ = _attend_projected(
+      block, cfg, *map(side, (q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ,
+                              cos_BxQxR, sin_BxQxR)),
+      key_valid, new_kv, side(slots_BxQ), CachedExtras(
+          write_cache=False, exclude_BxS=extras.side_exclude_BxS,
+          inq_mask_BxQxQ=extras.side_inq_BxVxV), sow_mass=False)
+  return jnp.concatenate([o_main, o_side], axis=1), new_kv
+
+
+def _attend_projected(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
+                      positions_BxQ, cos_BxQxR, sin_BxQxR, key_valid,
+                      cache_kv, slots_BxQ, extras, sow_mass: bool = True):
+  """`attend` after the projections."""
+  b, q = q_BxQxHxD.shape[:2]
+  d = cfg.head_dim
   rope = lambda x, _: apply_rope(x, cos_BxQxR, sin_BxQxR, cfg.rope_in_float32)
   scale = 1.0 / math.sqrt(d)
   impl = block.implementation
@@ -106,7 +151,8 @@ def attend(block: nn.Module, cfg: ModelConfig, n_BxQxE, positions_BxQ,
       q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD, key_valid,
       exclude_BxS=extras.exclude_BxS, k_new_BxQxKxD=k_new_BxQxKxD,
       v_new_BxQxKxD=v_new_BxQxKxD, inq_mask_BxQxQ=extras.inq_mask_BxQxQ,
-      mass_rows_BxQ=extras.mass_rows_BxQ if block.sow_mass else None,
+      mass_rows_BxQ=extras.mass_rows_BxQ if block.sow_mass and sow_mass
+      else None,
       mass_prefix=extras.mass_prefix, mass_score=extras.mass_score,
       implementation=impl)
   if mass_BxS is not None:

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from flash_dllm_jax import parallel
-from flash_dllm_jax.ops.choice import kernel_name, tiling as tiling_of
+from flash_dllm_jax.ops.choice import (backend_name, kernel_name,
+                                      tiling as tiling_of)
 from pallas_kernels.attention import api as attention_api
 from pallas_kernels.cache_update import api as cache_api
 from pallas_kernels.cache_update import reference as cache_reference
@@ -65,7 +66,7 @@ def rope_and_write(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
   The reference path applies the model's own `rope_fn(x, positions)`, which
   keeps Dream's bf16 rotation bit-faithful.
   """
-  impl = kernel_name(implementation)
+  impl = backend_name(implementation, "cache_update")
   if rope_dim is not None and rope_dim != q_BxQxHxD.shape[-1]:
     impl = "reference"
   if impl != "reference":
@@ -114,7 +115,7 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   group_target rule) follow the shard's own rows and heads, the programs
   one device runs: a choice that changes no bit.
   """
-  impl = kernel_name(implementation)
+  impl = backend_name(implementation, "attention_backend")
   b, q = q_BxQxHxD.shape[:2]
   s = k_cache_BxSxKxD.shape[1]
   exclude = ~key_valid_BxS

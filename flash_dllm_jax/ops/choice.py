@@ -22,23 +22,29 @@ class Kernels:
   weights stream (`quantized_linear`; benchmarks sweep them; static, so
   part of the jit key), and the backend that streams them on a GPU
   (`qmatmul`: "triton", the default, or "mosaic", Mosaic GPU's kernel,
-  which no measurement chooses yet)."""
+  which no measurement chooses yet); likewise `cache_update`, the backend
+  of the fused RoPE + cache write, and `attention_backend`, the cached
+  attention's."""
 
   name: str | None = None
   attention: attention_api.Tiling = attention_api.Tiling()
   experts: ExpertTiling | None = ExpertTiling()
   stream_max_q: int | None = None  # default: ops.stream_max_q(format)
   qmatmul: str = "triton"
+  cache_update: str = "triton"
+  attention_backend: str = "triton"
 
   def __post_init__(self):
     if self.stream_max_q is not None and self.stream_max_q < 0:
       raise ValueError(f"stream_max_q must be >= 0, got {self.stream_max_q}")
-    if self.qmatmul not in QMATMUL_BACKENDS:
-      raise ValueError(f"qmatmul must be one of {QMATMUL_BACKENDS}, got "
-                       f"{self.qmatmul!r}")
+    for name in ("qmatmul", "cache_update", "attention_backend"):
+      if getattr(self, name) not in GPU_BACKENDS:
+        raise ValueError(f"{name} must be one of {GPU_BACKENDS}, got "
+                         f"{getattr(self, name)!r}")
 
 
-QMATMUL_BACKENDS = ("triton", "mosaic")
+GPU_BACKENDS = ("triton", "mosaic")  # Pallas lowerings on a GPU
+QMATMUL_BACKENDS = GPU_BACKENDS
 
 
 def kernel_name(implementation: "str | Kernels | None") -> str:
@@ -50,6 +56,17 @@ def kernel_name(implementation: "str | Kernels | None") -> str:
 def qmatmul_backend(implementation) -> str:
   """The streaming 8-bit GEMM's GPU backend (Kernels.qmatmul)."""
   return getattr(implementation, "qmatmul", "triton")
+
+
+def backend_name(implementation, op: str) -> str:
+  """The kernel name `op` (a Kernels field naming a GPU backend) runs as:
+  kernel_name's, with 'pallas' made 'mosaic' where Kernels asks for
+  Mosaic GPU (its api falls through to the Triton kernel)."""
+  impl = kernel_name(implementation)
+  if impl.startswith("pallas") and getattr(implementation, op,
+                                           "triton") == "mosaic":
+    return impl.replace("pallas", "mosaic")
+  return impl
 
 
 def tiling(implementation) -> attention_api.Tiling:

@@ -256,9 +256,11 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                      logprob_BxN)
 
   def budget_pass(self, model: SequenceModel, state: DecodeState,
-                  prompt_len: int):
+                  prompt_len: int, side=None):
     """The step's one Flash-Cache forward: (regions, slots_BxQ, logits of
-    the scored rows [B, R, V], the cache after it, rank_BxN)."""
+    the scored rows [B, R, V], the cache after it, rank_BxN), and with a
+    `side` verify plan (flash_forward.flash) the logits of its score rows
+    (zeros for rows that take a prefill)."""
     aux = state.aux
     b = state.tokens_BxN.shape[0]
     w, x = self.block_m, self.extra_masks
@@ -281,20 +283,31 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
       cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
     else:
-      prefill = lambda: flash_forward.prefill(
-          self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.cache, exclude_BxS)
+      def prefill():
+        out = flash_forward.prefill(self, model, tokens_BxN, slots_BxQ,
+                                    pred_BxR, aux.cache, exclude_BxS)
+        if side is None:
+          return out
+        c = side.score_rows_BxC.shape[1]
+        return *out, jnp.zeros((b, c, out[0].shape[-1]), out[0].dtype)
+
       flash = lambda: flash_forward.flash(
           self, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
-          aux.cache, exclude_BxS)
+          aux.cache, exclude_BxS, side)
 
       def mixed():  # new requests in some slots: each row takes its own pass
         if self.max_refills is not None:
           # the smallest group that holds every fresh row (the server may
           # admit more than max_refills at once)
           sizes = flash_forward.group_sizes(self.max_refills, b)
-          group = lambda s: lambda: flash_forward.prefill_rows(
-              self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
-              flash(), exclude_BxS, size=s)
+          def group(size):
+            def run():
+              flashed = flash()
+              out = flash_forward.prefill_rows(
+                  self, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
+                  flashed[:3], exclude_BxS, size=size)
+              return out + tuple(flashed[3:])
+            return run
           if len(sizes) == 1:
             return group(sizes[0])()
           pick = jnp.searchsorted(jnp.asarray(sizes), jnp.sum(aux.fresh_B))
@@ -305,6 +318,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
 
       which = jnp.where(jnp.all(aux.fresh_B), 0,
                         jnp.where(jnp.any(aux.fresh_B), 1, 2))
-      logits_BxRxV, cache, rank_BxN = jax.lax.switch(
-          which, [prefill, mixed, flash])
+      out = jax.lax.switch(which, [prefill, mixed, flash])
+      logits_BxRxV, cache, rank_BxN = out[:3]
+      if side is not None:
+        return r, slots_BxQ, logits_BxRxV, cache, rank_BxN, out[3]
     return r, slots_BxQ, logits_BxRxV, cache, rank_BxN

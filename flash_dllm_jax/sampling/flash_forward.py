@@ -73,8 +73,11 @@ def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
 
 
 def flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
-          cache, exclude_BxS=None):
-  """A budgeted step: the query slots against the cache."""
+          cache, exclude_BxS=None, side=None):
+  """A budgeted step: the query slots against the cache. side: a verify
+  plan (flash_verify.VerifyPlan, no recent rows) run in the same forward as
+  CachedExtras side rows, over the cache this step writes; then the logits
+  of its score rows [B, C, V] come last in the returned tuple."""
   b, n = tokens_BxN.shape
   r = pred_BxR.shape[1]
   rows_BxR = jnp.broadcast_to(jnp.arange(r), (b, r))
@@ -87,13 +90,25 @@ def flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
         [window_rows_BxQ, jnp.zeros((b, r), bool)], axis=1)
   q_tokens_BxQ = jnp.take_along_axis(tokens_BxN, jnp.maximum(slots_BxQ, 0),
                                      axis=1)
-  out = model.run(q_tokens_BxQ, slots_BxQ, cache, rows_BxR,
-                  extras=CachedExtras(mass_rows_BxQ=window_rows_BxQ,
-                                      mass_prefix=sampler.block_m,
-                                      exclude_BxS=exclude_BxS,
-                                      mass_score=_score(sampler)),
+  extras = CachedExtras(mass_rows_BxQ=window_rows_BxQ,
+                        mass_prefix=sampler.block_m, exclude_BxS=exclude_BxS,
+                        mass_score=_score(sampler))
+  if side is not None:
+    hidden_BxS = side.exclude_BxS if exclude_BxS is None else (
+        side.exclude_BxS | exclude_BxS)
+    rows_BxR = jnp.concatenate(
+        [rows_BxR, side.score_rows_BxC + slots_BxQ.shape[1]], axis=1)
+    q_tokens_BxQ = jnp.concatenate([q_tokens_BxQ, side.tokens_BxQ], axis=1)
+    slots_BxQ = jnp.concatenate([slots_BxQ, side.slots_BxQ], axis=1)
+    extras = extras.replace(side_rows=side.slots_BxQ.shape[1],
+                            side_exclude_BxS=hidden_BxS,
+                            side_inq_BxVxV=side.inq_BxQxQ)
+  out = model.run(q_tokens_BxQ, slots_BxQ, cache, rows_BxR, extras=extras,
                   mass_from_layer=sampler.rank_from_layer)
-  return out.logits, out.cache, _mass(out.mass_BxS, b, n)
+  logits, mass_BxN = out.logits, _mass(out.mass_BxS, b, n)
+  if side is None:
+    return logits, out.cache, mass_BxN
+  return logits[:, :r], out.cache, mass_BxN, logits[:, r:]
 
 
 def _mass(mass_BxS, b, n):

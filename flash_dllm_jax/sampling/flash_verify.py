@@ -74,18 +74,23 @@ class VerifyPlan(NamedTuple):
   S_B: jax.Array
 
 
-def plan(tokens_BxN: jax.Array, recent_key_BxN: jax.Array,
+def plan(tokens_BxN: jax.Array, recent_key_BxN: jax.Array | None,
          cand_slots_BxC: jax.Array, drafts_BxC: jax.Array, n_cand_B: jax.Array,
-         block_m: int, mask_id: int, shift: int = 0) -> VerifyPlan:
+         block_m: int, mask_id: int, shift: int = 0,
+         rows: int | None = None) -> VerifyPlan:
   """Lays out the verify rows of every sequence.
 
   recent_key_BxN: larger = committed more recently; -inf for positions that
-  may not be re-encoded (masks, padding). cand_slots_BxC: candidate slots in
-  draft-confidence order (-1 = none), drafts_BxC their draft tokens.
-  shift: the model's logits shift (1 for Dream: predictor rows).
+  may not be re-encoded (masks, padding); None: no recent rows. cand_slots_BxC:
+  candidate slots in draft-confidence order (-1 = none), drafts_BxC their
+  draft tokens. shift: the model's logits shift (1 for Dream: predictor
+  rows). rows: Q, the rows a sequence holds (default 2 * block_m; at least
+  (2 + shift) * C without recent rows).
   """
   b, n = tokens_BxN.shape
-  q, c = 2 * block_m, cand_slots_BxC.shape[1]
+  q, c = rows or 2 * block_m, cand_slots_BxC.shape[1]
+  if recent_key_BxN is None:
+    recent_key_BxN = jnp.full((b, n), -jnp.inf)
   s_B = jnp.minimum(n_cand_B, c)
   r_Q, i_C = jnp.arange(q), jnp.arange(c)
   real_BxC = i_C[None, :] < s_B[:, None]

@@ -5,6 +5,12 @@ import jax
 from pallas_kernels.attention import fused, kernel, reference, tiling
 from pallas_kernels.common import resolve_implementation
 
+# 'mosaic' / 'mosaic_interpret': the Mosaic GPU kernel (mosaic.py), never
+# the default; what it does not take falls through to 'pallas' /
+# 'pallas_interpret'.
+IMPLEMENTATIONS = ("pallas", "pallas_interpret", "mosaic", "mosaic_interpret",
+                   "reference")
+
 exclude_mask_from_positions = reference.exclude_mask_from_positions
 sum_heads = reference.sum_heads
 split_tiles_for = tiling.split_tiles_for
@@ -48,15 +54,18 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   score: "mass" or "logit", what is summed per key).
   Exclusions: boolean exclude_BxS (what the kernel reads), or a padded
   position list exclude_BxX (-1 = none), turned into the mask here.
-  implementation: 'pallas', 'pallas_interpret', 'reference', or None (pallas
-  on GPU, reference elsewhere); unsupported shapes fall back to the
-  reference. kernel_options: block_r, block_k, split_tiles (see
-  `split_tiles_for`) or num_splits, split_group (key splits a program runs;
-  no bit depends on it), num_warps, num_stages, and tiling (a Tiling: the
-  rules the defaults follow). Left padding of the keys by a
+  implementation: 'pallas', 'pallas_interpret', 'mosaic', 'mosaic_interpret',
+  'reference', or None (pallas on GPU, reference elsewhere). 'mosaic' is the
+  Mosaic GPU (Hopper) kernel (mosaic.py) for bf16 caches without in-query
+  keys; what it does not take runs 'pallas' ('mosaic_interpret':
+  'pallas_interpret'), and what that does not take the reference.
+  kernel_options: block_r, block_k, split_tiles (see `split_tiles_for`) or
+  num_splits, split_group (key splits a program runs; no bit depends on
+  it), num_warps, num_stages, and tiling (a Tiling: the rules the defaults
+  follow), passed to the kernel that runs. Left padding of the keys by a
   multiple of PAD_ALIGN excluded slots leaves the kernel's results unchanged.
   """
-  impl = resolve_implementation(implementation)
+  impl = resolve_implementation(implementation, IMPLEMENTATIONS)
   if exclude_BxX is not None:
     ex = exclude_mask_from_positions(exclude_BxX, k_cache_BxSxKxD.shape[1])
     exclude_BxS = ex if exclude_BxS is None else exclude_BxS | ex
@@ -68,6 +77,14 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   if score not in ("mass", "logit"):
     raise ValueError(f"score must be 'mass' or 'logit', got {score!r}")
   kw["score"] = score
+  if impl in ("mosaic", "mosaic_interpret"):
+    # Imported here: Mosaic GPU's Python modules cost ~0.3 s to import.
+    from pallas_kernels.attention import mosaic
+    try:
+      return mosaic.scheduled_attention(
+          *args, **kw, interpret=impl == "mosaic_interpret", **kernel_options)
+    except NotImplementedError:
+      impl = "pallas" if impl == "mosaic" else "pallas_interpret"
   if impl != "reference":
     try:
       return kernel.scheduled_attention(

@@ -47,6 +47,7 @@ SPEC = Architecture(
     attention=AttentionSpec(qkv_bias=True, rope_in_float32=False),
     logits_shift=1, default_strategy="dream",
     samplers=("DreamSampler", "FastDLLMSampler", "FlashDLLMSampler",
+              "FlashDLLMOnePassSampler",
               "ElasticCacheSampler"),
     chat_template=CHAT_TEMPLATE, likelihood_masks="rate",
     presets={"dream-7b": dict(

@@ -50,6 +50,7 @@ SPEC = Architecture(
     attention=AttentionSpec(qkv_bias=False, rope_in_float32=True),
     logits_shift=0, default_strategy="llada",
     samplers=("LLaDASampler", "FastDLLMSampler", "FlashDLLMSampler",
+              "FlashDLLMOnePassSampler",
               "ElasticCacheSampler"),
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
     presets={"llada-8b": dict(
