@@ -256,11 +256,12 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                      logprob_BxN)
 
   def budget_pass(self, model: SequenceModel, state: DecodeState,
-                  prompt_len: int, side=None):
+                  prompt_len: int, side=None, skip_BxN=None):
     """The step's one Flash-Cache forward: (regions, slots_BxQ, logits of
     the scored rows [B, R, V], the cache after it, rank_BxN), and with a
     `side` verify plan (flash_forward.flash) the logits of its score rows
-    (zeros for rows that take a prefill)."""
+    (zeros for rows that take a prefill). skip_BxN: undecoded positions
+    that take no window or extra row this step."""
     aux = state.aux
     b = state.tokens_BxN.shape[0]
     w, x = self.block_m, self.extra_masks
@@ -268,8 +269,10 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     tokens_BxN, decoded_BxN, exclude_BxS = (r.tokens_BxN, r.decoded_BxN,
                                             r.exclude_BxS)
     end_B = aux.end_B
+    pool_BxN = r.undecoded_BxN if skip_BxN is None else (
+        r.undecoded_BxN & ~skip_BxN)
     slots_BxQ = flash_budget.select(
-        r.undecoded_BxN, decoded_BxN, end_B, aux.conf_BxN, aux.rank_BxN,
+        pool_BxN, decoded_BxN, end_B, aux.conf_BxN, aux.rank_BxN,
         aux.last_BxN, window_rule=self.window_rule, window=w, extra=x,
         tracked=self.query_budget - w - x, extra_end_B=r.extra_end_B)
     scored_BxR = slots_BxQ[:, :self._scored]

@@ -8,20 +8,24 @@ a draft and a mask row per candidate, Dream's predictor rows) join step
 t + 1's forward as CachedExtras side rows, so one read of the weights serves
 both. Per row, step t + 1:
 
-  1. One forward: the budget rows (window, extra masks, tracked positions;
-     the pending drafts still hold [MASK]) write the cache as in
-     Flash-dLLM; the side rows write nothing and see that freshly written
-     cache minus the candidates' slots, plus each other as in Flash-Verify
-     (draft row i: drafts j <= i, masks j > i; mask row i: drafts j < i,
-     masks j >= i). The budget's tracked rows re-encode the last step's
-     commits, which is what Flash-Verify's recent rows are for.
+  1. One forward. The budget rows (window, extra masks, tracked positions)
+     write the cache as in Flash-dLLM; the window and extra masks are taken
+     past the pending drafts (which still hold [MASK]), unless those are
+     all the row has left, so the window decodes new positions while the
+     drafts are verified. The side rows write nothing and see that freshly
+     written cache minus the candidates' slots, plus each other as in
+     Flash-Verify (draft row i: drafts j <= i, masks j > i; mask row i:
+     drafts j < i, masks j >= i). The budget's tracked rows re-encode the
+     last step's commits, which is what Flash-Verify's recent rows are for.
   2. Verify: p_i = the mask view's probability of draft i (0 at or past the
      answer's end); accepted: the longest prefix with
      prod_{j<=i} p_j >= gamma (flash_verify.accept; nothing under "fixed").
   3. Commit: the accepted drafts, then the window's commit rule over the
      window positions not accepted (their tokens from this step's budget
      rows, which did not see the accepted drafts: tokens committed in one
-     step are decoded in parallel, as in every threshold step).
+     step are decoded in parallel, as in every threshold step). A step
+     commits at least one token: the rule commits one unless every window
+     position was accepted.
   4. Draft: the block_m // 2 most confident window positions left open
      before the answer's end are the next step's candidates.
 
@@ -114,8 +118,14 @@ class FlashDLLMOnePassSampler(FlashDLLMSampler):
         state.tokens_BxN, None, cand_BxC, draft_BxC, open_BxC.sum(1), w,
         cfg.mask_token_id, cfg.logits_shift,
         rows=self.side_rows(cfg.logits_shift))
+    # The window moves past the drafts being verified, unless they are all
+    # the row has left (a step then commits at least one token).
+    pending_BxN = jnp.zeros((b, n), bool).at[
+        rows_Bx1, jnp.where(cand_BxC >= 0, cand_BxC, n)].set(True, mode="drop")
+    rest_B = jnp.any(undecoded_BxN & ~pending_BxN, axis=1)
     (r, slots_BxQ, logits_BxRxV, cache, rank_BxN,
-     side_BxCxV) = self.budget_pass(model, state, prompt_len, side=side)
+     side_BxCxV) = self.budget_pass(model, state, prompt_len, side=side,
+                                    skip_BxN=pending_BxN & rest_B[:, None])
     tokens_BxN = r.tokens_BxN
 
     # 2. verify
