@@ -42,7 +42,8 @@ onepass)
   for len in 192 256; do
     (XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 timeout 300 python \
          scripts/eval_quality.py --limit 1000 --gen-lengths $len \
-         --strategies flash-dllm flash-dllm-onepass --reference flash-dllm \
+         --strategies flash-dllm flash-dllm-onepass \
+         flash-dllm-onepass:skip_drafts=False --reference flash-dllm \
          --baseline flash-dllm --no-progress --out-dir "$OUT/quality-$len" \
          > "$OUT/quality-$len.log" 2>&1) &
   done

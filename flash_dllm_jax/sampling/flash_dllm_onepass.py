@@ -10,9 +10,9 @@ both. Per row, step t + 1:
 
   1. One forward. The budget rows (window, extra masks, tracked positions)
      write the cache as in Flash-dLLM; the window and extra masks are taken
-     past the pending drafts (which still hold [MASK]), unless those are
-     all the row has left, so the window decodes new positions while the
-     drafts are verified. The side rows write nothing and see that freshly
+     past the pending drafts (which still hold [MASK]; skip_drafts), unless
+     those are all the row has left, so the window decodes new positions
+     while the drafts are verified. The side rows write nothing and see that freshly
      written cache minus the candidates' slots, plus each other as in
      Flash-Verify (draft row i: drafts j <= i, masks j > i; mask row i:
      drafts j < i, masks j >= i). The budget's tracked rows re-encode the
@@ -63,9 +63,12 @@ class OnePassAux(FlashCacheAux):
 class FlashDLLMOnePassSampler(FlashDLLMSampler):
   """Flash-dLLM in one forward a step (module docstring). Fields as
   FlashDLLMSampler's; verify is always on (gamma: the acceptance level)
-  and recompute_all is not taken."""
+  and recompute_all is not taken. skip_drafts: the window and extra masks
+  are taken past the drafts being verified (False: the window holds them
+  again, re-drafted beside their verification)."""
 
   verify: bool = True
+  skip_drafts: bool = True
 
   def __post_init__(self):
     super().__post_init__()
@@ -122,7 +125,7 @@ class FlashDLLMOnePassSampler(FlashDLLMSampler):
     # the row has left (a step then commits at least one token).
     pending_BxN = jnp.zeros((b, n), bool).at[
         rows_Bx1, jnp.where(cand_BxC >= 0, cand_BxC, n)].set(True, mode="drop")
-    rest_B = jnp.any(undecoded_BxN & ~pending_BxN, axis=1)
+    rest_B = jnp.any(undecoded_BxN & ~pending_BxN, axis=1) & self.skip_drafts
     (r, slots_BxQ, logits_BxRxV, cache, rank_BxN,
      side_BxCxV) = self.budget_pass(model, state, prompt_len, side=side,
                                     skip_BxN=pending_BxN & rest_B[:, None])
