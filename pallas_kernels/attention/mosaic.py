@@ -43,12 +43,11 @@ from pallas_kernels.attention import mosaic_kernels as mk
 from pallas_kernels.attention.reference import sum_heads, tree_sum
 from pallas_kernels.attention.tiling import (DEFAULT_TILING, Tiling,
                                              _default_block_r, key_splits)
-from pallas_kernels.qmatmul.mosaic import (interpret_params,
-                                           reset_interpret_state)
+from pallas_kernels.mosaic_gpu import (SEMANTICS, interpret_params,
+                                       reset_interpret_state)
 
 __all__ = ["scheduled_attention", "reset_interpret_state"]
 
-SEMANTICS = plgpu.LoweringSemantics.Lane
 ROWS, BLOCK_K, F32 = mk.ROWS, mk.BLOCK_K, mk.F32
 DEFAULT_STAGES = 2  # K/V tiles in flight: 2 x 32 KiB at D = 128
 

@@ -22,7 +22,7 @@ once a program, never materialised in HBM; inv_freq is reference's host
 constant, so the angle's bits match the reference's.
 
 interpret=True runs the kernel in Mosaic GPU's interpret mode on the CPU
-(InterpretGPUParams: private as of jax 0.11; see qmatmul/mosaic.py).
+(InterpretGPUParams: private as of jax 0.11; see mosaic_gpu.py).
 """
 
 import functools
@@ -36,13 +36,13 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.cache_update import reference
-from pallas_kernels.qmatmul.mosaic import (interpret_params,
-                                           reset_interpret_state)
+from pallas_kernels.mosaic_gpu import (SEMANTICS, interpret_params,
+                                       reset_interpret_state)
 
 __all__ = ["rope_write", "reset_interpret_state"]
 
-# Lane: registers take the strided layout of each [C, D/2] chunk.
-SEMANTICS = plgpu.LoweringSemantics.Lane
+# Lane semantics (mosaic_gpu.SEMANTICS): registers take the strided layout
+# of each [C, D/2] chunk.
 # Elements of one rotated chunk: 128 threads x 2, one layout for bf16 and f32
 # (a strided load picks min(8 bytes, elements / 128) a thread).
 CHUNK = 256

@@ -31,24 +31,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels import split_e as se
+from pallas_kernels.mosaic_gpu import (SEMANTICS, interpret_params,
+                                       reset_interpret_state)  # noqa: F401
 from pallas_kernels.qmatmul.kernel import WEIGHT_DTYPES, default_split
 
-# Lane: loads and stores take wgmma's register layout, no inference (the
-# other choice, Warpgroup, infers layouts).
-SEMANTICS = plgpu.LoweringSemantics.Lane
-
-
-def interpret_params():
-  """Mosaic GPU's interpret-mode parameters (private as of jax 0.11)."""
-  from jax._src.pallas.mosaic_gpu.interpret import params
-  return params.InterpretGPUParams()
-
-
-def reset_interpret_state():
-  """Clears the interpreter's shared state, which an exception inside an
-  interpreted kernel leaves behind."""
-  from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
-  interpret_pallas_call.reset_gpu_interpret_mode_state()
 
 
 def _swizzled(dtype, minor: int):
