@@ -1,6 +1,7 @@
-"""Flash-Cache's forward passes: a row's prefill and the budgeted step.
+"""Flash-Cache's forward passes: a row's prefill and the budgeted step, and
+the step's one forward choosing between them per row (budget_pass).
 
-Both return (logits [B, R, V] of the predicting rows, the cache after the
+Both passes return (logits [B, R, V] of the predicting rows, the cache after the
 pass, rank_BxN): the rank sums, over layers from sampler.rank_from_layer,
 what each key draws from the window rows (q.k or attention mass).
 exclude_BxS: slots no query attends to (the EOS tail past its keys).
@@ -10,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax.model import CachedExtras, KVCache
+from flash_dllm_jax.sampling import flash_budget
 
 
 def _score(sampler) -> str:
@@ -115,3 +118,77 @@ def _mass(mass_BxS, b, n):
   if mass_BxS is None:  # every layer is below rank_from_layer
     return jnp.zeros((b, n), jnp.float32)
   return mass_BxS
+
+
+def budget_pass(sampler, model, state, prompt_len: int, side=None,
+                skip_BxN=None):
+  """The step's one Flash-Cache forward: (regions, slots_BxQ, logits of
+  the scored rows [B, R, V], the cache after it, rank_BxN), and with a
+  `side` verify plan (`flash`) the logits of its score rows (zeros for rows
+  that take a prefill). skip_BxN: undecoded positions
+  that take no window or extra row this step."""
+  aux = state.aux
+  b = state.tokens_BxN.shape[0]
+  w, x = sampler.block_m, sampler.extra_masks
+  r = sampler._regions(model, state.tokens_BxN, prompt_len, aux, aux.fresh_B)
+  tokens_BxN, decoded_BxN, exclude_BxS = (r.tokens_BxN, r.decoded_BxN,
+                                          r.exclude_BxS)
+  end_B = aux.end_B
+  pool_BxN = r.undecoded_BxN if skip_BxN is None else (
+      r.undecoded_BxN & ~skip_BxN)
+  slots_BxQ = flash_budget.select(
+      pool_BxN, decoded_BxN, end_B, aux.conf_BxN, aux.rank_BxN,
+      aux.last_BxN, window_rule=sampler.window_rule, window=w, extra=x,
+      tracked=sampler.query_budget - w - x, extra_end_B=r.extra_end_B)
+  scored_BxR = slots_BxQ[:, :sampler._scored]
+  # Dream predicts position i from row i - 1 (config.logits_shift).
+  pred_BxR = jnp.where(scored_BxR >= 0,
+                       scored_BxR - model.config.logits_shift, -1)
+  window_rows_BxQ = (jnp.arange(slots_BxQ.shape[1])[None, :] < w) & (
+      slots_BxQ >= 0)
+
+  if sampler.recompute_all:
+    logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
+    cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
+  else:
+    def run_prefill():
+      out = prefill(sampler, model, tokens_BxN, slots_BxQ, pred_BxR,
+                    aux.cache, exclude_BxS)
+      if side is None:
+        return out
+      c = side.score_rows_BxC.shape[1]
+      return *out, jnp.zeros((b, c, out[0].shape[-1]), out[0].dtype)
+
+    run_flash = lambda: flash(
+        sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
+        aux.cache, exclude_BxS, side)
+
+    def run_mixed():  # new requests in some slots: each row takes its own pass
+      if sampler.max_refills is not None:
+        # the smallest group that holds every fresh row (the server may
+        # admit more than max_refills at once)
+        sizes = group_sizes(sampler.max_refills, b)
+
+        def group(size):
+          def run():
+            flashed = run_flash()
+            out = prefill_rows(
+                sampler, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
+                flashed[:3], exclude_BxS, size=size)
+            return out + tuple(flashed[3:])
+          return run
+        if len(sizes) == 1:
+          return group(sizes[0])()
+        pick = jnp.searchsorted(jnp.asarray(sizes), jnp.sum(aux.fresh_B))
+        return jax.lax.switch(pick, [group(s) for s in sizes])
+      pick = lambda a, b_: jnp.where(
+          aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
+      return jax.tree.map(pick, run_prefill(), run_flash())
+
+    which = jnp.where(jnp.all(aux.fresh_B), 0,
+                      jnp.where(jnp.any(aux.fresh_B), 1, 2))
+    out = jax.lax.switch(which, [run_prefill, run_mixed, run_flash])
+    logits_BxRxV, cache, rank_BxN = out[:3]
+    if side is not None:
+      return r, slots_BxQ, logits_BxRxV, cache, rank_BxN, out[3]
+  return r, slots_BxQ, logits_BxRxV, cache, rank_BxN
