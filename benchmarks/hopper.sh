@@ -4,14 +4,14 @@
 # part per ten-minute device call:
 #   bash benchmarks/hopper.sh OUT_DIR kernels   # Mosaic GPU tests, 8-bit GEMM
 #                                               # table at decode rows
-#   bash benchmarks/hopper.sh OUT_DIR steps1    # batch 1 Flash-dLLM steps
-#   bash benchmarks/hopper.sh OUT_DIR steps1-8bit  # the same, all 8-bit
+#   bash benchmarks/hopper.sh OUT_DIR steps1    # batch 1 Flash-dLLM steps,
+#                                               # bf16 and all weights 8-bit
 #   bash benchmarks/hopper.sh OUT_DIR steps32   # batch 32 Flash-dLLM steps
 #   bash benchmarks/hopper.sh OUT_DIR onepass   # one weight read a step:
 #                                               # quality, steps
 #   bash benchmarks/hopper.sh OUT_DIR gpu-tests # every gpu-marked test
 source "$(dirname "$0")/common.sh"
-PART=${2:?part: kernels, steps1, steps1-8bit, steps32, onepass or gpu-tests}
+PART=${2:?part: kernels, steps1, steps32, onepass or gpu-tests}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 --gen 512 --only flash-dllm --steady"
 ALL8="--quantize fp8 --quantize-head --quantize-embedding"
@@ -21,19 +21,17 @@ kernels)
   mosaic_tests=$(ls tests/test_kernel_*mosaic*.py)
   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 120 $T $mosaic_tests \
       tests/test_kernel_attention_groups.py > "$OUT/gpu-tests.log" 2>&1
-  tail -n 3 "$OUT/gpu-tests.log"
+  tail -n 3 "$OUT/gpu-tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log"
   timeout 150 python scripts/bench_kernels.py "$OUT/qmatmul.json" --qmatmul \
       --ms 16,144 --match " (int8|fp8) " --markdown "$OUT/qmatmul.md" \
       > "$OUT/qmatmul.log" 2>&1
   cat "$OUT/qmatmul.md"
   ;;
 steps1)
-  timeout 290 $S --batch 1 --variants default split=132 split=auto \
+  timeout 200 $S --batch 1 --variants default split=auto \
       split=auto,attention=mosaic,cache=mosaic \
       --json "$OUT/b1-bf16.json" | grep '^|'
-  ;;
-steps1-8bit)
-  timeout 200 $S --batch 1 $ALL8 --variants split=auto split=auto,qmatmul=mosaic \
+  timeout 150 $S --batch 1 $ALL8 --variants split=auto split=auto,qmatmul=mosaic \
       --json "$OUT/b1-fp8-all8.json" | grep '^| f'
   ;;
 onepass)
@@ -50,8 +48,10 @@ onepass)
   wait
   tar -cJf "$OUT/quality-records.tar.xz" -C "$OUT" quality-192 quality-256
   grep -h "^|" "$OUT"/quality-*/*.md | sort -u
-  timeout 240 $S --batch 1 32 --only flash-dllm flash-dllm-onepass \
-      --variants split=auto --json "$OUT/onepass-steps.json" | grep '^|'
+  for b in 1 32; do
+    timeout 200 $S --batch $b --only flash-dllm flash-dllm-onepass \
+        --variants split=auto --json "$OUT/onepass-b$b.json" | grep '^| f'
+  done
   ;;
 steps32)
   timeout 280 $S --batch 32 --variants default split=auto \
