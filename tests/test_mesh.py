@@ -31,13 +31,16 @@ cases = [
 ]
 cases.append(("llada", sampling.ElasticCacheSampler(
     gen_length=16, window=4, track_num=1, gamma=0.9)))
+from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
+cases.append(("dream", FlashDLLMOnePassSampler(**flash, threshold=0.9,
+                                               gamma=0.4)))
 prompts = random_prompts(50, [4, 13, 9, 30, 6, 11])  # 6 rows: padded to 8
 models = {arch: tiny4(arch) for arch in ("llada", "dream")}
 # Every case runs on data=2,model=2 (rows and weights split); one case per
 # sampler class (ONE_PER_CLASS) also on model=4 and on pure data
 # parallelism: the samplers' state is split by rows only, and every
 # forward is bitwise one device's under model=4 (tests/test_mesh_exact.py).
-ONE_PER_CLASS = {0, 2, 5, 7, 8}
+ONE_PER_CLASS = {0, 2, 5, 7, 8, 9}
 for i, (arch, sampler) in enumerate(cases):
   t0 = time.time()
   config, params = models[arch]
@@ -61,7 +64,7 @@ def test_every_strategy_gives_the_one_device_tokens_on_every_mesh():
   """Each sampler configuration on data=2,model=2, one per sampler class
   also on model=4 and on pure data parallelism (data=4)."""
   out = _run(STRATEGIES, ";".join(MESHES))
-  assert "MESH-OK 9" in out, out
+  assert "MESH-OK 10" in out, out
 
 
 KERNELS_AND_LOADING = PRELUDE + r'''
