@@ -8,11 +8,10 @@ import pytest
 
 from flash_dllm_jax import strategies
 from flash_dllm_jax.generate import generate
-from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling import flash_verify
 from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
-from flash_dllm_jax.sampling.sequence_model import SequenceModel
-from flash_dllm_jax.sampling.state import DecodeState, advance
+from flash_dllm_jax.sampling.state import advance
+from tests.test_flash_verify import start
 from tests.test_sampling import (check_compiled_equals_python,
                                  check_continuous_equals_alone,
                                  check_rows_do_not_depend_on_the_batch,
@@ -33,13 +32,7 @@ def test_side_rows_equal_a_separate_verify_pass(arch):
   config, params = tiny(arch)
   sampler = FlashDLLMOnePassSampler(gen_length=24, block_m=8, track_num=4,
                                     mask_num=2, threshold=0.95, gamma=0.3)
-  ids, valid = left_pad(random_prompts(31, [6, 13]), config.pad_token_id)
-  p_len = ids.shape[1]
-  valid_BxN = jnp.concatenate([jnp.asarray(valid), jnp.ones((2, 24), bool)], 1)
-  model = SequenceModel.for_batch(config, params, valid_BxN)
-  state = DecodeState.start(jnp.asarray(ids), 24, config.mask_token_id,
-                            jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32)))
-  state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
+  model, state, p_len = start(config, params, sampler, [6, 13])
   step = jax.jit(lambda st: sampler.step_trace(model, st, p_len))
   separate = jax.jit(lambda plan, cache, drafts: flash_verify.run_pass(
       model, plan, cache, drafts, plan.exclude_BxS))

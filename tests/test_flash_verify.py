@@ -114,13 +114,8 @@ def test_every_accepted_draft_passes_an_independent_verify_pass(arch):
   sampler = FlashDLLMSampler(gen_length=24, block_m=8, track_num=40,
                              mask_num=4, threshold=0.95, verify=True,
                              gamma=0.3)
-  ids, valid = left_pad(random_prompts(31, [6, 13]), config.pad_token_id)
-  p_len = ids.shape[1]
-  valid_BxN = jnp.concatenate([jnp.asarray(valid), jnp.ones((2, 24), bool)], 1)
-  model = SequenceModel.for_batch(config, params, valid_BxN)
-  state = DecodeState.start(jnp.asarray(ids), 24, config.mask_token_id,
-                            jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32)))
-  state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
+  model, state, p_len = start(config, params, sampler, [6, 13])
+  valid_BxN = model.valid_BxN
   step = jax.jit(lambda st: sampler.step_trace(model, st, p_len))
   accepted = predictors = reused = 0
   while not bool(state.done_B.all()) and int(state.step) < 24:
@@ -156,6 +151,20 @@ def test_every_accepted_draft_passes_an_independent_verify_pass(arch):
   assert accepted > 0, "no draft was ever verified and accepted"
   if config.logits_shift:  # both ways of reading a Dream candidate occurred
     assert predictors > 0 and reused > 0, (predictors, reused)
+
+
+def start(config, params, sampler, lengths, seed=31):
+  """(model, the decode state before its first step, prompt length) of
+  prompts random_prompts(seed, lengths), stepped by hand in the tests."""
+  b, g = len(lengths), sampler.gen_length
+  ids, valid = left_pad(random_prompts(seed, lengths), config.pad_token_id)
+  valid_BxN = jnp.concatenate([jnp.asarray(valid), jnp.ones((b, g), bool)], 1)
+  model = SequenceModel.for_batch(config, params, valid_BxN)
+  state = DecodeState.start(jnp.asarray(ids), g, config.mask_token_id,
+                            jax.vmap(jax.random.key)(jnp.arange(
+                                b, dtype=jnp.uint32)))
+  return (model, state.replace(aux=sampler.init_aux(model, state.tokens_BxN)),
+          ids.shape[1])
 
 
 def _check_predictors(plan, tokens_BxN, mask_id):

@@ -167,6 +167,15 @@ def recent_key(decoded_BxN, drafted_BxN, rank_BxN, last_BxN):
       decoded_BxN, order_key(rank_BxN, last_BxN), -jnp.inf))
 
 
+def record_confidence(conf_BxN, scored_BxR, conf_BxR):
+  """conf_BxN with the scored rows' confidences written at their slots
+  (-1 = none): the "confident" window's memory."""
+  b, n = conf_BxN.shape
+  at_BxR = jnp.where(scored_BxR >= 0, scored_BxR, n)
+  return conf_BxN.at[jnp.arange(b)[:, None], at_BxR].set(conf_BxR,
+                                                         mode="drop")
+
+
 def initial_rank(b: int, n: int) -> jax.Array:
   return jnp.broadcast_to(jnp.arange(n, dtype=jnp.float32), (b, n))
 

@@ -201,12 +201,9 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     real_BxW = window_BxW >= 0
     drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
     ids = flash_budget.end_tokens(model, self.stop)
-    conf_w_BxW = jnp.where(window_BxW >= end_B[:, None], 0.0,
-                           conf_BxR[:, :w])
-    if self.stop == "first":  # nothing after a stop this step predicts
-      stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
-      first_B = jnp.min(jnp.where(stop_BxW, window_BxW, n), axis=1)
-      conf_w_BxW = jnp.where(window_BxW > first_B[:, None], 0.0, conf_w_BxW)
+    conf_w_BxW = self.window_confidence(window_BxW, drafts_BxW,
+                                        conf_BxR[:, :w], real_BxW, end_B,
+                                        ids, n)
     commit_BxW = commit_rules.row_rule(self.commit_rule, state).commit(
         conf_w_BxW, real_BxW, state.steps_B)
     rows_Bx1 = jnp.arange(b)[:, None]
@@ -243,9 +240,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       last_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, verified_BxC].set(
           True, mode="drop")
       forwards_B = forwards_B + (plan.S_B > 0)
-    real_BxR = scored_BxR >= 0
-    conf_BxN = aux.conf_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
-                               ].set(conf_BxR, mode="drop")
+    conf_BxN = flash_budget.record_confidence(aux.conf_BxN, scored_BxR,
+                                              conf_BxR)
     tail_BxN = jnp.arange(n)[None, :] >= r.gen_end
     aux = FlashCacheAux(cache=cache, rank_BxN=rank_BxN, last_BxN=last_BxN,
                         conf_BxN=conf_BxN, end_B=new_end_B,
@@ -254,6 +250,18 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                         fresh_B=jnp.zeros_like(aux.fresh_B))
     return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC,
                      logprob_BxN)
+
+  def window_confidence(self, window_BxW, drafts_BxW, conf_BxW, real_BxW,
+                        end_B, ids, n: int):
+    """The window's confidences the commit rule sees: 0 at or past the
+    answer's end, and with stop "first" past the first stop token this
+    step predicts."""
+    conf_BxW = jnp.where(window_BxW >= end_B[:, None], 0.0, conf_BxW)
+    if self.stop == "first":
+      stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
+      first_B = jnp.min(jnp.where(stop_BxW, window_BxW, n), axis=1)
+      conf_BxW = jnp.where(window_BxW > first_B[:, None], 0.0, conf_BxW)
+    return conf_BxW
 
   def budget_pass(self, model: SequenceModel, state: DecodeState,
                   prompt_len: int, side=None, skip_BxN=None):

@@ -158,12 +158,9 @@ class FlashDLLMOnePassSampler(FlashDLLMSampler):
         axis=2)
     real_BxW = (window_BxW >= 0) & ~accepted_BxW
     drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
-    conf_w_BxW = jnp.where(window_BxW >= end_B[:, None], 0.0,
-                           conf_BxR[:, :w])
-    if self.stop == "first":  # nothing after a stop this step predicts
-      stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
-      first_B = jnp.min(jnp.where(stop_BxW, window_BxW, n), axis=1)
-      conf_w_BxW = jnp.where(window_BxW > first_B[:, None], 0.0, conf_w_BxW)
+    conf_w_BxW = self.window_confidence(window_BxW, drafts_BxW,
+                                        conf_BxR[:, :w], real_BxW, end_B,
+                                        ids, n)
     commit_BxW = commit_rules.row_rule(self.commit_rule, state).commit(
         conf_w_BxW, real_BxW, state.steps_B) & real_BxW
     commit_slots_BxW = jnp.where(commit_BxW, window_BxW, n)
@@ -181,9 +178,8 @@ class FlashDLLMOnePassSampler(FlashDLLMSampler):
     _, next_BxC, next_drafts_BxC, _ = flash_verify.candidates(
         window_BxW, drafts_BxW, conf_w_BxW, eligible_BxW, c)
 
-    real_BxR = scored_BxR >= 0
-    conf_BxN = aux.conf_BxN.at[rows_Bx1, jnp.where(real_BxR, scored_BxR, n)
-                               ].set(conf_BxR, mode="drop")
+    conf_BxN = flash_budget.record_confidence(aux.conf_BxN, scored_BxR,
+                                              conf_BxR)
     tail_BxN = jnp.arange(n)[None, :] >= r.gen_end
     aux = OnePassAux(cache=cache, rank_BxN=rank_BxN, last_BxN=last_BxN,
                      conf_BxN=conf_BxN, end_B=new_end_B,

@@ -1,10 +1,13 @@
-"""The scheduled attention kernel's operands and their blocks: per-query
-values folded over the J heads of a kv head, and the BlockSpecs of grid
-(row tile i, key split group j, sequence * kv head z)."""
+"""The scheduled attention kernels' operands and their blocks: per-query
+values folded over the J heads of a kv head (and the output unfolded), the
+BlockSpecs of grid (row tile i, key split group j, sequence * kv head z),
+and the fixed-order sum of the row tiles' mass partials."""
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from pallas_kernels.attention.reference import tree_sum
 
 
 def fold_rows(x_BxQx, g, rrp):
@@ -22,6 +25,22 @@ def fold_queries(q_BxQxHxD, kh, rrp):
   q_BxKxQJxD = q_BxQxHxD.reshape(b, q, kh, h // kh, d).transpose(0, 2, 1, 3, 4)
   return jnp.pad(q_BxKxQJxD.reshape(b, kh, q * h // kh, d),
                  ((0, 0), (0, 0), (0, rrp - q * h // kh), (0, 0)))
+
+
+def unfold_output(o_BxKxRxD, q, g):
+  """o_BxQxHxD from the folded rows (fold_queries' inverse, padding cut)."""
+  b, kh, _, d = o_BxKxRxD.shape
+  return o_BxKxRxD[:, :, :q * g].reshape(b, kh, q, g, d).transpose(
+      0, 2, 1, 3, 4).reshape(b, q, kh * g, d)
+
+
+def sum_mass_tiles(mass_BxKxTxS, has_score_BxT, k_len_B):
+  """mass_BxKxS: the row tiles' mass partials summed by reference.tree_sum,
+  counting only those written (tiles holding a score row, slots < k_len)."""
+  s = mass_BxKxTxS.shape[-1]
+  written = (has_score_BxT[:, None, :, None]
+             & (jnp.arange(s) < k_len_B[:, None])[:, None, None, :])
+  return tree_sum(jnp.where(written, mass_BxKxTxS, 0.0), axis=2)
 
 
 def inputs(rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,

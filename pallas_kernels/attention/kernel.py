@@ -46,7 +46,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from pallas_kernels.attention import blocks, combine
-from pallas_kernels.attention.reference import sum_heads, tree_sum
+from pallas_kernels.attention.reference import sum_heads
 from pallas_kernels.attention.tiling import (
     DEFAULT_TILING, Tiling, _default_block_r, check_block_k, key_splits,
     split_range)
@@ -275,8 +275,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
     o_BxKxQJxD, lse_BxKxQJ = combine.merge_splits(
         o_P, lse_P, block_r=block_r, out_dtype=q_BxQxHxD.dtype,
         interpret=interpret)
-  o_BxQxHxD = o_BxKxQJxD[:, :, :rr].reshape(b, kh, q, g, d).transpose(
-      0, 2, 1, 3, 4).reshape(b, q, h, d)
+  o_BxQxHxD = blocks.unfold_output(o_BxKxQJxD, q, g)
   if not do_mass:
     return o_BxQxHxD, None
 
@@ -293,7 +292,5 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   # Partials exist only for row tiles holding a score row and slots < k_len.
   has_score = jnp.any((info_BxQJ[:, :n_mt * mass_r].reshape(
       b, n_mt, mass_r) & SCORE) != 0, -1)
-  written = (has_score[:, None, :, None]
-             & (jnp.arange(s) < k_len_B[:, None])[:, None, None, :])
-  mass_BxKxS = tree_sum(jnp.where(written, mass_part, 0.0), axis=2)
+  mass_BxKxS = blocks.sum_mass_tiles(mass_part, has_score, k_len_B)
   return o_BxQxHxD, mass_BxKxS if head_mass else sum_heads(mass_BxKxS)

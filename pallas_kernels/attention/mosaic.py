@@ -40,7 +40,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.attention import blocks, combine
 from pallas_kernels.attention import mosaic_kernels as mk
-from pallas_kernels.attention.reference import sum_heads, tree_sum
+from pallas_kernels.attention.reference import sum_heads
 from pallas_kernels.attention.tiling import (DEFAULT_TILING, Tiling,
                                              _default_block_r, key_splits)
 from pallas_kernels.mosaic_gpu import (SEMANTICS, interpret_params,
@@ -157,9 +157,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
     o_BxKxRxD, lse_BxKxR = combine.merge_splits(
         o_P, lse_P, block_r=ROWS, out_dtype=q_BxQxHxD.dtype,
         interpret=interpret)
-  o_BxQxHxD = o_BxKxRxD[:, :, :rr].reshape(b, kh, q, g, d).transpose(
-      0, 2, 1, 3, 4).reshape(b, q, h, d)
-  o_BxQxHxD = jnp.where(valid_BxQ[:, :, None, None], o_BxQxHxD, 0)
+  o_BxQxHxD = jnp.where(valid_BxQ[:, :, None, None],
+                        blocks.unfold_output(o_BxKxRxD, q, g), 0)
   if score_rows_BxQ is None:
     return o_BxQxHxD, None
 
@@ -184,7 +183,5 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
           k_cache_BxSxKxD, ok_BxS, lse_BxKxR, w_BxR.astype(F32))
   # Partials exist only for row tiles holding a score row and slots < k_len.
   has_score = jnp.any(w_BxR[:, :n_mt * mr].reshape(b, n_mt, mr), -1)
-  written = (has_score[:, None, :, None]
-             & (jnp.arange(s) < k_len[:, None])[:, None, None, :])
-  mass_BxKxS = tree_sum(jnp.where(written, mass_part, 0.0), axis=2)
+  mass_BxKxS = blocks.sum_mass_tiles(mass_part, has_score, k_len)
   return o_BxQxHxD, mass_BxKxS if head_mass else sum_heads(mass_BxKxS)
