@@ -33,7 +33,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                   help="8-bit weights: most query rows per sequence that "
                   "run the weight-streaming kernel, more go to XLA's GEMM "
                   "(default: ops.stream_max_q, by format)")
-  ap.add_argument("--qmatmul-backend", choices=choice.QMATMUL_BACKENDS,
+  ap.add_argument("--qmatmul-backend", choices=choice.GPU_BACKENDS,
                   default="triton", help="8-bit weights: the streaming "
                   "kernel's GPU backend (default: %(default)s)")
 

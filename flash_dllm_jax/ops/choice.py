@@ -44,18 +44,12 @@ class Kernels:
 
 
 GPU_BACKENDS = ("triton", "mosaic")  # Pallas lowerings on a GPU
-QMATMUL_BACKENDS = GPU_BACKENDS
 
 
 def kernel_name(implementation: "str | Kernels | None") -> str:
   if isinstance(implementation, Kernels):
     implementation = implementation.name
   return resolve_implementation(implementation)
-
-
-def qmatmul_backend(implementation) -> str:
-  """The streaming 8-bit GEMM's GPU backend (Kernels.qmatmul)."""
-  return getattr(implementation, "qmatmul", "triton")
 
 
 def backend_name(implementation, op: str) -> str:

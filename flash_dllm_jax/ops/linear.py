@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from flash_dllm_jax import parallel, quantize
-from flash_dllm_jax.ops.choice import Kernels, kernel_name, qmatmul_backend
+from flash_dllm_jax.ops.choice import Kernels, backend_name
 from pallas_kernels.qmatmul import api as qmatmul_api
 
 
@@ -94,13 +94,10 @@ def quantized_linear(x_BxQxE: jax.Array, w_OxE: jax.Array,
   "model"); gathered gathers x before and the output columns after, so
   every element is the one-device dot product.
   """
-  impl = kernel_name(implementation)
-  if impl == "pallas" and x_BxQxE.shape[-2] > stream_max_q(fmt,
-                                                           implementation):
+  impl = backend_name(implementation, "qmatmul")
+  if impl in ("pallas", "mosaic") and x_BxQxE.shape[-2] > stream_max_q(
+      fmt, implementation):
     impl = "xla"
-  if impl.startswith("pallas") and qmatmul_backend(implementation) == \
-      "mosaic":
-    impl = impl.replace("pallas", "mosaic")
   acts = quantize.activations(fmt)
   o, ndim = w_OxE.shape[0], x_BxQxE.ndim
   mesh = parallel.active_mesh()
