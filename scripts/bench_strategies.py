@@ -131,15 +131,21 @@ def main(argv=None):
         print(f"[{time.perf_counter() - t_start:.0f} s] {name} batch {b} gen "
               f"{gen}{' ' + label if label else ''}: compile and decode",
               flush=True)
-        ms_step, compile_s, steps, forwards = timing.time_decode(
-            cfg, params, sampler, b, args.prompt, args.reps,
-            implementation=kernels)
-        steady_ms = None
-        if args.steady:
-          ms2, _, steps2, _ = timing.time_decode(
-              cfg, params, doubled[name]()[0], b, args.prompt, args.reps,
+        try:  # one kernel choice that cannot run leaves the others' rows
+          ms_step, compile_s, steps, forwards = timing.time_decode(
+              cfg, params, sampler, b, args.prompt, args.reps,
               implementation=kernels)
-          steady_ms = (ms_step * steps - ms2 * steps2) / (steps - steps2) * 1e3
+          steady_ms = None
+          if args.steady:
+            ms2, _, steps2, _ = timing.time_decode(
+                cfg, params, doubled[name]()[0], b, args.prompt, args.reps,
+                implementation=kernels)
+            steady_ms = ((ms_step * steps - ms2 * steps2) / (steps - steps2)
+                         * 1e3)
+        except Exception as e:  # noqa: BLE001 -- reported, not a result
+          print(f"FAILED {name} batch {b} {label or 'default'}: "
+                f"{type(e).__name__}: {str(e)[:2000]}", flush=True)
+          continue
         n = args.prompt + gen
         # Each pass reads every weight once: a floor per pass, the second
         # pass counted as often as it ran (forwards - steps of the busiest row).
