@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import flash_dllm_jax
 from flash_dllm_data.gsm_format import check_solution
@@ -25,6 +26,7 @@ TEST_SPLIT = ROOT / "data" / "synthetic_gsm" / "test.jsonl"
 README_PROBLEM = ("Ruby bakes 6 trays of rolls with 7 on each tray. She eats "
                   "7 of them and gives 3 to Henry. She packs the rest into "
                   "boxes of 4. How many boxes does she fill?")
+FLASH_OPTIONS = {"gen_length": 192}
 
 
 def test_is_a_small_llada2_moe():
@@ -37,16 +39,31 @@ def test_is_a_small_llada2_moe():
   assert "expert_bias" in params["layers_1"]["moe"]
 
 
-def test_solves_with_llada2_flash_and_the_cache_is_exact():
+@pytest.fixture(scope="module")
+def model():
+  return flash_dllm_jax.load(CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def flash_alone(model):
+  """(problems, targets, llada2-flash's output for each problem decoded
+  alone at gen 192): the answers the solving test checks and the server
+  must reproduce."""
   rows = [json.loads(line) for line in TEST_SPLIT.read_text().splitlines()]
   problems = [README_PROBLEM, rows[4]["question"], rows[32]["question"]]
   targets = ["8", target_of(rows[4]["answer"]),
              target_of(rows[32]["answer"])]
-  model = flash_dllm_jax.load(CHECKPOINT)
-  flash = flash_dllm_jax.generate(model, problems, chat=True, sampler=(
-      build_sampler("llada2-flash", "llada2", {"gen_length": 192})))
-  assert [extract_answer(t) for t in flash.texts] == targets, flash.texts
-  for text in flash.texts:
+  sampler = build_sampler("llada2-flash", "llada2", FLASH_OPTIONS)
+  outs = [flash_dllm_jax.generate(model, [p], chat=True, sampler=sampler)
+          for p in problems]
+  return problems, targets, outs
+
+
+def test_solves_with_llada2_flash_and_the_cache_is_exact(model, flash_alone):
+  problems, targets, outs = flash_alone
+  texts = [out.texts[0] for out in outs]
+  assert [extract_answer(t) for t in texts] == targets, texts
+  for text in texts:
     assert check_solution(text) and text.count("<<") >= 2, text
   outs = [flash_dllm_jax.generate(model, problems[:2], chat=True, sampler=(
       build_sampler("llada2", "llada2", {"gen_length": 192,
@@ -57,22 +74,17 @@ def test_solves_with_llada2_flash_and_the_cache_is_exact():
   assert extract_answer(outs[0].texts[0]) == "8"
 
 
-def test_server_llada2_flash_answers_equal_offline(tmp_path):
+def test_server_llada2_flash_answers_equal_offline(tmp_path, model,
+                                                   flash_alone):
   """Three chats on two slots (one refill mid-decode), sent at once through
   the official client: each answer equals offline generate's alone."""
   import concurrent.futures
   from flash_dllm_jax.generate import answer_ids
   from tests.serve_case import Server
-  rows = [json.loads(line) for line in TEST_SPLIT.read_text().splitlines()]
-  prompts = [README_PROBLEM, rows[4]["question"], rows[32]["question"]]
-  options = {"gen_length": 160}
-  model = flash_dllm_jax.load(CHECKPOINT)
-  sampler = build_sampler("llada2-flash", "llada2", options)
-  want = [answer_ids(flash_dllm_jax.generate(
-      model, [p], chat=True, sampler=sampler).tokens_BxG[0], model[1])
-      for p in prompts]
-  server = Server(CHECKPOINT, "llada2-flash", options, "--batch-size", "2",
-                  "--max-prompt-tokens", "160",
+  prompts, _, outs = flash_alone
+  want = [answer_ids(out.tokens_BxG[0], model[1]) for out in outs]
+  server = Server(CHECKPOINT, "llada2-flash", FLASH_OPTIONS, "--batch-size",
+                  "2", "--max-prompt-tokens", "160",
                   log_path=tmp_path / "server.log")
   try:
     server.wait_ready()
