@@ -17,6 +17,7 @@ from flash_dllm_jax.generate import decode_jit, generate
 from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model.transformer import init_params
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+from flash_dllm_jax.sampling.row_sampling import RowSampling, row_settings
 from tests.test_sampling import random_prompts
 
 # Flash-dLLM with verification, as in test_flash_dllm.SMALL_VERIFY.
@@ -53,12 +54,17 @@ def test_large_batch_equals_small_batches():
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU only")
 def test_cpu_decode_has_no_ynnpack_fusion():
   """The compiled decode loop keeps every reduction in XLA's own loops at a
-  batch size that would otherwise get YNNPACK fusions."""
+  batch size that would otherwise get YNNPACK fusions. Lowered with the
+  arguments generate passes: the program of the 96-row batch above, which
+  this test then finds compiled."""
   config, params = _bf16_tiny()
   ids, valid = left_pad(random_prompts(3, [20] * ROWS), config.pad_token_id)
   rng_B = jax.vmap(jax.random.key)(jnp.arange(ROWS, dtype=jnp.uint32))
+  sampling = RowSampling.of(row_settings(VERIFY, None, ROWS))
   hlo = decode_jit.lower(params, jnp.asarray(ids), jnp.asarray(valid), rng_B,
-                         config=config, sampler=VERIFY).compile().as_text()
+                         sampling, config=config, sampler=VERIFY,
+                         stop_at_eos=True, implementation=None,
+                         logprobs=False).compile().as_text()
   assert "__ynn_fusion" not in hlo
 
 
