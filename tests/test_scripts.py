@@ -215,14 +215,21 @@ def test_bench_kernels_skip_done_lists_only_unmeasured_shapes(tmp_path):
 
 def test_bench_continuous_runs_and_checks_the_answers(tmp_path):
   """Static batches and continuous batching through the same slots give the
-  same answers; the continuous run is one generate call."""
+  same answers; the continuous run is one generate call. Five problems whose
+  chat prompts share one prompt bucket on the tiny tokenizer, so every way
+  decodes them all through its slots (one program per batch shape)."""
   import json
   from tests.paths import TINY_CHECKPOINT
   out = tmp_path / "continuous.json"
+  lines = (ROOT / "data" / "synthetic_gsm" / "test.jsonl").read_text(
+      ).splitlines()
+  data = tmp_path / "problems.jsonl"
+  data.write_text("".join(lines[i] + "\n" for i in (0, 2, 3, 4, 5)))
   result = subprocess.run(
       [sys.executable, str(ROOT / "scripts" / "bench_continuous.py"),
-       "--checkpoint", str(TINY_CHECKPOINT), "--problems", "5", "--slots",
-       "2", "--gen-length", "16", "--max-refills", "1", "--json", str(out)],
+       "--checkpoint", str(TINY_CHECKPOINT), "--data", str(data),
+       "--problems", "5", "--slots", "2", "--gen-length", "16",
+       "--max-refills", "1", "--json", str(out)],
       capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   data = json.loads(out.read_text())
