@@ -34,19 +34,22 @@ cases.append(("llada", sampling.ElasticCacheSampler(
 from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
 cases.append(("dream", FlashDLLMOnePassSampler(**flash, threshold=0.9,
                                                gamma=0.4)))
-prompts = random_prompts(50, [4, 13, 9, 30, 6, 11])  # 6 rows: padded to 8
+prompts = random_prompts(50, [4, 13, 9, 30, 6])  # 5 rows: padded to 6 or 8
 models = {arch: tiny4(arch) for arch in ("llada", "dream")}
-# Every case runs on data=2,model=2 (rows and weights split); one case per
-# sampler class (ONE_PER_CLASS) also on model=4 and on pure data
-# parallelism: the samplers' state is split by rows only, and every
-# forward is bitwise one device's under model=4 (tests/test_mesh_exact.py).
+# Every case runs on data=2,model=2 (rows, a padding row and weights split);
+# one case per sampler class (ONE_PER_CLASS) also on model=4, and the first
+# also on pure data parallelism (data=4): the samplers' state is split by
+# rows only (no sampler code reads the mesh), and every forward is bitwise
+# one device's under model=4 (tests/test_mesh_exact.py).
 ONE_PER_CLASS = {0, 2, 5, 7, 8, 9}
+DATA_ONLY = {0}
 for i, (arch, sampler) in enumerate(cases):
   t0 = time.time()
   config, params = models[arch]
   one = generate(params, prompts, config=config, sampler=sampler, seed=5)
   for spec in meshes:
-    if spec != "data=2,model=2" and i not in ONE_PER_CLASS:
+    if (spec == "data=1,model=4" and i not in ONE_PER_CLASS
+        or spec == "data=4,model=1" and i not in DATA_ONLY):
       continue
     out = generate(params, prompts, config=config, sampler=sampler, seed=5,
                    mesh=spec)
@@ -62,7 +65,7 @@ print("MESH-OK", len(cases))
 
 def test_every_strategy_gives_the_one_device_tokens_on_every_mesh():
   """Each sampler configuration on data=2,model=2, one per sampler class
-  also on model=4 and on pure data parallelism (data=4)."""
+  also on model=4, and LLaDA's also on pure data parallelism (data=4)."""
   out = _run(STRATEGIES, ";".join(MESHES))
   assert "MESH-OK 10" in out, out
 
