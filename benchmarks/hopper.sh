@@ -9,9 +9,11 @@
 #   bash benchmarks/hopper.sh OUT_DIR steps32   # batch 32 Flash-dLLM steps
 #   bash benchmarks/hopper.sh OUT_DIR onepass   # one weight read a step:
 #                                               # quality, steps
+#   bash benchmarks/hopper.sh OUT_DIR profile   # kernel time per batch-1
+#                                               # step, both strategies
 #   bash benchmarks/hopper.sh OUT_DIR gpu-tests # every gpu-marked test
 source "$(dirname "$0")/common.sh"
-PART=${2:?part: kernels, steps1, steps32, onepass or gpu-tests}
+PART=${2:?part: kernels, steps1, steps32, onepass, profile or gpu-tests}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 --gen 512 --only flash-dllm --steady"
 ALL8="--quantize fp8 --quantize-head --quantize-embedding"
@@ -19,10 +21,10 @@ T="python -m pytest -q -m gpu -p no:cacheprovider"
 case $PART in
 kernels)
   mosaic_tests=$(ls tests/test_kernel_*mosaic*.py)
-  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 120 $T $mosaic_tests \
+  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 $T $mosaic_tests \
       tests/test_kernel_attention_groups.py > "$OUT/gpu-tests.log" 2>&1
   tail -n 3 "$OUT/gpu-tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log"
-  timeout 120 python scripts/bench_kernels.py "$OUT/qmatmul.json" --qmatmul \
+  timeout 270 python scripts/bench_kernels.py "$OUT/qmatmul.json" --qmatmul \
       --ms 16,144 --match " (int8|fp8) " --markdown "$OUT/qmatmul.md" \
       > "$OUT/qmatmul.log" 2>&1
   cat "$OUT/qmatmul.md"
@@ -31,7 +33,10 @@ steps1)
   timeout 200 $S --batch 1 --variants default split=auto \
       split=auto,attention=mosaic,cache=mosaic \
       --json "$OUT/b1-bf16.json" | grep '^|'
-  timeout 140 $S --batch 1 $ALL8 --variants split=auto split=auto,qmatmul=mosaic \
+  # fp8 runs XLA's W8A8 GEMM at every Q unless stream-max-q says otherwise:
+  # 160 sends both passes (144 and 16 rows) through the streaming kernel
+  timeout 200 $S --batch 1 $ALL8 --variants split=auto \
+      split=auto,stream-max-q=160 split=auto,qmatmul=mosaic,stream-max-q=160 \
       --json "$OUT/b1-fp8-all8.json" | grep '^| f'
   ;;
 onepass)
@@ -57,8 +62,13 @@ onepass)
 steps32)
   timeout 280 $S --batch 32 --variants default split=auto \
       --json "$OUT/b32-bf16.json" | grep '^|'
-  timeout 280 $S --batch 32 --quantize fp8 --variants default qmatmul=mosaic \
+  timeout 280 $S --batch 32 --quantize fp8 --variants default split=auto \
       --json "$OUT/b32-fp8.json" | grep '^| f'
+  ;;
+profile)
+  timeout 570 python scripts/profile_step.py --only flash-dllm \
+      flash-dllm-onepass --batch 1 --gen 512 --per-step 4 \
+      --attention-split-target auto --out-dir "$OUT" | tee "$OUT/profile.log"
   ;;
 gpu-tests)
   # -n 4: four pytest workers share the GPU (compiling is the bulk of it)
