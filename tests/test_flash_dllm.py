@@ -66,9 +66,10 @@ def test_rows_do_not_depend_on_the_batch(arch, sampler):
 def test_terminates_and_counts_its_passes(sampler, passes, seed, eos_boost):
   """No mask is left; a step runs the draft pass, and with verify a verify
   pass when it has candidates. The row that ran longest was active in every
-  step, so without verify its forwards equal the steps."""
+  step, so without verify its forwards equal the steps. Three prompts: the
+  batch shape of the compiled-loop and batch tests, whose program runs."""
   config, params = tiny("llada", eos_boost=eos_boost)
-  out = generate(params, random_prompts(seed, [6, 17]), config=config,
+  out = generate(params, random_prompts(seed, [6, 17, 11]), config=config,
                  sampler=sampler)
   assert not (out.tokens_BxG == config.mask_token_id).any()
   assert out.steps <= sampler.num_steps

@@ -82,9 +82,10 @@ def test_continuous_batching_equals_each_request_alone():
 @pytest.mark.parametrize("eos_boost", [0.0, 1.2])
 def test_one_forward_a_step_and_a_complete_answer(eos_boost):
   """A row's forwards equal its steps (the first step's forward is its
-  prefill); every answer token is a real id; no mask is left."""
+  prefill); every answer token is a real id; no mask is left. Three
+  prompts: the batch shape of the tests above, whose program runs."""
   config, params = tiny("llada", eos_boost=eos_boost)
-  out = generate(params, random_prompts(26, [6, 17]), config=config,
+  out = generate(params, random_prompts(26, [6, 17, 11]), config=config,
                  sampler=SMALL)
   np.testing.assert_array_equal(out.forwards_B, out.steps_B)
   assert out.steps <= SMALL.num_steps
