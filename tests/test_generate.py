@@ -40,10 +40,13 @@ def test_early_stop_keeps_the_answer(arch, opts):
 
 @pytest.mark.parametrize("arch,opts", STOPPING)
 def test_every_row_ends_without_masks(arch, opts):
+  """Six prompts: the batch shape of the early-stop test above, whose
+  program runs."""
   config, params = tiny(arch, eos_boost=1.5)
-  out = generate(params, random_prompts(12, [4, 20]), config=config, **opts)
+  out = generate(params, random_prompts(12, [4, 20, 8, 15, 2, 11]),
+                 config=config, **opts)
   assert not (out.tokens_BxG == config.mask_token_id).any()
-  assert out.tokens_BxG.shape == (2, opts["gen_length"])
+  assert out.tokens_BxG.shape == (6, opts["gen_length"])
 
 
 def test_left_pad_buckets_and_marks_valid():
