@@ -80,14 +80,16 @@ def test_two_copy_logits_are_the_samplers_view(setup):
   assert bool(masked.any())
   pos = positions_of(valid)
   model = Transformer(config, implementation="reference")
-  both, _ = two_copy_logits(model, params, noisy, tokens, pos, valid, BLOCK)
+  both, _ = jax.jit(lambda *a: two_copy_logits(model, *a, BLOCK))(
+      params, noisy, tokens, pos, valid)
   n = tokens.shape[1]
   first = int(np.min(np.argmax(np.asarray(response), axis=1))) // BLOCK
+  forward = jax.jit(lambda p, x, q, v: model.apply(
+      {"params": p}, x, q, v, blocks_BxQ=q // BLOCK))
   for b in (first, n // BLOCK - 4):  # a block shared with the prompt; a late one
     lo, hi = b * BLOCK, (b + 1) * BLOCK
     view = jnp.concatenate([tokens[:, :lo], noisy[:, lo:hi]], axis=1)
-    alone, _ = model.apply({"params": params}, view, pos[:, :hi],
-                           valid[:, :hi], blocks_BxQ=pos[:, :hi] // BLOCK)
+    alone, _ = forward(params, view, pos[:, :hi], valid[:, :hi])
     np.testing.assert_allclose(np.asarray(both[:, lo:hi]),
                                np.asarray(alone[:, lo:hi]),
                                rtol=2e-4, atol=2e-4)
@@ -96,8 +98,10 @@ def test_two_copy_logits_are_the_samplers_view(setup):
 def test_loss_trains_experts_and_reports_loads(setup):
   _, config, rows, params = setup
   batch = rows_batch(rows, np.arange(4))
-  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-      params, batch, jax.random.key(1), config=config, block_length=BLOCK)
+  (loss, metrics), grads = jax.jit(
+      jax.value_and_grad(loss_fn, has_aux=True),
+      static_argnames=("config", "block_length"))(
+          params, batch, jax.random.key(1), config=config, block_length=BLOCK)
   assert np.isfinite(float(loss))
   loads = metrics["expert_load"]
   moe_layers = [f"layers_{i}" for i in range(config.n_layers)
