@@ -23,34 +23,34 @@ def test_cached_forward_equals_full_forward(arch):
   model = Transformer(config)
   b, n = tokens.shape
   valid = jnp.ones((b, n), bool)
-  full, _ = model.apply({"params": params}, tokens, pos, valid)
+  apply = jax.jit(model.apply)
+  full, _ = apply({"params": params}, tokens, pos, valid)
 
   # Prefill a longer cache with every position, then recompute a scattered
   # subset against it: those rows' logits equal the full forward's.
   s = n + 8
   cache = KVCache.zeros(config, b, s, jnp.float32)
   key_valid = jnp.arange(s)[None, :] < n
-  prefill, cache = model.apply({"params": params}, tokens, pos,
-                               jnp.broadcast_to(key_valid, (b, s)),
-                               cache=cache, slots_BxQ=pos)
+  prefill, cache = apply({"params": params}, tokens, pos,
+                         jnp.broadcast_to(key_valid, (b, s)), cache=cache,
+                         slots_BxQ=pos)
   np.testing.assert_allclose(prefill, full, rtol=1e-5, atol=1e-5)
   subset_BxQ = jnp.array([[3, 17, 0, 9], [22, 1, 5, 5]])
   sub_tokens = jnp.take_along_axis(tokens, subset_BxQ, axis=1)
-  logits, _ = model.apply({"params": params}, sub_tokens, subset_BxQ,
-                          jnp.broadcast_to(key_valid, (b, s)), cache=cache,
-                          slots_BxQ=subset_BxQ)
+  logits, _ = apply({"params": params}, sub_tokens, subset_BxQ,
+                    jnp.broadcast_to(key_valid, (b, s)), cache=cache,
+                    slots_BxQ=subset_BxQ)
   want = jnp.take_along_axis(full, subset_BxQ[..., None], axis=1)
   np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
 
 
 def test_logit_rows_select_rows_of_the_full_output():
   config, params, tokens, pos = setup("dream")
-  model = Transformer(config)
+  apply = jax.jit(Transformer(config).apply)
   valid = jnp.ones(tokens.shape, bool)
-  full, _ = model.apply({"params": params}, tokens, pos, valid)
+  full, _ = apply({"params": params}, tokens, pos, valid)
   rows = jnp.array([[0, 5, 23], [7, 7, 2]])
-  some, _ = model.apply({"params": params}, tokens, pos, valid,
-                        logit_rows_BxR=rows)
+  some, _ = apply({"params": params}, tokens, pos, valid, logit_rows_BxR=rows)
   np.testing.assert_allclose(some, jnp.take_along_axis(full, rows[..., None], 1),
                              rtol=1e-6, atol=1e-6)
 
@@ -95,7 +95,8 @@ def test_donated_cache_is_updated_in_place():
 def test_rows_without_valid_keys_stay_finite(arch):
   config, params, tokens, pos = setup(arch)
   valid = jnp.ones(tokens.shape, bool).at[1].set(False)
-  logits, _ = Transformer(config).apply({"params": params}, tokens, pos, valid)
+  logits, _ = jax.jit(Transformer(config).apply)({"params": params}, tokens,
+                                                 pos, valid)
   assert np.isfinite(np.asarray(logits)).all()
 
 
@@ -103,9 +104,10 @@ def test_rows_without_valid_keys_stay_finite(arch):
 def test_bfloat16_compute_tracks_float32(arch):
   config, params, tokens, pos = setup(arch)
   valid = jnp.ones(tokens.shape, bool)
-  f32, _ = Transformer(config).apply({"params": params}, tokens, pos, valid)
+  f32, _ = jax.jit(Transformer(config).apply)({"params": params}, tokens, pos,
+                                              valid)
   bf16_params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-  bf16, _ = Transformer(config.replace(dtype="bfloat16")).apply(
+  bf16, _ = jax.jit(Transformer(config.replace(dtype="bfloat16")).apply)(
       {"params": bf16_params}, tokens, pos, valid)
   assert bf16.dtype == jnp.float32  # logits are always float32
   err = np.linalg.norm(np.asarray(bf16 - f32)) / np.linalg.norm(np.asarray(f32))
@@ -119,14 +121,14 @@ def test_sequence_model_cached_matches_uncached_under_left_padding(arch):
   valid = jnp.arange(20)[None, :] >= jnp.array([[0], [5], [11]])
   model = SequenceModel.for_batch(config, params, valid)
   rows = jnp.broadcast_to(jnp.arange(12, 20), (3, 8))
-  want = model.logits(tokens, rows)
+  want = jax.jit(model.logits)(tokens, rows)
+  cached = jax.jit(model.cached)
   slots = jnp.broadcast_to(jnp.arange(20), (3, 20))
-  _, cache = model.cached(tokens, slots, model.empty_cache(jnp.float32))
+  _, cache = cached(tokens, slots, model.empty_cache(jnp.float32))
   # Re-run only rows 12..19 (and one padding query) against the filled cache.
   sub = jnp.concatenate([rows, jnp.full((3, 1), -1)], axis=1)
-  got, _ = model.cached(jnp.take_along_axis(tokens, jnp.maximum(sub, 0), 1),
-                        sub, cache, rows_BxR=jnp.broadcast_to(jnp.arange(8),
-                                                              (3, 8)))
+  got, _ = cached(jnp.take_along_axis(tokens, jnp.maximum(sub, 0), 1), sub,
+                  cache, rows_BxR=jnp.broadcast_to(jnp.arange(8), (3, 8)))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
@@ -149,8 +151,9 @@ def test_cached_forward_through_the_kernels_matches_the_reference(
 
   def run(impl):
     model = SequenceModel.for_batch(config, params, valid, implementation=impl)
-    _, cache = model.cached(tokens, slots, model.empty_cache(jnp.float32))
-    return model.cached(sub_tokens, sub, cache)
+    cached = jax.jit(model.cached)
+    _, cache = cached(tokens, slots, model.empty_cache(jnp.float32))
+    return cached(sub_tokens, sub, cache)
 
   want_logits, want_cache = run("reference")
   def no_fallback(*args, **kwargs):
