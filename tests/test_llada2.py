@@ -131,10 +131,12 @@ def test_generate_equals_the_reference_loop(model, options):
 
 
 def test_sampled_rows_do_not_depend_on_the_batch(model):
+  """With logprobs, as the row-settings test below decodes its first row
+  alone under this sampler: that decode runs the program compiled here."""
   rng = np.random.default_rng(3)
   prompts = [rng.integers(0, 290, n).tolist() for n in (4, 13, 9)]
   opts = dict(strategy="llada2", chat=False, gen_length=16, block_length=BL,
-              steps=8, temperature=0.8, top_k=40, top_p=0.9)
+              steps=8, temperature=0.8, top_k=40, top_p=0.9, logprobs=True)
   batch = fdj.generate(model, prompts, seed=[7, 8, 9], **opts)
   alone = fdj.generate(model, prompts[1:2], seed=8, **opts)
   np.testing.assert_array_equal(batch.tokens_BxG[1], alone.tokens_BxG[0])
