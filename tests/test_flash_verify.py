@@ -22,9 +22,9 @@ def test_independent_forward_matches_the_model():
   valid = jnp.ones((2, 12), bool)
   rows = jnp.broadcast_to(jnp.arange(12), (2, 12))
   model = SequenceModel.for_batch(config, params, valid)
-  want = model.logits(tokens, rows)
-  got = independent_forward.forward(params, config, tokens, pos,
-                                    jnp.ones((2, 12, 12), bool), rows)
+  want = jax.jit(model.logits)(tokens, rows)
+  got = jax.jit(independent_forward.forward, static_argnums=1)(
+      params, config, tokens, pos, jnp.ones((2, 12, 12), bool), rows)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -117,12 +117,13 @@ def test_every_accepted_draft_passes_an_independent_verify_pass(arch):
   model, state, p_len = start(config, params, sampler, [6, 13])
   valid_BxN = model.valid_BxN
   step = jax.jit(lambda st: sampler.step_trace(model, st, p_len))
+  verify_pass = jax.jit(independent_forward.verify_pass, static_argnums=1)
   accepted = predictors = reused = 0
   while not bool(state.done_B.all()) and int(state.step) < 24:
     trace = step(state)
     plan = trace.plan
     if int(plan.S_B.max()) > 0:
-      logits = independent_forward.verify_pass(
+      logits = verify_pass(
           params, config, state.tokens_BxN, model.positions_BxN, valid_BxN,
           plan.slots_BxQ, plan.tokens_BxQ, plan.exclude_BxS, plan.inq_BxQxQ,
           plan.score_rows_BxC)
