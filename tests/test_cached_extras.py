@@ -21,8 +21,15 @@ def filled(arch, impl=None, head_dim=16, seed=0):
   model = SequenceModel.for_batch(config, params, valid, implementation=impl)
   stale = jax.random.randint(jax.random.key(seed + 1), (B, N), 0, 370)
   slots = jnp.broadcast_to(jnp.arange(N), (B, N))
-  _, cache = model.cached(stale, slots, model.empty_cache(jnp.float32))
+  _, cache = jax.jit(model.cached)(stale, slots,
+                                   model.empty_cache(jnp.float32))
   return model, cache
+
+
+def run(model, *args, **kwargs):
+  """model.run jitted (op by op it would compile every small program)."""
+  return jax.jit(model.run, static_argnames="mass_from_layer")(*args,
+                                                               **kwargs)
 
 
 def query(seed=5):
@@ -37,7 +44,7 @@ def test_verify_pass_equals_writing_then_attending_and_keeps_the_cache(arch):
   keys is the same attention as overwriting those slots first."""
   model, cache = filled(arch)
   tokens, slots = query()
-  written = model.run(tokens, slots, cache)
+  written = run(model, tokens, slots, cache)
   real = slots >= 0
   extras = CachedExtras(
       write_cache=False,
@@ -45,7 +52,7 @@ def test_verify_pass_equals_writing_then_attending_and_keeps_the_cache(arch):
           jnp.arange(B)[:, None], jnp.where(real, slots, N)].set(True,
                                                                  mode="drop"),
       inq_mask_BxQxQ=real[:, None, :] & real[:, :, None])
-  verify = model.run(tokens, slots, cache, extras=extras)
+  verify = run(model, tokens, slots, cache, extras=extras)
   np.testing.assert_allclose(verify.logits[real], written.logits[real],
                              rtol=1e-5, atol=1e-5)
   for got, want in zip(jax.tree.leaves(verify.cache), jax.tree.leaves(cache)):
@@ -59,9 +66,9 @@ def test_attention_mass_accounts_for_every_probability(arch):
   rows = jnp.array([[True, True, False, True, False],
                     [False, True, True, True, False]])
   from_layer = 1
-  out = model.run(tokens, slots, cache,
-                  extras=CachedExtras(mass_rows_BxQ=rows),
-                  mass_from_layer=from_layer)
+  out = run(model, tokens, slots, cache,
+            extras=CachedExtras(mass_rows_BxQ=rows),
+            mass_from_layer=from_layer)
   mass = np.asarray(out.mass_BxS)
   layers = model.config.n_layers - from_layer
   # Each selected row spreads probability 1 per head over the valid slots.
@@ -69,7 +76,7 @@ def test_attention_mass_accounts_for_every_probability(arch):
                              * layers, rtol=1e-5)
   assert (mass[1, :7] == 0).all()  # padding slots get nothing
   assert (mass >= 0).all()
-  none = model.run(tokens, slots, cache)
+  none = run(model, tokens, slots, cache)
   assert none.mass_BxS is None
   np.testing.assert_array_equal(none.logits, out.logits)
 
@@ -85,7 +92,7 @@ def test_kernel_path_matches_reference_for_verify_and_mass(arch, monkeypatch):
   extras = CachedExtras(write_cache=False, inq_mask_BxQxQ=inq,
                         mass_rows_BxQ=rows)
   ref_model, cache = filled(arch, "reference", head_dim=64)
-  want = ref_model.run(tokens, slots, cache, extras=extras)
+  want = run(ref_model, tokens, slots, cache, extras=extras)
 
   def no_fallback(*args, **kwargs):
     raise AssertionError("the kernel path fell back to the reference")
@@ -93,7 +100,7 @@ def test_kernel_path_matches_reference_for_verify_and_mass(arch, monkeypatch):
   kernel_model = SequenceModel(ref_model.config, ref_model.params,
                                ref_model.positions_BxN, ref_model.valid_BxN,
                                "pallas_interpret")
-  got = kernel_model.run(tokens, slots, cache, extras=extras)
+  got = run(kernel_model, tokens, slots, cache, extras=extras)
   np.testing.assert_allclose(got.logits[real], want.logits[real], rtol=1e-4,
                              atol=1e-4)
   np.testing.assert_allclose(got.mass_BxS, want.mass_BxS, rtol=1e-4,
