@@ -61,8 +61,8 @@ def test_loss_matches_numpy_restatement(setup):
   assert np.all(noisy[masked] == config.mask_token_id)
   assert np.all(noisy[~masked] == batch["tokens_BxN"][~masked])
   positions = np.maximum(np.cumsum(batch["valid_BxN"], -1) - 1, 0)
-  logits, _ = Transformer(config).apply({"params": params}, noisy, positions,
-                                        batch["valid_BxN"])
+  logits, _ = jax.jit(Transformer(config).apply)(
+      {"params": params}, noisy, positions, batch["valid_BxN"])
   want = _numpy_loss(logits, batch["tokens_BxN"], batch["prompt_BxN"],
                      batch["valid_BxN"], t, u)
   np.testing.assert_allclose(float(loss), want, rtol=1e-5)
@@ -160,7 +160,8 @@ def test_implementation_is_checked_and_reaches_the_model(setup):
   _, config, rows, _ = setup
   batch = rows_batch(rows, np.arange(4))
   params = init_params(config, jax.random.key(0), param_dtype="float32")
-  losses = [float(loss_fn(params, batch, jax.random.key(1), config=config,
-                          implementation=impl)[0])
+  loss = jax.jit(loss_fn, static_argnames=("config", "implementation"))
+  losses = [float(loss(params, batch, jax.random.key(1), config=config,
+                       implementation=impl)[0])
             for impl in (None, "reference", "pallas_interpret")]
   assert losses[0] == losses[1] == losses[2]  # off GPU: all the reference
