@@ -18,9 +18,11 @@ TINY = "checkpoints/tiny-random-llada"
 
 
 def _logits(params, config, ids):
+  """The uncached forward's logits, jitted (op by op it would compile every
+  small program)."""
   pos = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
-  return Transformer(config).apply({"params": params}, ids, pos,
-                                   jnp.ones(ids.shape, bool))[0]
+  return jax.jit(Transformer(config).apply)(
+      {"params": params}, ids, pos, jnp.ones(ids.shape, bool))[0]
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
