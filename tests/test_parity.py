@@ -5,6 +5,8 @@ all-zero 4-D float mask; our model runs in float32 at 'highest' matmul
 precision. Dream's raw logits are compared (its shift is a sampler concern).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,6 +32,13 @@ def converted(request, tmp_path_factory):
   return arch, params, config.replace(dtype="float32"), oracle
 
 
+@functools.lru_cache(maxsize=None)
+def _forward(config):
+  """The jitted uncached forward (op by op it would compile every small
+  program), one per config."""
+  return jax.jit(Transformer(config).apply)
+
+
 def our_logits(params, config, tokens_BxN, valid_BxN=None):
   """Logits [B, N, V] with positions counted over valid tokens only."""
   tokens_BxN = np.asarray(tokens_BxN)
@@ -37,7 +46,7 @@ def our_logits(params, config, tokens_BxN, valid_BxN=None):
     valid_BxN = np.ones(tokens_BxN.shape, bool)
   positions_BxN = np.maximum(np.cumsum(valid_BxN, axis=1) - 1, 0)
   with jax.default_matmul_precision("highest"):
-    logits_BxNxV, cache = Transformer(config).apply(
+    logits_BxNxV, cache = _forward(config)(
         {"params": params}, jnp.asarray(tokens_BxN), jnp.asarray(positions_BxN),
         jnp.asarray(valid_BxN))
   assert cache is None and logits_BxNxV.dtype == jnp.float32
