@@ -4,7 +4,7 @@ Random bf16 weights at the LLaDA-8B geometry; every strategy commits a fixed
 number of tokens per step (`--per-step`), so random weights do not distort
 the step count. Prints ms per step (draft + verify where there is one), peak
 device memory and compile time against the roofline: weight bytes / copy
-bandwidth at batch 1, FLOPs / bf16 matmul rate at large batch, both ceilings
+bandwidth at batch 1, FLOPs / bf16 (fp8 for W8A8 weights) matmul rate at large batch, both ceilings
 measured in this run. ms/step divides the whole decode by its steps, so it
 carries a share of the first step's prefill; --steady also gives the step
 without it (a second schedule with twice the tokens per step: time
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
-from flash_dllm_bench import timing, tuning  # noqa: E402
+from flash_dllm_bench import qmatmul_bench, timing, tuning  # noqa: E402
 from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
@@ -110,13 +110,20 @@ def main(argv=None):
                       quantize_head=args.quantize_head,
                       quantize_embedding=args.quantize_embedding)
   wbytes = quantize.weight_bytes(params)
+  mm_kind = "bf16"
+  if cfg.quantize and quantize.activations(cfg.quantize) == "fp8":
+    # W8A8: the projections run fp8 x fp8 GEMMs, so fp8's rate is their
+    # ceiling (bf16's would put the floor above what the step measures)
+    mm = (qmatmul_bench.fp8_matmul_rate(256, 3) if args.smoke
+          else qmatmul_bench.fp8_matmul_rate())
+    mm_kind = "fp8"
   print(f"weights in memory: {wbytes / 1e9:.2f} GB ({wbytes:,} bytes, "
         f"{cfg.quantize or 'bf16'}"
         f"{', LM head too' if cfg.quantize_head else ''}"
         f"{', embedding too' if cfg.quantize_embedding else ''})")
   print(f"[{time.perf_counter() - t_start:.0f} s] "
         f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
-        f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s; "
+        f"copy {bw / 1e12:.2f} TB/s, {mm_kind} matmul {mm / 1e12:.0f} TFLOP/s; "
         f"{args.per_step} tokens per step")
   rows = []
   for gen in args.gen:
@@ -161,7 +168,8 @@ def main(argv=None):
         print(rows[-1], flush=True)  # a run cut short keeps what it measured
         if args.json:
           args.json.write_text(json.dumps(dict(
-              copy_Bps=bw, matmul_flops=mm, weight_bytes=wbytes,
+              copy_Bps=bw, matmul_flops=mm, matmul_kind=mm_kind,
+              weight_bytes=wbytes,
               quantize=cfg.quantize, quantize_head=cfg.quantize_head,
               quantize_embedding=cfg.quantize_embedding,
               rows=rows), indent=1))

@@ -58,7 +58,12 @@ def main(argv=None):
   ap.add_argument("--label", default="", help="added to report headings")
   tuning.add_args(ap)
   args = ap.parse_args(argv)
-  kernels = tuning.apply(ap, args)  # before any trace
+  implementation = tuning.apply(ap, args)  # before any trace
+  t_start = time.perf_counter()
+
+  def progress(what):
+    print(f"[{time.perf_counter() - t_start:.0f} s] {what}", flush=True)
+
   args.out_dir.mkdir(parents=True, exist_ok=True)
   if args.smoke:
     cfg = ModelConfig.tiny("llada", dtype="bfloat16")
@@ -79,15 +84,19 @@ def main(argv=None):
   for name in args.only:
     sampler = built[name]()[0]
     for b in args.batch:
+      progress(f"{name} batch {b}: compile and decode")
       go = timing.decode_runner(cfg, params, sampler, b, args.prompt,
-                                implementation=kernels)
+                                implementation=implementation)
       t0 = time.perf_counter()
       out = jax.block_until_ready(go())
       compile_s = time.perf_counter() - t0
       wall = timing.time_fn(go, reps=1, warmup=0)
       steps = int(out[2])
+      progress(f"compiled in {compile_s:.0f} s; {steps} steps, "
+               f"{wall * 1e3:.0f} ms a decode; tracing one")
       with tempfile.TemporaryDirectory() as tmp:
         traced_s, _, trace = profile_decode(go, Path(tmp))
+        progress(f"traced ({trace.stat().st_size / 1e6:.0f} MB); reading it")
         kernels, lines = trace_summary.device_kernels(
             trace_summary.load_events(trace))
         tag = f"{args.label}{name}-b{b}-g{args.gen}"

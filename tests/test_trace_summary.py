@@ -69,13 +69,17 @@ def test_find_trace_names_the_directory_when_empty(tmp_path):
 
 
 def test_profile_step_script_smoke(tmp_path):
-  """Runs on the tiny model (on a CPU the trace has no device lines; the
-  script still reports the step count and writes its report)."""
+  """Runs on the tiny model, two strategies (on a CPU the trace has no
+  device lines; the script still reports the step counts and writes one
+  report per strategy)."""
   result = subprocess.run(
       [sys.executable, str(ROOT / "scripts" / "profile_step.py"), "--smoke",
+       "--only", "flash-dllm", "flash-dllm-onepass",
        "--out-dir", str(tmp_path), "--keep-trace"],
       capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   report = (tmp_path / "profile.md").read_text()
-  assert "4 loop steps" in report and "| category |" in report
-  assert (tmp_path / "flash-dllm-b2-g32.perfetto.json.gz").exists()
+  assert report.count("4 loop steps") == 2 and "| category |" in report
+  assert "## flash-dllm-onepass, batch 2" in report
+  for name in ("flash-dllm", "flash-dllm-onepass"):
+    assert (tmp_path / f"{name}-b2-g32.perfetto.json.gz").exists()
