@@ -2,32 +2,34 @@
 # BENCHMARKS.md "Hopper kernels": the Mosaic GPU kernels and the automatic
 # attention split against the Triton kernels and the fixed tilings, one
 # part per ten-minute device call:
-#   bash benchmarks/hopper.sh OUT_DIR kernels   # Mosaic GPU tests, 8-bit GEMM
-#                                               # table at decode rows
+#   bash benchmarks/hopper.sh OUT_DIR kernels   # 8-bit GEMM table at decode
+#                                               # rows
 #   bash benchmarks/hopper.sh OUT_DIR steps1    # batch 1 Flash-dLLM steps,
 #                                               # bf16 and all weights 8-bit
 #   bash benchmarks/hopper.sh OUT_DIR steps32   # batch 32 Flash-dLLM steps,
 #                                               # bf16
 #   bash benchmarks/hopper.sh OUT_DIR steps32-fp8  # the same, 8-bit weights
+#   bash benchmarks/hopper.sh OUT_DIR steps32-mosaic  # bf16, auto split
+#                                               # with and without Mosaic GPU
+#                                               # attention and cache write
 #   bash benchmarks/hopper.sh OUT_DIR onepass   # one weight read a step:
 #                                               # quality, steps
 #   bash benchmarks/hopper.sh OUT_DIR profile   # kernel time per batch-1
 #                                               # step, both strategies
 #   bash benchmarks/hopper.sh OUT_DIR gpu-tests # every gpu-marked test
 source "$(dirname "$0")/common.sh"
-PART=${2:?part: kernels, steps1, steps32, steps32-fp8, onepass, profile or gpu-tests}
+PART=${2:?part: one of those listed above}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 --gen 512 --only flash-dllm --steady"
 ALL8="--quantize fp8 --quantize-head --quantize-embedding"
 T="python -m pytest -q -m gpu -p no:cacheprovider"
 case $PART in
 kernels)
-  mosaic_tests=$(ls tests/test_kernel_*mosaic*.py)
-  XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 300 $T $mosaic_tests \
-      tests/test_kernel_attention_groups.py > "$OUT/gpu-tests.log" 2>&1
-  tail -n 3 "$OUT/gpu-tests.log"; grep -E "^(FAILED|ERROR)" "$OUT/gpu-tests.log"
-  timeout 270 python scripts/bench_kernels.py "$OUT/qmatmul.json" --qmatmul \
-      --ms 16,144 --match " (int8|fp8) " --markdown "$OUT/qmatmul.md" \
+  # the 8-bit GEMMs at the rows a sequence's passes have (16 and 144), every
+  # format and backend, fp8's default W8A8 path (fp8_w8a8 xla) included; the
+  # Mosaic GPU tests run in gpu-tests
+  timeout 560 python scripts/bench_kernels.py "$OUT/qmatmul.json" --qmatmul \
+      --ms 16,144 --match " (int8|fp8|fp8_w8a8) " --markdown "$OUT/qmatmul.md" \
       > "$OUT/qmatmul.log" 2>&1
   cat "$OUT/qmatmul.md"
   ;;
@@ -66,6 +68,11 @@ steps32)
   # 1-1.5 min), so each format is its own part
   timeout 570 $S --batch 32 --variants default split=auto \
       --json "$OUT/b32-bf16.json" | grep '^|'
+  ;;
+steps32-mosaic)
+  timeout 570 $S --batch 32 --variants split=auto \
+      split=auto,attention=mosaic,cache=mosaic \
+      --json "$OUT/b32-bf16-mosaic.json" | grep '^|'
   ;;
 steps32-fp8)
   timeout 570 $S --batch 32 --quantize fp8 --variants default split=auto \
