@@ -152,6 +152,9 @@ def test_bench_strategies_and_quant_error_take_quantize(tmp_path):
   doc = json.loads(out.read_text())
   assert doc["quantize"] == "fp8" and 0 < doc["weight_bytes"]
   assert "weights in memory" in bench.stdout and len(doc["rows"]) == 1
+  # W8A8 projections are fp8 x fp8 GEMMs: fp8's rate is the compute ceiling
+  assert doc["matmul_kind"] == "fp8" and doc["matmul_flops"] > 0
+  assert "fp8 matmul" in bench.stdout
   err = run("scripts/quant_error.py", "--smoke", "--batch", "1", "--formats",
             "int8", "fp8")
   assert err.returncode == 0, err.stderr[-2000:]
