@@ -22,7 +22,7 @@ PART=${2:?part: one of those listed above}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 --gen 512 --only flash-dllm --steady"
 ALL8="--quantize fp8 --quantize-head --quantize-embedding"
-T="python -m pytest -q -m gpu -p no:cacheprovider"
+T="python -m pytest -q -rs -m gpu -p no:cacheprovider"  # -rs: why each skip
 case $PART in
 kernels)
   # the 8-bit GEMMs at the rows a sequence's passes have (16 and 144), every
