@@ -64,8 +64,8 @@ onepass)
       --variants split=auto --json "$OUT/onepass-b1.json" | grep '^| f'
   ;;
 steps32)
-  # one variant takes about three minutes at batch 32 (two compiles of
-  # 1-1.5 min), so each format is its own part
+  # a variant compiles two batch-32 decodes (--steady), so each weight
+  # format is its own part
   timeout 570 $S --batch 32 --variants default split=auto \
       --json "$OUT/b32-bf16.json" | grep '^|'
   ;;
