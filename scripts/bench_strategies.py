@@ -5,10 +5,10 @@ number of tokens per step (`--per-step`), so random weights do not distort
 the step count. Prints ms per step (draft + verify where there is one), peak
 device memory and compile time against the roofline: weight bytes / copy
 bandwidth at batch 1, FLOPs / matmul rate (bf16's, fp8's for W8A8 weights)
-at large batch, both ceilings measured in this run. ms/step divides the whole decode by its steps, so it
-carries a share of the first step's prefill; --steady also gives the step
-without it (a second schedule with twice the tokens per step: time
-difference over step difference).
+at large batch, both ceilings measured in this run. ms/step divides the
+whole decode by its steps, so it carries a share of the first step's
+prefill; --steady also gives the step without it (a second schedule with
+twice the tokens per step: time difference over step difference).
 
   python scripts/bench_strategies.py --batch 1 32 --gen 256 512 --prompt 768
   python scripts/bench_strategies.py --smoke          # tiny model, any backend
