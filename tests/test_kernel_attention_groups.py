@@ -8,7 +8,9 @@ CPU runs the kernel in Pallas interpret mode; GPU-marked tests run Triton.
 """
 
 import argparse
+import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -59,6 +61,26 @@ def test_a_split_group_keeps_the_bits(request, name):
     got_o, got_m = run(g)
     np.testing.assert_array_equal(got_o, want_o, f"o, group {g}")
     np.testing.assert_array_equal(got_m, want_m, f"mass, group {g}")
+
+
+def test_a_program_holding_every_split_merges_them_itself():
+  """Group = splits: one kernel call (attention and its mass), no float32
+  partials and no combine or mass-only call; a smaller group keeps them.
+  Its bits are group 1's (test_a_split_group_keeps_the_bits)."""
+  args, kw = _inputs(np.random.default_rng(0), 2, 4, H, KH, D, 150, 5,
+                     [150, 113], [4, 3], jnp.float32)
+  kw.update(head_mass=True)
+
+  def kernels(group):
+    run = lambda *a: api.scheduled_attention(
+        *a, **kw, implementation="pallas_interpret", block_k=16,
+        split_tiles=2, split_group=group)
+    return set(re.findall(r"name=(scheduled_attention\w*)",
+                          str(jax.make_jaxpr(run)(*args))))
+
+  assert kernels(5) == {"scheduled_attention"}
+  assert kernels(2) == {"scheduled_attention", "scheduled_attention_combine",
+                        "scheduled_attention_mass"}
 
 
 def test_split_group_for_follows_the_batch():

@@ -24,17 +24,21 @@ split and only adds leading tiles and splits of pad keys, exact no-ops of the
 online softmax (m stays NEG, alpha = 1, p = 0) and of the merge: a row's
 output and mass are the same bits with or without such padding.
 
-With key splits, a small second kernel merges the splits' partial outputs
-by log-sum-exp (combine.py).
+With key splits in several programs, a small second kernel merges the
+splits' partial outputs by log-sum-exp (combine.py); a program that holds
+every split (the group a batch of 32 takes under the `auto` rule) merges
+them itself with the same step, in the same order, and writes no partials:
+the same bits, without a float32 partial per split through memory.
 
 Mass per key (optional): normalisation is only known once all keys are seen,
 so after the online softmax the program re-streams the K tiles (not V) and
 sums exp(s - lse) over its score rows; the per (row tile, kv head) partials
 are summed over row tiles, then over heads, each as a fixed tree of adds
-(`reference.tree_sum`). With key splits the lse is global only after the split
-combine, so the same body runs again as a mass-only call (a program over
-the tiles of its split group); it also does when the score rows are a short
-prefix of the queries (`score_prefix`), on one tile of just those rows.
+(`reference.tree_sum`). With key splits in several programs the lse is
+global only after the split combine, so the same body runs again as a
+mass-only call (a program over the tiles of its split group); it also does
+when the score rows are a short prefix of the queries (`score_prefix`), on
+one tile of just those rows.
 """
 
 import functools
@@ -51,7 +55,7 @@ from pallas_kernels.attention.tiling import (
     DEFAULT_TILING, Tiling, _default_block_r, check_block_k, key_splits,
     split_range)
 
-NEG = -1e30  # finite "minus infinity": exp(NEG - NEG) never makes a NaN
+NEG = combine.NEG  # finite "minus infinity": exp(NEG - NEG) is no NaN
 VALID, SCORE = 1, 2  # bits of the per-row info byte
 
 
@@ -62,7 +66,7 @@ def _dot_t(a, b):
 
 
 def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
-            has_new, t_new, do_attn, do_mass, score):
+            has_new, t_new, do_attn, do_mass, score, merged):
   refs = list(refs)
   klen_ref, q_ref, k_ref, v_ref, info_ref = refs[:5]
   del refs[:5]
@@ -124,7 +128,7 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
       return softmax_step(carry, _dot_t(q, k) * scale, mask, v)
 
     def attn_split(split):
-      """One split from a fresh state: its partial (o, lse) at o_ref[split]."""
+      """One split from a fresh state: its partial (o, lse), float32."""
       carry = (jnp.zeros((r, d), jnp.float32),
                jnp.full((r,), NEG, jnp.float32), jnp.zeros((r,), jnp.float32))
       if has_new:
@@ -132,15 +136,23 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
         carry = softmax_step(carry, _dot_t(q, kn) * scale, mask, vn)
       acc, m, l = lax.fori_loop(*tiles(split), attn_body, carry)
       o = acc / jnp.where(l > 0, l, 1.0)[:, None]
-      lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG)
-      o_ref[split] = o.astype(o_ref.dtype)
-      lse_ref[split] = lse
-      return lse
+      return o, jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NEG)
+
+    def write(slot, o, lse):
+      o_ref[slot] = o.astype(o_ref.dtype)
+      lse_ref[slot] = lse
 
     if splits == 1:
-      lse = attn_split(first)
+      o, lse = attn_split(first)
+      write(0, o, lse)
+    elif merged:  # every split here, merged as combine's kernel would
+      o, lse = combine.merge_end(lax.fori_loop(
+          0, splits, lambda j, c: combine.merge_step(c, *attn_split(j)),
+          combine.merge_start(r, d)))
+      write(0, o, lse)
     else:  # the same body for every group size: the same bits
-      lax.fori_loop(first, last + 1, lambda j, c: (attn_split(j), c)[1],
+      lax.fori_loop(first, last + 1,
+                    lambda j, c: (write(j, *attn_split(j)), c)[1],
                     first)  # yield the carried value, not a literal
   else:
     lse = lse_in_ref[...]
@@ -257,10 +269,14 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
       split_tiles=split_tiles, group=group, has_excl=has_excl, has_new=has_new,
       t_new=t_new, score=score)
 
-  o_dtype = q_BxQxHxD.dtype if splits == 1 else f32
-  fused_mass = do_mass and splits == 1 and not prefix_mass
-  out_specs, out_shape = blocks.outputs(splits, b, kh, rrp, block_r, d,
-                                        o_dtype)
+  # A program holding every split merges them itself: no partials.
+  merged = 1 < splits == group
+  body = functools.partial(body, merged=merged)
+  whole = splits == 1 or merged
+  o_dtype = q_BxQxHxD.dtype if whole else f32
+  fused_mass = do_mass and whole and not prefix_mass
+  out_specs, out_shape = blocks.outputs(1 if whole else splits, b, kh, rrp,
+                                        block_r, d, o_dtype)
   if fused_mass:
     out_specs.append(mass_spec)
     out_shape.append(mass_shape)
@@ -269,7 +285,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
               in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
               name="scheduled_attention")(*args)
   o_P, lse_P = outs[0], outs[1]
-  if splits == 1:
+  if whole:
     o_BxKxQJxD, lse_BxKxQJ = o_P[0], lse_P[0]
   else:
     o_BxKxQJxD, lse_BxKxQJ = combine.merge_splits(

@@ -47,8 +47,9 @@ class Tiling:
     split_target = the device's SM count (132 on an H200) and group_target
     set (e.g. 264), batch 1 runs LLaDA-8B's splits in parallel or nearly
     (the latency tiling; at 128 queries its 5 splits in 3 programs a row
-    tile, 192 in all) and batch 32 runs them in one program per row tile:
-    one compiled rule for both, to be measured against the default.
+    tile, 192 in all) and batch 32 runs them in one program per row tile,
+    which merges them itself and writes no partials (kernel.py): one rule
+    for both, the same bits for any batch size.
   split_tiles: key tiles per split when keys are split (a fixed size, so
     that a longer cache only adds splits).
   max_block_r: most rows (query x folded head) per program, a power of two.
