@@ -23,6 +23,10 @@ S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 --gen 512 --only flash-dllm --steady"
 ALL8="--quantize fp8 --quantize-head --quantize-embedding"
 T="python -m pytest -q -rs -m gpu -p no:cacheprovider"  # -rs: why each skip
+ROWS='^(\||FAILED)'  # the table, and any variant that gave no row
+# Batch 32 peaks at 65 GB: past the 75% of an H100's 80 GB that XLA takes
+# by default, within 95%
+B32_MEM="env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95"
 case $PART in
 kernels)
   # the 8-bit GEMMs at the rows a sequence's passes have (16 and 144), every
@@ -36,12 +40,12 @@ kernels)
 steps1)
   timeout 200 $S --batch 1 --variants default split=auto \
       split=auto,attention=mosaic,cache=mosaic \
-      --json "$OUT/b1-bf16.json" | grep '^|'
+      --json "$OUT/b1-bf16.json" | grep -E "$ROWS"
   # fp8 runs XLA's W8A8 GEMM at every Q unless stream-max-q says otherwise:
   # 160 sends both passes (144 and 16 rows) through the streaming kernel
-  timeout 200 $S --batch 1 $ALL8 --variants split=auto \
+  timeout 300 $S --batch 1 $ALL8 --variants split=auto \
       split=auto,stream-max-q=160 split=auto,qmatmul=mosaic,stream-max-q=160 \
-      --json "$OUT/b1-fp8-all8.json" | grep '^| f'
+      --json "$OUT/b1-fp8-all8.json" | grep -E "$ROWS"
   ;;
 onepass)
   # the shipped model, all 1000 held-out problems, gen 192 and 256 side by
@@ -61,22 +65,23 @@ onepass)
   cat "$Q"/quality-*/*.md > "$OUT/quality.md"
   grep -h "^|" "$OUT/quality.md" | sort -u
   timeout 200 $S --batch 1 --only flash-dllm flash-dllm-onepass \
-      --variants split=auto --json "$OUT/onepass-b1.json" | grep '^| f'
+      --variants split=auto --json "$OUT/onepass-b1.json" | grep -E "$ROWS"
   ;;
 steps32)
   # a variant compiles two batch-32 decodes (--steady), so each weight
   # format is its own part
-  timeout 570 $S --batch 32 --variants default split=auto \
-      --json "$OUT/b32-bf16.json" | grep '^|'
+  $B32_MEM timeout 570 $S --batch 32 --variants default split=auto \
+      --json "$OUT/b32-bf16.json" | grep -E "$ROWS"
   ;;
 steps32-mosaic)
-  timeout 570 $S --batch 32 --variants split=auto \
+  $B32_MEM timeout 570 $S --batch 32 --variants split=auto \
       split=auto,attention=mosaic,cache=mosaic \
-      --json "$OUT/b32-bf16-mosaic.json" | grep '^|'
+      --json "$OUT/b32-bf16-mosaic.json" | grep -E "$ROWS"
   ;;
 steps32-fp8)
-  timeout 570 $S --batch 32 --quantize fp8 --variants default split=auto \
-      --json "$OUT/b32-fp8.json" | grep '^|'
+  $B32_MEM timeout 570 $S --batch 32 --quantize fp8 \
+      --variants default split=auto \
+      --json "$OUT/b32-fp8.json" | grep -E "$ROWS"
   ;;
 profile)
   # 16 tokens a step (the query budget): 32 loop steps of the same shapes,

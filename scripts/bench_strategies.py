@@ -125,7 +125,7 @@ def main(argv=None):
         f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, {mm_kind} matmul {mm / 1e12:.0f} TFLOP/s; "
         f"{args.per_step} tokens per step")
-  rows = []
+  rows, failed = [], []
   for gen in args.gen:
     doubled = strategies(gen, 2 * args.per_step, args.block, args.block_m,
                          cfg.n_layers)
@@ -150,8 +150,9 @@ def main(argv=None):
             steady_ms = ((ms_step * steps - ms2 * steps2) / (steps - steps2)
                          * 1e3)
         except Exception as e:  # noqa: BLE001 -- reported, not a result
-          print(f"FAILED {name} batch {b} {label or 'default'}: "
-                f"{type(e).__name__}: {str(e)[:2000]}", flush=True)
+          failed.append(f"{name} batch {b} {label or 'default'}")
+          print(f"FAILED {failed[-1]}: {type(e).__name__}: {str(e)[:2000]}",
+                flush=True)
           continue
         n = args.prompt + gen
         # Each pass reads every weight once: a floor per pass, the second
@@ -187,6 +188,8 @@ def main(argv=None):
           f"{r['forwards']} | {r['ms_step']:.2f} | {steady} | "
           f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms_step']:.0%}"
           f"{of_steady} | {r['compile_s']:.1f} | {r['peak_gb']:.1f} |")
+  if failed:  # the rows above stand; the run as a whole did not finish
+    sys.exit(f"FAILED (no row): {'; '.join(failed)}")
 
 if __name__ == "__main__":
   main()

@@ -70,6 +70,29 @@ def test_bench_moe_smoke_times_both_expert_paths_and_the_step(tmp_path):
     assert r["ms"] > 0 and r["floor_ms"] > 0
 
 
+def test_bench_strategies_fails_when_a_variant_gives_no_row(tmp_path,
+                                                          monkeypatch):
+  """A variant that raises (an out-of-memory on a GPU, here injected: the
+  CPU has no such failure to provoke) leaves the other variants' rows in
+  the table and the JSON, and the run exits non-zero naming it."""
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import bench_strategies
+  real = bench_strategies.timing.time_decode
+
+  def time_decode(*args, implementation=None, **kw):
+    if implementation.attention.group_target is not None:  # split=auto
+      raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+    return real(*args, implementation=implementation, **kw)
+
+  monkeypatch.setattr(bench_strategies.timing, "time_decode", time_decode)
+  out = tmp_path / "rows.json"
+  with pytest.raises(SystemExit, match="flash-dllm batch 2 split=auto"):
+    bench_strategies.main(["--smoke", "--only", "flash-dllm", "--variants",
+                           "default", "split=auto", "--json", str(out)])
+  (row,) = json.loads(out.read_text())["rows"]
+  assert row["kernels"] == "default" and row["ms_step"] > 0
+
+
 def test_bench_strategies_gpu_option_reaches_the_decode_options():
   """--gpu-option adds typed entries to generate.GPU_COMPILER_OPTIONS (the
   dict the decode loops compile with) and rejects anything but xla_gpu_*."""
