@@ -35,13 +35,14 @@ def _run(args, kw, impl="pallas_interpret", **options):
 # (Q, S, split_tiles, groups, dtype, in-query keys, score, score_prefix):
 # block_k 16, so S = 150 is 10 key tiles, S = 120 eight; the last case's
 # mass runs on its own 16-row prefix tile (24 folded rows in tiles of 32).
+# A group of every split merges in its program (no partials).
 CASES = {
     "5_splits_f32_new_mass": (4, 150, 2, (2, 3, 5), jnp.float32, 5, "mass",
                               None),
     "4_splits_bf16_new_logit": (4, 120, 2, (4,), jnp.bfloat16, 5,
                                 "logit", None),
-    "3_splits_bf16_prefix_mass": (12, 150, 4, (2,), jnp.bfloat16, 0, "mass",
-                                  2),
+    "3_splits_bf16_prefix_mass": (12, 150, 4, (2, 3), jnp.bfloat16, 0,
+                                  "mass", 2),
 }
 
 
