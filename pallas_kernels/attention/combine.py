@@ -9,7 +9,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-NEG = -1e30  # the attention kernels' finite "minus infinity"
+NEG = -1e30  # the attention kernels' finite "minus infinity": exp(NEG - NEG) = 1
 
 
 def merge_start(r, d):

@@ -264,14 +264,13 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
       compiler_params=plgpu.CompilerParams(
           num_warps=num_warps or (4 if rows <= 64 else 8),
           num_stages=num_stages))
+  # A program holding every split merges them itself: no partials.
+  merged = 1 < splits == group
   body = functools.partial(
       _kernel, scale=scale, s=s, block_k=block_k, splits=splits,
       split_tiles=split_tiles, group=group, has_excl=has_excl, has_new=has_new,
-      t_new=t_new, score=score)
+      t_new=t_new, score=score, merged=merged)
 
-  # A program holding every split merges them itself: no partials.
-  merged = 1 < splits == group
-  body = functools.partial(body, merged=merged)
   whole = splits == 1 or merged
   o_dtype = q_BxQxHxD.dtype if whole else f32
   fused_mass = do_mass and whole and not prefix_mass

@@ -30,11 +30,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.attention.combine import NEG
 from pallas_kernels.attention.tiling import split_range
 
 ROWS = 64      # rows a program owns: wgmma's M, one warpgroup
 BLOCK_K = 64   # keys a tile: tiling.PAD_ALIGN
-NEG = -1e30    # kernel.NEG: exp(NEG - NEG) is 1, never a NaN
 F32 = jnp.float32
 WGMMA = plgpu.Layout.WGMMA
 
