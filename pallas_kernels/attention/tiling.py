@@ -118,7 +118,9 @@ def split_group_for(batch, kh, n_rt, splits, programs=None):
   one program when even that exceeds it; None: 1).
 
   Batch-dependent, yet a row's result is not: every split still runs from a
-  fresh online-softmax state and writes its own partial, whatever the group.
+  fresh online-softmax state and is merged in the same order with the same
+  step (combine.merge_step), in the kernel when one program holds all of a
+  row tile's splits, else by the combine kernel over their partials.
   """
   if programs is None or splits <= 1:
     return 1
