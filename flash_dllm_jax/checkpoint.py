@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -56,7 +57,7 @@ def staging_dir(dst_dir: str | Path, force: bool = False) -> Iterator[Path]:
   try:
     yield tmp
   except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove_settled(tmp)
     raise
   old = None
   if dst.exists():
@@ -71,6 +72,25 @@ def staging_dir(dst_dir: str | Path, force: bool = False) -> Iterator[Path]:
     raise
   if old is not None:
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_settled(path: Path, quiet_s: float = 0.2,
+                    limit_s: float = 5.0) -> None:
+  """Deletes `path` until it stays absent for quiet_s (at most limit_s):
+  when one of orbax's writes fails (a full disk), its other writes run on
+  in tensorstore's threads and recreate their directories after a first
+  rmtree."""
+  start = time.monotonic()
+  gone_since = None
+  while time.monotonic() - start < limit_s:
+    if path.exists():
+      shutil.rmtree(path, ignore_errors=True)
+      gone_since = None
+    elif gone_since is None:
+      gone_since = time.monotonic()
+    elif time.monotonic() - gone_since >= quiet_s:
+      return
+    time.sleep(0.02)
 
 
 def write_group(ckpt_dir: str | Path, group: str,
