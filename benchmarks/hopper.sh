@@ -38,7 +38,7 @@ kernels)
   cat "$OUT/qmatmul.md"
   ;;
 steps1)
-  timeout 200 $S --batch 1 --variants default split=auto \
+  timeout 200 $S --batch 1 --variants split=32 split=auto \
       split=auto,attention=mosaic,cache=mosaic \
       --json "$OUT/b1-bf16.json" | grep -E "$ROWS"
   # fp8 runs XLA's W8A8 GEMM at every Q unless stream-max-q says otherwise:
@@ -70,7 +70,7 @@ onepass)
 steps32)
   # a variant compiles two batch-32 decodes (--steady), so each weight
   # format is its own part
-  $B32_MEM timeout 570 $S --batch 32 --variants default split=auto \
+  $B32_MEM timeout 570 $S --batch 32 --variants split=32 split=auto \
       --json "$OUT/b32-bf16.json" | grep -E "$ROWS"
   ;;
 steps32-mosaic)
@@ -82,7 +82,7 @@ steps32-mosaic)
   ;;
 steps32-fp8)
   $B32_MEM timeout 570 $S --batch 32 --quantize fp8 \
-      --variants default split=auto \
+      --variants split=32 split=auto \
       --json "$OUT/b32-fp8.json" | grep -E "$ROWS"
   ;;
 profile)

@@ -90,7 +90,6 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   returns the kernel choice to decode with (`implementation=`)."""
   from flash_dllm_jax.generate import GPU_COMPILER_OPTIONS
   from flash_dllm_jax.ops import Kernels
-  from pallas_kernels.attention.api import Tiling
   options = {}
   for option in args.gpu_option:
     key, sep, value = option.partition("=")
@@ -107,7 +106,7 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   if r is not None and (r < 16 or r & (r - 1)):
     ap.error(f"--attention-max-block-r must be a power of two >= 16, got {r}")
   GPU_COMPILER_OPTIONS.update(options)
-  default = Tiling()
+  default = choice.default_tiling()
   try:
     tiling = dataclasses.replace(
         default, **choice.split_rule(split),

@@ -221,12 +221,12 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     there.
   progress: called as progress(row indices just decoded, number of rows)
     after each decode call.
-  kernels: kernel choice and settings (`ops.Kernels`; None: by backend),
-    e.g. `ops.Kernels(attention=ops.Tiling(split_target=132))`, the
-    latency tiling: attention splits its keys until a sequence fills an
-    H200's 132 SMs, faster at batch 1 and slower at batch 32 (BENCHMARKS.md,
-    "Strategy steps"). Fixed per call, so a row's answer still never
-    depends on the batch.
+  kernels: kernel choice and settings (`ops.Kernels`; None: by backend,
+    with the automatic attention split `ops.default_tiling()`), e.g.
+    `ops.Kernels(attention=ops.Tiling(split_target=32))`, which never
+    splits LLaDA-8B's keys: a little faster at batch 32, slower at batch 1
+    (BENCHMARKS.md, "Hopper kernels"). Fixed per call, so a row's answer
+    never depends on the batch.
   logprobs: also return each generated token's log-probability at the step
     it was committed (`GenerateOutput.logprobs_BxG`).
   """

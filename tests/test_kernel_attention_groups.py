@@ -135,7 +135,9 @@ def test_a_row_is_the_same_alone_and_in_a_grouped_batch(request, impl, dtype,
 
 
 def test_group_target_is_validated():
-  assert Tiling().group_target is None  # today's default: no grouping
+  # the kernel's own default: no grouping (the entry points' default is
+  # choice.default_tiling, the automatic split)
+  assert Tiling().group_target is None
   assert Tiling(group_target=1).group_target == 1
   for bad in (0, -3, 2.5, "264"):
     with pytest.raises(ValueError, match="group_target must be None or"):
@@ -144,19 +146,25 @@ def test_group_target_is_validated():
 
 def test_auto_split_target_parses_to_the_batch_rule(monkeypatch):
   """--attention-split-target auto: split_target = the device's SM count
-  (132 where it does not tell, as on a CPU), group_target twice it; N and
-  the default unchanged; the benchmarks' flags take it too."""
+  (132 where it does not tell, as on a CPU), group_target twice it, and
+  the default of every entry point (Kernels(), a kernel name, no flag);
+  N: that split target, each split in its own program; the benchmarks'
+  flags take both."""
   ap = argparse.ArgumentParser()
   choice.add_flags(ap)
   parse = lambda *a: choice.kernels_from_args(ap.parse_args(list(a)))
   assert parse() is None
+  auto = Tiling(split_target=132, group_target=264)
   assert parse("--attention-split-target", "132").attention == Tiling(
       split_target=132)
-  assert parse("--attention-split-target", "auto").attention == Tiling(
-      split_target=132, group_target=264)
+  assert parse("--attention-split-target", "auto").attention == auto
+  assert choice.Kernels().attention == auto
+  assert choice.tiling(None) == choice.tiling("pallas") == auto
   monkeypatch.setattr(choice, "device_sm_count", lambda: 78)
   assert parse("--attention-split-target", "auto").attention == Tiling(
       split_target=78, group_target=156)
+  assert choice.Kernels().attention == Tiling(split_target=78,
+                                              group_target=156)
   with pytest.raises(SystemExit):
     ap.parse_args(["--attention-split-target", "many"])
   bench = argparse.ArgumentParser()
@@ -165,3 +173,7 @@ def test_auto_split_target_parses_to_the_batch_rule(monkeypatch):
       ["--attention-split-target", "auto", "--attention-block-k", "32"]))
   assert kernels.attention == Tiling(split_target=78, group_target=156,
                                      block_k=32)
+  for flags, want in (([], Tiling(split_target=78, group_target=156)),
+                      (["--attention-split-target", "32"], Tiling())):
+    kernels = tuning.apply(bench, bench.parse_args(flags))
+    assert kernels.attention == want, flags

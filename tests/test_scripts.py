@@ -88,9 +88,9 @@ def test_bench_strategies_fails_when_a_variant_gives_no_row(tmp_path,
   out = tmp_path / "rows.json"
   with pytest.raises(SystemExit, match="flash-dllm batch 2 split=auto"):
     bench_strategies.main(["--smoke", "--only", "flash-dllm", "--variants",
-                           "default", "split=auto", "--json", str(out)])
+                           "split=32", "split=auto", "--json", str(out)])
   (row,) = json.loads(out.read_text())["rows"]
-  assert row["kernels"] == "default" and row["ms_step"] > 0
+  assert row["kernels"] == "split=32" and row["ms_step"] > 0
 
 
 def test_bench_strategies_gpu_option_reaches_the_decode_options():

@@ -40,7 +40,10 @@ def server(tmp_path_factory, model):
     assert health["strategy"] == "flash-dllm" and health["batching"] == \
         "continuous" and health["prompt_len"] == 128
     assert health["slots"] == 4
-    assert health["attention_tiling"]["split_target"] == 32  # the default
+    # the default: the automatic split (132 SMs where the device does not
+    # tell, as on a CPU)
+    tiling = health["attention_tiling"]
+    assert (tiling["split_target"], tiling["group_target"]) == (132, 264)
     yield srv
   finally:
     srv.close()

@@ -70,7 +70,7 @@ def server(tmp_path_factory):
                "--batch-size", "4", "--max-prompt-tokens", "32",
                "--steps-per-call", "2", "--mesh", "data=2",
                "--variant", "block_m=4", "--variant", "gen_length=8",
-               "--attention-split-target", "132",  # the latency tiling
+               "--attention-split-target", "32",  # the batch-32 tiling
                "--compile-cache", str(tmp / "cache"),
                log_path=tmp / "server.log",
                env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
@@ -79,7 +79,8 @@ def server(tmp_path_factory):
     assert [v["block_m"] for v in health["variants"]] == [8, 4, 8]
     assert [v["gen_length"] for v in health["variants"]] == [16, 16, 8]
     assert health["mesh"] == {"data": 2, "model": 1}
-    assert health["attention_tiling"]["split_target"] == 132
+    tiling = health["attention_tiling"]
+    assert (tiling["split_target"], tiling["group_target"]) == (32, None)
     # --compile-cache: the decode loops compiled at start are on disk, so a
     # restarted server loads them.
     cached = os.listdir(tmp / "cache")

@@ -13,7 +13,8 @@ a `Kernels` adds kernel settings to that choice.
 
 from flash_dllm_jax.ops.attention import (attention, cached_attention,
                                           rope_and_write, write_cache)
-from flash_dllm_jax.ops.choice import ExpertTiling, Kernels, Tiling
+from flash_dllm_jax.ops.choice import (ExpertTiling, Kernels, Tiling,
+                                       default_tiling)
 from flash_dllm_jax.ops.experts import routed_experts
 from flash_dllm_jax.ops.linear import (QMATMUL_STREAM_MAX_Q,
                                        QMATMUL_W8A8_STREAM_MAX_Q, linear,
@@ -22,6 +23,7 @@ from flash_dllm_jax.ops.rows import rms_norm, token_logprob
 
 __all__ = ["ExpertTiling", "Kernels", "QMATMUL_STREAM_MAX_Q",
            "QMATMUL_W8A8_STREAM_MAX_Q", "attention", "cached_attention",
+           "default_tiling",
            "linear", "quantized_linear", "rms_norm", "rope_and_write",
            "routed_experts", "stream_max_q", "Tiling", "token_logprob",
            "write_cache"]

@@ -16,18 +16,19 @@ Tiling = attention_api.Tiling  # the attention kernel's tiling rules
 class Kernels:
   """A kernel choice with settings, accepted wherever `implementation` is:
   name as `implementation` (None: by backend), the attention kernel's
-  tiling rules, the grouped expert kernel's (`routed_experts`; None runs
-  every expert on every row, the differentiable path training takes, as
-  the kernel has no VJP) and the rows per sequence up to which 8-bit
-  weights stream (`quantized_linear`; benchmarks sweep them; static, so
-  part of the jit key), and the backend that streams them on a GPU
-  (`qmatmul`: "triton", the default, or "mosaic", Mosaic GPU's kernel,
-  which no measurement chooses yet); likewise `cache_update`, the backend
-  of the fused RoPE + cache write, and `attention_backend`, the cached
-  attention's."""
+  tiling rules (default_tiling: the automatic split), the grouped expert
+  kernel's (`routed_experts`; None runs every expert on every row, the
+  differentiable path training takes, as the kernel has no VJP) and the
+  rows per sequence up to which 8-bit weights stream (`quantized_linear`;
+  benchmarks sweep them; static, so part of the jit key), and the backend
+  that streams them on a GPU (`qmatmul`: "triton", the default, or
+  "mosaic", Mosaic GPU's kernel, which no measurement chooses yet);
+  likewise `cache_update`, the backend of the fused RoPE + cache write, and
+  `attention_backend`, the cached attention's."""
 
   name: str | None = None
-  attention: attention_api.Tiling = attention_api.Tiling()
+  attention: attention_api.Tiling = dataclasses.field(
+      default_factory=lambda: default_tiling())
   experts: ExpertTiling | None = ExpertTiling()
   stream_max_q: int | None = None  # default: ops.stream_max_q(format)
   qmatmul: str = "triton"
@@ -66,7 +67,16 @@ def backend_name(implementation, op: str) -> str:
 def tiling(implementation) -> attention_api.Tiling:
   if isinstance(implementation, Kernels):
     return implementation.attention
-  return attention_api.Tiling()
+  return default_tiling()
+
+
+def default_tiling() -> attention_api.Tiling:
+  """The attention tiling every entry point decodes with unless told: the
+  automatic split (split_rule("auto")) for this device. At batch 1 it is
+  the faster tiling, at batch 32 within a few percent of split_target=32
+  (BENCHMARKS.md, "Hopper kernels"); a split rule may not follow the batch
+  size, so one rule serves both."""
+  return attention_api.Tiling(**split_rule("auto"))
 
 
 def expert_tiling(implementation) -> ExpertTiling | None:
@@ -92,11 +102,11 @@ def add_flags(parser) -> None:
   parser.add_argument(
       "--attention-split-target", type=parse_split_target, default=None,
       metavar="N|auto",
-      help="attention programs a sequence fills before its keys are split "
-      "(default 32, for batches of 32; 132, an H200's SM count, is the "
-      "latency tiling for batch 1); auto: the device's SM count, with at "
-      "most twice that many programs a call, a batch's rows running their "
-      "splits in fewer programs (the same bits for any batch size)")
+      help="attention programs a sequence fills before its keys are split; "
+      "auto (the default): the device's SM count, with at most twice that "
+      "many programs a call, a batch's rows running their splits in fewer "
+      "programs (the same bits for any batch size); 32 never splits "
+      "LLaDA-8B's keys, a little faster at batch 32 and slower at batch 1")
 
 
 def device_sm_count(default: int = 132) -> int:
@@ -108,18 +118,20 @@ def device_sm_count(default: int = 132) -> int:
 
 def split_rule(value) -> dict:
   """The Tiling fields --attention-split-target `value` sets: none for
-  None, split_target for an int, and for "auto" split_target = the SM
-  count with group_target = twice it (tiling.split_group_for)."""
+  None, split_target for an int (each split in its own program), and for
+  "auto" split_target = the SM count with group_target = twice it
+  (tiling.split_group_for)."""
   if value is None:
     return {}
   if value == "auto":
     sms = device_sm_count()
     return dict(split_target=sms, group_target=2 * sms)
-  return dict(split_target=value)
+  return dict(split_target=value, group_target=None)
 
 
 def kernels_from_args(args) -> Kernels | None:
-  """The Kernels the add_flags flags ask for (None: the defaults)."""
+  """The Kernels the add_flags flags ask for (None: the defaults,
+  default_tiling's)."""
   fields = split_rule(args.attention_split_target)
   if not fields:
     return None

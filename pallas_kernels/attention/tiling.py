@@ -32,24 +32,24 @@ class Tiling:
   """How `scheduled_attention` tiles by default (static: part of the jit key).
 
   split_target: programs one sequence should fill before its keys are split
-    (see default_split_tiles). Splits cost a float32 partial output per split
-    and a merge; whether to split may depend on neither the batch nor the
-    cache length, so the default serves batch 32: LLaDA-8B's queries (32
-    heads) are never split at 32, a sequence with fewer programs (Dream's 4
-    KV heads at small Q) still is (BENCHMARKS.md, "Strategy steps"): 5
-    splits of 4 tiles at S = 1280. At 132 (one H200's SMs, batch 1)
-    LLaDA-8B splits too (Q <= 256), also into 5 at S = 1280.
+    (see default_split_tiles). Whether to split may depend on neither the
+    batch nor the cache length. At 32 (this class's default) LLaDA-8B's
+    queries (32 heads) are never split and a sequence with fewer programs
+    (Dream's 4 KV heads at small Q) still is: 5 splits of 4 tiles at
+    S = 1280. At 132 (an H100's or H200's SMs) LLaDA-8B splits too
+    (Q <= 256), also into 5 at S = 1280.
   group_target: programs a call should not exceed by running its key splits
     in separate programs (see split_group_for): a program runs a group of
-    consecutive splits one after another, each written as its own partial,
-    so the group changes the program count and not a bit of any result,
-    and may follow the batch size. None: one split per program. With
-    split_target = the device's SM count (132 on an H200) and group_target
-    set (e.g. 264), batch 1 runs LLaDA-8B's splits in parallel or nearly
-    (the latency tiling; at 128 queries its 5 splits in 3 programs a row
-    tile, 192 in all) and batch 32 runs them in one program per row tile,
-    which merges them itself and writes no partials (kernel.py): one rule
-    for both, the same bits for any batch size.
+    consecutive splits one after another, each from a fresh softmax, so
+    the group changes the program count and not a bit of any result, and
+    may follow the batch size. None: one split per program, each writing a
+    float32 partial that the combine kernel merges. With split_target = the
+    device's SM count and group_target twice it (the automatic rule the
+    entry points default to), batch 1 runs LLaDA-8B's splits in parallel
+    or nearly (at 128 queries its 5 splits in 3 programs a row tile, 192
+    in all) and batch 32 runs them in one program per row tile, which
+    merges them itself and writes no partials (kernel.py): one rule for
+    both, the same bits for any batch size.
   split_tiles: key tiles per split when keys are split (a fixed size, so
     that a longer cache only adds splits).
   max_block_r: most rows (query x folded head) per program, a power of two.
