@@ -119,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
                                              is_loopback)
   from flash_dllm_jax.sampling.row_options import ROW_OPTIONS
   from flash_dllm_jax.sampling.row_sampling import row_fields
-  from flash_dllm_jax.serve.service import Service, Settings
+  from flash_dllm_jax.serve.service import Service, Settings, check_pool
   from flash_dllm_jax.strategies import build_sampler
 
   handler = logging.StreamHandler()
@@ -178,6 +178,8 @@ def main(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(changed))} is a per-request setting "
             f"({fields}); --variant is for options that change the "
             "compiled program")
+    for v in (sampler, *variants):  # the slot plan fits, before the port
+      check_pool(settings, v, config)
     mesh = parallel.parse_mesh(args.mesh)
     if mesh is not None:
       parallel.check_config(config, mesh)
@@ -197,10 +199,14 @@ def main(args: argparse.Namespace) -> int:
                 "can use it (set --api-key or $%s)", args.host, API_KEY_ENV)
   holder: dict = {}
 
+  def engine_lost():  # the engine failed for good: stop, exit status 1
+    holder["failed"] = True
+    server.should_exit = True
+
   def compile_engines():
     try:
       holder["service"] = Service(params, config, tokenizer, sampler,
-                                  settings, variants, mesh)
+                                  settings, variants, mesh, engine_lost)
       log.info("ready: %s batching, %d slots of %d prompt positions",
                holder["service"].mode, settings.slots, settings.prompt_len)
     except Exception:  # noqa: BLE001 - logged, and the server exits

@@ -57,6 +57,21 @@ class Settings:
     return padded_length(self.max_prompt_tokens, PROMPT_BUCKET)
 
 
+def check_pool(settings: Settings, sampler, config: ModelConfig) -> None:
+  """A ValueError unless a slot (prompt_len prompt positions + the
+  sampler's canvas) fits the model's context (the CLI checks it before it
+  binds the port; Service again)."""
+  p, room = settings.prompt_len, config.max_seq_len - sampler.gen_length
+  if p > room:
+    top = room // PROMPT_BUCKET * PROMPT_BUCKET
+    raise ValueError(
+        f"max_prompt_tokens {settings.max_prompt_tokens}: slots hold "
+        f"prompts padded to a multiple of {PROMPT_BUCKET} ({p}), and {p} + "
+        f"gen_length {sampler.gen_length} exceeds max_seq_len "
+        f"{config.max_seq_len}; at most {top} fits")
+  sampler.check_prompt(p, config.max_seq_len)
+
+
 # Request fields that pick a variant besides `decoding`, where the sampler
 # does not take them per row (`row_fields`; LLaDA's top_p / top_k): (field,
 # the value a sampler without the option decodes with).
@@ -71,10 +86,11 @@ class Service:
   option gets); variants: further samplers of the same strategy declared at
   start; a request picks one by stating options equal to its values.
   mesh: a jax Mesh every engine splits its slots (data) and weights (model)
-  over, or None."""
+  over, or None. on_fatal: called once the engine failed for good
+  (scheduler.py)."""
 
   def __init__(self, params, config: ModelConfig, tokenizer, sampler,
-               settings: Settings, variants=(), mesh=None):
+               settings: Settings, variants=(), mesh=None, on_fatal=None):
     self.config, self.tokenizer = config, tokenizer
     self.samplers = (sampler, *variants)
     self.sampler = sampler
@@ -82,7 +98,7 @@ class Service:
     for v in self.samplers:
       if type(v) is not type(sampler):
         raise ValueError(f"variant {v!r} is not a {type(sampler).__name__}")
-      self._check_pool(v, config)
+      check_pool(settings, v, config)
     if len(set(self.samplers)) < len(self.samplers):
       raise ValueError("two declared variants decode with the same options")
     engines = {}
@@ -98,7 +114,8 @@ class Service:
                "%.1f s", i, settings.slots, settings.prompt_len,
                time.perf_counter() - t0)
     self.mode = "continuous" if engines[0].continuous else "batch"
-    self.scheduler = Scheduler(engines, self.metrics, settings.max_queue)
+    self.scheduler = Scheduler(engines, self.metrics, settings.max_queue,
+                               on_fatal)
     self.decodings = [{"strategy": settings.strategy,
                        "gen_length": v.gen_length, "steps": v.num_steps,
                        "batching": self.mode, "variant": i,
@@ -108,19 +125,6 @@ class Service:
     self.mesh = None if mesh is None else dict(mesh.shape)
     self.attention_tiling = dataclasses.asdict(choice.tiling(settings.kernels))
     self.scheduler.start()
-
-  def _check_pool(self, sampler, config: ModelConfig) -> None:
-    """A ValueError unless a slot (prompt_len prompt positions + the
-    sampler's canvas) fits the model's context."""
-    p, room = self.settings.prompt_len, config.max_seq_len - sampler.gen_length
-    if p > room:
-      top = room // PROMPT_BUCKET * PROMPT_BUCKET
-      raise ValueError(
-          f"max_prompt_tokens {self.settings.max_prompt_tokens}: slots hold "
-          f"prompts padded to a multiple of {PROMPT_BUCKET} ({p}), and {p} + "
-          f"gen_length {sampler.gen_length} exceeds max_seq_len "
-          f"{config.max_seq_len}; at most {top} fits")
-    sampler.check_prompt(p, config.max_seq_len)
 
   # Request checks ---------------------------------------------------------
   def _encode(self, text: str) -> list[int]:
