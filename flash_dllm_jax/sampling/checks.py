@@ -6,14 +6,26 @@ import numbers
 from typing import Sequence
 
 
+INT32_MAX = 2 ** 31 - 1  # device arrays hold a sampler's ints as int32
+
+
 def check_finite(sampler) -> None:
   """Raises one ValueError naming every real-valued field of a sampler
-  dataclass that is NaN or infinite. Range checks alone let NaN through
-  (every comparison with it is False), and it then decodes garbage."""
-  bad = [f"{f.name} must be a finite number, got {value!r}"
-         for f in dataclasses.fields(sampler)
-         if isinstance(value := getattr(sampler, f.name), numbers.Real)
-         and not isinstance(value, bool) and not math.isfinite(value)]
+  dataclass that is NaN or infinite, and every int field outside int32
+  (the dtype the compiled loop stores it in). Range checks alone let NaN
+  through (every comparison with it is False), and it then decodes
+  garbage; an int past int32 overflows when the decode stores it."""
+  bad = []
+  for f in dataclasses.fields(sampler):
+    value = getattr(sampler, f.name)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+      continue
+    if isinstance(value, numbers.Integral):
+      if abs(value) > INT32_MAX:
+        bad.append(f"{f.name} must fit int32 (|x| <= {INT32_MAX}), got "
+                   f"{value!r}")
+    elif not math.isfinite(value):
+      bad.append(f"{f.name} must be a finite number, got {value!r}")
   if bad:
     raise ValueError(f"invalid {type(sampler).__name__} arguments: "
                      + "; ".join(bad))

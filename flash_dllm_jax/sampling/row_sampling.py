@@ -64,8 +64,8 @@ class Sampling:
     if not (isinstance(p, (int, float)) and math.isfinite(p) and 0 < p <= 1):
       errors.append(f"top_p must be in (0, 1], got {p!r}")
     if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool)
-            and k >= 0):
-      errors.append(f"top_k must be an int >= 0, got {k!r}")
+            and 0 <= k < 2**31):  # RowSampling holds it as int32
+      errors.append(f"top_k must be an int in [0, 2**31), got {k!r}")
     h = self.threshold
     if h is not None and not (isinstance(h, (int, float))
                               and math.isfinite(h) and 0 < h <= 1):

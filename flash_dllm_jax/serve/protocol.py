@@ -1,6 +1,10 @@
 """OpenAI wire format: request models (pydantic) and response bodies.
 
-Unknown fields are errors (extra="forbid"). Responses add `decoding` (the
+Unknown fields are errors (extra="forbid") and types are strict, as
+OpenAI's API is: a number field takes a JSON number (an int where it says
+so), never a string or a boolean; a boolean field only true / false. Every
+int fits the dtype it is stored in (top_k: int32, clipped to the vocabulary
+by the server; seed: uint32). Responses add `decoding` (the
 settings that decoded the answer, with the variant's index and each
 choice's seed), `token_ids` on each choice (a stream chunk's: the answer ids
 that became final with it) and `decode_steps` / `forward_passes` in `usage`
@@ -37,18 +41,22 @@ from pydantic import BaseModel, ConfigDict, Field
 MAX_N = 16  # choices per request
 
 
+MAX_INT32 = 2**31 - 1
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class StreamOptions(BaseModel):
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   include_usage: bool = True
 
 
 class _Common(BaseModel):
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   model: str
   max_tokens: int | None = Field(None, ge=1)
   temperature: float | None = Field(None, ge=0, le=2)
   top_p: float | None = Field(None, gt=0, le=1)
-  top_k: int | None = Field(None, ge=-1)
+  top_k: int | None = Field(None, ge=-1, le=MAX_INT32)
   seed: int | None = Field(None, ge=0, lt=2**32)
   stop: str | list[str] | None = None
   stream: bool = False
@@ -72,7 +80,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   role: Literal["system", "user", "assistant"]
   content: str
   name: str | None = None

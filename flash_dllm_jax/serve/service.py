@@ -19,6 +19,7 @@ from flash_dllm_jax.serve.scheduler import Request, Scheduler
 from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.serve.text import AnswerText
+from flash_dllm_jax.strategies import sampler_options
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -55,6 +56,22 @@ class Settings:
     left-padded to it decodes as offline `generate` pads it (see
     prompts.left_pad)."""
     return padded_length(self.max_prompt_tokens, PROMPT_BUCKET)
+
+
+def _type_error(value, typ: type) -> str | None:
+  """Why a JSON value is not of a sampler option's type (strict, as the
+  request's own fields: no strings or booleans for numbers), or None."""
+  if typ is bool:
+    ok = isinstance(value, bool)
+  elif typ is int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+  elif typ is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+  else:
+    ok = isinstance(value, typ)
+  what = {float: "a finite number"}.get(typ, f"a {typ.__name__}")
+  return None if ok else f"must be {what}, got {value!r}"
 
 
 def check_pool(settings: Settings, sampler, config: ModelConfig) -> None:
@@ -181,10 +198,13 @@ class Service:
         for name, absent in _TOP_LEVEL if getattr(req, name) is not None
         and (name != "top_k" or top_k is not None) and name not in rows]
     names = dataclasses.asdict(self.sampler)
+    types = sampler_options(type(self.sampler))  # the CLI flags' types
     for name, value in (req.decoding or {}).items():
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
+      if value is not None and (why := _type_error(value, types[name][0])):
+        raise BadRequest(f"decoding.{name} {why}", f"decoding.{name}")
       if name in rows and name not in row_options.ROW_OPTIONS:
         raise BadRequest(f"{name} is a per-request setting: send it as the "
                          f"request's {name} field", f"decoding.{name}")
@@ -301,7 +321,8 @@ class Service:
           temperature=float(own.temperature if req.temperature is None
                             else req.temperature),
           top_p=float(own.top_p if req.top_p is None else req.top_p),
-          top_k=own.top_k if req.top_k is None else max(0, req.top_k),
+          top_k=own.top_k if req.top_k is None else  # k >= V: all
+          min(max(0, req.top_k), self.config.vocab_size),
           **self._row_options(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
