@@ -22,6 +22,7 @@ from typing import Any, Mapping
 from flash_dllm_jax import architectures
 from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
+from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
@@ -158,7 +159,13 @@ def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
     takes = sorted(k for k in fields if k not in strategy.fixed)
     raise ValueError(f"option(s) {flags} do not apply to strategy {name!r} "
                      f"(it takes: {', '.join(takes)})")
-  return strategy.sampler(**{**strategy.fixed, **options})
+  sampler = strategy.sampler(**{**strategy.fixed, **options})
+  for key in options:  # a rule option the sampler's rule ignores, refused
+    if key in row_options.options(sampler) and \
+        (why := row_options.off_reason(sampler, key)):
+      raise ValueError(f"--{key.replace('_', '-')} has no effect with "
+                       f"strategy {name!r}: {why}")
+  return sampler
 
 
 def add_option_flags(parser, title: str = "strategy options") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import signal
 import sys
@@ -141,12 +142,14 @@ def main(args: argparse.Namespace) -> int:
     if args.max_body_bytes < 1:
       raise ValueError(f"--max-body-bytes must be >= 1, got "
                        f"{args.max_body_bytes}")
-    if not args.header_timeout > 0:
-      raise ValueError(f"--header-timeout must be > 0, got "
-                       f"{args.header_timeout}")
-    if not args.shutdown_timeout >= 0:
-      raise ValueError(f"--shutdown-timeout must be >= 0, got "
-                       f"{args.shutdown_timeout}")
+    for flag, low in (("request_timeout", 0), ("header_timeout", 0),
+                      ("shutdown_timeout", None)):
+      value = getattr(args, flag)  # NaN passes no range check: finite first
+      if not math.isfinite(value) or (value <= low if low is not None
+                                      else value < 0):
+        raise ValueError(f"--{flag.replace('_', '-')} must be a finite "
+                         f"number {'> 0' if low is not None else '>= 0'}, "
+                         f"got {value}")
     settings = Settings(model_name=name, strategy=args.strategy,
                         slots=args.batch_size,
                         max_prompt_tokens=args.max_prompt_tokens,

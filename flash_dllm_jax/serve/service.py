@@ -46,7 +46,8 @@ class Settings:
     for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-    if self.request_timeout <= 0:
+    if not (math.isfinite(self.request_timeout)
+            and self.request_timeout > 0):
       raise ValueError(f"request_timeout must be > 0, got "
                        f"{self.request_timeout}")
 
