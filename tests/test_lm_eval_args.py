@@ -146,3 +146,32 @@ def test_lm_evals_batch_size_does_not_change_scores():
   counts = masks.sum(1)
   np.testing.assert_allclose(weights, 3 / counts)
   assert batched.scored.forwards == small.scored.forwards == 3 * 4
+
+
+def test_bad_checkpoints_and_seeds_are_one_model_args_error(tmp_path):
+  """An empty pretrained=, a directory that is no checkpoint, and a seed
+  lm-eval read as a float (-1.0) are each one ModelArgsError."""
+  with pytest.raises(ModelArgsError, match="pretrained= \\(checkpoint=\\) "
+                     "is empty"):
+    parse({"pretrained": ""})
+  with pytest.raises(ModelArgsError, match=f"pretrained='{tmp_path}': "):
+    FlashDLLMJax(pretrained=str(tmp_path))
+  with pytest.raises(ModelArgsError, match=r"seed must be in \[0, 2\*\*32\), "
+                     r"got -1\. "):
+    parse({"pretrained": TINY, "seed": -1.0})
+
+
+@pytest.mark.slow
+def test_a_huge_batch_size_is_bounded_by_the_requests():
+  """batch_size=10**8 over 2 requests decodes 2 rows (not 12.5 M)."""
+  from flash_dllm_jax.lm_eval import task_manager
+  results = lm_eval.simple_evaluate(
+      model="flash_dllm_jax", model_args={
+          "checkpoint": TINY, "strategy": "threshold", "gen_length": 16,
+          "block_length": 16, "batch_size": 10**8},
+      tasks=["synthetic_gsm"], limit=2, log_samples=True,
+      task_manager=task_manager(include_defaults=False))
+  samples = [s for s in results["samples"]["synthetic_gsm"]
+             if s["filter"] == "strict-match"]
+  assert len(samples) == 2
+  assert all(isinstance(s["resps"][0][0], str) for s in samples)

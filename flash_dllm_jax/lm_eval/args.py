@@ -63,7 +63,9 @@ class AdapterArgs:
 
   def __post_init__(self):
     errors = []
-    if not Path(self.checkpoint).is_dir():
+    if not self.checkpoint.strip():
+      errors.append("pretrained= (checkpoint=) is empty")
+    elif not Path(self.checkpoint).is_dir():
       what = "is a file, not" if Path(self.checkpoint).exists() else "is not"
       errors.append(f"checkpoint={self.checkpoint!r} {what} a directory")
     if self.strategy is not None and self.strategy not in STRATEGIES:
@@ -110,6 +112,8 @@ ALIASES = {"pretrained": "checkpoint"}
 
 
 def _coerce(name: str, value: Any, typ: type) -> Any:
+  if typ is int and isinstance(value, float) and value.is_integer():
+    return int(value)  # lm-eval reads "-1" as -1.0 (it isnumeric() only 0-9)
   if typ is float and isinstance(value, int) and not isinstance(value, bool):
     return float(value)
   if typ is str and value is not None and not isinstance(value, str):

@@ -66,7 +66,11 @@ class FlashDLLMJax(LM):
   def __init__(self, **model_args: Any):
     super().__init__()
     self.args, self.options = parse(model_args)
-    self.arch = load_config(self.args.checkpoint).arch
+    try:
+      self.arch = load_config(self.args.checkpoint).arch
+    except (FileNotFoundError, ValueError) as e:  # not a checkpoint
+      raise ModelArgsError(f"bad model_args for flash_dllm_jax: pretrained="
+                           f"{self.args.checkpoint!r}: {e}") from None
     self.strategy = self.args.strategy or self.arch
     self._sampler_cache: dict[int, tuple[Any, int | None]] = {}
     self.sampler_for(self.args.max_gen_toks)  # bad sampler options fail now
@@ -153,7 +157,7 @@ class FlashDLLMJax(LM):
         raise ValueError(f"request {i} ({len(row)} prompt tokens, padded to "
                          f"{padded}): {e}") from None
     refill = isinstance(sampler, Refillable) and self.mesh is None
-    b = self.args.batch_size
+    b = min(self.args.batch_size, len(idx))  # rows: never past the requests
     for bucket in bucket_groups(rows):
       members = [idx[j] for j in bucket]
       chunks = ([members] if refill
@@ -217,7 +221,8 @@ class FlashDLLMJax(LM):
     with bar, compile_clock() as compiled:
       t0 = time.perf_counter()
       values, forwards = likelihood.estimate_many(
-          self.params, self.config, items, batch_size=self.args.batch_size,
+          self.params, self.config, items,
+          batch_size=min(self.args.batch_size, len(items) * self.args.mc_num),
           cfg=self.args.cfg, block_length=self.likelihood_blocks(),
           progress=bar.update)
       self.scored.add(requests=len(items), forwards=int(forwards.sum()),
