@@ -7,6 +7,7 @@ server keeps answering (/health ready, a plain request served)."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import openai
@@ -122,3 +123,16 @@ def test_no_request_gets_a_500_or_a_hang(server, body):
 
 def test_after_the_hostile_inputs_the_server_still_serves(server):
   still_serving(server)
+
+
+def test_settings_and_serve_flags_hold_their_dtypes():
+  """What the compiled loop stores as int32, and finite timeouts."""
+  from flash_dllm_jax.serve.service import Settings
+  for bad, why in [(dict(steps_per_call=2**32), "steps_per_call must be an "
+                    "int in [1, 2**31), got 4294967296"),
+                   (dict(slots=0), "slots must be an int in [1, 2**31)"),
+                   (dict(request_timeout=float("nan")), "request_timeout "
+                    "must be > 0, got nan"),
+                   (dict(request_timeout=float("inf")), "request_timeout")]:
+    with pytest.raises(ValueError, match=re.escape(why)):
+      Settings("m", "flash-dllm", **bad)

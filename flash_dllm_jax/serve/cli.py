@@ -139,6 +139,8 @@ def main(args: argparse.Namespace) -> int:
     check_checkpoint(checkpoint, args.checkpoint is not None)
     if api_key is not None and not api_key.strip():
       raise ValueError(f"the API key (--api-key or ${API_KEY_ENV}) is empty")
+    if not 0 <= args.port <= 65535:
+      raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_body_bytes < 1:
       raise ValueError(f"--max-body-bytes must be >= 1, got "
                        f"{args.max_body_bytes}")

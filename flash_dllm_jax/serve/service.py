@@ -44,8 +44,9 @@ class Settings:
 
   def __post_init__(self):
     for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+      value = getattr(self, name)  # the compiled loop holds them as int32
+      if not (isinstance(value, int) and 1 <= value < 2**31):
+        raise ValueError(f"{name} must be an int in [1, 2**31), got {value}")
     if not (math.isfinite(self.request_timeout)
             and self.request_timeout > 0):
       raise ValueError(f"request_timeout must be > 0, got "
