@@ -121,6 +121,29 @@ def test_no_request_gets_a_500_or_a_hang(server, body):
     assert error["type"] == "invalid_request_error" and error["message"]
 
 
+MESSAGES = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | JSON,
+     "content": st.text(max_size=12) | JSON}), max_size=3) | JSON
+CHATS = st.fixed_dictionaries(
+    {"model": st.just(MODEL), "messages": MESSAGES},
+    optional={"max_completion_tokens": NUMBERS | JSON,
+              "logprobs": st.booleans() | JSON,
+              "top_logprobs": NUMBERS | JSON, "temperature": NUMBERS | JSON,
+              "top_k": NUMBERS | JSON})
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                 HealthCheck.too_slow])
+@given(body=CHATS)
+def test_no_chat_request_gets_a_500_or_a_hang(server, body):
+  r = httpx.post(server.url + "/v1/chat/completions",
+                 content=json.dumps(body),
+                 headers={"content-type": "application/json"},
+                 timeout=TIMEOUT)
+  assert r.status_code < 500, (body, r.status_code, r.text[:300])
+
+
 def test_after_the_hostile_inputs_the_server_still_serves(server):
   still_serving(server)
 
