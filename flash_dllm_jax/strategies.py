@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Mapping
@@ -166,6 +167,22 @@ def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
       raise ValueError(f"--{key.replace('_', '-')} has no effect with "
                        f"strategy {name!r}: {why}")
   return sampler
+
+
+def option_type_error(value, typ: type) -> str | None:
+  """Why a value (a request's JSON) is not of a sampler option's type:
+  strict, no strings or booleans for numbers, finite floats; or None."""
+  if typ is bool:
+    ok = isinstance(value, bool)
+  elif typ is int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+  elif typ is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+  else:
+    ok = isinstance(value, typ)
+  what = {float: "a finite number"}.get(typ, f"a {typ.__name__}")
+  return None if ok else f"must be {what}, got {value!r}"
 
 
 def add_option_flags(parser, title: str = "strategy options") -> None:

@@ -19,7 +19,7 @@ from flash_dllm_jax.serve.scheduler import Request, Scheduler
 from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.serve.text import AnswerText
-from flash_dllm_jax.strategies import sampler_options
+from flash_dllm_jax.strategies import option_type_error, sampler_options
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -58,22 +58,6 @@ class Settings:
     left-padded to it decodes as offline `generate` pads it (see
     prompts.left_pad)."""
     return padded_length(self.max_prompt_tokens, PROMPT_BUCKET)
-
-
-def _type_error(value, typ: type) -> str | None:
-  """Why a JSON value is not of a sampler option's type (strict, as the
-  request's own fields: no strings or booleans for numbers), or None."""
-  if typ is bool:
-    ok = isinstance(value, bool)
-  elif typ is int:
-    ok = isinstance(value, int) and not isinstance(value, bool)
-  elif typ is float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
-  else:
-    ok = isinstance(value, typ)
-  what = {float: "a finite number"}.get(typ, f"a {typ.__name__}")
-  return None if ok else f"must be {what}, got {value!r}"
 
 
 def check_pool(settings: Settings, sampler, config: ModelConfig) -> None:
@@ -205,7 +189,8 @@ class Service:
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
-      if value is not None and (why := _type_error(value, types[name][0])):
+      if value is not None and (why := option_type_error(
+          value, types[name][0])):
         raise BadRequest(f"decoding.{name} {why}", f"decoding.{name}")
       if name in rows and name not in row_options.ROW_OPTIONS:
         raise BadRequest(f"{name} is a per-request setting: send it as the "
