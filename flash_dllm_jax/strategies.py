@@ -181,7 +181,8 @@ def option_type_error(value, typ: type) -> str | None:
         and math.isfinite(value)
   else:
     ok = isinstance(value, typ)
-  what = {float: "a finite number"}.get(typ, f"a {typ.__name__}")
+  what = {float: "a finite number", int: "an int"}.get(
+      typ, f"a {typ.__name__}")
   return None if ok else f"must be {what}, got {value!r}"
 
 
