@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from flash_dllm_jax import architectures
 from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
-from flash_dllm_jax.sampling import row_options
+from flash_dllm_jax.sampling import draw_settings, row_options
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
@@ -193,15 +193,17 @@ def add_option_flags(parser, title: str = "strategy options") -> None:
   group = parser.add_argument_group(
       title, "sampler fields (defaults: the sampler's own)")
   for name, typ in all_options().items():
-    used = ", ".join(strategies_taking(name))
+    used = "strategies: " + ", ".join(strategies_taking(name))
+    if name in draw_settings.SETTINGS:  # meaning and range: one declaration
+      used = f"{draw_settings.SETTINGS[name].help()}; {used}"
     flag = "--" + name.replace("_", "-")
     if typ is bool:
       group.add_argument(flag, dest=name, default=None,
                          action=argparse.BooleanOptionalAction,
-                         help=f"strategies: {used}")
+                         help=used)
     else:
       group.add_argument(flag, dest=name, type=typ, default=None,
-                         help=f"strategies: {used}")
+                         help=used)
 
 
 def options_from_args(args) -> dict[str, Any]:

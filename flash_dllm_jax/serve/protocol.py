@@ -4,7 +4,9 @@ Unknown fields are errors (extra="forbid") and types are strict, as
 OpenAI's API is: a number field takes a JSON number (an int where it says
 so), never a string or a boolean; a boolean field only true / false. Every
 int fits the dtype it is stored in (top_k: int32, clipped to the vocabulary
-by the server; seed: uint32). Responses add `decoding` (the
+by the server; seed: uint32). temperature / top_p / top_k take the ranges
+of their one declaration (sampling/draw_settings.py), which the CLI flags
+and the samplers check too. Responses add `decoding` (the
 settings that decoded the answer, with the variant's index and each
 choice's seed), `token_ids` on each choice (a stream chunk's: the answer ids
 that became final with it) and `decode_steps` / `forward_passes` in `usage`
@@ -38,10 +40,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flash_dllm_jax.sampling.draw_settings import TEMPERATURE, TOP_K, TOP_P
+
 MAX_N = 16  # choices per request
 
 
-MAX_INT32 = 2**31 - 1
 STRICT = ConfigDict(extra="forbid", strict=True)
 
 
@@ -54,9 +57,10 @@ class _Common(BaseModel):
   model_config = STRICT
   model: str
   max_tokens: int | None = Field(None, ge=1)
-  temperature: float | None = Field(None, ge=0, le=2)
-  top_p: float | None = Field(None, gt=0, le=1)
-  top_k: int | None = Field(None, ge=-1, le=MAX_INT32)
+  # ranges: the one declaration (sampling/draw_settings.py)
+  temperature: float | None = Field(None, **TEMPERATURE.bounds())
+  top_p: float | None = Field(None, **TOP_P.bounds())
+  top_k: int | None = Field(None, **TOP_K.bounds())
   seed: int | None = Field(None, ge=0, lt=2**32)
   stop: str | list[str] | None = None
   stream: bool = False
