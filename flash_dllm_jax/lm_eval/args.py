@@ -45,7 +45,8 @@ class AdapterArgs:
   mc_num, mc_group (copies per stratified draw; default min(32, mc_num)),
   cfg, sampling_eps: the Monte-Carlo likelihood (likelihood.py); scores
   depend on them and the seed, never on batch_size. dtype: compute dtype
-  (default: the checkpoint's)."""
+  (default: the checkpoint's). memory_gib: the memory a batch may use
+  (default: the device's free memory; memory.py clips batch_size to it)."""
 
   checkpoint: str
   strategy: str | None = None
@@ -60,6 +61,7 @@ class AdapterArgs:
   sampling_eps: float = 1e-3
   stop_at_eos: bool = True
   max_gen_toks: int = DEFAULT_MAX_GEN_TOKS
+  memory_gib: float | None = None
 
   def __post_init__(self):
     errors = []
@@ -87,6 +89,10 @@ class AdapterArgs:
       errors.append(f"cfg must be a finite number >= 0, got {self.cfg}")
     if not 0 <= self.sampling_eps < 1:
       errors.append(f"sampling_eps must be in [0, 1), got {self.sampling_eps}")
+    if self.memory_gib is not None and not (
+        math.isfinite(self.memory_gib) and self.memory_gib > 0):
+      errors.append(f"memory_gib must be a finite number > 0, got "
+                    f"{self.memory_gib}")
     if self.dtype not in (None, "bfloat16", "float32"):
       errors.append(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
     if errors:
