@@ -27,10 +27,12 @@
 #                                               # bf16 and fp8 weights
 #   bash benchmarks/hopper.sh OUT_DIR long-context  # step and peak against
 #                                               # the prompt (LLaDA-8B)
-#   bash benchmarks/hopper.sh OUT_DIR long-context-llada2  # the same at
-#                                               # LLaDA2.0-mini shapes
+#   bash benchmarks/hopper.sh OUT_DIR long-context-llada2 [B]  # the same
+#                                               # at LLaDA2.0-mini shapes,
+#                                               # batch B (default 1)
 # The memory and long-context parts run one process per row group: a
 # row's peak is `peak_bytes_in_use`, which never goes down in a process.
+# SMOKE=1 runs them on the tiny model (any backend: a check of the part).
 source "$(dirname "$0")/common.sh"
 PART=${2:?part: one of those listed above}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
@@ -124,8 +126,8 @@ gpu-tests)
   ;;
 memory)
   # no XLA_PYTHON_CLIENT_MEM_FRACTION: JAX's default 75% of the card
-  M="python scripts/bench_strategies.py --prompt 768 --gen 512 --reps 1 \
---batch 32"
+  M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
+--gen 512 --reps 1 --batch 32"
   for s in flash-cache flash-dllm; do
     timeout 280 $M --only $s --per-step 4 --steady \
         --json "$OUT/mem-b32-$s.json" | grep -E "$ROWS"
@@ -134,8 +136,8 @@ memory)
 memory-all)
   # peaks (and whole-decode steps) of the other strategies at batch 32; a
   # coarse fixed schedule, as the peak does not depend on the step count
-  M="python scripts/bench_strategies.py --prompt 768 --gen 512 --reps 1 \
---batch 32"
+  M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
+--gen 512 --reps 1 --batch 32"
   for s in llada fast-dllm-prefix fast-dllm-dual; do
     timeout 150 $M --only $s --per-step 32 --json "$OUT/mem-b32-$s.json" \
         | grep -E "$ROWS"
@@ -147,8 +149,8 @@ memory-all)
   ;;
 memory-large)
   # batch 64 and 128 (a row whose KV cache cannot fit says so at once)
-  M="python scripts/bench_strategies.py --prompt 768 --gen 512 --reps 1 \
---per-step 16"
+  M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
+--gen 512 --reps 1 --per-step 16"
   for s in flash-cache flash-dllm; do
     for b in 64 128; do
       timeout 200 $M --only $s --batch $b --json "$OUT/mem-b$b-$s.json" \
@@ -161,8 +163,8 @@ memory-large)
 long-context)
   # prompt 1k, 2k and the longest the 4096-token context leaves gen 512;
   # ascending prompts share a process (the peak grows with them)
-  L="python scripts/bench_strategies.py --prompt 1024 2048 3584 --gen 512 \
---reps 1 --per-step 8 --steady"
+  L="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 1024 2048 \
+3584 --gen 512 --reps 1 --per-step 8 --steady"
   for s in flash-cache flash-dllm; do
     for b in 1 8; do
       timeout 280 $L --only $s --batch $b --json "$OUT/long-b$b-$s.json" \
@@ -171,9 +173,11 @@ long-context)
   done
   ;;
 long-context-llada2)
-  for b in 1 8; do
+  # one batch size a call (bash benchmarks/hopper.sh OUT long-context-llada2
+  # 8); a process per prompt length
+  for b in ${3:-1}; do
     for p in 4096 8192 16384 32768; do
-      timeout 240 python scripts/bench_moe.py --layer-paths \
+      timeout 240 python scripts/bench_moe.py ${SMOKE:+--smoke} --layer-paths \
           --strategies llada2 --batch $b --prompt $p --gen 512 --reps 1 \
           --json "$OUT/long-llada2-b$b-p$p.json" | grep -E "step"
     done

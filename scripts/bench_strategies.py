@@ -140,9 +140,11 @@ def main(argv=None):
     cfg = ModelConfig.tiny("llada", dtype="bfloat16", **(
         dict(d_model=128, n_heads=8) if args.quantize else {}))
     args.batch, args.gen, args.reps = [2], [32], 1
-    if args.prompt == ap.get_default("prompt"):  # else the tiny ones given
-      args.prompt = [16]
+    # the tiny model's context: prompts scaled down 64 times (16 by default)
+    args.prompt = ([16] if args.prompt == ap.get_default("prompt")
+                   else [max(8, p // 64) for p in args.prompt])
     args.block, args.block_m = 16, 8
+    args.per_step = min(args.per_step, 4)  # gen 32 in blocks of 16
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
     cfg = ModelConfig.preset("llada-8b")

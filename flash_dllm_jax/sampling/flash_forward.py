@@ -159,31 +159,17 @@ def budget_pass(sampler, model, state, prompt_len: int, side=None,
     logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
     cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
   else:
-    r_ = pred_BxR.shape[1]
-    c = 0 if side is None else side.score_rows_BxC.shape[1]
-
-    def run_prefill():  # every row new: no flash pass
-      vocab = model.config.vocab_size
-      blank = (jnp.zeros((b, r_, vocab), jnp.float32), aux.cache,
-               jnp.zeros((b, n), jnp.float32))
-      out = prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR,
-                         aux.fresh_B, blank, exclude_BxS)
-      return out if side is None else (
-          *out, jnp.zeros((b, c, vocab), jnp.float32))
-
-    run_flash = lambda: flash(
-        sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
-        aux.cache, exclude_BxS, side)
-
-    def run_mixed():  # new requests in some slots: each row takes its own pass
-      flashed = run_flash()
-      out = prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR,
-                         aux.fresh_B, flashed[:3], exclude_BxS)
-      return out + tuple(flashed[3:])
-
-    which = jnp.where(jnp.all(aux.fresh_B), 0,
-                      jnp.where(jnp.any(aux.fresh_B), 1, 2))
-    out = jax.lax.switch(which, [run_prefill, run_mixed, run_flash])
+    # The flash pass on every row, then the new rows' prefill loop (no trip
+    # without new rows), neither under a conditional, so the cache is
+    # written in place: a conditional between a prefill and a flash pass
+    # made XLA copy the whole cache every step. A step where every row is
+    # new thus also runs the flash pass, whose rows the prefill replaces.
+    flashed = flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR,
+                    window_rows_BxQ, aux.cache, exclude_BxS, side)
+    out = prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR,
+                       aux.fresh_B, flashed[:3], exclude_BxS)
+    if side is not None:  # zeros when every row prefills, as documented
+      out = out + (jnp.where(jnp.all(aux.fresh_B), 0.0, flashed[3]),)
     logits_BxRxV, cache, rank_BxN = out[:3]
     if side is not None:
       return r, slots_BxQ, logits_BxRxV, cache, rank_BxN, out[3]
