@@ -25,8 +25,9 @@
 #                                               # other strategies
 #   bash benchmarks/hopper.sh OUT_DIR memory-large  # batch 64 and 128,
 #                                               # bf16 and fp8 weights
-#   bash benchmarks/hopper.sh OUT_DIR long-context  # step and peak against
-#                                               # the prompt (LLaDA-8B)
+#   bash benchmarks/hopper.sh OUT_DIR long-context [STRATEGIES]  # step and
+#                                               # peak against the prompt
+#                                               # (LLaDA-8B; flash-dllm)
 #   bash benchmarks/hopper.sh OUT_DIR long-context-llada2 [B]  # the same
 #                                               # at LLaDA2.0-mini shapes,
 #                                               # batch B (default 1)
@@ -148,24 +149,24 @@ memory-all)
   done
   ;;
 memory-large)
-  # batch 64 and 128 (a row whose KV cache cannot fit says so at once)
+  # batch 64 then 128 in one process (the peak grows with the batch; a row
+  # whose KV cache cannot fit says so without compiling)
   M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
---gen 512 --reps 1 --per-step 16"
-  for s in flash-cache flash-dllm; do
-    for b in 64 128; do
-      timeout 200 $M --only $s --batch $b --json "$OUT/mem-b$b-$s.json" \
-          | grep -E "$ROWS"
-      timeout 200 $M --only $s --batch $b --quantize fp8 \
-          --json "$OUT/mem-b$b-$s-fp8.json" | grep -E "$ROWS"
-    done
-  done
+--gen 512 --reps 1 --per-step 16 --batch 64 128"
+  timeout 200 $M --only flash-cache --json "$OUT/mem-large-flash-cache.json" \
+      | grep -E "$ROWS"
+  timeout 200 $M --only flash-dllm --json "$OUT/mem-large-flash-dllm.json" \
+      | grep -E "$ROWS"
+  timeout 200 $M --only flash-dllm --quantize fp8 \
+      --json "$OUT/mem-large-flash-dllm-fp8.json" | grep -E "$ROWS"
   ;;
 long-context)
   # prompt 1k, 2k and the longest the 4096-token context leaves gen 512;
-  # ascending prompts share a process (the peak grows with them)
+  # ascending prompts share a process (the peak grows with them); the
+  # strategies named after the part (default flash-dllm)
   L="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 1024 2048 \
 3584 --gen 512 --reps 1 --per-step 8 --steady"
-  for s in flash-cache flash-dllm; do
+  for s in ${3:-flash-dllm}; do
     for b in 1 8; do
       timeout 280 $L --only $s --batch $b --json "$OUT/long-b$b-$s.json" \
           | grep -E "$ROWS|read rate"
