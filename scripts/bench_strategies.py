@@ -101,12 +101,15 @@ def read_rates(rows: list[dict], copy_Bps: float) -> list[str]:
       passes = hi["forwards"] / hi["steps"]
       extra = passes * (hi["cache_gb"] - lo["cache_gb"]) * 1e9
       dt = (ms(hi) - ms(lo)) / 1e3
-      rate = extra / dt if dt > 0 else float("inf")
-      out.append(f"read rate {name} {label or 'default'} batch {b}: prompt "
-                 f"{lo['prompt']} -> {hi['prompt']}: +{ms(hi) - ms(lo):.2f} "
-                 f"ms a step for +{extra / 1e9:.2f} GB of cache read: "
-                 f"{rate / 1e12:.2f} TB/s, {rate / copy_Bps:.0%} of the copy "
-                 "rate")
+      head = (f"read rate {name} {label or 'default'} batch {b}: prompt "
+              f"{lo['prompt']} -> {hi['prompt']}: {ms(hi) - ms(lo):+.2f} ms "
+              f"a step for +{extra / 1e9:.2f} GB of cache read")
+      if dt <= 0:  # within the timing noise: no rate
+        out.append(f"{head}: no extra time measured")
+        continue
+      rate = extra / dt
+      out.append(f"{head}: {rate / 1e12:.2f} TB/s, {rate / copy_Bps:.0%} of "
+                 "the copy rate")
   return out
 
 
@@ -230,7 +233,8 @@ def main(argv=None):
                          bound="compute" if flop_s[0] > read_s else "weights",
                          tokens_s=b * args.per_step / step_ms * 1e3,
                          cache_gb=cache / 1e9,
-                         peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
+                         peak_gb=None if (peak := timing.peak_memory_bytes())
+                         is None else peak / 1e9))  # None: no memory stats
         print(rows[-1], flush=True)  # a run cut short keeps what it measured
         if args.json:
           args.json.write_text(json.dumps(dict(
@@ -254,7 +258,7 @@ def main(argv=None):
           f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms_step']:.0%}"
           f"{of_steady} | {r['bound']} | {r['tokens_s']:.0f} | "
           f"{r['compile_s']:.1f} | {r['cache_gb']:.2f} | "
-          f"{r['peak_gb']:.2f} |")
+          f"{'–' if r['peak_gb'] is None else format(r['peak_gb'], '.2f')} |")
   for line in read_rates(rows, bw):
     print(line)
   if failed:  # the rows above stand; the run as a whole did not finish
