@@ -17,6 +17,23 @@
 #   bash benchmarks/hopper.sh OUT_DIR profile   # kernel time per batch-1
 #                                               # step, both strategies
 #   bash benchmarks/hopper.sh OUT_DIR gpu-tests # every gpu-marked test
+#   bash benchmarks/hopper.sh OUT_DIR memory    # batch 32, JAX's default
+#                                               # memory settings: steady
+#                                               # steps and peaks of
+#                                               # flash-cache / flash-dllm
+#   bash benchmarks/hopper.sh OUT_DIR memory-all  # batch 32 peaks of the
+#                                               # other strategies
+#   bash benchmarks/hopper.sh OUT_DIR memory-large  # batch 64 and 128,
+#                                               # bf16 and fp8 weights
+#   bash benchmarks/hopper.sh OUT_DIR long-context [STRATEGIES]  # step and
+#                                               # peak against the prompt
+#                                               # (LLaDA-8B; flash-dllm)
+#   bash benchmarks/hopper.sh OUT_DIR long-context-llada2 [B]  # the same
+#                                               # at LLaDA2.0-mini shapes,
+#                                               # batch B (default 1)
+# The memory and long-context parts run one process per row group: a
+# row's peak is `peak_bytes_in_use`, which never goes down in a process.
+# SMOKE=1 runs them on the tiny model (any backend: a check of the part).
 source "$(dirname "$0")/common.sh"
 PART=${2:?part: one of those listed above}
 S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
@@ -107,6 +124,65 @@ gpu-tests)
   XLA_PYTHON_CLIENT_PREALLOCATE=false timeout ${TEST_SECONDS:-570} $T -n 4 \
       --durations=40 "${skip[@]}" tests > "$OUT/gpu-tests-all.log" 2>&1
   tail -n 50 "$OUT/gpu-tests-all.log"
+  ;;
+memory)
+  # no XLA_PYTHON_CLIENT_MEM_FRACTION: JAX's default 75% of the card
+  M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
+--gen 512 --reps 1 --batch 32"
+  for s in flash-cache flash-dllm; do
+    timeout 280 $M --only $s --per-step 4 --steady \
+        --json "$OUT/mem-b32-$s.json" | grep -E "$ROWS"
+  done
+  ;;
+memory-all)
+  # peaks (and whole-decode steps) of the other strategies at batch 32; a
+  # coarse fixed schedule, as the peak does not depend on the step count
+  M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
+--gen 512 --reps 1 --batch 32"
+  for s in llada fast-dllm-prefix fast-dllm-dual; do
+    timeout 150 $M --only $s --per-step 32 --json "$OUT/mem-b32-$s.json" \
+        | grep -E "$ROWS"
+  done
+  for s in flash-dllm-onepass elastic-cache; do
+    timeout 150 $M --only $s --per-step 16 --json "$OUT/mem-b32-$s.json" \
+        | grep -E "$ROWS"
+  done
+  ;;
+memory-large)
+  # batch 64 then 128 in one process (the peak grows with the batch; a row
+  # whose KV cache cannot fit says so without compiling)
+  M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
+--gen 512 --reps 1 --per-step 16 --batch 64 128"
+  timeout 200 $M --only flash-cache --json "$OUT/mem-large-flash-cache.json" \
+      | grep -E "$ROWS"
+  timeout 200 $M --only flash-dllm --json "$OUT/mem-large-flash-dllm.json" \
+      | grep -E "$ROWS"
+  timeout 200 $M --only flash-dllm --quantize fp8 \
+      --json "$OUT/mem-large-flash-dllm-fp8.json" | grep -E "$ROWS"
+  ;;
+long-context)
+  # prompt 1k, 2k and the longest the 4096-token context leaves gen 512;
+  # ascending prompts share a process (the peak grows with them); the
+  # strategies named after the part (default flash-dllm)
+  L="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 1024 2048 \
+3584 --gen 512 --reps 1 --per-step 8 --steady"
+  for s in ${3:-flash-dllm}; do
+    for b in 1 8; do
+      timeout 280 $L --only $s --batch $b --json "$OUT/long-b$b-$s.json" \
+          | grep -E "$ROWS|read rate"
+    done
+  done
+  ;;
+long-context-llada2)
+  # one batch size a call (bash benchmarks/hopper.sh OUT long-context-llada2
+  # 8); a process per prompt length
+  for b in ${3:-1}; do
+    for p in 4096 8192 16384 32768; do
+      timeout 240 python scripts/bench_moe.py ${SMOKE:+--smoke} --layer-paths \
+          --strategies llada2 --batch $b --prompt $p --gen 512 --reps 1 \
+          --json "$OUT/long-llada2-b$b-p$p.json" | grep -E "step"
+    done
+  done
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
 esac

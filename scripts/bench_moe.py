@@ -110,9 +110,10 @@ def main(argv=None):
   ap.add_argument("--json", type=Path, default=None)
   ap.add_argument("--layer-only", action="store_true",
                   help="only the MoE layer, no decode")
-  ap.add_argument("--layer-paths", nargs="+", default=["grouped", "dense"],
+  ap.add_argument("--layer-paths", nargs="*", default=["grouped", "dense"],
                   choices=[n for n, _ in LAYER_PATHS],
-                  help="the MoE layer's routed-expert paths to time")
+                  help="the MoE layer's routed-expert paths to time (none: "
+                  "the decode steps only)")
   ap.add_argument("--tilings", nargs="+", type=parse_tiling,
                   default=[ops.ExpertTiling()], metavar="M,N,K[,W,S]",
                   help="grouped-kernel tilings the layer is timed with "
@@ -126,6 +127,9 @@ def main(argv=None):
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
     cfg = ModelConfig.preset("llada2-mini")
+    # long prompts past the preset's context: random weights, any RoPE length
+    cfg = cfg.replace(max_seq_len=max(cfg.max_seq_len,
+                                      args.prompt + args.gen + args.block))
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
   params = timing.bench_params(cfg)
   wbytes = quantize.weight_bytes(params)
@@ -191,14 +195,19 @@ def main(argv=None):
                                          weight_bytes=wbytes,
                                          expert_bytes=expert_bytes,
                                          rows=rows), indent=1))
-  print("\n| what | batch | ms | floor ms | floor / measured |")
-  print("|---|---|---|---|---|")
+  print(f"\n| what | batch | prompt | ms | floor ms | floor / measured | "
+        "tokens/s | peak GB |")
+  print("|---|---|---|---|---|---|---|---|")
   for r in rows:
     if "error" in r:
-      print(f"| {r['kind']} | {r['batch']} | {r['error']} | | |")
+      print(f"| {r['kind']} | {r['batch']} | {args.prompt} | {r['error']} "
+            "| | | | |")
       continue
-    print(f"| {r['kind']} | {r['batch']} | {r['ms']:.2f} | "
-          f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms']:.0%} |")
+    tok_s = f"{r['tok_s']:.0f}" if "tok_s" in r else "–"
+    peak = f"{r['peak_gb']:.2f}" if "peak_gb" in r else "–"
+    print(f"| {r['kind']} | {r['batch']} | {args.prompt} | {r['ms']:.2f} | "
+          f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms']:.0%} | {tok_s} | "
+          f"{peak} |")
 
 
 if __name__ == "__main__":

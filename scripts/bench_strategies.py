@@ -9,8 +9,14 @@ at large batch, both ceilings measured in this run. ms/step divides the
 whole decode by its steps, so it carries a share of the first step's
 prefill; --steady also gives the step without it (a second schedule with
 twice the tokens per step: time difference over step difference).
+Each row also gives tokens/s, whether the main pass's floor is the weight
+read or the FLOPs ("bound"), and the KV cache's bytes; a row whose cache
+and weights cannot fit the allocator reports so without compiling. With
+several --prompt lengths, the attention's cache read rate between them
+(extra cache bytes a step reads over the extra step time).
 
   python scripts/bench_strategies.py --batch 1 32 --gen 256 512 --prompt 768
+  python scripts/bench_strategies.py --batch 8 --prompt 1024 2048 --steady
   python scripts/bench_strategies.py --smoke          # tiny model, any backend
 """
 
@@ -31,7 +37,20 @@ import jax  # noqa: E402
 from flash_dllm_bench import qmatmul_bench, timing, tuning  # noqa: E402
 from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
+from flash_dllm_jax.sampling.loop import tail_length  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
+
+
+def cache_bytes(cfg, b: int, n: int) -> int:
+  """A full-sequence KV cache's bytes: every layer's keys and values of b
+  rows of n positions."""
+  item = 1 if cfg.dtype == "float8" else (4 if cfg.dtype == "float32" else 2)
+  return 2 * cfg.n_layers * b * n * cfg.n_kv_heads * cfg.head_dim * item
+
+
+def memory_limit() -> int | None:
+  """The allocator's limit on the first device (None: no memory stats)."""
+  return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
 def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
@@ -66,11 +85,40 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
           for name, spec in fixed.items()}
 
 
+def read_rates(rows: list[dict], copy_Bps: float) -> list[str]:
+  """The attention's cache read rate between consecutive prompt lengths of
+  one strategy, batch and kernels: the extra KV cache bytes a step reads
+  (each pass reads the whole cache: forwards / steps passes) over the
+  extra step time (steady where measured), against the copy rate."""
+  out, groups = [], {}
+  for r in rows:
+    groups.setdefault((r["strategy"], r["kernels"], r["batch"], r["gen"]),
+                      []).append(r)
+  for (name, label, b, gen), group in groups.items():
+    group.sort(key=lambda r: r["prompt"])
+    for lo, hi in zip(group, group[1:]):
+      ms = lambda r: r["steady_ms_step"] or r["ms_step"]
+      passes = hi["forwards"] / hi["steps"]
+      extra = passes * (hi["cache_gb"] - lo["cache_gb"]) * 1e9
+      dt = (ms(hi) - ms(lo)) / 1e3
+      head = (f"read rate {name} {label or 'default'} batch {b}: prompt "
+              f"{lo['prompt']} -> {hi['prompt']}: {ms(hi) - ms(lo):+.2f} ms "
+              f"a step for +{extra / 1e9:.2f} GB of cache read")
+      if dt <= 0:  # within the timing noise: no rate
+        out.append(f"{head}: no extra time measured")
+        continue
+      rate = extra / dt
+      out.append(f"{head}: {rate / 1e12:.2f} TB/s, {rate / copy_Bps:.0%} of "
+                 "the copy rate")
+  return out
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
   ap.add_argument("--gen", type=int, nargs="+", default=[256, 512])
-  ap.add_argument("--prompt", type=int, default=768)
+  ap.add_argument("--prompt", type=int, nargs="+", default=[768],
+                  help="prompt lengths (several: the long-context rows)")
   ap.add_argument("--per-step", type=int, default=4,
                   help="tokens committed per step (the fixed rule)")
   ap.add_argument("--block", type=int, default=32)
@@ -94,8 +142,12 @@ def main(argv=None):
     # d_model 128: a whole group of 128 inputs for int8-g128
     cfg = ModelConfig.tiny("llada", dtype="bfloat16", **(
         dict(d_model=128, n_heads=8) if args.quantize else {}))
-    args.batch, args.gen, args.prompt, args.reps = [2], [32], 16, 1
+    args.batch, args.gen, args.reps = [2], [32], 1
+    # the tiny model's context: prompts scaled down 64 times (16 by default)
+    args.prompt = ([16] if args.prompt == ap.get_default("prompt")
+                   else [max(8, p // 64) for p in args.prompt])
     args.block, args.block_m = 16, 8
+    args.per_step = min(args.per_step, 4)  # gen 32 in blocks of 16
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
     cfg = ModelConfig.preset("llada-8b")
@@ -126,7 +178,8 @@ def main(argv=None):
         f"copy {bw / 1e12:.2f} TB/s, {mm_kind} matmul {mm / 1e12:.0f} TFLOP/s; "
         f"{args.per_step} tokens per step")
   rows, failed = [], []
-  for gen in args.gen:
+  limit = memory_limit()
+  for gen, prompt in itertools.product(args.gen, args.prompt):
     doubled = strategies(gen, 2 * args.per_step, args.block, args.block_m,
                          cfg.n_layers)
     for name, build in strategies(
@@ -135,37 +188,53 @@ def main(argv=None):
         continue
       sampler, *queries = build()
       for b, (label, kernels) in itertools.product(args.batch, choices):
-        print(f"[{time.perf_counter() - t_start:.0f} s] {name} batch {b} gen "
-              f"{gen}{' ' + label if label else ''}: compile and decode",
-              flush=True)
+        what = (f"{name} batch {b} {label or 'default'} (prompt {prompt}, "
+                f"gen {gen})")
+        n = prompt + gen + tail_length(sampler)
+        cache = cache_bytes(cfg, b, n)
+        if limit is not None and cache + wbytes > limit:
+          # cannot fit whatever the program does: say so, spend no compile
+          failed.append(what)
+          print(f"FAILED {what}: does not fit: its KV cache alone is "
+                f"{cache / 1e9:.1f} GB, with the weights' {wbytes / 1e9:.1f} "
+                f"GB past the allocator's {limit / 1e9:.1f} GB", flush=True)
+          continue
+        print(f"[{time.perf_counter() - t_start:.0f} s] {what}: compile and "
+              "decode", flush=True)
         try:  # one kernel choice that cannot run leaves the others' rows
           ms_step, compile_s, steps, forwards = timing.time_decode(
-              cfg, params, sampler, b, args.prompt, args.reps,
+              cfg, params, sampler, b, prompt, args.reps,
               implementation=kernels)
           steady_ms = None
           if args.steady:
             ms2, _, steps2, _ = timing.time_decode(
-                cfg, params, doubled[name]()[0], b, args.prompt, args.reps,
+                cfg, params, doubled[name]()[0], b, prompt, args.reps,
                 implementation=kernels)
             steady_ms = ((ms_step * steps - ms2 * steps2) / (steps - steps2)
                          * 1e3)
         except Exception as e:  # noqa: BLE001 -- reported, not a result
-          failed.append(f"{name} batch {b} {label or 'default'}")
+          failed.append(what)
           print(f"FAILED {failed[-1]}: {type(e).__name__}: {str(e)[:2000]}",
                 flush=True)
           continue
-        n = args.prompt + gen
         # Each pass reads every weight once: a floor per pass, the second
         # pass counted as often as it ran (forwards - steps of the busiest row).
-        pass_floor = [max(wbytes / bw, timing.forward_flops(
-            cfg, b, q(args.prompt), n) / mm) for q in queries]
+        read_s = wbytes / bw
+        flop_s = [timing.forward_flops(cfg, b, q(prompt), n) / mm
+                  for q in queries]
+        pass_floor = [max(read_s, f) for f in flop_s]
         floor = pass_floor[0] + pass_floor[-1] * (forwards - steps) / steps
-        rows.append(dict(strategy=name, kernels=label, batch=b, gen=gen,
-                         steps=steps,
+        step_ms = steady_ms or ms_step * 1e3
+        rows.append(dict(strategy=name, kernels=label, batch=b,
+                         prompt=prompt, gen=gen, steps=steps,
                          forwards=forwards, ms_step=ms_step * 1e3,
                          steady_ms_step=steady_ms,
                          floor_ms=floor * 1e3, compile_s=compile_s,
-                         peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
+                         bound="compute" if flop_s[0] > read_s else "weights",
+                         tokens_s=b * args.per_step / step_ms * 1e3,
+                         cache_gb=cache / 1e9,
+                         peak_gb=None if (peak := timing.peak_memory_bytes())
+                         is None else peak / 1e9))  # None: no memory stats
         print(rows[-1], flush=True)  # a run cut short keeps what it measured
         if args.json:
           args.json.write_text(json.dumps(dict(
@@ -174,20 +243,24 @@ def main(argv=None):
               quantize=cfg.quantize, quantize_head=cfg.quantize_head,
               quantize_embedding=cfg.quantize_embedding,
               rows=rows), indent=1))
-  print("\n| strategy | kernels | batch | gen | steps | forwards | ms/step | steady "
-        "ms/step | roofline ms/step | roofline / measured (steady) | "
-        "compile s | peak GB |")
-  print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+  print("\n| strategy | kernels | batch | prompt | gen | steps | forwards | "
+        "ms/step | steady ms/step | roofline ms/step | roofline / measured "
+        "(steady) | bound | tokens/s | compile s | KV cache GB | peak GB |")
+  print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     steady, of_steady = "–", ""
     if r["steady_ms_step"] is not None:
       steady = f"{r['steady_ms_step']:.2f}"
       of_steady = f" ({r['floor_ms'] / r['steady_ms_step']:.0%})"
     print(f"| {r['strategy']} | {r['kernels'] or 'default'} | {r['batch']} | "
-          f"{r['gen']} | {r['steps']} | "
+          f"{r['prompt']} | {r['gen']} | {r['steps']} | "
           f"{r['forwards']} | {r['ms_step']:.2f} | {steady} | "
           f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms_step']:.0%}"
-          f"{of_steady} | {r['compile_s']:.1f} | {r['peak_gb']:.1f} |")
+          f"{of_steady} | {r['bound']} | {r['tokens_s']:.0f} | "
+          f"{r['compile_s']:.1f} | {r['cache_gb']:.2f} | "
+          f"{'–' if r['peak_gb'] is None else format(r['peak_gb'], '.2f')} |")
+  for line in read_rates(rows, bw):
+    print(line)
   if failed:  # the rows above stand; the run as a whole did not finish
     sys.exit(f"FAILED (no row): {'; '.join(failed)}")
 

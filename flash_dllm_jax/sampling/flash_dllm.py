@@ -58,11 +58,11 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     the verify pass accepting nothing, so step counts do not depend on the
     (random) weights: the benchmarks' schedule.
   max_refills: under continuous batching, at most this many slots take a new
-    request per loop step, and such a step prefills those rows alone (None:
-    any number, and a step with new requests prefills every row). The
-    server admits every free slot at once (`grows_refills`): a step with
-    more fresh rows prefills them together in the smallest group of
-    max_refills, 2 max_refills, 4 max_refills, ... rows that holds them.
+    request per loop step (None: any number). The server admits every free
+    slot at once (`grows_refills`). Fresh rows (every row at the first
+    step) prefill max_refills at a time (None: all together), so the
+    prefill's memory beside the cache is one group's
+    (flash_forward.prefill_rows).
   """
 
   row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling

@@ -42,37 +42,45 @@ def prefill(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, cache,
   return out.logits, out.cache, _mass(out.mass_BxS, b, n)
 
 
-def group_sizes(refills: int, b: int) -> tuple[int, ...]:
-  """The prefill group sizes of a step with fresh rows: refills, 2 refills,
-  4 refills, ..., up to b."""
-  sizes = [min(refills, b)]
-  while sizes[-1] < b:
-    sizes.append(min(2 * sizes[-1], b))
-  return tuple(sizes)
-
-
-def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, fresh_B,
+def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, rows_B,
                  flashed, exclude_BxS=None, size: int | None = None):
-  """Prefills the (at most `size`, default max_refills) fresh rows alone
-  and puts their logits, mass and whole cache rows over the flash pass's
-  `flashed`."""
+  """Prefills the rows marked by rows_B [B] and puts their logits, mass and
+  whole cache rows over the flash pass's `flashed` (logits, cache, mass).
+
+  The rows run `size` at a time (default max_refills, None: all B), as
+  many groups as there are marked rows, in a loop: the only cache beside
+  the batch's is one group's, and a group's activations are size x N
+  tokens'. A row's prefill depends on its own data only (every op is
+  row-independent), so the grouping never changes a token."""
   logits_BxRxV, cache, mass_BxN = flashed
-  b = tokens_BxN.shape[0]
-  size = min(size or sampler.max_refills, b)
-  idx_F = jnp.argsort(~fresh_B, stable=True)[:size]
-  dest_F = jnp.where(fresh_B[idx_F], idx_F, b)  # b: not fresh, dropped
-  rows = dataclasses.replace(model, positions_BxN=model.positions_BxN[idx_F],
-                             valid_BxN=model.valid_BxN[idx_F])
-  empty = KVCache.zeros(model.config, len(idx_F), tokens_BxN.shape[1],
-                        cache.k[0].dtype)
-  logits_F, cache_F, mass_F = prefill(
-      sampler, rows, tokens_BxN[idx_F], slots_BxQ[idx_F], pred_BxR[idx_F],
-      empty, None if exclude_BxS is None else exclude_BxS[idx_F])
-  put = lambda full, part: full.at[dest_F].set(part.astype(full.dtype),
-                                               mode="drop")
-  cache = KVCache(k=tuple(map(put, cache.k, cache_F.k)),
-                  v=tuple(map(put, cache.v, cache_F.v)))
-  return put(logits_BxRxV, logits_F), cache, put(mass_BxN, mass_F)
+  b, n = tokens_BxN.shape
+  size = min(size or sampler.max_refills or b, b)
+  groups = -(-b // size)
+  order_G = jnp.argsort(~rows_B, stable=True)  # marked rows first
+  order_G = jnp.concatenate([order_G, jnp.zeros(groups * size - b,
+                                                order_G.dtype)])
+  count = jnp.sum(rows_B)
+
+  def group(i, carry):
+    logits_BxRxV, cache, mass_BxN = carry
+    at_F = i * size + jnp.arange(size)
+    idx_F = order_G[at_F]
+    dest_F = jnp.where(at_F < count, idx_F, b)  # b: past the marked, dropped
+    rows = dataclasses.replace(model,
+                               positions_BxN=model.positions_BxN[idx_F],
+                               valid_BxN=model.valid_BxN[idx_F])
+    empty = KVCache.zeros(model.config, size, n, cache.k[0].dtype)
+    logits_F, cache_F, mass_F = prefill(
+        sampler, rows, tokens_BxN[idx_F], slots_BxQ[idx_F], pred_BxR[idx_F],
+        empty, None if exclude_BxS is None else exclude_BxS[idx_F])
+    put = lambda full, part: full.at[dest_F].set(part.astype(full.dtype),
+                                                 mode="drop")
+    cache = KVCache(k=tuple(map(put, cache.k, cache_F.k)),
+                    v=tuple(map(put, cache.v, cache_F.v)))
+    return put(logits_BxRxV, logits_F), cache, put(mass_BxN, mass_F)
+
+  return jax.lax.fori_loop(0, (count + size - 1) // size, group,
+                           (logits_BxRxV, cache, mass_BxN))
 
 
 def flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
@@ -128,7 +136,7 @@ def budget_pass(sampler, model, state, prompt_len: int, side=None,
   that take a prefill). skip_BxN: undecoded positions
   that take no window or extra row this step."""
   aux = state.aux
-  b = state.tokens_BxN.shape[0]
+  b, n = state.tokens_BxN.shape
   w, x = sampler.block_m, sampler.extra_masks
   r = sampler._regions(model, state.tokens_BxN, prompt_len, aux, aux.fresh_B)
   tokens_BxN, decoded_BxN, exclude_BxS = (r.tokens_BxN, r.decoded_BxN,
@@ -151,43 +159,17 @@ def budget_pass(sampler, model, state, prompt_len: int, side=None,
     logits_BxRxV = model.logits(tokens_BxN, jnp.maximum(pred_BxR, 0))
     cache, rank_BxN = aux.cache, aux.rank_BxN  # no cache, no rank
   else:
-    def run_prefill():
-      out = prefill(sampler, model, tokens_BxN, slots_BxQ, pred_BxR,
-                    aux.cache, exclude_BxS)
-      if side is None:
-        return out
-      c = side.score_rows_BxC.shape[1]
-      return *out, jnp.zeros((b, c, out[0].shape[-1]), out[0].dtype)
-
-    run_flash = lambda: flash(
-        sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,
-        aux.cache, exclude_BxS, side)
-
-    def run_mixed():  # new requests in some slots: each row takes its own pass
-      if sampler.max_refills is not None:
-        # the smallest group that holds every fresh row (the server may
-        # admit more than max_refills at once)
-        sizes = group_sizes(sampler.max_refills, b)
-
-        def group(size):
-          def run():
-            flashed = run_flash()
-            out = prefill_rows(
-                sampler, model, tokens_BxN, slots_BxQ, pred_BxR, aux.fresh_B,
-                flashed[:3], exclude_BxS, size=size)
-            return out + tuple(flashed[3:])
-          return run
-        if len(sizes) == 1:
-          return group(sizes[0])()
-        pick = jnp.searchsorted(jnp.asarray(sizes), jnp.sum(aux.fresh_B))
-        return jax.lax.switch(pick, [group(s) for s in sizes])
-      pick = lambda a, b_: jnp.where(
-          aux.fresh_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b_)
-      return jax.tree.map(pick, run_prefill(), run_flash())
-
-    which = jnp.where(jnp.all(aux.fresh_B), 0,
-                      jnp.where(jnp.any(aux.fresh_B), 1, 2))
-    out = jax.lax.switch(which, [run_prefill, run_mixed, run_flash])
+    # The flash pass on every row, then the new rows' prefill loop (no trip
+    # without new rows), neither under a conditional, so the cache is
+    # written in place: a conditional between a prefill and a flash pass
+    # made XLA copy the whole cache every step. A step where every row is
+    # new thus also runs the flash pass, whose rows the prefill replaces.
+    flashed = flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR,
+                    window_rows_BxQ, aux.cache, exclude_BxS, side)
+    out = prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR,
+                       aux.fresh_B, flashed[:3], exclude_BxS)
+    if side is not None:  # zeros when every row prefills, as documented
+      out = out + (jnp.where(jnp.all(aux.fresh_B), 0.0, flashed[3]),)
     logits_BxRxV, cache, rank_BxN = out[:3]
     if side is not None:
       return r, slots_BxQ, logits_BxRxV, cache, rank_BxN, out[3]

@@ -89,7 +89,8 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
             "attention_tiling": service.attention_tiling,
             "slots": service.settings.slots,
             "max_prompt_tokens": service.settings.max_prompt_tokens,
-            "prompt_len": service.settings.prompt_len}
+            "prompt_len": service.settings.prompt_len,
+            "slot_plan": service.settings.slot_plan}
 
   @app.get("/metrics")
   async def metrics():

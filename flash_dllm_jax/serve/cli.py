@@ -17,6 +17,7 @@ import threading
 
 from flash_dllm_jax import quantize
 from flash_dllm_jax.ops import choice
+from flash_dllm_jax.serve.memory_plan import DEFAULT_UTILIZATION
 from flash_dllm_jax.strategies import STRATEGIES, add_option_flags, all_options
 
 log = logging.getLogger("flash_dllm_jax.serve")
@@ -35,11 +36,19 @@ def add_parser(sub) -> None:
   add_checkpoint_flag(ap)
   ap.add_argument("--strategy", default="flash-dllm", choices=sorted(STRATEGIES),
                   help="decoding strategy (default: %(default)s)")
-  ap.add_argument("--batch-size", type=int, default=8,
-                  help="device slots, shared by every prompt length")
-  ap.add_argument("--max-prompt-tokens", type=int, default=128,
+  # -- memory plan (serve/memory_plan.py) --
+  ap.add_argument("--batch-size", type=int, default=None,
+                  help="device slots, shared by every prompt length "
+                       "(default: as many as --gpu-memory-utilization fits)")
+  ap.add_argument("--max-prompt-tokens", type=int, default=None,
                   help="longest prompt served (slots hold it rounded up to "
-                       "a multiple of 64)")
+                       "a multiple of 64; default: the model's context less "
+                       "the generation)")
+  ap.add_argument("--gpu-memory-utilization", type=float,
+                  default=DEFAULT_UTILIZATION,
+                  help="fraction of the device's memory the server uses "
+                       "(weights, workspace, slots; default: %(default)s)")
+  # -- end memory plan --
   ap.add_argument("--steps-per-call", type=int, default=8,
                   help="decoding steps the compiled loop runs at most before "
                        "returning to the host (it also returns when a slot "
@@ -114,6 +123,8 @@ def main(args: argparse.Namespace) -> int:
   from flash_dllm_jax.checkpoint import load
   from flash_dllm_jax.cli import (check_checkpoint, default_checkpoint,
                                   start_compile_cache)
+  from flash_dllm_jax.sampling.loop import tail_length
+  from flash_dllm_jax.serve import memory_plan
   from flash_dllm_jax.serve.app import build_app
   from flash_dllm_jax.serve.security import (API_KEY_ENV,
                                              header_timeout_protocol,
@@ -152,13 +163,12 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--{flag.replace('_', '-')} must be a finite "
                          f"number {'> 0' if low is not None else '>= 0'}, "
                          f"got {value}")
-    settings = Settings(model_name=name, strategy=args.strategy,
-                        slots=args.batch_size,
-                        max_prompt_tokens=args.max_prompt_tokens,
-                        steps_per_call=args.steps_per_call,
-                        max_queue=args.max_queue,
-                        request_timeout=args.request_timeout,
-                        kernels=choice.kernels_from_args(args))
+    # -- memory plan: the allocator gets the utilization's share before
+    # the backend starts (the user's own XLA_PYTHON_CLIENT_MEM_FRACTION wins)
+    memory_plan.check_utilization(args.gpu_memory_utilization)
+    os.environ.setdefault(memory_plan.MEM_FRACTION_ENV,
+                          str(args.gpu_memory_utilization))
+    # -- end memory plan --
     start_compile_cache(args)
     params, config, tokenizer = load(checkpoint, dtype=args.dtype,
                                      quantize=args.quantize,
@@ -183,16 +193,33 @@ def main(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(changed))} is a per-request setting "
             f"({fields}); --variant is for options that change the "
             "compiled program")
-    for v in (sampler, *variants):  # the slot plan fits, before the port
-      check_pool(settings, v, config)
     mesh = parallel.parse_mesh(args.mesh)
     if mesh is not None:
       parallel.check_config(config, mesh)
-      if args.batch_size % parallel.data_size(mesh):
+      if args.batch_size is not None and args.batch_size % parallel.data_size(
+          mesh):
         raise ValueError(f"--batch-size {args.batch_size} must be a multiple "
                          f"of the mesh's data size "
                          f"{parallel.data_size(mesh)}")
       params = parallel.shard_params(mesh, config, params)
+    # -- memory plan: slots and prompt capacity from the budget --
+    slot_plan = memory_plan.plan_slots(
+        config, sampler, weight_bytes=quantize.weight_bytes(params),
+        budget_bytes=memory_plan.allocator_bytes(), slots=args.batch_size,
+        max_prompt_tokens=args.max_prompt_tokens,
+        tail=max(tail_length(s) for s in (sampler, *variants)),
+        data_devices=1 if mesh is None else parallel.data_size(mesh))
+    # -- end memory plan --
+    settings = Settings(model_name=name, strategy=args.strategy,
+                        slots=slot_plan.slots,
+                        max_prompt_tokens=slot_plan.max_prompt_tokens,
+                        steps_per_call=args.steps_per_call,
+                        max_queue=args.max_queue,
+                        request_timeout=args.request_timeout,
+                        kernels=choice.kernels_from_args(args),
+                        slot_plan=slot_plan.as_dict())
+    for v in (sampler, *variants):  # the slot plan fits, before the port
+      check_pool(settings, v, config)
   except (ValueError, FileNotFoundError, TypeError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
@@ -212,8 +239,9 @@ def main(args: argparse.Namespace) -> int:
     try:
       holder["service"] = Service(params, config, tokenizer, sampler,
                                   settings, variants, mesh, engine_lost)
-      log.info("ready: %s batching, %d slots of %d prompt positions",
-               holder["service"].mode, settings.slots, settings.prompt_len)
+      log.info("ready: %s batching, %d slots of %d prompt positions (%s)",
+               holder["service"].mode, settings.slots, settings.prompt_len,
+               settings.slot_plan["reason"])
     except Exception:  # noqa: BLE001 - logged, and the server exits
       log.exception("compiling the engines failed")
       holder["failed"] = True

@@ -41,6 +41,7 @@ class Settings:
   request_timeout: float = 600.0
   stop_at_eos: bool = True  # False: decode every position (benchmarks)
   kernels: Kernels | None = None  # kernel choice (generate(kernels=))
+  slot_plan: dict | None = None  # memory_plan.SlotPlan.as_dict(): /health
 
   def __post_init__(self):
     for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):

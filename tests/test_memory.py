@@ -1,0 +1,127 @@
+"""Memory: the compiled decode's buffers grow with the batch as its data
+does, the server's slot plan from a memory budget, and a prompt of the
+model's whole context served by default."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import openai
+import pytest
+
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.generate import decode_jit
+from flash_dllm_jax.model import KVCache, init_params
+from flash_dllm_jax.serve import memory_plan
+from flash_dllm_jax.strategies import build_sampler
+from tests.paths import TINY_CHECKPOINT
+from tests.serve_case import Server
+
+V = 4096  # a vocabulary large beside the cache, so a per-position head shows
+
+
+def _decode_temp_bytes(config, sampler, b: int, prompt: int) -> int:
+  """XLA's temporary bytes of the compiled decode of b rows (abstract
+  inputs: nothing runs)."""
+  params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+  rng = jax.eval_shape(
+      lambda: jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)))
+  spec = jax.ShapeDtypeStruct
+  compiled = decode_jit.lower(
+      params, spec((b, prompt), jnp.int32), spec((b, prompt), bool), rng,
+      None, config=config, sampler=sampler, stop_at_eos=False).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_decode_memory_grows_with_the_batch_as_its_data():
+  """Flash-Cache's compiled decode at two batch sizes (both above
+  max_refills, so the prefill group is the same): each further row costs
+  at most two rows of KV cache, a few copies of the scored rows' logits
+  and of one layer's float32 attention scores (the CPU's reference
+  attention), well under one float32 row of logits for every position
+  (N x V x 4), and far under the extra full cache a prefill group of every
+  row used to need."""
+  config = ModelConfig.tiny("llada", n_layers=4, n_kv_heads=4, vocab_size=V,
+                            mask_token_id=V - 1, eos_token_id=V - 4,
+                            pad_token_id=V - 4, bos_token_id=V - 5,
+                            eot_token_id=V - 3)
+  sampler = build_sampler("flash-cache", "llada",
+                          dict(gen_length=64, block_m=8))
+  prompt, n = 192, 256
+  small, large = 4, 8
+  per_row = (_decode_temp_bytes(config, sampler, large, prompt)
+             - _decode_temp_bytes(config, sampler, small, prompt)) / (
+                 large - small)
+  cache_row = memory_plan.slot_bytes(config, n) - n * 64  # its KV alone
+  q, r = sampler.query_budget, sampler._scored
+  scores = config.n_heads * q * n * 4
+  bound = 2 * cache_row + 4 * r * V * 4 + 2 * scores
+  assert bound < n * V * 4  # the bound rules out a full-vocab buffer
+  assert 0 < per_row <= bound, (per_row, bound)
+
+
+def test_slot_bytes_is_the_kv_cache_and_the_row_state():
+  config = ModelConfig.preset("llada-8b")
+  cache = jax.eval_shape(lambda: KVCache.zeros(config, 1, 1280))
+  kv = sum(math.prod(a.shape) * a.dtype.itemsize
+           for a in jax.tree.leaves(cache))
+  assert memory_plan.slot_bytes(config, 1280) == kv + 1280 * 64
+  assert kv == 2 * 32 * 1280 * 4096 * 2  # 671 MB a row at LLaDA-8B shapes
+
+
+def test_slot_plan_from_a_memory_budget():
+  """As many slots as fit the budget after the weights and the workspace,
+  each holding the longest prompt the context leaves; per data device
+  under a mesh; the slot count asked for; a clear error when none fits."""
+  config = ModelConfig.preset("llada-8b")
+  sampler = build_sampler("flash-dllm", "llada", {"gen_length": 512})
+  weights = 16 * 10**9
+  positions = 4096  # 3584 prompt positions + 512
+  slot = memory_plan.slot_bytes(config, positions)
+  work = memory_plan.workspace_bytes(config, sampler, positions)
+  budget = weights + work + 10 * slot + slot // 2
+  plan = memory_plan.plan_slots(config, sampler, weight_bytes=weights,
+                                budget_bytes=budget)
+  assert (plan.slots, plan.max_prompt_tokens) == (10, 3584)
+  assert plan.budget_bytes == budget and plan.slot_bytes == slot
+  assert "10 slots" in plan.reason and "3584" in plan.reason
+  # the budget is one device's: each of 4 data devices holds 10 slots
+  assert memory_plan.plan_slots(
+      config, sampler, weight_bytes=weights, budget_bytes=budget,
+      data_devices=4).slots == 40
+  short = memory_plan.plan_slots(config, sampler, weight_bytes=weights,
+                                 budget_bytes=budget, max_prompt_tokens=768)
+  assert short.max_prompt_tokens == 768 and short.slots > 4 * plan.slots
+  assert memory_plan.plan_slots(config, sampler, weight_bytes=weights,
+                                budget_bytes=budget, slots=3).slots == 3
+  unknown = memory_plan.plan_slots(config, sampler, weight_bytes=weights,
+                                   budget_bytes=None)
+  assert unknown.slots == 8 and "no memory limit" in unknown.reason
+  with pytest.raises(ValueError, match="not one slot of 4096 positions"):
+    memory_plan.plan_slots(config, sampler, weight_bytes=weights,
+                           budget_bytes=weights + work)
+  with pytest.raises(ValueError, match="gpu-memory-utilization"):
+    memory_plan.check_utilization(1.5)
+
+
+def test_server_serves_a_prompt_of_the_whole_context_by_default(tmp_path):
+  """No --max-prompt-tokens: the slots hold the model's context less the
+  generation (512 - 64 here), /health says how many and why, and a prompt
+  of that length is answered."""
+  server = Server(TINY_CHECKPOINT, "llada", {"gen_length": 64, "steps": 4},
+                  "--batch-size", "1", log_path=tmp_path / "server.log")
+  try:
+    health = server.wait_ready()
+    plan = health["slot_plan"]
+    assert health["max_prompt_tokens"] == plan["max_prompt_tokens"] == 448
+    assert health["slots"] == 1 and "--batch-size" in plan["reason"]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    ids = [7 + i % 300 for i in range(448)]
+    out = client.completions.create(model=health["model"], prompt=ids,
+                                    max_tokens=64)
+    assert out.usage.prompt_tokens == 448
+    with pytest.raises(openai.BadRequestError, match="at most 448"):
+      client.completions.create(model=health["model"], prompt=ids + [7],
+                                max_tokens=64)
+  finally:
+    server.close()
