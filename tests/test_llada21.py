@@ -13,10 +13,12 @@ import pytest
 
 import flash_dllm_jax as fdj
 from flash_dllm_jax import cli
+from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.sampling import LLaDA21Sampler
 from flash_dllm_jax.sampling.llada21 import MODES
 from tests import llada2_fixtures, llada2_reference
+from tests.paths import ROOT
 from tests.serve_case import Server
 from tests.test_sampling import (check_compiled_equals_python,
                                  check_continuous_equals_alone,
@@ -187,3 +189,16 @@ def test_entry_points_equal_offline_generate(converted, capsys, tmp_path):
     assert got.choices[0].token_ids == want
   finally:
     server.close()
+
+
+def test_the_llada21_mini_config_reads_as_the_mini_preset():
+  """LLaDA2.1-mini's published config is LLaDA2.0-mini's with a 32768-token
+  context; nothing else the reader takes differs."""
+  ref = ROOT / "tests" / "reference"
+  special = json.loads((ref / "llada2-mini" / "special_tokens.json")
+                       .read_text())
+  ids = {k: special[k] for k in ("eos_token_id", "mask_token_id")}
+  new = ModelConfig.from_hf_config(ref / "llada2.1-mini" / "config.json",
+                                   special_ids=ids)
+  assert new == ModelConfig.preset("llada2.1-mini") == dataclasses.replace(
+      ModelConfig.preset("llada2-mini"), max_seq_len=32768)
