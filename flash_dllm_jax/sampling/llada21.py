@@ -91,32 +91,42 @@ class LLaDA21Sampler(LLaDA2Sampler):
     change_BxL = commit_BxL | edit_BxL
     block_BxL = jnp.where(change_BxL, d.x0_BxL, d.block_BxL)
     tokens_BxN = d.write(block_BxL)
-    rows = next_block(model, d, tokens_BxN, block_BxL, edit_BxL, prompt_len,
+    rows = next_block(model, d.aux, tokens_BxN, d.active_BxL, block_BxL,
+                      edit_BxL, d.start_B, d.prompt_B, prompt_len,
                       self.gen_length, self.block_length, self.max_post_steps,
-                      self.eos_early_stop)
+                      eos_block_stop=self.eos_early_stop)
     return tokens_BxN, rows.replace(cache=d.cache), 1, d.logprobs()
 
   def edits(self, d: llada2.BlockDraw, prompt_len: int) -> jax.Array:
-    """[B, L] T2T: committed answer tokens whose draw differs, with
-    confidence > editing_threshold."""
-    if self.editing_threshold is None:
-      return jnp.zeros_like(d.active_BxL)
-    answer_BxL = d.rows_BxL >= prompt_len
-    return (~d.active_BxL & answer_BxL & (d.x0_BxL != d.block_BxL)
-            & (d.p_BxL > self.editing_threshold))
+    return edits(d.rows_BxL, d.block_BxL, d.x0_BxL, d.p_BxL, d.active_BxL,
+                 prompt_len, self.editing_threshold)
 
 
-def next_block(model, d: llada2.BlockDraw, tokens_BxN, block_BxL, edit_BxL,
-               prompt_len: int, gen_length: int, block_length: int,
-               max_post_steps: int, eos_early_stop: bool) -> llada2.BlockRows:
-  """The rows' next block after a step (aux.step_B counts the post-edit
-  steps entered in the block): it ends after a post-edit step without an
-  edit, or when the next step would be post-edit step max_post_steps + 1."""
+def edits(rows_BxL, block_BxL, x0_BxL, p_BxL, active_BxL, prompt_len: int,
+          editing_threshold: float | None) -> jax.Array:
+  """[B, L] T2T: the block's committed answer tokens (slots rows_BxL,
+  tokens block_BxL, masks active_BxL) whose draw x0_BxL differs, with
+  confidence p_BxL > editing_threshold (None: none)."""
+  if editing_threshold is None:
+    return jnp.zeros_like(active_BxL)
+  return (~active_BxL & (rows_BxL >= prompt_len) & (x0_BxL != block_BxL)
+          & (p_BxL > editing_threshold))
+
+
+def next_block(model, aux: llada2.BlockRows, tokens_BxN, active_BxL,
+               block_BxL, edit_BxL, start_B, prompt_B, prompt_len: int,
+               gen_length: int, block_length: int, max_post_steps: int,
+               eos_block_stop: bool, early_eos_B=None) -> llada2.BlockRows:
+  """The rows' next block after a step that began with masks active_BxL
+  and left block_BxL (aux.step_B counts the post-edit steps entered in the
+  block): it ends after a post-edit step without an edit, or when the next
+  step would be post-edit step max_post_steps + 1. Stops as in
+  llada2.end_rows."""
   mask_id = model.config.mask_token_id
-  post_step_B = ~jnp.any(d.active_BxL, axis=1)
-  quiet_B = post_step_B & ~jnp.any(edit_BxL, axis=1)
-  next_post_B = d.aux.step_B + ~jnp.any(block_BxL == mask_id, axis=1)
+  quiet_B = ~jnp.any(active_BxL, axis=1) & ~jnp.any(edit_BxL, axis=1)
+  next_post_B = aux.step_B + ~jnp.any(block_BxL == mask_id, axis=1)
   done_B = quiet_B | (next_post_B > max_post_steps)
-  return llada2.end_rows(model, d.aux, tokens_BxN, done_B, next_post_B,
-                         d.start_B, d.prompt_B, prompt_len, gen_length,
-                         block_length, eos_block_stop=eos_early_stop)
+  return llada2.end_rows(model, aux, tokens_BxN, done_B, next_post_B,
+                         start_B, prompt_B, prompt_len, gen_length,
+                         block_length, eos_block_stop=eos_block_stop,
+                         early_eos_B=early_eos_B)
