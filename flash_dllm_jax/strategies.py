@@ -83,11 +83,11 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
                   "editing of committed tokens (T2T), exact block cache"),
     Strategy("llada2.1-speed", LLaDA21Sampler,
              fixed={"steps": 32, **MODES["speed"]},
-             help="llada2.1 in the LLaDA2.1 card's speed mode (threshold "
+             help="llada2.1 in LLaDA2.1's speed mode (threshold "
                   "0.5, editing_threshold 0.0, max_post_steps 16)"),
     Strategy("llada2.1-quality", LLaDA21Sampler,
              fixed={"steps": 32, **MODES["quality"]},
-             help="llada2.1 in the LLaDA2.1 card's quality mode (threshold "
+             help="llada2.1 in LLaDA2.1's quality mode (threshold "
                   "0.7, editing_threshold 0.5, max_post_steps 16)"),
     Strategy("llada2-flash", LLaDA2FlashSampler,
              help="LLaDA2 blocks drafted, then Flash-Verify of the rest "

@@ -42,8 +42,10 @@ from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
-# The LLaDA2.1 model card's decoding modes (threshold, editing_threshold,
-# max_post_steps), block_length 32, temperature 0.
+# LLaDA2.1's two decoding modes (threshold, editing_threshold,
+# max_post_steps; block_length 32, temperature 0): quality as diffusers'
+# LLaDA2 pipeline documents it; speed as SGLang documents JointThreshold's
+# defaults (diffusers lists speed with editing off instead).
 MODES = {"speed": dict(threshold=0.5, editing_threshold=0.0,
                        max_post_steps=16),
          "quality": dict(threshold=0.7, editing_threshold=0.5,
