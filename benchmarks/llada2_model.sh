@@ -99,7 +99,8 @@ case "${2:?second argument: train, continue, quality, speed, editing or editing-
          --strategies $all --reference llada2 --baseline llada2 \
          --no-progress --out-dir "$OUT/e" > "$OUT/editing.log" 2>&1
      tar -cJf "$OUT/editing.tar.xz" -C "$OUT" e
-     grep -h "^|" "$OUT/e/quality.md" ;;
+     grep -h "^|" "$OUT/e/quality.md"
+     grep -h "^|" "$OUT/e/results.md" ;;  # fwd/tok: model calls per token
   editing-speed)
      timeout ${SPEED_TIMEOUT:-540} python scripts/bench_moe.py --batch 1 32 \
          --strategies llada2 llada2.1 --layer-paths grouped --reps 1 \
