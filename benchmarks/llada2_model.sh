@@ -8,6 +8,8 @@
 #                                    # a further stage from DIR's weights
 #   bash benchmarks/llada2_model.sh OUT_DIR quality "192 256"
 #   bash benchmarks/llada2_model.sh OUT_DIR speed    # LLaDA2.0-mini shapes
+#   bash benchmarks/llada2_model.sh OUT_DIR editing "256"  # llada2.1 quality
+#   bash benchmarks/llada2_model.sh OUT_DIR editing-speed  # llada2.1 vs llada2
 # quality runs on $RUN/model when it exists, else on the shipped checkpoint.
 # OUT gets logs, metrics.jsonl, loss.png, model.tar.* (cat model.tar.* |
 # tar -x) and quality.tar.xz. A longer schedule runs as stages of one device
@@ -30,7 +32,7 @@ MODEL="--arch llada2 --layers 10 --d-model 384 --heads 6 --kv-heads 2 \
 # a step), its threshold rule without and with the block cache, llada2-flash.
 REF="llada2:threshold=none,block_cache=false"
 THR="llada2:block_cache=false"
-case "${2:?second argument: train, continue, quality or speed}" in
+case "${2:?second argument: train, continue, quality, speed, editing or editing-speed}" in
   train|continue)
      if [ "$2" = train ]; then
        python scripts/train_tiny.py $MODEL $COMMON > "$OUT/train.log" 2>&1 || exit 1
@@ -71,5 +73,38 @@ case "${2:?second argument: train, continue, quality or speed}" in
          --strategies llada2 llada2-flash --layer-paths grouped --reps 1 \
          --json "$OUT/llada2-speed.json" > "$OUT/llada2-speed.log" 2>&1
      grep -h "^|\|device" "$OUT/llada2-speed.log" ;;
-  *) echo "second argument: train, continue, quality or speed" >&2; exit 2 ;;
+  editing)
+     # llada2 beside llada2.1 (the reference's defaults, editing off at the
+     # speed mode's threshold, the card's quality and speed modes), every
+     # llada2.1 run stopping after the block with an EOS; llada2-flash
+     # without and with editing in its draft pass (editing thresholds 0.9,
+     # the reference's default, and 0.5, the quality mode's).
+     ckpt=$SHIPPED; [ -d "$RUN/model" ] && ckpt=$RUN/model
+     export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.2}
+     E=eos_early_stop=true
+     NOEDIT="llada2.1:threshold=0.5,editing_threshold=none,$E"
+     FLASH="llada2-flash llada2-flash:editing_threshold=0.9 llada2-flash:editing_threshold=0.5"
+     all="llada2 llada2.1:$E $NOEDIT llada2.1-quality:$E llada2.1-speed:$E $FLASH"
+     i=0
+     for group in "llada2 llada2.1:$E $NOEDIT" "llada2.1-quality:$E llada2.1-speed:$E" "$FLASH"; do
+       i=$((i + 1))
+       timeout ${QUALITY_TIMEOUT:-480} python scripts/eval_quality.py --checkpoint "$ckpt" \
+           --limit ${LIMIT:-1000} --gen-lengths ${3:-256} --strategies $group \
+           --reference llada2 --baseline llada2 --no-progress \
+           --out-dir "$OUT/e" > "$OUT/editing-$i.log" 2>&1 &
+     done
+     wait
+     timeout ${QUALITY_TIMEOUT:-480} python scripts/eval_quality.py \
+         --checkpoint "$ckpt" --limit ${LIMIT:-1000} --gen-lengths ${3:-256} \
+         --strategies $all --reference llada2 --baseline llada2 \
+         --no-progress --out-dir "$OUT/e" > "$OUT/editing.log" 2>&1
+     tar -cJf "$OUT/editing.tar.xz" -C "$OUT" e
+     grep -h "^|" "$OUT/e/quality.md"
+     grep -h "^|" "$OUT/e/results.md" ;;  # fwd/tok: model calls per token
+  editing-speed)
+     timeout ${SPEED_TIMEOUT:-540} python scripts/bench_moe.py --batch 1 32 \
+         --strategies llada2 llada2.1 --layer-paths grouped --reps 1 \
+         --json "$OUT/llada21-speed.json" > "$OUT/llada21-speed.log" 2>&1
+     grep -h "^|\|device\|^llada2.1 /" "$OUT/llada21-speed.log" ;;
+  *) echo "second argument: train, continue, quality, speed, editing or editing-speed" >&2; exit 2 ;;
 esac

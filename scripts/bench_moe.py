@@ -4,7 +4,10 @@ Random bf16 weights at the mini's geometry (16.3B parameters, 256 experts,
 8 per token); strategy `llada2` on the pure schedule (`--per-step` tokens a
 step, so random weights do not change the step count), every position
 decoded; with `--strategies llada2-flash` also its draft + verify step
-(its floor two passes). Prints ms per step against its floor, the larger of two
+(its floor two passes); with `llada2.1` LLaDA2.1's step (M2T on the same
+schedule, T2T editing of every committed token of the block whose argmax
+changed, at most 2 post-edit steps a block), its ratio to llada2's step of
+the same batch printed after the table. Prints ms per step against its floor, the larger of two
 measured in this run: every weight read once per step (a step of hundreds
 of tokens routes to every expert) at the copy rate, and the step's FLOPs
 (K experts a token) at the measured bf16 matmul rate. Plus one MoE layer
@@ -79,14 +82,21 @@ def tiling_name(t: ops.ExpertTiling) -> str:
 
 def step_sampler(name: str, args):
   """(sampler, model passes a step) of a timed strategy: llada2 on the pure
-  schedule (--per-step tokens a step); llada2-flash with its defaults, a
-  draft and a verify pass a step (random weights commit about one token a
-  step, so its tokens per step come from a trained model)."""
+  schedule (--per-step tokens a step); llada2.1 on the same schedule with
+  editing_threshold 0 (every changed argmax edits) and 2 post-edit steps;
+  llada2-flash with its defaults, a draft and a verify pass a step (random
+  weights commit about one token a step, so its tokens per step come from
+  a trained model)."""
   if name == "llada2":
     return build_sampler("llada2", "llada2", dict(
         gen_length=args.gen, block_length=args.block, threshold=None,
         steps=args.block // args.per_step,
         block_cache=not args.window)), 1
+  if name == "llada2.1":
+    return build_sampler("llada2.1", "llada2", dict(
+        gen_length=args.gen, block_length=args.block, threshold=None,
+        num_to_transfer=args.per_step, editing_threshold=0.0,
+        max_post_steps=2, block_cache=not args.window)), 1
   return build_sampler(name, "llada2", dict(
       gen_length=args.gen, block_length=args.block,
       block_cache=not args.window)), 2
@@ -105,7 +115,7 @@ def main(argv=None):
                   help="re-run the whole window each step (block_cache "
                        "off, the reference's way) instead of the block cache")
   ap.add_argument("--strategies", nargs="+", default=["llada2"],
-                  choices=["llada2", "llada2-flash"],
+                  choices=["llada2", "llada2.1", "llada2-flash"],
                   help="decodes to time (llada2-flash: one timed run)")
   ap.add_argument("--json", type=Path, default=None)
   ap.add_argument("--layer-only", action="store_true",
@@ -172,7 +182,7 @@ def main(argv=None):
     try:
       s_step, compile_s, steps, forwards = timing.time_decode(
           cfg, params, sampler, b, args.prompt,
-          args.reps if name == "llada2" else 1,
+          args.reps if name != "llada2-flash" else 1,
           implementation=ops.Kernels(experts=args.tilings[0]))
       n = args.prompt + args.gen + args.block - 1
       # A cached step runs at least one block's queries, which touch at
@@ -208,6 +218,14 @@ def main(argv=None):
     print(f"| {r['kind']} | {r['batch']} | {args.prompt} | {r['ms']:.2f} | "
           f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms']:.0%} | {tok_s} | "
           f"{peak} |")
+  base = {r["batch"]: r["ms"] for r in rows
+          if r["kind"] == "llada2 step" and "ms" in r}
+  for r in rows:
+    if r["kind"] == "llada2.1 step" and "ms" in r and r["batch"] in base:
+      print(f"llada2.1 / llada2 ms per step, batch {r['batch']}: "
+            f"{r['ms'] / base[r['batch']]:.3f} ({r['steps']} steps, "
+            f"{r['forwards']} forwards a row at most; peak "
+            f"{r['peak_gb']:.2f} GB)")
 
 
 if __name__ == "__main__":

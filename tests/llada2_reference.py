@@ -27,10 +27,12 @@ class Generation:
   """tokens: the generated ids after the prompt, cut after the first eos
   (eos included) or at gen_length; calls: model calls made; early_stop:
   whether 2.0's eos_early_stop return was taken (the remote code then
-  returns prompt + tokens, this returns tokens only)."""
+  returns prompt + tokens, this returns tokens only); edits: committed
+  tokens 2.1 replaced."""
   tokens: np.ndarray
   calls: int
   early_stop: bool = False
+  edits: int = 0
 
 
 def num_transfer_tokens(block_length: int, steps: int) -> np.ndarray:
@@ -150,7 +152,8 @@ def generate_v21(logits_fn, prompt, *, gen_length, block_length, mask_id,
                  max_post_steps=16, num_to_transfer=1, eos_early_stop=False,
                  temperature=0.0, top_k=None, top_p=None,
                  rng=None) -> Generation:
-  """LLaDA2.1 generate (no step schedule; `steps` is unused there): per
+  """LLaDA2.1 generate (no step schedule; `steps` is unused there;
+  editing_threshold None: no edits, an engine option): per
   block, loop: masks get committed by threshold (else the num_to_transfer
   most confident), and already committed non-prompt tokens of the block are
   replaced (edited) where the model now prefers another token with
@@ -160,7 +163,7 @@ def generate_v21(logits_fn, prompt, *, gen_length, block_length, mask_id,
   masks and holds an eos."""
   prompt, n_blocks, x = _canvas(prompt, gen_length, block_length, mask_id)
   p = len(prompt)
-  calls = 0
+  calls = edits = 0
   for blk in range(p // block_length, n_blocks):
     start, end = blk * block_length, (blk + 1) * block_length
     is_prompt = np.arange(start, end) < p
@@ -179,9 +182,10 @@ def generate_v21(logits_fn, prompt, *, gen_length, block_length, mask_id,
       if active.any():
         conf = np.where(active, prob, -np.inf)
         commit = _pick_masks(conf, active, threshold, num_to_transfer)
-      edit = (~active & ~is_prompt & (prob > editing_threshold)
-              & (tok != old))
+      edit = (~active & ~is_prompt & (tok != old)
+              & (editing_threshold is not None and prob > editing_threshold))
       change = commit | edit
+      edits += int(edit.sum())
       x[start:end][change] = tok[change]
       if not active.any() and not edit.any():
         break
@@ -189,4 +193,5 @@ def generate_v21(logits_fn, prompt, *, gen_length, block_length, mask_id,
       gen = x[p:end]
       if not (gen == mask_id).any() and (gen == eos_id).any():
         break
-  return _answer(x, p, gen_length, eos_id, calls)
+  return dataclasses.replace(_answer(x, p, gen_length, eos_id, calls),
+                             edits=edits)

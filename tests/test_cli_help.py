@@ -97,4 +97,4 @@ def test_readme_lists_every_strategy():
   readme = (ROOT / "README.md").read_text()
   section = readme.split("## Command line", 1)[1].split("\n## ", 1)[0]
   listed = section.split("- `--strategy`: ", 1)[1].split("(default", 1)[0]
-  assert re.findall(r"`([a-z0-9-]+)`", listed) == list(strategies.STRATEGIES)
+  assert re.findall(r"`([a-z0-9.-]+)`", listed) == list(strategies.STRATEGIES)

@@ -53,18 +53,21 @@ def test_bench_strategies_steady_step_is_measured(tmp_path):
 
 def test_bench_moe_smoke_times_both_expert_paths_and_the_step(tmp_path):
   """The MoE layer by the grouped kernel (interpret mode here) at two
-  tilings and by the dense path, and a strategy-llada2 step, each with its
-  floor."""
+  tilings and by the dense path, and strategy-llada2 and llada2.1 steps,
+  each with its floor, their ratio printed."""
   out = tmp_path / "moe.json"
   result = subprocess.run(
       [sys.executable, str(ROOT / "scripts" / "bench_moe.py"), "--smoke",
-       "--json", str(out), "--tilings", "16,16,16", "32,32,32,2,1"],
+       "--json", str(out), "--tilings", "16,16,16", "32,32,32,2,1",
+       "--strategies", "llada2", "llada2.1"],
       capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   rows = json.loads(out.read_text())["rows"]
   assert [r["kind"] for r in rows] == [
       "moe layer grouped m16 n16 k16 w4 s3",
-      "moe layer grouped m32 n32 k32 w2 s1", "moe layer dense", "llada2 step"]
+      "moe layer grouped m32 n32 k32 w2 s1", "moe layer dense", "llada2 step",
+      "llada2.1 step"]
+  assert "llada2.1 / llada2 ms per step, batch 2: " in result.stdout
   for r in rows:
     assert "error" not in r, r
     assert r["ms"] > 0 and r["floor_ms"] > 0

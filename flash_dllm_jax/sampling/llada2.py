@@ -187,9 +187,24 @@ class LLaDA2Sampler:
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
-    cfg, bl = model.config, self.block_length
+    d = self.draw_block(model, state, rng_B, prompt_len)
+    k_B = jnp.asarray(self.schedule())[jnp.minimum(d.aux.step_B,
+                                                   self.block_steps - 1)]
+    chosen_BxL = self.unmask(d, k_B, state.sampling)
+    block_BxL = jnp.where(chosen_BxL, d.x0_BxL, d.block_BxL)
+    tokens_BxN = d.write(block_BxL)
+    eos_B = jnp.any(chosen_BxL & (d.x0_BxL == model.config.eos_token_id),
+                    axis=1)
+    rows = next_rows(model, d.aux, tokens_BxN, block_BxL, eos_B, d.start_B,
+                     d.prompt_B, prompt_len, self.gen_length,
+                     self.block_length, self.block_steps, self.eos_early_stop)
+    return tokens_BxN, rows.replace(cache=d.cache), 1, d.logprobs()
+
+  def draw_block(self, model: SequenceModel, state: DecodeState,
+                 rng_B: jax.Array, prompt_len: int) -> "BlockDraw":
+    """One forward of every row's current block and its draws."""
+    bl = self.block_length
     tokens_BxN = state.tokens_BxN
-    b, n = tokens_BxN.shape
     aux, prompt_B, start_B = current_block(model, state.aux, prompt_len, bl)
     rows_BxL = start_B[:, None] + jnp.arange(bl)
     cache = aux.cache
@@ -201,27 +216,55 @@ class LLaDA2Sampler:
     x0_BxL, p_BxL = self._draw(logits_BxLxV, rng_B, state.sampling)
     lp_BxL = ops.token_logprob(logits_BxLxV, x0_BxL)
     block_BxL = jnp.take_along_axis(tokens_BxN, rows_BxL, axis=1)
-    active_BxL = block_BxL == cfg.mask_token_id
-    conf_BxL = jnp.where(active_BxL, p_BxL, select.NEG_INF)
-    k_B = jnp.asarray(self.schedule())[jnp.minimum(aux.step_B,
-                                                   self.block_steps - 1)]
+    return BlockDraw(tokens_BxN, aux, cache, prompt_B, start_B, rows_BxL,
+                     block_BxL, x0_BxL.astype(block_BxL.dtype), p_BxL,
+                     lp_BxL, block_BxL == model.config.mask_token_id)
+
+  def unmask(self, d: "BlockDraw", k_B: jax.Array, rows) -> jax.Array:
+    """[B, L] the masks a step commits: those with confidence above the
+    row's threshold if there are at least k_B of them, else the k_B most
+    confident (fewer if fewer masks are left)."""
+    conf_BxL = jnp.where(d.active_BxL, d.p_BxL, select.NEG_INF)
     chosen_BxL = select.choose_top(conf_BxL, k_B)
-    tau_B, on_B = self._thresholds(state.sampling, b)
+    tau_B, on_B = self._thresholds(rows, conf_BxL.shape[0])
     if on_B is not None:
-      high_BxL = active_BxL & (conf_BxL > tau_B[:, None])
+      high_BxL = d.active_BxL & (conf_BxL > tau_B[:, None])
       enough_B = on_B & (jnp.sum(high_BxL, axis=1) >= k_B)
       chosen_BxL = jnp.where(enough_B[:, None], high_BxL, chosen_BxL)
-    block_BxL = jnp.where(chosen_BxL, x0_BxL.astype(block_BxL.dtype),
-                          block_BxL)
-    tokens_BxN = tokens_BxN.at[jnp.arange(b)[:, None], rows_BxL].set(
+    return chosen_BxL
+
+
+@struct.dataclass
+class BlockDraw:
+  """A step's forward of the rows' current blocks: the block's slots
+  rows_BxL and tokens block_BxL (active_BxL: its masks), the draws x0_BxL
+  with their confidence p_BxL and log-probability lp_BxL under the model's
+  softmax; aux with the blocks set, the updated cache, prompt lengths and
+  block starts."""
+
+  tokens_BxN: jax.Array
+  aux: BlockRows
+  cache: BlockCache | None
+  prompt_B: jax.Array
+  start_B: jax.Array
+  rows_BxL: jax.Array
+  block_BxL: jax.Array
+  x0_BxL: jax.Array
+  p_BxL: jax.Array
+  lp_BxL: jax.Array
+  active_BxL: jax.Array
+
+  def write(self, block_BxL: jax.Array) -> jax.Array:
+    """tokens_BxN with each row's block replaced by block_BxL."""
+    b = self.tokens_BxN.shape[0]
+    return self.tokens_BxN.at[jnp.arange(b)[:, None], self.rows_BxL].set(
         block_BxL)
-    eos_B = jnp.any(chosen_BxL & (x0_BxL == cfg.eos_token_id), axis=1)
-    rows = next_rows(model, aux, tokens_BxN, block_BxL, eos_B, start_B,
-                     prompt_B, prompt_len, self.gen_length, self.block_length,
-                     self.block_steps, self.eos_early_stop)
-    logprob_BxN = jnp.zeros((b, n), jnp.float32).at[
-        jnp.arange(b)[:, None], rows_BxL].set(lp_BxL)
-    return tokens_BxN, rows.replace(cache=cache), 1, logprob_BxN
+
+  def logprobs(self) -> jax.Array:
+    """[B, N] the draws' log-probabilities at their slots, 0 elsewhere."""
+    b, n = self.tokens_BxN.shape
+    return jnp.zeros((b, n), jnp.float32).at[
+        jnp.arange(b)[:, None], self.rows_BxL].set(self.lp_BxL)
 
 
 def reset_rows(aux: BlockRows, rows_B: jax.Array) -> BlockRows:
@@ -248,22 +291,38 @@ def next_rows(model, aux: BlockRows, tokens_BxN, block_BxL, eos_B, start_B,
               block_steps: int, eos_early_stop: bool) -> BlockRows:
   """The rows' next block and step, and which answers have ended, after a
   step left block_BxL in the current block (eos_B: it committed an EOS)."""
+  step_B = aux.step_B + 1
+  block_done_B = ~jnp.any(block_BxL == model.config.mask_token_id, axis=1) | (
+      step_B >= block_steps)
+  return end_rows(model, aux, tokens_BxN, block_done_B, step_B, start_B,
+                  prompt_B, prompt_len, gen_length, block_length,
+                  eos_block_stop=True,
+                  early_eos_B=eos_B if eos_early_stop else None)
+
+
+def end_rows(model, aux: BlockRows, tokens_BxN, block_done_B, step_B,
+             start_B, prompt_B, prompt_len, gen_length: int,
+             block_length: int, eos_block_stop: bool,
+             early_eos_B=None) -> BlockRows:
+  """The rows' next block (block_done_B: the current one is finished; a
+  finished block's step count restarts at 0) and which answers have ended:
+  after the last block; with eos_block_stop after a finished block with an
+  EOS in the answer; with early_eos_B (the step committed an EOS) as soon
+  as that EOS has no mask before it."""
   cfg, bl = model.config, block_length
   n = tokens_BxN.shape[1]
-  step_B = aux.step_B + 1
-  block_done_B = ~jnp.any(block_BxL == cfg.mask_token_id, axis=1) | (
-      step_B >= block_steps)
   idx_N = jnp.arange(n)
   answer_BxN = (idx_N >= prompt_len) & (idx_N < (start_B + bl)[:, None])
   eos_BxN = answer_BxN & (tokens_BxN == cfg.eos_token_id)
   stop_B = aux.stop_B
   if model.stop_ids:
-    stop_B = stop_B | (block_done_B & jnp.any(eos_BxN, axis=1))
-    if eos_early_stop:
+    if eos_block_stop:
+      stop_B = stop_B | (block_done_B & jnp.any(eos_BxN, axis=1))
+    if early_eos_B is not None:
       first_B = jnp.argmax(eos_BxN, axis=1)
       before_BxN = answer_BxN & (idx_N < first_B[:, None])
       clear_B = ~jnp.any(before_BxN & (tokens_BxN == cfg.mask_token_id), 1)
-      stop_B = stop_B | (eos_B & clear_B)
+      stop_B = stop_B | (early_eos_B & clear_B)
   block_B = aux.block_B + block_done_B
   ends_B = -(-(prompt_B + gen_length) // bl)  # the row's block count
   stop_B = stop_B | (block_B >= ends_B)

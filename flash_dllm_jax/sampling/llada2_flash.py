@@ -15,6 +15,14 @@ block ends when no mask is left in it; answers end as in LLaDA2Sampler
 (after a block holding EOS, or with eos_early_stop at a committed EOS with
 no mask before it). forwards_B counts both passes.
 
+With `editing_threshold` set, the draft pass also edits as LLaDA2.1's
+rule does (llada21.py): every committed answer token of the block whose
+draft differs with confidence > editing_threshold is replaced (that pass is
+the full-block forward the rule reads; the verify pass only re-scores
+mask drafts), and a block with no mask left runs post-edit steps (a draft
+pass, no verify) until one edits nothing or `max_post_steps` have run.
+None (the default): no edit, a block ends with its last mask.
+
 Drafts are greedy, or drawn per row from `DecodeState.sampling` as
 Flash-dLLM draws them (row_sampling.propose_tokens: temperature, top_k,
 then top_p); a row's own threshold, factor and gamma replace the
@@ -34,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax.sampling import checks, commit_rules, flash_verify
-from flash_dllm_jax.sampling import llada2
+from flash_dllm_jax.sampling import llada2, llada21
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.llada2 import BlockRows
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -52,6 +60,8 @@ class LLaDA2FlashSampler:
   A row's own temperature / top_p / top_k (its draft, Flash-dLLM's
   row sampling) and threshold, factor and gamma are row data
   (`DecodeState.sampling`; row_options.py).
+  editing_threshold / max_post_steps: LLaDA2.1's editing in the draft
+    pass and its post-edit steps (None: off).
   block_cache: False runs the whole window every step (the exactness
     reference: same tokens and model calls).
   max_refills: as LLaDA2Sampler's.
@@ -67,6 +77,8 @@ class LLaDA2FlashSampler:
   factor: float = 1.0
   gamma: float = 0.8
   eos_early_stop: bool = False
+  editing_threshold: float | None = None
+  max_post_steps: int = 16
   block_cache: bool = True
   max_refills: int | None = None
 
@@ -92,6 +104,12 @@ class LLaDA2FlashSampler:
       if not isinstance(getattr(self, name), bool):
         errors.append(f"{name} must be a bool, got {getattr(self, name)!r}")
     errors += checks.optional_positive_errors(self, "max_refills")
+    e = self.editing_threshold
+    if e is not None and (isinstance(e, bool) or not -1 <= e <= 1):
+      errors.append(f"editing_threshold must be None or in [-1, 1], got {e}")
+    m = self.max_post_steps
+    if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+      errors.append(f"max_post_steps must be an int >= 0, got {m!r}")
     if errors:
       raise ValueError("invalid LLaDA2 Flash-Verify sampler arguments: "
                        + "; ".join(errors))
@@ -102,9 +120,11 @@ class LLaDA2FlashSampler:
 
   @property
   def num_steps(self) -> int:
-    """Every step commits a mask at least: a block's masks at most."""
+    """Every step with masks commits one at least: a block's masks at most,
+    plus its post-edit steps with editing."""
     blocks = math.ceil(self.gen_length / self.block_length) + 1
-    return blocks * self.block_length
+    post = 0 if self.editing_threshold is None else self.max_post_steps
+    return blocks * (self.block_length + post)
 
   @property
   def commit_rule(self) -> commit_rules.CommitRule:
@@ -147,7 +167,9 @@ class LLaDA2FlashSampler:
     masked_BxL = block_BxL == cfg.mask_token_id
     commit_BxL = commit_rules.row_rule(self.commit_rule, state).commit(
         conf_BxL, masked_BxL)
-    block_BxL = jnp.where(commit_BxL, x0_BxL, block_BxL)
+    edit_BxL = llada21.edits(pos_BxL, block_BxL, x0_BxL, conf_BxL,
+                             masked_BxL, prompt_len, self.editing_threshold)
+    block_BxL = jnp.where(commit_BxL | edit_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     v = self.verify_block(model, tokens_BxN, bc.cache, pos_BxL, start_B,
                           x0_BxL, conf_BxL,
@@ -159,9 +181,16 @@ class LLaDA2FlashSampler:
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     eos_B = jnp.any((commit_BxL | keep_BxL) & (x0_BxL == cfg.eos_token_id),
                     axis=1)
-    rows = llada2.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
-                            start_B, prompt_B, prompt_len, self.gen_length,
-                            l, l, self.eos_early_stop)
+    if self.editing_threshold is None:
+      rows = llada2.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
+                              start_B, prompt_B, prompt_len, self.gen_length,
+                              l, l, self.eos_early_stop)
+    else:
+      rows = llada21.next_block(
+          model, aux, tokens_BxN, masked_BxL, block_BxL, edit_BxL, start_B,
+          prompt_B, prompt_len, self.gen_length, l, self.max_post_steps,
+          eos_block_stop=True,
+          early_eos_B=eos_B if self.eos_early_stop else None)
     logprob_BxN = jnp.zeros(tokens_BxN.shape, jnp.float32).at[
         rows_Bx1, pos_BxL].set(lp_BxL)
     return (tokens_BxN, rows.replace(cache=bc),

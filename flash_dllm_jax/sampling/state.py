@@ -117,12 +117,13 @@ def advance(state: DecodeState, proposed_BxN: jax.Array, aux,
   theirs, so finishing early never changes a row's tokens. complete: the
   sampler's own test of a finished row (tokens_BxN -> [B] bool), else
   `answer_complete`. logprob_BxN: the proposed tokens' log-probabilities
-  (the sampler's, None if it has none), kept where a mask was committed."""
+  (the sampler's, None if it has none), kept where a token was written (a
+  mask committed, or a committed token edited)."""
   active_B = ~state.done_B
   tokens_BxN = jnp.where(active_B[:, None], proposed_BxN, state.tokens_BxN)
   kept_BxN = state.logprob_BxN
   if logprob_BxN is not None and kept_BxN is not None:
-    new_BxN = (state.tokens_BxN == mask_id) & (tokens_BxN != mask_id)
+    new_BxN = (state.tokens_BxN != tokens_BxN) & (tokens_BxN != mask_id)
     kept_BxN = jnp.where(new_BxN, logprob_BxN, kept_BxN)
   if complete is None:
     complete_B = answer_complete(tokens_BxN[:, prompt_len:], mask_id, stop_ids)

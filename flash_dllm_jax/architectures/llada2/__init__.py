@@ -12,7 +12,9 @@ more than one expert is chosen), `score_function` (always sigmoid),
 `moe_router_enable_expert_bias` (the expert bias is always there),
 `rotary_dim` (the rotated dims are int(head_dim * partial_rotary_factor)),
 `norm_head` and the sliding-window keys. The config names no EOS or mask
-token: they come from the tokenizer (<|endoftext|>, <|mask|>).
+token: they come from the tokenizer (<|endoftext|>, <|mask|>). LLaDA2.1's
+config differs from 2.0's in max_position_embeddings only (32768); its
+token editing is a decoding strategy (llada2.1).
 """
 
 from __future__ import annotations
@@ -96,9 +98,11 @@ SPEC = Architecture(
     read_hf_config=read_hf_config, name_table=_name_table,
     attention=AttentionSpec(qk_norm=True, rope_in_float32=False,
                             mask="block_causal"),
-    logits_shift=0, default_strategy="llada2", samplers=("LLaDA2Sampler", "LLaDA2FlashSampler"),
+    logits_shift=0, default_strategy="llada2", samplers=("LLaDA2Sampler", "LLaDA21Sampler",
+                                     "LLaDA2FlashSampler"),
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
-    presets={"llada2-mini": _MINI},
+    presets={"llada2-mini": _MINI,
+             "llada2.1-mini": {**_MINI, "max_seq_len": 32768}},
     tiny_changes=dict(rms_norm_eps=1e-6, rope_theta=600000.0,
                       rope_fraction=0.5, moe=MoEConfig(
                           n_experts=8, top_k=2, hidden=32, n_shared=1,

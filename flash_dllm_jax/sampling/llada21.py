@@ -1,0 +1,134 @@
+"""LLaDA2.1's decoding (inclusionAI's LLaDA2.1 `generate` in
+modeling_llada2_moe.py): LLaDA2's blocks with token-to-token editing.
+
+Each step runs one forward of the row's current block (LLaDA2Sampler's
+draw: the exact block cache, greedy at temperature 0) and
+  M2T  commits, among the block's masks, every one with confidence >
+       `threshold` if there are at least `num_to_transfer` of them, else the
+       `num_to_transfer` most confident;
+  T2T  replaces every committed, non-prompt token of the block whose draw
+       differs from it with confidence > `editing_threshold` (None: never).
+A step that starts with no mask in the block is a post-edit step; the block
+ends after a post-edit step that edits nothing, or before a post-edit step
+past `max_post_steps` (no forward is spent then: the decision is taken at
+the end of the step before). Answers end after the last block, or with
+`eos_early_stop` after a block that leaves an EOS in the answer (a finished
+block has no mask left, so that is the reference's "no mask and an EOS").
+Without eos_early_stop every block is decoded, as the reference does; the
+tokens up to the first EOS are the same either way (later blocks never
+change earlier ones), only the model calls differ.
+
+`steps` is unused, as in the reference. With editing off
+(editing_threshold None) and num_to_transfer 1 this commits what llada2
+with steps = block_length commits, plus one post-edit forward per block
+(none with max_post_steps 0).
+
+Edits reach the block's committed tokens only, so the finished blocks'
+cache stays exact. Per-row temperature / top_k / top_p / threshold as in
+LLaDA2Sampler. An edited token reports its new draw's log-probability.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from flash_dllm_jax.sampling import checks
+from flash_dllm_jax.sampling import llada2
+from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.state import DecodeState
+
+# LLaDA2.1's two decoding modes (threshold, editing_threshold,
+# max_post_steps; block_length 32, temperature 0): quality as diffusers'
+# LLaDA2 pipeline documents it; speed as SGLang documents JointThreshold's
+# defaults (diffusers lists speed with editing off instead).
+MODES = {"speed": dict(threshold=0.5, editing_threshold=0.0,
+                       max_post_steps=16),
+         "quality": dict(threshold=0.7, editing_threshold=0.5,
+                         max_post_steps=16)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LLaDA21Sampler(LLaDA2Sampler):
+  """LLaDA2Sampler's blocks, draws and stops plus the reference's editing
+  arguments (its defaults): editing_threshold (None: no T2T edits),
+  max_post_steps, num_to_transfer (M2T's minimum per step)."""
+
+  editing_threshold: float | None = 0.9
+  max_post_steps: int = 16
+  num_to_transfer: int = 1
+
+  def __post_init__(self):
+    super().__post_init__()
+    errors = []
+    e = self.editing_threshold
+    if e is not None and (isinstance(e, bool) or not -1 <= e <= 1):
+      errors.append(f"editing_threshold must be None or in [-1, 1], got {e}")
+    for name, low in (("max_post_steps", 0), ("num_to_transfer", 1)):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        errors.append(f"{name} must be an int >= {low}, got {value!r}")
+    if errors:
+      raise ValueError("invalid LLaDA2.1 sampler arguments: "
+                       + "; ".join(errors))
+
+  @property
+  def num_steps(self) -> int:
+    """A block takes at most block_length unmasking steps (each commits a
+    mask) and max_post_steps post-edit steps."""
+    blocks = math.ceil(self.gen_length / self.block_length) + 1
+    return blocks * (self.block_length + self.max_post_steps)
+
+  def propose(self, model: SequenceModel, state: DecodeState,
+              rng_B: jax.Array, prompt_len: int):
+    d = self.draw_block(model, state, rng_B, prompt_len)
+    b = d.block_BxL.shape[0]
+    k_B = jnp.full((b,), self.num_to_transfer, jnp.int32)
+    commit_BxL = self.unmask(d, k_B, state.sampling)
+    edit_BxL = self.edits(d, prompt_len)
+    change_BxL = commit_BxL | edit_BxL
+    block_BxL = jnp.where(change_BxL, d.x0_BxL, d.block_BxL)
+    tokens_BxN = d.write(block_BxL)
+    rows = next_block(model, d.aux, tokens_BxN, d.active_BxL, block_BxL,
+                      edit_BxL, d.start_B, d.prompt_B, prompt_len,
+                      self.gen_length, self.block_length, self.max_post_steps,
+                      eos_block_stop=self.eos_early_stop)
+    return tokens_BxN, rows.replace(cache=d.cache), 1, d.logprobs()
+
+  def edits(self, d: llada2.BlockDraw, prompt_len: int) -> jax.Array:
+    return edits(d.rows_BxL, d.block_BxL, d.x0_BxL, d.p_BxL, d.active_BxL,
+                 prompt_len, self.editing_threshold)
+
+
+def edits(rows_BxL, block_BxL, x0_BxL, p_BxL, active_BxL, prompt_len: int,
+          editing_threshold: float | None) -> jax.Array:
+  """[B, L] T2T: the block's committed answer tokens (slots rows_BxL,
+  tokens block_BxL, masks active_BxL) whose draw x0_BxL differs, with
+  confidence p_BxL > editing_threshold (None: none)."""
+  if editing_threshold is None:
+    return jnp.zeros_like(active_BxL)
+  return (~active_BxL & (rows_BxL >= prompt_len) & (x0_BxL != block_BxL)
+          & (p_BxL > editing_threshold))
+
+
+def next_block(model, aux: llada2.BlockRows, tokens_BxN, active_BxL,
+               block_BxL, edit_BxL, start_B, prompt_B, prompt_len: int,
+               gen_length: int, block_length: int, max_post_steps: int,
+               eos_block_stop: bool, early_eos_B=None) -> llada2.BlockRows:
+  """The rows' next block after a step that began with masks active_BxL
+  and left block_BxL (aux.step_B counts the post-edit steps entered in the
+  block): it ends after a post-edit step without an edit, or when the next
+  step would be post-edit step max_post_steps + 1. Stops as in
+  llada2.end_rows."""
+  mask_id = model.config.mask_token_id
+  quiet_B = ~jnp.any(active_BxL, axis=1) & ~jnp.any(edit_BxL, axis=1)
+  next_post_B = aux.step_B + ~jnp.any(block_BxL == mask_id, axis=1)
+  done_B = quiet_B | (next_post_B > max_post_steps)
+  return llada2.end_rows(model, aux, tokens_BxN, done_B, next_post_B,
+                         start_B, prompt_B, prompt_len, gen_length,
+                         block_length, eos_block_stop=eos_block_stop,
+                         early_eos_B=early_eos_B)
