@@ -1,5 +1,6 @@
 """FastAPI routes: /v1/completions, /v1/chat/completions (JSON or SSE),
-/v1/models, /health and /metrics."""
+/v1/models (and /v1/models/{id}), /tokenize, /detokenize, /version,
+/health and /metrics."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from flash_dllm_jax.serve import protocol as P
+from flash_dllm_jax.serve import tokens
 from flash_dllm_jax.serve.body import parse_body
 from flash_dllm_jax.serve.cli import MAX_BODY_BYTES
 from flash_dllm_jax.serve.errors import (BadRequest, error_response as _error,
@@ -72,11 +74,50 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
       return err
     return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+  def model_card() -> dict:
+    service = get_service()
+    card = {"id": model_name, "object": "model", "created": 0,
+            "owned_by": "flash-dllm-jax", "root": model_name}
+    if service is not None:
+      card["max_model_len"] = service.max_model_len
+    return card
+
   @app.get("/v1/models")
   async def models():
-    return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                        "created": 0,
-                                        "owned_by": "flash-dllm-jax"}]}
+    return {"object": "list", "data": [model_card()]}
+
+  @app.get("/v1/models/{model_id:path}")
+  async def model(model_id: str):
+    if model_id != model_name:
+      return _error(404, f"model {model_id!r} does not exist; this server "
+                    f"serves {model_name!r}", "model", "model_not_found")
+    return model_card()
+
+  @app.get("/version")
+  async def version():
+    return {"version": tokens.version()}
+
+  @app.post("/tokenize")
+  async def tokenize(http: HttpRequest):
+    service, err = service_or_503()
+    if err:
+      return err
+    try:
+      req = parse_body(await http.body(), tokens.TokenizeRequest)
+      return await asyncio.to_thread(tokens.tokenize, service, req)
+    except BadRequest as e:
+      return _error(e.status, e.message, e.param, e.code)
+
+  @app.post("/detokenize")
+  async def detokenize(http: HttpRequest):
+    service, err = service_or_503()
+    if err:
+      return err
+    try:
+      req = parse_body(await http.body(), tokens.DetokenizeRequest)
+      return tokens.detokenize(service, req)
+    except BadRequest as e:
+      return _error(e.status, e.message, e.param, e.code)
 
   async def handle(model, http: HttpRequest, chat: bool):
     service, err = service_or_503()
@@ -127,13 +168,15 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
   return app
 
 
-def _usage(events: list[Event]) -> dict:
-  """The choices' usage: the prompt once, the rest summed."""
+def _usage(events: list[Event], request) -> dict:
+  """The choices' usage: each prompt once, the rest summed."""
   usage = dict(events[0].usage)
   for ev in events[1:]:
     for k in ("completion_tokens", "total_tokens", "decode_steps",
               "forward_passes"):
       usage[k] += ev.usage[k]
+  usage["prompt_tokens"] = sum(len(ids) for ids in {
+      id(r.ids): r.ids for r in request}.values())
   usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
   return usage
 
@@ -161,22 +204,62 @@ async def _whole(service, request, events, http, rid, model, chat, decoding):
     service.scheduler.cancel(request)
     raise
   done = [last[i] for i in range(len(request))]
-  choices = [{"index": i, "text": "".join(text[i]),
-              "finish_reason": ev.reason, "token_ids": ev.token_ids,
-              "logprobs": _logprobs(service, request[0], chat, ev.token_ids,
-                                    ev.logprobs)}
-             for i, ev in enumerate(done)]
+  choices = []
+  for i, ev in enumerate(done):
+    r = request[i]
+    lp = _logprobs(service, r, chat, ev.token_ids, ev.logprobs)
+    if r.echo is not None:
+      lp = _join(_echo_logprobs(service, r), lp)
+    choices.append({"index": i, "text": (r.echo or "") + "".join(text[i]),
+                    "finish_reason": ev.reason, "token_ids": ev.token_ids,
+                    "logprobs": lp})
   body = P.chat_body if chat else P.completion_body
-  return body(rid, model, choices, _usage(done), decoding)
+  return body(rid, model, choices, _usage(done, request), decoding)
+
+
+def _top(request) -> int:
+  """Alternatives asked per position (completions' logprobs N)."""
+  return 0 if request.echo is None else request.top_logprobs
 
 
 def _logprobs(service, request, chat, ids, logprobs, offset=0):
-  """A choice's `logprobs` field (None unless asked for)."""
+  """A choice's `logprobs` field (None unless asked for). A generated
+  token's alternatives are not recorded: {} where some were asked for."""
   if not request.logprobs or logprobs is None:
     return None
-  tokens = service.token_strings(ids)
-  return (P.chat_logprobs(tokens, list(logprobs)) if chat else
-          P.completion_logprobs(tokens, list(logprobs), offset))
+  strings = service.token_strings(ids)
+  if chat:
+    return P.chat_logprobs(strings, list(logprobs))
+  top = [{} for _ in ids] if _top(request) else None
+  return P.completion_logprobs(strings, list(logprobs), offset, top)
+
+
+def _echo_logprobs(service, request):
+  """The echoed prompt's `logprobs` (prompt_logprobs.py), or None."""
+  if request.prompt_logprobs is None:
+    return None
+  own, alternatives = request.prompt_logprobs
+  k = _top(request)
+  top = None if not k else [
+      None if alt is None else {s: v for s, (_, v) in zip(
+          service.token_strings([a for a, _ in alt[:k]]), alt[:k])}
+      for alt in alternatives]
+  return P.completion_logprobs(service.token_strings(request.ids), own, 0,
+                               top)
+
+
+def _join(first, then):
+  """Two completion `logprobs` one after the other (None: absent)."""
+  if first is None or then is None:
+    return first or then
+  shift = sum(len(t) for t in first["tokens"])
+  top = None if first["top_logprobs"] is None else \
+      first["top_logprobs"] + (then["top_logprobs"] or [])
+  return {"tokens": first["tokens"] + then["tokens"],
+          "token_logprobs": first["token_logprobs"] + then["token_logprobs"],
+          "top_logprobs": top,
+          "text_offset": first["text_offset"] + [
+              o + shift for o in then["text_offset"]]}
 
 
 def _sse(obj) -> str:
@@ -197,6 +280,12 @@ async def _stream(service, request, events, rid, model, chat, decoding,
       for i in range(len(request)):
         yield _sse(P.chat_chunk(rid, model, {"role": "assistant",
                                              "content": ""}, index=i))
+    for i, r in enumerate(request):
+      if r.echo is not None:  # the prompt first, as vLLM streams it
+        lp = _echo_logprobs(service, r)
+        if lp is not None:
+          offsets[i] = len("".join(lp["tokens"]))
+        yield _sse(chunk(r.echo, None, (), i, lp))
     while len(last) < len(request):
       i, ev = await events.get()
       if ev.reason in _FAILED:
@@ -204,7 +293,7 @@ async def _stream(service, request, events, rid, model, chat, decoding,
         last[i] = ev
         break
       if ev.delta or ev.new_ids:
-        lp = _logprobs(service, request[0], chat, ev.new_ids,
+        lp = _logprobs(service, request[i], chat, ev.new_ids,
                        ev.new_logprobs, offsets[i])
         if lp is not None and not chat:
           offsets[i] += sum(len(t) for t in lp["tokens"])
@@ -219,8 +308,8 @@ async def _stream(service, request, events, rid, model, chat, decoding,
     elif include_usage:
       obj = "chat.completion.chunk" if chat else "text_completion"
       yield _sse(P.usage_chunk(rid, model, obj,
-                               _usage([last[i] for i in range(len(request))]),
-                               decoding))
+                               _usage([last[i] for i in range(len(request))],
+                                      request), decoding))
     yield "data: [DONE]\n\n"
   finally:
     if len(last) < len(request) and failed is None:
