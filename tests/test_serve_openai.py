@@ -5,9 +5,12 @@ completions request, echo with the prompt's log-likelihood, fresh seeds."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import numpy as np
 import openai
+import pydantic
 import pytest
 
 from flash_dllm_jax import likelihood, load
@@ -193,6 +196,39 @@ def test_models_tokenize_detokenize_version(server):
   assert chat["count"] > tok["count"]
   assert _post(server, "/detokenize", {"tokens": [-1]}).status_code == 400
   assert httpx.get(server.url + "/version").json()["version"]
+
+
+class Answer(pydantic.BaseModel):
+  ok: bool  # '{"ok": false}' is 11 tokens of the tiny model's 16
+
+
+def test_structured_output_is_always_valid_json(server):
+  """The openai client's structured-output helper: every answer parses
+  under the schema, greedy or sampled, whatever the random model prefers."""
+  client = server.client()
+  for seed in range(3):
+    got = client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "how are you"}],
+        response_format=Answer, temperature=1.0, seed=seed)
+    ch = got.choices[0]
+    assert ch.finish_reason == "stop" and isinstance(ch.message.parsed,
+                                                     Answer)
+    assert got.usage.decode_steps <= got.usage.completion_tokens
+  obj = client.chat.completions.create(
+      model=MODEL, messages=[{"role": "user", "content": "data"}],
+      max_tokens=16, response_format={"type": "json_object"})
+  text = obj.choices[0].message.content
+  if obj.choices[0].finish_reason == "stop":
+    assert isinstance(json.loads(text), dict)
+  else:  # the canvas ran out first: a prefix of an object
+    assert text.startswith("{")
+  r = _post(server, "/v1/chat/completions", {
+      "model": MODEL, "messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {
+          "name": "x", "schema": {"type": "object", "properties": {
+              "a": {"$ref": "#/nowhere"}}}}}})
+  assert r.status_code == 400 and r.json()["error"]["param"] == \
+      "response_format", r.text
 
 
 def test_the_llada2_checkpoint_is_served_without_a_strategy(tmp_path):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
+import threading
 from typing import Callable
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -24,6 +26,7 @@ from flash_dllm_jax.serve.scheduler import Draining, Event, QueueFull
 from flash_dllm_jax.serve.security import ApiKey, BodyLimit, ShutdownAnswers
 from flash_dllm_jax.serve.service import Service
 
+log = logging.getLogger("flash_dllm_jax.serve")
 _FAILED = {"deadline": (504, "the request's deadline passed", "timeout"),
            "shutdown": (503, "the server shut down before answering",
                         "server_shutdown"),
@@ -131,7 +134,11 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
       # tokenizing and templating take seconds for a long prompt: off the
       # event loop, so that other clients are served meanwhile
       request = await asyncio.to_thread(service.prepare, req, emit)
-      service.scheduler.submit(request)
+      if request[0].grammar is not None:  # decoded alone (structured.py)
+        threading.Thread(target=_structured, args=(service, request),
+                         daemon=True).start()
+      else:
+        service.scheduler.submit(request)
     except BadRequest as e:
       service.metrics.requests.labels("invalid").inc()
       return _error(e.status, e.message, e.param, e.code)
@@ -166,6 +173,17 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
     return await handle(P.ChatRequest, http, chat=True)
 
   return app
+
+
+def _structured(service, request) -> None:
+  """Decodes a response_format request's choices one after another."""
+  for r in request:
+    temperature = 0.0 if r.sampling is None else r.sampling.temperature
+    try:
+      service.structured(r.key).run(r, r.grammar, temperature)
+    except Exception:  # noqa: BLE001 - the choice was answered 500
+      log.exception("structured decoding failed")
+      return
 
 
 def _usage(events: list[Event], request) -> dict:

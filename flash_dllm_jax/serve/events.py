@@ -62,3 +62,4 @@ class Request:
   echo: str | None = None
   prompt_logprobs: tuple | None = None
   top_logprobs: int = 0  # alternatives asked per position
+  grammar: str | None = None  # response_format's (serve/structured.py)

@@ -48,6 +48,14 @@ class StreamOptions(BaseModel):
   include_usage: bool = True
 
 
+class ResponseFormat(BaseModel):
+  """OpenAI's response_format: text, json_object, or json_schema with
+  {name, schema, strict, description} (serve/structured.py)."""
+  model_config = ConfigDict(extra="forbid")
+  type: Literal["text", "json_object", "json_schema"]
+  json_schema: dict[str, Any] | None = None
+
+
 class _Common(BaseModel):
   model_config = ConfigDict(extra="forbid")
   model: str
@@ -67,6 +75,7 @@ class _Common(BaseModel):
   frequency_penalty: float | None = Field(None, ge=-2, le=2)
   repetition_penalty: float | None = Field(None, gt=0)  # vLLM's; 1: off
   metadata: dict[str, str] | None = None
+  response_format: ResponseFormat | None = None
 
   def stop_list(self) -> list[str]:
     if self.stop is None:

@@ -14,7 +14,7 @@ from flash_dllm_jax.prompts import PROMPT_BUCKET, padded_length
 from flash_dllm_jax.ops import Kernels, choice
 from flash_dllm_jax.serve.engine import SlotEngine
 from flash_dllm_jax.serve.errors import BadRequest
-from flash_dllm_jax.serve import openai_fields
+from flash_dllm_jax.serve import openai_fields, structured
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.prompt_logprobs import MAX_TOP, prompt_logprobs
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
@@ -82,6 +82,7 @@ class Service:
                settings: Settings, variants=(), mesh=None):
     self.config, self.tokenizer = config, tokenizer
     self.params = params  # for prompt log-probabilities (echo)
+    self._structured = {}  # variant -> structured.Structured
     self.samplers = (sampler, *variants)
     self.sampler = sampler
     self.settings, self.metrics = settings, Metrics()
@@ -313,6 +314,16 @@ class Service:
           **self._row_options(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
+    grammar = structured.grammar(req.response_format)
+    if grammar is not None:
+      if req.stream:
+        raise BadRequest("response_format with stream is not supported",
+                         "stream")
+      if want_logprobs:
+        raise BadRequest("logprobs with response_format are not supported "
+                         "(the grammar's forced tokens have none)",
+                         "logprobs")
+      self.structured(variant).check(grammar)
     # no seed: a fresh one, reported in `decoding.seed` (protocol.py)
     seed = secrets.randbits(32) if req.seed is None else req.seed
     echo = isinstance(req, CompletionRequest) and req.echo
@@ -331,16 +342,28 @@ class Service:
             emit=lambda ev, i=i: emit(i, ev), deadline=deadline,
             decoding=self.decodings[variant], sampling=sampling,
             index=i, logprobs=want_logprobs, echo=shown,
-            prompt_logprobs=scored, top_logprobs=(
+            prompt_logprobs=scored, grammar=grammar, top_logprobs=(
                 req.logprobs or 0) if echo else 0))
     return out
+
+  def structured(self, variant: int) -> structured.Structured:
+    """The grammar-constrained decoder of a variant's canvas."""
+    if variant not in self._structured:
+      sampler = self.samplers[variant]
+      self._structured[variant] = structured.Structured(
+          self.params, self.config, self.tokenizer, sampler.gen_length,
+          self._blocks(sampler))
+    return self._structured[variant]
+
+  def _blocks(self, sampler) -> int | None:
+    return (getattr(sampler, "block_length", None)
+            if self.config.spec.attention.mask == "block_causal" else None)
 
   def _prompt_logprobs(self, ids, sampler):
     """prompt_logprobs.prompt_logprobs of `ids` (block-causal families:
     in the sampler's blocks)."""
-    block = (getattr(sampler, "block_length", None)
-             if self.config.spec.attention.mask == "block_causal" else None)
-    return prompt_logprobs(self.params, self.config, ids, block)
+    return prompt_logprobs(self.params, self.config, ids,
+                           self._blocks(sampler))
 
   def _check_ids(self, req, ids, where: str | None) -> None:
     """BadRequest unless `ids` is a prompt the slots take."""
