@@ -19,7 +19,7 @@ case "${2:?part: 8b or shipped}" in
   shipped)
      timeout ${TIMEOUT:-570} python scripts/bench_serve.py --model shipped \
          --slots 32 --gen-length 192 --requests 256 --max-prompt-tokens 128 \
-         --rates 8,32,inf --out "$OUT/serve_shipped.json" 2>&1 \
+         --rates 8,32,inf --json-schema 16 --out "$OUT/serve_shipped.json" 2>&1 \
          | tee "$OUT/serve_shipped.log" ;;
   *) echo "unknown part $2 (8b or shipped)" >&2; exit 2 ;;
 esac

@@ -100,6 +100,8 @@ class Structured:
     self.g, self.block, self.threshold = gen_length, block_length, threshold
     self._lock = threading.Lock()
     self._lltok = None
+    self.steps = 0  # forwards run, and the host's grammar seconds in them
+    self.host_s = 0.0
 
   def _matcher(self, text: str):
     import llguidance
@@ -145,6 +147,7 @@ class Structured:
             self.params, tokens, valid, rows, np.int32(len(out)), config=c,
             block_length=self.block))
         steps += 1
+        t0 = time.perf_counter()
         allowed = np.unpackbits(np.frombuffer(matcher.compute_bitmask(),
                                               np.uint8),
                                 bitorder="little")[:c.vocab_size].astype(bool)
@@ -172,6 +175,8 @@ class Structured:
           run += forced
         tokens[0, p + len(out):p + len(out) + len(run)] = run
         out += run
+        self.host_s += time.perf_counter() - t0
+      self.steps += steps
     return out, steps
 
   def run(self, request, text: str, temperature: float) -> None:
