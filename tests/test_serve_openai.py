@@ -94,6 +94,8 @@ def test_fields_clients_send_by_default(server):
       ("/v1/completions", {"suffix": "end"}, "suffix"),
       ("/v1/completions", {"best_of": 3}, "best_of"),
       ("/v1/completions", {"decoding": {"seed": 1}}, "decoding.seed"),
+      ("/v1/completions", {"decoding": {"temperature": 0.5}},
+       "decoding.temperature"),
       ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
           {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
        "messages.0.content.0")]
@@ -104,6 +106,9 @@ def test_fields_clients_send_by_default(server):
     r = _post(server, route, body)
     assert r.status_code == 400, (extra, r.text)
     assert r.json()["error"]["param"] == param, r.text
+  assert "request's temperature" in _post(server, "/v1/completions", {
+      "model": MODEL, "prompt": "x", "decoding": {"temperature": 0.5}}).json()[
+          "error"]["message"]
   assert "llada family takes text only" in _post(
       server, refused[-1][0], {"model": MODEL, **refused[-1][1]}).json()[
           "error"]["message"]
