@@ -144,8 +144,11 @@ def pct(xs, q):
   return float(np.percentile(xs, q))
 
 
+# bounded, so that every answer closes within the canvas: an unbounded
+# integer lets a model that never wrote JSON emit digits to the end
 ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {
-    "type": "integer"}}, "required": ["answer"], "additionalProperties": False}
+    "type": "integer", "minimum": 0, "maximum": 999999}},
+    "required": ["answer"], "additionalProperties": False}
 
 
 def json_schema_cost(url, name, service, prompts) -> dict:
