@@ -8,7 +8,8 @@
 #   bash benchmarks/serving.sh OUT_DIR shipped   # the shipped model
 # The GPU image lacks the server's packages: carry them as wheels (.whl, see
 # the device notes): fastapi, starlette, pydantic, pydantic-core,
-# annotated-types, typing-inspection, uvicorn (about 3 MB).
+# annotated-types, typing-inspection, uvicorn (about 3 MB), and llguidance
+# for the shipped part's JSON-schema row (skipped without it).
 source "$(dirname "$0")/common.sh"
 case "${2:?part: 8b or shipped}" in
   8b)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import importlib.util
 import json
 import socket
 import subprocess
@@ -353,7 +354,9 @@ def main(argv=None):
     rows[-1]["latency_p50_vs_alone"] = rows[-1]["latency_p50_s"] / float(
         np.median(alone))
   schema_row = None
-  if args.json_schema and tok is not None:
+  if args.json_schema and importlib.util.find_spec("llguidance") is None:
+    print("--json-schema: skipped (llguidance is not installed)")
+  elif args.json_schema and tok is not None:
     schema_row = json_schema_cost(url, args.model, service,
                                   prompts[:args.json_schema])
   elif args.json_schema:
