@@ -27,6 +27,7 @@ from flash_dllm_jax.prompts import padded_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 
 MAX_TOP = 20  # alternatives computed (the most a request may ask for)
+ROWS = 16  # rows per forward: a long prompt's L rows go in chunks
 
 
 def _scores(params, tokens_BxN, valid_BxN, rows_Bx1, targets_B, *,
@@ -48,10 +49,10 @@ _scores_jit = _BatchInvariantJit(_scores,
 def layout(config: ModelConfig, ids: list[int]):
   """The forward's inputs for a prompt of L >= 2 tokens: row j - 1 holds
   x_<j then a mask (left-padded to a multiple of 64), rows padded to a
-  multiple of 64 by copies of the first (so prompts of similar lengths
+  multiple of ROWS by copies of the first (so prompts of similar lengths
   share a compile)."""
   el = len(ids)
-  n, b = padded_length(el), padded_length(el - 1)
+  n, b = padded_length(el), padded_length(el - 1, ROWS)
   tokens = np.full((b, n), config.pad_token_id, np.int32)
   valid = np.zeros((b, n), bool)
   targets = np.zeros(b, np.int32)
@@ -72,9 +73,12 @@ def prompt_logprobs(params, config: ModelConfig, ids: list[int],
   alternatives, likeliest first); None for the first token."""
   if len(ids) < 2:
     return [None] * len(ids), [None] * len(ids)
-  own, top_lp, top_id = (np.asarray(x) for x in _scores_jit(
-      params, *(jnp.asarray(a) for a in layout(config, ids)),
-      config=config, block_length=block_length))
+  arrays = layout(config, ids)
+  parts = [[np.asarray(x) for x in _scores_jit(
+      params, *(jnp.asarray(a[s:s + ROWS]) for a in arrays),
+      config=config, block_length=block_length)]
+           for s in range(0, len(arrays[0]), ROWS)]
+  own, top_lp, top_id = (np.concatenate(x) for x in zip(*parts))
   el = len(ids) - 1
   return ([None] + [float(x) for x in own[:el]],
           [None] + [[(int(i), float(v)) for i, v in zip(top_id[r],
