@@ -6,7 +6,9 @@ A diffusion sampler may commit any position first, but a grammar mask is
 only defined for the next token after a committed prefix: a token placed
 further right is only safe if some completion of everything between stays
 valid, which the mask cannot tell. So a structured request commits left to
-right: each step runs one forward over prompt + canvas (no cache), and
+right. The tokens the grammar forces (llguidance `compute_ff_tokens`: the
+schema's keys and punctuation) are committed without a forward; otherwise a
+step runs one forward over prompt + canvas (no cache), and
   1. the leftmost uncommitted position takes a token from its distribution
      under the grammar's mask (argmax, or sampled at the request's
      temperature from the row's own seed);
@@ -14,11 +16,10 @@ right: each step runs one forward over prompt + canvas (no cache), and
      is confident (probability >= `threshold`) take it too, as long as the
      grammar accepts each in turn (llguidance `validate_tokens`) -- the
      parallel commit of threshold decoding, kept only where it stays valid.
-  3. the tokens the grammar then forces (llguidance `compute_ff_tokens`:
-     the schema's keys and punctuation) follow without a forward.
 So every committed token extends a prefix the grammar accepts. Log-probs
-are not reported for such requests (forced tokens have none). The mask is computed on the host each step
-(one bitmask per forward, tens of microseconds for a JSON schema) and one
+are not reported for such requests (forced tokens have none). The mask is
+computed on the host each step (one bitmask per forward, under a
+millisecond for a JSON schema: `host_s` / `steps` count it) and one
 vocabulary row comes back from the device per step. Such a request decodes
 alone, outside the slot pool (requests with a grammar wait for each other).
 """
@@ -143,6 +144,16 @@ class Structured:
         if matcher.is_stopped():  # complete, nothing can follow: the end
           out.append(c.stop_token_ids[0])
           break
+        t0 = time.perf_counter()
+        # what the grammar forces next (keys, punctuation) needs no forward
+        forced = matcher.compute_ff_tokens()[:max_tokens - len(out)]
+        self.host_s += time.perf_counter() - t0
+        if forced:
+          if not matcher.consume_tokens(forced):
+            raise RuntimeError(f"the grammar refused its forced {forced}")
+          tokens[0, p + len(out):p + len(out) + len(forced)] = forced
+          out += forced
+          continue
         logp, best, conf = (np.asarray(x) for x in _step_jit(
             self.params, tokens, valid, rows, np.int32(len(out)), config=c,
             block_length=self.block))
@@ -166,13 +177,6 @@ class Structured:
         run = run[:max(1, matcher.validate_tokens(run))]
         if not matcher.consume_tokens(run):
           raise RuntimeError(f"the grammar refused {run} it validated")
-        if run[-1] not in stops and not matcher.is_stopped():
-          # what the grammar forces next (keys, punctuation) is free
-          forced = matcher.compute_ff_tokens()[:max_tokens - len(out)
-                                                - len(run)]
-          if forced and not matcher.consume_tokens(forced):
-            raise RuntimeError(f"the grammar refused its forced {forced}")
-          run += forced
         tokens[0, p + len(out):p + len(out) + len(run)] = run
         out += run
         self.host_s += time.perf_counter() - t0
