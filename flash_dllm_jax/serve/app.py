@@ -180,10 +180,12 @@ def _structured(service, request) -> None:
   for r in request:
     temperature = 0.0 if r.sampling is None else r.sampling.temperature
     try:
-      service.structured(r.key).run(r, r.grammar, temperature)
+      outcome = service.structured(r.key).run(r, r.grammar, temperature)
     except Exception:  # noqa: BLE001 - the choice was answered 500
       log.exception("structured decoding failed")
+      service.metrics.requests.labels("error").inc()
       return
+    service.metrics.requests.labels(outcome).inc()
 
 
 def _usage(events: list[Event], request) -> dict:

@@ -183,9 +183,10 @@ class Structured:
       self.steps += steps
     return out, steps
 
-  def run(self, request, text: str, temperature: float) -> None:
+  def run(self, request, text: str, temperature: float) -> str:
     """Decodes `request` (an events.Request) and answers it through its
-    emit, as the engine loop does."""
+    emit, as the engine loop does; returns the outcome ('ok', 'deadline'
+    or 'cancelled')."""
     t0 = time.monotonic()
     alive = lambda: not request.cancelled and (
         request.deadline is None or time.monotonic() < request.deadline)
@@ -196,9 +197,10 @@ class Structured:
       request.emit(Event("", True, "error"))
       raise
     if got is None:
-      if not request.cancelled:
-        request.emit(Event("", True, "deadline"))
-      return
+      if request.cancelled:
+        return "cancelled"
+      request.emit(Event("", True, "deadline"))
+      return "deadline"
     out, steps = got
     gen = np.full(self.g, self.config.mask_token_id, np.int32)
     gen[:len(out)] = out
@@ -210,3 +212,4 @@ class Structured:
     request.first_token_at = t0
     request.emit(Event(progress.delta, True, progress.reason,
                        progress.token_ids, usage, tuple(progress.new_ids)))
+    return "ok"
