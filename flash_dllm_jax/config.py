@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,34 @@ from flash_dllm_jax.moe_config import MoEConfig
 
 Architecture = str  # a name in flash_dllm_jax.architectures.ARCHITECTURES
 _DTYPES = ("bfloat16", "float32")
+# Hugging Face config.json keys that are sizes: positive ints where present.
+HF_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim",
+            "intermediate_size", "moe_intermediate_size",
+            "max_position_embeddings", "num_experts", "num_experts_per_tok",
+            "n_group", "topk_group")
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_hf_numbers(hf: dict[str, Any], where: str = "config.json") -> None:
+  """One ValueError naming every key of a Hugging Face config whose number
+  is NaN or infinite (Python's json reads NaN / Infinity), or a size
+  (HF_SIZES) that is not a positive int; before the family reads them."""
+  bad = [f"{k} must be a finite number, got {v!r}" for k, v in hf.items()
+         if isinstance(v, float) and not math.isfinite(v)]
+  bad += [f"{k} must be a positive int, got {hf[k]!r}" for k in HF_SIZES
+          if hf.get(k) is not None and not (_is_int(hf[k]) and hf[k] > 0)]
+  if bad:
+    raise ValueError(f"{where}: " + "; ".join(bad))
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Geometry, numerics and special token ids of a masked-diffusion LM.
@@ -56,8 +85,17 @@ class ModelConfig:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                  "head_dim", "mlp_hidden", "max_seq_len"):
       value = getattr(self, name)
-      if not isinstance(value, int) or value <= 0:
+      if not _is_int(value) or value <= 0:
         errors.append(f"{name} must be a positive int, got {value!r}")
+    for name in ("mask_token_id", "eos_token_id", "pad_token_id",
+                 "bos_token_id", "eot_token_id"):
+      value = getattr(self, name)
+      if value is not None and not _is_int(value):
+        errors.append(f"{name} must be an int, got {value!r}")
+    for name in ("rms_norm_eps", "rope_theta"):
+      value = getattr(self, name)
+      if not (_is_real(value) and math.isfinite(value) and value > 0):
+        errors.append(f"{name} must be a finite number > 0, got {value!r}")
     if not errors:
       if self.n_heads % self.n_kv_heads:
         errors.append(f"n_heads ({self.n_heads}) must be a multiple of "
@@ -77,8 +115,6 @@ class ModelConfig:
                         f"[0, {self.vocab_size})")
       if self.mask_token_id == self.eos_token_id:
         errors.append("mask_token_id must differ from eos_token_id")
-    if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
-      errors.append("rms_norm_eps and rope_theta must be positive")
     if self.moe is not None and not isinstance(self.moe, MoEConfig):
       errors.append(f"moe must be a MoEConfig or None, got {self.moe!r}")
     elif self.moe is not None and self.moe.first_dense_layers > self.n_layers:
@@ -195,6 +231,7 @@ class ModelConfig:
                if k.endswith("_token_id") and v is not None}, **hf}
     model_type = hf.get("model_type")
     spec = architectures.for_model_type(model_type)
+    check_hf_numbers(hf)
     try:
       fields = spec.read_hf_config(hf, dict(special_ids or {}))
     except KeyError as e:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Mapping
@@ -22,6 +23,7 @@ from typing import Any, Mapping
 from flash_dllm_jax import architectures
 from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
+from flash_dllm_jax.sampling import draw_settings, row_options
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
@@ -158,7 +160,30 @@ def build_sampler(name: str, arch: str, options: Mapping[str, Any]):
     takes = sorted(k for k in fields if k not in strategy.fixed)
     raise ValueError(f"option(s) {flags} do not apply to strategy {name!r} "
                      f"(it takes: {', '.join(takes)})")
-  return strategy.sampler(**{**strategy.fixed, **options})
+  sampler = strategy.sampler(**{**strategy.fixed, **options})
+  for key in options:  # a rule option the sampler's rule ignores, refused
+    if key in row_options.options(sampler) and \
+        (why := row_options.off_reason(sampler, key)):
+      raise ValueError(f"--{key.replace('_', '-')} has no effect with "
+                       f"strategy {name!r}: {why}")
+  return sampler
+
+
+def option_type_error(value, typ: type) -> str | None:
+  """Why a value (a request's JSON) is not of a sampler option's type:
+  strict, no strings or booleans for numbers, finite floats; or None."""
+  if typ is bool:
+    ok = isinstance(value, bool)
+  elif typ is int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+  elif typ is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+  else:
+    ok = isinstance(value, typ)
+  what = {float: "a finite number", int: "an int"}.get(
+      typ, f"a {typ.__name__}")
+  return None if ok else f"must be {what}, got {value!r}"
 
 
 def add_option_flags(parser, title: str = "strategy options") -> None:
@@ -168,15 +193,17 @@ def add_option_flags(parser, title: str = "strategy options") -> None:
   group = parser.add_argument_group(
       title, "sampler fields (defaults: the sampler's own)")
   for name, typ in all_options().items():
-    used = ", ".join(strategies_taking(name))
+    used = "strategies: " + ", ".join(strategies_taking(name))
+    if name in draw_settings.SETTINGS:  # meaning and range: one declaration
+      used = f"{draw_settings.SETTINGS[name].help()}; {used}"
     flag = "--" + name.replace("_", "-")
     if typ is bool:
       group.add_argument(flag, dest=name, default=None,
                          action=argparse.BooleanOptionalAction,
-                         help=f"strategies: {used}")
+                         help=used)
     else:
       group.add_argument(flag, dest=name, type=typ, default=None,
-                         help=f"strategies: {used}")
+                         help=used)
 
 
 def options_from_args(args) -> dict[str, Any]:

@@ -84,7 +84,7 @@ def test_llada_bad_arguments(kwargs, message):
     (dict(alg="greedy"), "alg must be one of"),
     (dict(eps=0.0), "eps"),
     (dict(top_p=1.5), "top_p"),
-    (dict(top_k=0), "top_k"),
+    (dict(top_k=-2), "top_k"),
     (dict(alg_temp=-0.1), "alg_temp"),
 ])
 def test_dream_bad_arguments(kwargs, message):

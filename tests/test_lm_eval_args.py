@@ -3,6 +3,8 @@
 for a bad value) and the batched Monte-Carlo likelihood: a request's score
 is the same at every batch size and whatever shares its forwards."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,62 @@ def test_lm_evals_batch_size_does_not_change_scores():
   counts = masks.sum(1)
   np.testing.assert_allclose(weights, 3 / counts)
   assert batched.scored.forwards == small.scored.forwards == 3 * 4
+
+
+def test_bad_checkpoints_and_seeds_are_one_model_args_error(tmp_path):
+  """An empty pretrained=, a directory that is no checkpoint, and a seed
+  lm-eval read as a float (-1.0) are each one ModelArgsError."""
+  with pytest.raises(ModelArgsError, match="pretrained= \\(checkpoint=\\) "
+                     "is empty"):
+    parse({"pretrained": ""})
+  with pytest.raises(ModelArgsError, match=f"pretrained='{tmp_path}': "):
+    FlashDLLMJax(pretrained=str(tmp_path))
+  with pytest.raises(ModelArgsError, match=r"seed must be in \[0, 2\*\*32\), "
+                     r"got -1\. "):
+    parse({"pretrained": TINY, "seed": -1.0})
+
+
+@pytest.mark.slow
+def test_a_huge_batch_size_is_bounded_by_the_requests():
+  """batch_size=10**8 over 2 requests decodes 2 rows (not 12.5 M)."""
+  from flash_dllm_jax.lm_eval import task_manager
+  results = lm_eval.simple_evaluate(
+      model="flash_dllm_jax", model_args={
+          "checkpoint": TINY, "strategy": "threshold", "gen_length": 16,
+          "block_length": 16, "batch_size": 10**8},
+      tasks=["synthetic_gsm"], limit=2, log_samples=True,
+      task_manager=task_manager(include_defaults=False))
+  samples = [s for s in results["samples"]["synthetic_gsm"]
+             if s["filter"] == "strict-match"]
+  assert len(samples) == 2
+  assert all(isinstance(s["resps"][0][0], str) for s in samples)
+
+
+def test_batch_sizes_are_bounded_by_the_memory(caplog):
+  """memory_gib below one row's estimate: batch_size 3 runs 1 row per
+  forward, with one warning line, and scores as batch_size 1 does."""
+  from flash_dllm_jax.lm_eval import memory
+  config = load(TINY)[1]
+  one_row = memory.row_bytes(config, 1) / 2**30  # < any row of the requests
+  with pytest.raises(ModelArgsError, match="memory_gib must be a finite "
+                     "number > 0, got -1.0"):
+    parse({"pretrained": TINY, "memory_gib": -1})
+  small = FlashDLLMJax.create_from_arg_string(
+      f"pretrained={TINY},mc_num=4,mc_group=2", {"batch_size": 1})
+  tight = FlashDLLMJax.create_from_arg_string(
+      f"pretrained={TINY},mc_num=4,mc_group=2,memory_gib={one_row!r}",
+      {"batch_size": "3"})
+  want = small.loglikelihood(_instances(), disable_tqdm=True)
+  with caplog.at_level("WARNING", logger=memory.__name__):
+    assert tight.loglikelihood(_instances(), disable_tqdm=True) == want
+    assert tight.loglikelihood(_instances(), disable_tqdm=True) == want
+  lines = [r.getMessage() for r in caplog.records
+           if r.name == memory.__name__]
+  assert len(lines) == 1 and "\n" not in lines[0], lines
+  assert re.search(r"loglikelihood batch_size 3 clipped to 1 rows: about "
+                   r"[\d.]+ MiB per row of \d+ positions, [\d.]+ GiB "
+                   r"memory_gib$", lines[0]), lines
+  # Without memory_gib the budget is the device's (the host's on CPU).
+  free, where = memory.free_bytes()
+  assert free > 0 and where
+  assert small.bound.rows("generate_until", 4, 16) == 4  # fits easily

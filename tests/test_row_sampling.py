@@ -171,8 +171,9 @@ ROW_CASES = {  # id: (strategy, sampler options, the rows' own options)
                                        "rule": "factor"}, {"factor": 4.0}),
     "llada2-flash-threshold-gamma": ("llada2-flash", LLADA2_FLASH,
                                      {"threshold": 0.3, "gamma": 0.05}),
-    "llada2-flash-factor": ("llada2-flash", {**LLADA2_FLASH, "rule": "factor",
-                                             "factor": 1.5}, {"factor": 4.0}),
+    "llada2-flash-factor": ("llada2-flash", {
+        **{k: v for k, v in LLADA2_FLASH.items() if k != "threshold"},
+        "rule": "factor", "factor": 1.5}, {"factor": 4.0}),
 }
 SAMPLED = {"temperature": 0.8, "top_k": 5}  # every row's own draws too
 ROW_CASES |= {

@@ -2,6 +2,8 @@
 ValueError naming a drawn field, or decode to an answer with no mask left;
 NaN and infinities are always refused with the field's name and value."""
 
+import argparse
+import json
 import math
 import re
 import subprocess
@@ -13,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from flash_dllm_jax import generate, load
+from flash_dllm_jax import generate, load, strategies
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.sampling import commit_rules
@@ -163,3 +165,47 @@ def test_entry_points_refuse_non_finite_options(argv, tmp_path):
                    r"number, got (nan|inf|-inf)$", lines[0]), lines
   assert not (tmp_path / "out").exists() or not any(
       (tmp_path / "out").rglob("records*.jsonl"))
+
+
+# temperature / top_p / top_k: one declaration (draw_settings.py), the same
+# verdict from the request fields, Sampling, the samplers and the CLI help.
+DRAW_CASES = {"temperature": [0, 0.7, 2, -0.1, 2.01, 1e300],
+              "top_p": [1, 0.5, 1e-9, 0, 1.01, -1],
+              "top_k": [-1, 0, 5, 2**31 - 1, -2, 2**31]}
+
+
+@pytest.mark.parametrize("name", sorted(DRAW_CASES))
+def test_draw_settings_have_one_range_everywhere(name):
+  from flash_dllm_jax.sampling import DreamSampler, draw_settings
+  from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+  from flash_dllm_jax.sampling.row_sampling import Sampling
+  from flash_dllm_jax.serve.body import parse_body
+  from flash_dllm_jax.serve.errors import BadRequest
+  from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
+  setting = draw_settings.SETTINGS[name]
+
+  def accepts(build) -> bool:
+    try:
+      build()
+      return True
+    except (ValueError, BadRequest):
+      return False
+
+  verdicts = set()
+  for value in DRAW_CASES[name]:
+    ok = setting.error(value) is None
+    verdicts.add(ok)
+    body = json.dumps({"model": "m", "prompt": "x", name: value}).encode()
+    chat = json.dumps({"model": "m", "messages": [
+        {"role": "user", "content": "x"}], name: value}).encode()
+    got = {"request": accepts(lambda: parse_body(body, CompletionRequest)),
+           "chat": accepts(lambda: parse_body(chat, ChatRequest)),
+           "Sampling": accepts(lambda: Sampling(**{name: value})),
+           "Dream": accepts(lambda: DreamSampler(**{name: value})),
+           "LLaDA2": accepts(lambda: LLaDA2Sampler(**{name: value}))}
+    assert all(v == ok for v in got.values()), (value, ok, got)
+  assert verdicts == {True, False}
+  parser = argparse.ArgumentParser()
+  strategies.add_option_flags(parser)
+  flag = next(a for a in parser._actions if a.dest == name)
+  assert flag.help.startswith(setting.help()), flag.help

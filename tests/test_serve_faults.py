@@ -199,7 +199,13 @@ def test_tokenizing_leaves_the_event_loop_free(server):
 def test_bad_flags_exit_with_one_error():
   cases = [(["--api-key", " "], "the API key (--api-key or "
             "$FLASH_DLLM_JAX_API_KEY) is empty"),
-           (["--header-timeout", "0"], "--header-timeout must be > 0")]
+           (["--header-timeout", "0"], "--header-timeout must be a finite "
+            "number > 0"),
+           (["--request-timeout", "nan"], "--request-timeout must be a "
+            "finite number > 0, got nan"),
+           (["--max-prompt-tokens", "100000"], "exceeds max_seq_len"),
+           (["--strategy", "flash-cache", "--gamma", "0.5"], "--gamma has no "
+            "effect with strategy 'flash-cache'")]
   for flags, needle in cases:
     r = subprocess.run(
         [sys.executable, "-m", "flash_dllm_jax", "serve", "--checkpoint",

@@ -92,6 +92,11 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {}
 
 
+class MissingToken(ValueError):
+  """A special token the family needs that neither config.json nor the
+  tokenizer names: the tokenizer's problem, reported as such."""
+
+
 def register(spec: Architecture) -> Architecture:
   """Adds `spec` (a second family of the same name or model_type is an
   error)."""

@@ -100,6 +100,8 @@ def read_model(src: Path, dtype: str
         hf, eot_token_id=tokenizer.eot_id, dtype=dtype,
         generation_config=read_json(src / "generation_config.json", False),
         special_ids=tokenizer.special_ids())
+  except architectures.MissingToken as e:
+    raise ConversionError(f"the tokenizer in {src}: {e}") from None
   except ValueError as e:
     raise ConversionError(f"{src}/config.json: {e}") from None
   if tokenizer.vocab_size > config.vocab_size:

@@ -1,17 +1,21 @@
 """The trusted side of one test run, inside the sandbox. Standard library
 only (the sandbox sees none of this project); the executor runs this file's
-text as `python -I -c TEXT VERDICT_FD MEM CPU FSIZE NPROC` in a directory
-that holds job.json (an executor.Check).
+text as `python -I -c TEXT VERDICT_FD MEM CPU FSIZE NPROC`, then sends the
+job (an executor.Check as JSON) over VERDICT_FD, a socket.
 
-It forks the candidate process, which runs the candidate's code and then
-answers calls of its entry point, one JSON line each way. The tests run
-here, with `candidate` a proxy for those calls whose replies are decoded
-into plain data (never unpickled: no object of the candidate's crosses).
-The verdict goes to VERDICT_FD (a socket: /proc cannot reopen it), which
-the candidate process closes before any of its code runs. This process makes itself non-dumpable, so a process
-of the same user without CAP_SYS_PTRACE can neither trace it nor reopen
-its file descriptors through /proc. Nothing the candidate can write, print
-or exit with reads as a pass; only check() returning here does.
+It forks the candidate process first, before it has read the job, so the
+candidate's memory never held the tests; the candidate then receives only
+its source and the entry point's name over its call pipe, runs the code and
+answers calls of its entry point, one JSON line each way. The job is read
+here only after the fork, and the tests run here, with `candidate` a proxy
+for those calls whose replies are decoded into plain data (never unpickled:
+no object of the candidate's crosses). Nothing of the job is in a file. The
+verdict goes back over VERDICT_FD (/proc cannot reopen a socket), which the
+candidate process closes before any of its code runs. This process makes
+itself non-dumpable, so a process of the same user without CAP_SYS_PTRACE
+can neither trace it, read its memory nor take its file descriptors
+(/proc, pidfd_getfd). Nothing the candidate can write, print or exit with
+reads as a pass; only check() returning here does.
 """
 
 import json
@@ -87,8 +91,9 @@ def _write(out, line: str) -> None:
   out.flush()
 
 
-def _candidate(job, requests, replies) -> None:
-  """The candidate process: its code, then one reply per call."""
+def _candidate(requests, replies) -> None:
+  """The candidate process: its source and entry point (the first call
+  line, all it is given), its code, then one reply per call."""
   import shutil
   import subprocess
   for name in _GUARDED:
@@ -97,11 +102,12 @@ def _candidate(job, requests, replies) -> None:
   shutil.rmtree = shutil.move = subprocess.Popen = None
   sys.argv = ["program.py"]
   try:
+    source, entry_point = json.loads(requests.readline())
     namespace = {"__name__": "__main__"}
-    exec(compile(job["source"], "program.py", "exec"), namespace)
-    if job["entry_point"] not in namespace:
-      raise NameError(f"name {job['entry_point']!r} is not defined")
-    function = namespace[job["entry_point"]]
+    exec(compile(source, "program.py", "exec"), namespace)
+    if entry_point not in namespace:
+      raise NameError(f"name {entry_point!r} is not defined")
+    function = namespace[entry_point]
     _send(replies, ["ok", None])
   except BaseException as e:
     _send(replies, ["error", describe(e)])
@@ -170,6 +176,15 @@ def _test(job, pid: int, requests, replies) -> tuple[str, str]:
   return "passed", ""
 
 
+def _receive(fd: int) -> dict:
+  """The job the executor sends over the socket (until it shuts down its
+  writing side)."""
+  chunks = []
+  while chunk := os.read(fd, 1 << 16):
+    chunks.append(chunk)
+  return json.loads(b"".join(chunks).decode("utf-8"))
+
+
 def _not_dumpable() -> None:
   import ctypes
   libc = ctypes.CDLL(None, use_errno=True)
@@ -184,8 +199,6 @@ def main() -> None:
   resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
   resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
   resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-  with open("job.json", encoding="utf-8") as f:
-    job = json.load(f)
   _not_dumpable()
   (call_r, call_w), (reply_r, reply_w) = os.pipe(), os.pipe()
   pid = os.fork()
@@ -194,12 +207,18 @@ def main() -> None:
       for fd in (verdict_fd, call_w, reply_r):
         os.close(fd)
       resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-      _candidate(job, os.fdopen(call_r), os.fdopen(reply_w, "w"))
+      _candidate(os.fdopen(call_r), os.fdopen(reply_w, "w"))
     finally:
       os._exit(0)
   os.close(call_r)
   os.close(reply_w)
-  verdict = _test(job, pid, os.fdopen(call_w, "w"), os.fdopen(reply_r))
+  job = _receive(verdict_fd)  # only now: the candidate never held it
+  requests = os.fdopen(call_w, "w")
+  try:
+    _send(requests, [job["source"], job["entry_point"]])
+  except OSError:
+    pass  # it ended already; _test reports how
+  verdict = _test(job, pid, requests, os.fdopen(reply_r))
   os.write(verdict_fd, json.dumps(verdict).encode())
   try:
     os.kill(pid, signal.SIGKILL)

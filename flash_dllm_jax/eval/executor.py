@@ -1,11 +1,13 @@
 """Runs untrusted code (model-written programs) against its tests, in
 sandboxed subprocesses, never in this process.
 
-A Check runs in a fresh `python -I` child in its own temporary directory,
-under address-space, CPU-time, file-size and process-count limits and a
-wall-clock timeout. That child (eval/checker.py) forks the candidate
-process, runs the tests itself on values the candidate returns as plain
-data, and reports the verdict over a socket the candidate never holds.
+A Check runs in a fresh `python -I` child in its own empty temporary
+directory, under address-space, CPU-time, file-size and process-count
+limits and a wall-clock timeout. That child (eval/checker.py) forks the
+candidate process before it receives the job over a socket the candidate
+never holds, gives the candidate only its source and entry point's name,
+runs the tests itself on values the candidate returns as plain data, and
+reports the verdict over the same socket.
 `Limits.sandbox` picks the confinement (eval/sandbox.py): 'bwrap'
 (bubblewrap: its own user, PID, network and mount namespaces, the host's
 system folders and the interpreter read-only, nothing else of the host) or,
@@ -150,6 +152,17 @@ def _verdict(channel: socket.socket, code: int | None, timed_out: bool,
   return "failed", lines[-1] if lines else f"exit status {code}"
 
 
+def _send_job(channel: socket.socket, check: Check, timeout_s: float) -> None:
+  """The job, to the checker (which reads it once the candidate process is
+  forked); a checker that died early is reported by how it ended."""
+  channel.settimeout(timeout_s)
+  try:
+    channel.sendall(json.dumps(dataclasses.asdict(check)).encode("utf-8"))
+    channel.shutdown(socket.SHUT_WR)
+  except OSError:
+    pass
+
+
 def run_check(check: Check, limits: Limits = Limits()) -> ExecResult:
   """Runs `check` in a sandboxed child process; never raises for anything
   the code does (ValueError when the sandbox cannot run here)."""
@@ -158,9 +171,7 @@ def run_check(check: Check, limits: Limits = Limits()) -> ExecResult:
   with tempfile.TemporaryDirectory(prefix="fdj-exec-") as tmp, \
        sandbox.pids_cgroup(limits.processes + OVERHEAD[mode]) as cgroup:
     logs, box = Path(tmp), Path(tmp) / "box"  # the program sees box only
-    box.mkdir()
-    (box / "job.json").write_text(json.dumps(dataclasses.asdict(check)),
-                                  encoding="utf-8")
+    box.mkdir()  # stays empty but for what the program writes
     env = {"PATH": os.defpath, "HOME": str(box), "TMPDIR": str(box),
            "LANG": "C.UTF-8"}
     # A socket, not a pipe: /proc/PID/fd cannot reopen it.
@@ -183,6 +194,7 @@ def run_check(check: Check, limits: Limits = Limits()) -> ExecResult:
                                   start_new_session=True)
         finally:
           checker_end.close()  # the checker holds the only other end
+        _send_job(channel, check, limits.timeout_s)
         timed_out = False
         try:
           proc.wait(timeout=limits.timeout_s)

@@ -27,7 +27,10 @@ SANDBOX_UID = 65534  # nobody, in the sandbox's own user namespace
 RLIMIT_WARNING = (
     "warning: --sandbox rlimit limits memory, CPU time, file size and "
     "processes only: test programs can read and write the evaluating user's "
-    "files, reach the network and signal the user's processes")
+    "files, reach the network, signal the user's processes and read their "
+    "memory (the evaluator's holds every task's tests); run as root, a "
+    "program may also read the checker's memory or take its descriptors "
+    "(ptrace, pidfd_getfd) and forge a pass")
 
 
 def interpreter_folders() -> list[Path]:

@@ -45,7 +45,8 @@ class AdapterArgs:
   mc_num, mc_group (copies per stratified draw; default min(32, mc_num)),
   cfg, sampling_eps: the Monte-Carlo likelihood (likelihood.py); scores
   depend on them and the seed, never on batch_size. dtype: compute dtype
-  (default: the checkpoint's)."""
+  (default: the checkpoint's). memory_gib: the memory a batch may use
+  (default: the device's free memory; memory.py clips batch_size to it)."""
 
   checkpoint: str
   strategy: str | None = None
@@ -60,10 +61,13 @@ class AdapterArgs:
   sampling_eps: float = 1e-3
   stop_at_eos: bool = True
   max_gen_toks: int = DEFAULT_MAX_GEN_TOKS
+  memory_gib: float | None = None
 
   def __post_init__(self):
     errors = []
-    if not Path(self.checkpoint).is_dir():
+    if not self.checkpoint.strip():
+      errors.append("pretrained= (checkpoint=) is empty")
+    elif not Path(self.checkpoint).is_dir():
       what = "is a file, not" if Path(self.checkpoint).exists() else "is not"
       errors.append(f"checkpoint={self.checkpoint!r} {what} a directory")
     if self.strategy is not None and self.strategy not in STRATEGIES:
@@ -85,6 +89,10 @@ class AdapterArgs:
       errors.append(f"cfg must be a finite number >= 0, got {self.cfg}")
     if not 0 <= self.sampling_eps < 1:
       errors.append(f"sampling_eps must be in [0, 1), got {self.sampling_eps}")
+    if self.memory_gib is not None and not (
+        math.isfinite(self.memory_gib) and self.memory_gib > 0):
+      errors.append(f"memory_gib must be a finite number > 0, got "
+                    f"{self.memory_gib}")
     if self.dtype not in (None, "bfloat16", "float32"):
       errors.append(f"dtype must be bfloat16 or float32, got {self.dtype!r}")
     if errors:
@@ -110,6 +118,8 @@ ALIASES = {"pretrained": "checkpoint"}
 
 
 def _coerce(name: str, value: Any, typ: type) -> Any:
+  if typ is int and isinstance(value, float) and value.is_integer():
+    return int(value)  # lm-eval reads "-1" as -1.0 (it isnumeric() only 0-9)
   if typ is float and isinstance(value, int) and not isinstance(value, bool):
     return float(value)
   if typ is str and value is not None and not isinstance(value, str):

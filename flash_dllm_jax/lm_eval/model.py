@@ -26,7 +26,10 @@ are not used: sampling settings are sampler options.
 loglikelihood: likelihood.py (LLaDA's / Dream's Monte-Carlo estimate), the
 noisy copies of all requests batch_size rows per forward; request i draws
 its masks from NumPy generator (seed, i), so its score depends on the
-seed, mc_num, mc_group, cfg and sampling_eps, not on batch_size. is_greedy
+seed, mc_num, mc_group, cfg and sampling_eps, not on batch_size. Batch
+sizes are clipped to the requests and to the memory (memory.py: an
+estimate per row against memory_gib, else the device's free memory), with
+one warning line. is_greedy
 is always False (the references' is_check_greedy=False).
 loglikelihood_rolling is refused.
 """
@@ -50,6 +53,7 @@ from flash_dllm_jax.prompts import bucket_groups, padded_length
 from flash_dllm_jax import likelihood
 from flash_dllm_jax.sampling import Refillable
 from flash_dllm_jax.lm_eval.args import ModelArgsError, parse
+from flash_dllm_jax.lm_eval.memory import BatchBound
 from flash_dllm_jax.compilation import compile_clock
 from flash_dllm_jax.lm_eval.stats import Throughput
 from flash_dllm_jax.strategies import STRATEGIES, build_sampler, \
@@ -66,7 +70,11 @@ class FlashDLLMJax(LM):
   def __init__(self, **model_args: Any):
     super().__init__()
     self.args, self.options = parse(model_args)
-    self.arch = load_config(self.args.checkpoint).arch
+    try:
+      self.arch = load_config(self.args.checkpoint).arch
+    except (FileNotFoundError, ValueError) as e:  # not a checkpoint
+      raise ModelArgsError(f"bad model_args for flash_dllm_jax: pretrained="
+                           f"{self.args.checkpoint!r}: {e}") from None
     self.strategy = self.args.strategy or self.arch
     self._sampler_cache: dict[int, tuple[Any, int | None]] = {}
     self.sampler_for(self.args.max_gen_toks)  # bad sampler options fail now
@@ -75,6 +83,7 @@ class FlashDLLMJax(LM):
         self.args.checkpoint, dtype=self.args.dtype, mesh=self.mesh)
     if self.tokenizer is None:
       raise ValueError(f"checkpoint {self.args.checkpoint} has no tokenizer")
+    self.bound = BatchBound(self.config, self.args.memory_gib)  # after load
     self.generated, self.scored = Throughput(), Throughput()
     INSTANCES.append(self)
 
@@ -153,7 +162,9 @@ class FlashDLLMJax(LM):
         raise ValueError(f"request {i} ({len(row)} prompt tokens, padded to "
                          f"{padded}): {e}") from None
     refill = isinstance(sampler, Refillable) and self.mesh is None
-    b = self.args.batch_size
+    b = self.bound.rows(  # rows: never past the requests nor the memory
+        "generate_until", min(self.args.batch_size, len(idx)),
+        max(map(padded_length, map(len, rows))) + sampler.gen_length)
     for bucket in bucket_groups(rows):
       members = [idx[j] for j in bucket]
       chunks = ([members] if refill
@@ -217,7 +228,12 @@ class FlashDLLMJax(LM):
     with bar, compile_clock() as compiled:
       t0 = time.perf_counter()
       values, forwards = likelihood.estimate_many(
-          self.params, self.config, items, batch_size=self.args.batch_size,
+          self.params, self.config, items,
+          batch_size=self.bound.rows(
+              "loglikelihood",
+              min(self.args.batch_size, len(items) * self.args.mc_num),
+              max(padded_length(len(r.prefix) + len(r.target))
+                  for r in items), copies=2 if self.args.cfg > 0 else 1),
           cfg=self.args.cfg, block_length=self.likelihood_blocks(),
           progress=bar.update)
       self.scored.add(requests=len(items), forwards=int(forwards.sum()),

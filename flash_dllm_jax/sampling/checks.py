@@ -6,30 +6,44 @@ import numbers
 from typing import Sequence
 
 
+INT32_MAX = 2 ** 31 - 1  # device arrays hold a sampler's ints as int32
+
+
 def check_finite(sampler) -> None:
   """Raises one ValueError naming every real-valued field of a sampler
-  dataclass that is NaN or infinite. Range checks alone let NaN through
-  (every comparison with it is False), and it then decodes garbage."""
-  bad = [f"{f.name} must be a finite number, got {value!r}"
-         for f in dataclasses.fields(sampler)
-         if isinstance(value := getattr(sampler, f.name), numbers.Real)
-         and not isinstance(value, bool) and not math.isfinite(value)]
+  dataclass that is NaN or infinite, and every int field outside int32
+  (the dtype the compiled loop stores it in). Range checks alone let NaN
+  through (every comparison with it is False), and it then decodes
+  garbage; an int past int32 overflows when the decode stores it."""
+  bad = []
+  for f in dataclasses.fields(sampler):
+    value = getattr(sampler, f.name)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+      continue
+    if isinstance(value, numbers.Integral):
+      if abs(value) > INT32_MAX:
+        bad.append(f"{f.name} must fit int32 (|x| <= {INT32_MAX}), got "
+                   f"{value!r}")
+    elif not math.isfinite(value):
+      bad.append(f"{f.name} must be a finite number, got {value!r}")
   if bad:
     raise ValueError(f"invalid {type(sampler).__name__} arguments: "
                      + "; ".join(bad))
 
 
 def check_fits(prompt_len: int, gen_length: int, max_seq_len: int,
-               needs_prompt: str | None = None) -> None:
-  """The padded prompt plus the generation must fit the model; needs_prompt
-  names a sampler that reads position i's prediction from position i - 1 and
-  so needs at least one prompt token."""
+               needs_prompt: str | None = None, tail: int = 0) -> None:
+  """The padded prompt plus the generation (plus `tail` positions a block
+  sampler allocates after it) must fit the model; needs_prompt names a
+  sampler that reads position i's prediction from position i - 1 and so
+  needs at least one prompt token."""
   if needs_prompt and prompt_len < 1:
     raise ValueError(f"{needs_prompt} needs a prompt of at least one token: "
                      "the prediction for position i is read from position i-1")
-  if prompt_len + gen_length > max_seq_len:
-    raise ValueError(f"prompt ({prompt_len}) + gen_length ({gen_length}) "
-                     f"exceeds max_seq_len {max_seq_len}")
+  if prompt_len + gen_length + tail > max_seq_len:
+    after = f" + the last block's tail ({tail})" if tail else ""
+    raise ValueError(f"prompt ({prompt_len}) + gen_length ({gen_length})"
+                     f"{after} exceeds max_seq_len {max_seq_len}")
 
 
 def optional_positive_errors(sampler, *names: str) -> list[str]:

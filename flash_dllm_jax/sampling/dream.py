@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax import ops
-from flash_dllm_jax.sampling import checks, commit_rules, row_draws, select
+from flash_dllm_jax.sampling import (checks, commit_rules, draw_settings,
+                                     row_draws, select)
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.loop import Uncached
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -73,13 +74,7 @@ class DreamSampler(Uncached):
       errors.append(f"eps must be in (0, 1), got {self.eps}")
     if self.alg not in ALGS:
       errors.append(f"alg must be one of {ALGS}, got {self.alg!r}")
-    if self.temperature < 0:
-      errors.append(f"temperature must be >= 0, got {self.temperature}")
-    if self.top_p is not None and not 0 < self.top_p <= 1:
-      errors.append(f"top_p must be in (0, 1], got {self.top_p}")
-    if self.top_k is not None and (not isinstance(self.top_k, int)
-                                   or self.top_k <= 0):
-      errors.append(f"top_k must be a positive int, got {self.top_k!r}")
+    errors += draw_settings.errors(self)
     if self.alg_temp is not None and self.alg_temp < 0:
       errors.append(f"alg_temp must be >= 0, got {self.alg_temp}")
     if errors:
@@ -136,7 +131,7 @@ class DreamSampler(Uncached):
         logits_BxGxV = logits_BxGxV / self.temperature
       if self.top_p is not None and self.top_p < 1:
         logits_BxGxV = select.top_p_filter(logits_BxGxV, self.top_p)
-      if self.top_k is not None:
+      if self.top_k is not None and self.top_k > 0:
         logits_BxGxV = select.top_k_filter(logits_BxGxV, self.top_k)
       if self.temperature > 0:
         x0_BxG = select.row_categorical(rng_B, logits_BxGxV)

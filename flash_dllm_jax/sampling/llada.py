@@ -22,7 +22,8 @@ import numpy as np
 
 from flash_dllm_jax import ops
 
-from flash_dllm_jax.sampling import checks, commit_rules, row_draws, select
+from flash_dllm_jax.sampling import (checks, commit_rules, draw_settings,
+                                     row_draws, select)
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.loop import Uncached
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -54,8 +55,7 @@ class LLaDASampler(Uncached):
       object.__setattr__(self, "block_length", self.gen_length)
     errors = checks.block_schedule_errors(self.gen_length, self.block_length,
                                           self.steps)
-    if self.temperature < 0:
-      errors.append(f"temperature must be >= 0, got {self.temperature}")
+    errors += draw_settings.errors(self)
     if self.cfg_scale < 0:
       errors.append(f"cfg_scale must be >= 0, got {self.cfg_scale}")
     if self.remasking not in REMASKING:

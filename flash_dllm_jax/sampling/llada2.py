@@ -45,7 +45,8 @@ import numpy as np
 from flax import struct
 
 from flash_dllm_jax import ops
-from flash_dllm_jax.sampling import checks, commit_rules, row_draws, select
+from flash_dllm_jax.sampling import (checks, commit_rules, draw_settings,
+                                     row_draws, select)
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -101,12 +102,8 @@ class LLaDA2Sampler:
     if self.threshold is not None and not 0 <= self.threshold <= 1:
       errors.append(f"threshold must be None or in [0, 1], got "
                     f"{self.threshold}")
-    if self.temperature < 0:
-      errors.append(f"temperature must be >= 0, got {self.temperature}")
-    errors += checks.optional_positive_errors(self, "top_k")
+    errors += draw_settings.errors(self)
     errors += checks.optional_positive_errors(self, "max_refills")
-    if self.top_p is not None and not 0 < self.top_p <= 1:
-      errors.append(f"top_p must be None or in (0, 1], got {self.top_p}")
     for name in ("eos_early_stop", "block_cache"):
       if not isinstance(getattr(self, name), bool):
         errors.append(f"{name} must be a bool, got "
@@ -141,8 +138,8 @@ class LLaDA2Sampler:
                     top_k=self.top_k or 0)
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
-    checks.check_fits(prompt_len, self.gen_length + self.tail_length,
-                      max_seq_len)
+    checks.check_fits(prompt_len, self.gen_length, max_seq_len,
+                      tail=self.tail_length)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array) -> BlockRows:
     p = tokens_BxN.shape[1] - self.gen_length - self.tail_length
@@ -170,7 +167,7 @@ class LLaDA2Sampler:
       return x0_BxL, select.prob_of(logits_BxLxV, x0_BxL)
     if self.temperature != 1:
       logits_BxLxV = logits_BxLxV / self.temperature
-    if self.top_k is not None:
+    if self.top_k is not None and self.top_k > 0:
       logits_BxLxV = select.top_k_filter(logits_BxLxV, self.top_k)
     if self.top_p is not None and self.top_p < 1:
       logits_BxLxV = select.top_p_filter(logits_BxLxV, self.top_p)

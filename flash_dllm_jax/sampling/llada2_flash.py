@@ -112,8 +112,8 @@ class LLaDA2FlashSampler:
                              factor=self.factor)
 
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
-    checks.check_fits(prompt_len, self.gen_length + self.tail_length,
-                      max_seq_len)
+    checks.check_fits(prompt_len, self.gen_length, max_seq_len,
+                      tail=self.tail_length)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array) -> BlockRows:
     p = tokens_BxN.shape[1] - self.gen_length - self.tail_length

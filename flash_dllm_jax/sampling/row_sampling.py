@@ -34,7 +34,7 @@ import numpy as np
 from flax import struct
 
 from flash_dllm_jax import ops
-from flash_dllm_jax.sampling import select
+from flash_dllm_jax.sampling import draw_settings, select
 
 # The logit of a token that may not be sampled: finite, so that a softmax
 # over a tile of only such tokens (the logprob kernel's) stays finite.
@@ -43,8 +43,8 @@ _OUT = -1e30
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-  """One row's settings: temperature >= 0 (0: greedy), top_p in (0, 1],
-  top_k >= 0 (0: off); threshold in (0, 1]: the confidence a position needs
+  """One row's settings: temperature, top_p, top_k as draw_settings.py
+  declares them (0: greedy; top_p 1 and top_k 0 or -1: off); threshold in (0, 1]: the confidence a position needs
   to commit under the threshold rule; factor > 0: the factor rule's;
   gamma: Flash-Verify's acceptance level or Elastic-Cache's drift level
   (the sampler checks its range; row_options.py). None: the sampler's own."""
@@ -57,15 +57,7 @@ class Sampling:
   gamma: float | None = None
 
   def __post_init__(self):
-    errors = []
-    t, p, k = self.temperature, self.top_p, self.top_k
-    if not (isinstance(t, (int, float)) and math.isfinite(t) and t >= 0):
-      errors.append(f"temperature must be a finite number >= 0, got {t!r}")
-    if not (isinstance(p, (int, float)) and math.isfinite(p) and 0 < p <= 1):
-      errors.append(f"top_p must be in (0, 1], got {p!r}")
-    if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool)
-            and k >= 0):
-      errors.append(f"top_k must be an int >= 0, got {k!r}")
+    errors = draw_settings.errors(self)
     h = self.threshold
     if h is not None and not (isinstance(h, (int, float))
                               and math.isfinite(h) and 0 < h <= 1):

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from typing import Callable
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -22,7 +23,8 @@ from flash_dllm_jax.serve.body import parse_body
 from flash_dllm_jax.serve.cli import MAX_BODY_BYTES
 from flash_dllm_jax.serve.errors import (BadRequest, error_response as _error,
                                          sse_error)
-from flash_dllm_jax.serve.scheduler import Draining, Event, QueueFull
+from flash_dllm_jax.serve.scheduler import (Draining, EngineFailed, Event,
+                                            QueueFull)
 from flash_dllm_jax.serve.security import ApiKey, BodyLimit, ShutdownAnswers
 from flash_dllm_jax.serve.service import Service
 
@@ -31,6 +33,28 @@ _FAILED = {"deadline": (504, "the request's deadline passed", "timeout"),
            "shutdown": (503, "the server shut down before answering",
                         "server_shutdown"),
            "error": (500, "the decoding engine failed", "engine_error")}
+# Seconds past a request's deadline before its handler answers 504 itself:
+# the engine thread fails expired requests, and this backstop holds even
+# when that thread is stuck in a device call.
+DEADLINE_GRACE_S = 2.0
+
+
+async def _next_event(events: asyncio.Queue, deadline: float | None,
+                      poll: float | None = None):
+  """The next (index, Event); a 'deadline' Event for index -1 once the
+  deadline plus DEADLINE_GRACE_S passed; None after `poll` seconds."""
+  wait = None if deadline is None else \
+      deadline + DEADLINE_GRACE_S - time.monotonic()
+  if poll is not None:
+    wait = poll if wait is None else min(wait, poll)
+  try:
+    return await asyncio.wait_for(events.get(), max(wait, 0.0)) \
+        if wait is not None else await events.get()
+  except asyncio.TimeoutError:
+    if deadline is not None and time.monotonic() >= \
+        deadline + DEADLINE_GRACE_S:
+      return -1, Event("", True, "deadline")
+    return None
 
 
 def build_app(get_service: Callable[[], Service | None], model_name: str,
@@ -60,6 +84,8 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
     service = get_service()
     if service is None:
       return JSONResponse({"status": "starting"}, 503)
+    if service.scheduler.state != "ready":  # restarting, or failed
+      return JSONResponse({"status": service.scheduler.state}, 503)
     if service.scheduler.draining:
       return JSONResponse({"status": "draining"}, 503)
     return {"status": "ready", "model": model_name, **service.decoding,
@@ -148,6 +174,9 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
     except Draining as e:
       service.metrics.requests.labels("rejected").inc()
       return _error(503, str(e), None, "server_shutdown")
+    except EngineFailed as e:
+      service.metrics.requests.labels("rejected").inc()
+      return _error(503, str(e), None, "engine_error")
     first = request[0]
     decoding = {**first.decoding, "seed": first.seed}
     if first.sampling is not None:
@@ -206,13 +235,15 @@ async def _whole(service, request, events, http, rid, model, chat, decoding):
   last: dict[int, Event] = {}
   try:
     while len(last) < len(request):
-      try:
-        i, ev = await asyncio.wait_for(events.get(), 0.5)
-      except asyncio.TimeoutError:
+      got = await _next_event(events, request[0].deadline, 0.5)
+      if got is None:
         if await http.is_disconnected():
           service.scheduler.cancel(request)
           return Response(status_code=499)
         continue
+      i, ev = got
+      if i < 0:
+        i = next(j for j in range(len(request)) if j not in last)
       text[i].append(ev.delta)
       if ev.done:
         last[i] = ev
@@ -307,7 +338,7 @@ async def _stream(service, request, events, rid, model, chat, decoding,
           offsets[i] = len("".join(lp["tokens"]))
         yield _sse(chunk(r.echo, None, (), i, lp))
     while len(last) < len(request):
-      i, ev = await events.get()
+      i, ev = await _next_event(events, request[0].deadline)
       if ev.reason in _FAILED:
         failed = ev
         last[i] = ev

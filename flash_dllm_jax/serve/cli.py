@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import math
 import os
 import signal
 import sys
@@ -143,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
                                              is_loopback)
   from flash_dllm_jax.sampling.row_options import ROW_OPTIONS
   from flash_dllm_jax.sampling.row_sampling import row_fields
-  from flash_dllm_jax.serve.service import Service, Settings
+  from flash_dllm_jax.serve.service import Service, Settings, check_pool
   from flash_dllm_jax.strategies import build_sampler
 
   handler = logging.StreamHandler()
@@ -162,15 +163,19 @@ def main(args: argparse.Namespace) -> int:
     check_checkpoint(checkpoint, args.checkpoint is not None)
     if api_key is not None and not api_key.strip():
       raise ValueError(f"the API key (--api-key or ${API_KEY_ENV}) is empty")
+    if not 0 <= args.port <= 65535:
+      raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_body_bytes < 1:
       raise ValueError(f"--max-body-bytes must be >= 1, got "
                        f"{args.max_body_bytes}")
-    if not args.header_timeout > 0:
-      raise ValueError(f"--header-timeout must be > 0, got "
-                       f"{args.header_timeout}")
-    if not args.shutdown_timeout >= 0:
-      raise ValueError(f"--shutdown-timeout must be >= 0, got "
-                       f"{args.shutdown_timeout}")
+    for flag, low in (("request_timeout", 0), ("header_timeout", 0),
+                      ("shutdown_timeout", None)):
+      value = getattr(args, flag)  # NaN passes no range check: finite first
+      if not math.isfinite(value) or (value <= low if low is not None
+                                      else value < 0):
+        raise ValueError(f"--{flag.replace('_', '-')} must be a finite "
+                         f"number {'> 0' if low is not None else '>= 0'}, "
+                         f"got {value}")
     settings = Settings(model_name=name, strategy=args.strategy,
                         slots=args.batch_size,
                         max_prompt_tokens=args.max_prompt_tokens,
@@ -204,6 +209,8 @@ def main(args: argparse.Namespace) -> int:
             f"{', '.join(sorted(changed))} is a per-request setting "
             f"({fields}); --variant is for options that change the "
             "compiled program")
+    for v in (sampler, *variants):  # the slot plan fits, before the port
+      check_pool(settings, v, config)
     mesh = parallel.parse_mesh(args.mesh)
     if mesh is not None:
       parallel.check_config(config, mesh)
@@ -223,10 +230,14 @@ def main(args: argparse.Namespace) -> int:
                 "can use it (set --api-key or $%s)", args.host, API_KEY_ENV)
   holder: dict = {}
 
+  def engine_lost():  # the engine failed for good: stop, exit status 1
+    holder["failed"] = True
+    server.should_exit = True
+
   def compile_engines():
     try:
       holder["service"] = Service(params, config, tokenizer, sampler,
-                                  settings, variants, mesh)
+                                  settings, variants, mesh, engine_lost)
       log.info("ready: %s batching, %d slots of %d prompt positions",
                holder["service"].mode, settings.slots, settings.prompt_len)
     except Exception:  # noqa: BLE001 - logged, and the server exits

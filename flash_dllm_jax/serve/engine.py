@@ -104,10 +104,9 @@ class SlotEngine:
             np.zeros((self.b, self.p), bool), np.zeros(self.b, np.uint32),
             self._host_sampling([]))
     shardings = {}
+    self._mesh = mesh
     if mesh is not None:
-      self._state = jax.tree.map(
-          lambda x: jax.device_put(x, self._row_sharding(mesh, x)),
-          self._state)
+      self._state = self._place(self._state)
       state_s = jax.tree.map(lambda x: self._row_sharding(mesh, x),
                              self._state)
       rows = parallel.NamedSharding(mesh, parallel.P("data"))
@@ -120,6 +119,21 @@ class SlotEngine:
                      compiler_options=compiler_options(), **shardings)
     with parallel.use(mesh):
       self._compiled = jitted.lower(*args).compile()
+
+  def reset(self) -> None:
+    """Fresh slot state (every slot free), as at start; the compiled
+    program is kept. What the server does after a failed call, whose
+    donated state may be gone."""
+    self._state = self._place(self._initial_state())
+    self._busy_B = np.zeros(self.b, bool)
+    self._uncollected = False
+
+  def _place(self, state):
+    """`state` on the mesh (slot axis over `data`), or as it is."""
+    if self._mesh is None:
+      return state
+    return jax.tree.map(
+        lambda x: jax.device_put(x, self._row_sharding(self._mesh, x)), state)
 
   def _row_sharding(self, mesh, x):
     """Leaves with a slot axis split over `data`; the rest replicated."""

@@ -1,6 +1,12 @@
 """OpenAI wire format: request models (pydantic) and response bodies.
 
-Unknown fields are errors (extra="forbid"). Responses add `decoding` (the
+Unknown fields are errors (extra="forbid") and types are strict, as
+OpenAI's API is: a number field takes a JSON number (an int where it says
+so), never a string or a boolean; a boolean field only true / false. Every
+int fits the dtype it is stored in (top_k: int32, clipped to the vocabulary
+by the server; seed: uint32). temperature / top_p / top_k take the ranges
+of their one declaration (sampling/draw_settings.py), which the CLI flags
+and the samplers check too. Responses add `decoding` (the
 settings that decoded the answer, with the variant's index and each
 choice's seed), `token_ids` on each choice (a stream chunk's: the answer ids
 that became final with it) and `decode_steps` / `forward_passes` in `usage`
@@ -40,29 +46,35 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flash_dllm_jax.sampling.draw_settings import TEMPERATURE, TOP_K, TOP_P
+
 MAX_N = 16  # choices per request
 
 
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class StreamOptions(BaseModel):
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   include_usage: bool = True
 
 
 class ResponseFormat(BaseModel):
   """OpenAI's response_format: text, json_object, or json_schema with
   {name, schema, strict, description} (serve/structured.py)."""
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   type: Literal["text", "json_object", "json_schema"]
   json_schema: dict[str, Any] | None = None
 
 
 class _Common(BaseModel):
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   model: str
   max_tokens: int | None = Field(None, ge=1)
-  temperature: float | None = Field(None, ge=0, le=2)
-  top_p: float | None = Field(None, gt=0, le=1)
-  top_k: int | None = Field(None, ge=-1)
+  # ranges: the one declaration (sampling/draw_settings.py)
+  temperature: float | None = Field(None, **TEMPERATURE.bounds())
+  top_p: float | None = Field(None, **TOP_P.bounds())
+  top_k: int | None = Field(None, **TOP_K.bounds())
   seed: int | None = Field(None, ge=0, lt=2**32)
   stop: str | list[str] | None = None
   stream: bool = False
@@ -95,13 +107,13 @@ class CompletionRequest(_Common):
 class ContentPart(BaseModel):
   """A part of a message's content: {"type": "text", "text": ...}; other
   types (image_url, input_audio, ...) parse, and the server refuses them."""
-  model_config = ConfigDict(extra="allow")
+  model_config = ConfigDict(extra="allow", strict=True)
   type: str
   text: str | None = None
 
 
 class ChatMessage(BaseModel):
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   role: Literal["system", "developer", "user", "assistant"]
   content: str | list[ContentPart]
   name: str | None = None

@@ -8,7 +8,16 @@ what the next call does (fail cancelled or expired requests, stop their
 slots, load waiting requests into every free slot) and dispatches it
 (`SlotEngine.dispatch`, asynchronous), and only then hands the collected
 output to `plan.update`, which says what each request gets: the text that
-became final, or its answer. So detokenizing and sending run while the
+became final, or its answer.
+
+The thread is supervised: an exception in it or in a device call fails the
+requests the engines hold (reason 'error', a 500) and restarts the engines
+(`SlotEngine.reset`: fresh slot state, the compiled program kept); what
+waits in the queue stays queued. A failure within `RESTART_WINDOW_S` of
+`MAX_RESTARTS` others, or one while restarting, is fatal: everything left
+fails, new requests are refused (503), /health says 'failed' and
+`on_fatal` runs (the CLI stops the server, exit status 1, for an
+orchestrator to restart it). So detokenizing and sending run while the
 device decodes the next call, and a slot whose row stopped is refilled at
 once; a slot whose answer completed before its row stopped (a stop string,
 max_tokens) is released a call later. The metrics observe each plan and
@@ -40,13 +49,24 @@ class Draining(Exception):
   """The server is shutting down and admits nothing new (HTTP 503)."""
 
 
+class EngineFailed(Exception):
+  """The engine failed for good and admits nothing new (HTTP 503)."""
+
+
+MAX_RESTARTS = 3  # engine restarts allowed within RESTART_WINDOW_S
+RESTART_WINDOW_S = 60.0
+
+
 class Scheduler:
   """engines: {key: SlotEngine} (the server keys them by variant);
   max_queue: waiting requests allowed."""
 
   def __init__(self, engines: dict[int, SlotEngine], metrics: Metrics,
-               max_queue: int):
+               max_queue: int, on_fatal=None):
     self.engines, self.metrics, self.max_queue = engines, metrics, max_queue
+    self.on_fatal = on_fatal  # called (no arguments) once the engine is lost
+    self.state = "ready"  # 'restarting' while rebuilt, 'failed' for good
+    self.restarts: list[float] = []  # time.monotonic() of each restart
     self._pending = {p: collections.deque() for p in engines}
     self._slots = {p: {} for p in engines}  # key -> {slot: Request}
     self._release = {p: set() for p in engines}
@@ -66,6 +86,9 @@ class Scheduler:
     none of them."""
     group = request if isinstance(request, list) else [request]
     with self._cond:
+      if self.state == "failed":
+        raise EngineFailed("the decoding engine failed; the server is "
+                           "stopping")
       if self._draining:
         raise Draining("the server is shutting down")
       if self.queue_length() + len(group) > self.max_queue:
@@ -118,29 +141,72 @@ class Scheduler:
         not any(self._release.values()) and self.queue_length() == 0
 
   def _run(self) -> None:
-    try:
-      while True:
-        with self._cond:
-          while self._idle() and not self._stopping:
-            self._cond.wait()
-          if self._stopping:
-            break
-        for key in self.engines:
-          self._call(key)
-    except Exception:  # noqa: BLE001 - fail every request, then re-raise
-      log.exception("the engine thread failed")
-      self._fail_all("error")
-      raise
+    while True:
+      try:
+        self._loop()
+        break
+      except Exception:  # noqa: BLE001 - supervised: fail, then restart
+        log.exception("the engine thread failed")
+        if not self._restart():
+          return
     self._fail_all("shutdown")
 
-  def _fail_all(self, outcome: str) -> None:
+  def _loop(self) -> None:
+    while True:
+      with self._cond:
+        while self._idle() and not self._stopping:
+          self._cond.wait()
+        if self._stopping:
+          return
+      for key in self.engines:
+        self._call(key)
+
+  def _restart(self) -> bool:
+    """After a failure: fails what the engines held and rebuilds them;
+    False (and everything failed, on_fatal called) when that is not to be
+    tried again or does not work."""
+    now = time.monotonic()
+    self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S]
+    fatal = len(self.restarts) >= MAX_RESTARTS
+    self.state = "failed" if fatal else "restarting"  # before any answer
+    try:
+      if fatal:
+        raise RuntimeError(f"{len(self.restarts) + 1} engine failures within "
+                           f"{RESTART_WINDOW_S:.0f} s")
+      self._fail_all("error", queued=False)
+      self.restarts.append(now)
+      for engine in self.engines.values():
+        engine.reset()
+      log.warning("restarted the engine in %.2f s (%d restart(s) within "
+                  "%.0f s)", time.monotonic() - now, len(self.restarts),
+                  RESTART_WINDOW_S)
+      self.state = "ready"
+      return True
+    except Exception:  # noqa: BLE001 - fatal: fail everything, stop
+      log.exception("the engine failed for good")
+      self.state = "failed"
+      self._fail_all("error")
+      if self.on_fatal is not None:
+        self.on_fatal()
+      return False
+
+  def _fail_all(self, outcome: str, queued: bool = True) -> None:
+    """Fails what the engines hold (slots, calls in flight) and, if
+    `queued`, what waits."""
     with self._cond:
-      left = [r for q in self._pending.values() for r in q]
+      left = [r for q in self._pending.values() for r in q] if queued else []
       left += [r for s in self._slots.values() for r in s.values()]
-      for q in self._pending.values():
-        q.clear()
+      left += [r for c in self._in_flight.values()
+               for r in c.plan.running.values()]
+      if queued:
+        for q in self._pending.values():
+          q.clear()
       for s in self._slots.values():
         s.clear()
+      for r in self._release.values():
+        r.clear()
+      self._in_flight.clear()
+      self.metrics.queue_length.set(self.queue_length())
     for r in left:
       if not r.finished:
         self._finish(r, Event("", True, outcome), outcome)

@@ -22,6 +22,7 @@ from flash_dllm_jax.serve.scheduler import Request, Scheduler
 from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.serve.text import AnswerText
+from flash_dllm_jax.strategies import option_type_error, sampler_options
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -46,9 +47,11 @@ class Settings:
 
   def __post_init__(self):
     for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-    if self.request_timeout <= 0:
+      value = getattr(self, name)  # the compiled loop holds them as int32
+      if not (isinstance(value, int) and 1 <= value < 2**31):
+        raise ValueError(f"{name} must be an int in [1, 2**31), got {value}")
+    if not (math.isfinite(self.request_timeout)
+            and self.request_timeout > 0):
       raise ValueError(f"request_timeout must be > 0, got "
                        f"{self.request_timeout}")
 
@@ -58,6 +61,21 @@ class Settings:
     left-padded to it decodes as offline `generate` pads it (see
     prompts.left_pad)."""
     return padded_length(self.max_prompt_tokens, PROMPT_BUCKET)
+
+
+def check_pool(settings: Settings, sampler, config: ModelConfig) -> None:
+  """A ValueError unless a slot (prompt_len prompt positions + the
+  sampler's canvas) fits the model's context (the CLI checks it before it
+  binds the port; Service again)."""
+  p, room = settings.prompt_len, config.max_seq_len - sampler.gen_length
+  if p > room:
+    top = room // PROMPT_BUCKET * PROMPT_BUCKET
+    raise ValueError(
+        f"max_prompt_tokens {settings.max_prompt_tokens}: slots hold "
+        f"prompts padded to a multiple of {PROMPT_BUCKET} ({p}), and {p} + "
+        f"gen_length {sampler.gen_length} exceeds max_seq_len "
+        f"{config.max_seq_len}; at most {top} fits")
+  sampler.check_prompt(p, config.max_seq_len)
 
 
 # Request fields that pick a variant besides `decoding`, where the sampler
@@ -76,10 +94,11 @@ class Service:
   option gets); variants: further samplers of the same strategy declared at
   start; a request picks one by stating options equal to its values.
   mesh: a jax Mesh every engine splits its slots (data) and weights (model)
-  over, or None."""
+  over, or None. on_fatal: called once the engine failed for good
+  (scheduler.py)."""
 
   def __init__(self, params, config: ModelConfig, tokenizer, sampler,
-               settings: Settings, variants=(), mesh=None):
+               settings: Settings, variants=(), mesh=None, on_fatal=None):
     self.config, self.tokenizer = config, tokenizer
     self.params = params  # for prompt log-probabilities (echo)
     self._structured = {}  # variant -> structured.Structured
@@ -89,7 +108,7 @@ class Service:
     for v in self.samplers:
       if type(v) is not type(sampler):
         raise ValueError(f"variant {v!r} is not a {type(sampler).__name__}")
-      self._check_pool(v, config)
+      check_pool(settings, v, config)
     if len(set(self.samplers)) < len(self.samplers):
       raise ValueError("two declared variants decode with the same options")
     engines = {}
@@ -105,7 +124,8 @@ class Service:
                "%.1f s", i, settings.slots, settings.prompt_len,
                time.perf_counter() - t0)
     self.mode = "continuous" if engines[0].continuous else "batch"
-    self.scheduler = Scheduler(engines, self.metrics, settings.max_queue)
+    self.scheduler = Scheduler(engines, self.metrics, settings.max_queue,
+                               on_fatal)
     self.decodings = [{"strategy": settings.strategy,
                        "gen_length": v.gen_length, "steps": v.num_steps,
                        "batching": self.mode, "variant": i,
@@ -115,19 +135,6 @@ class Service:
     self.mesh = None if mesh is None else dict(mesh.shape)
     self.attention_tiling = dataclasses.asdict(choice.tiling(settings.kernels))
     self.scheduler.start()
-
-  def _check_pool(self, sampler, config: ModelConfig) -> None:
-    """A ValueError unless a slot (prompt_len prompt positions + the
-    sampler's canvas) fits the model's context."""
-    p, room = self.settings.prompt_len, config.max_seq_len - sampler.gen_length
-    if p > room:
-      top = room // PROMPT_BUCKET * PROMPT_BUCKET
-      raise ValueError(
-          f"max_prompt_tokens {self.settings.max_prompt_tokens}: slots hold "
-          f"prompts padded to a multiple of {PROMPT_BUCKET} ({p}), and {p} + "
-          f"gen_length {sampler.gen_length} exceeds max_seq_len "
-          f"{config.max_seq_len}; at most {top} fits")
-    sampler.check_prompt(p, config.max_seq_len)
 
   # Request checks ---------------------------------------------------------
   def _encode(self, text: str) -> list[int]:
@@ -189,6 +196,7 @@ class Service:
         for name, absent in _TOP_LEVEL if getattr(req, name) is not None
         and (name != "top_k" or top_k is not None) and name not in rows]
     names = dataclasses.asdict(self.sampler)
+    types = sampler_options(type(self.sampler))  # the CLI flags' types
     for name, value in (req.decoding or {}).items():
       if name not in names and name in _REQUEST_FIELDS:
         raise BadRequest(f"{name} is a request field, not a decoding "
@@ -197,6 +205,9 @@ class Service:
       if name not in names:
         raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                          f"takes {sorted(names)}", f"decoding.{name}")
+      if value is not None and (why := option_type_error(
+          value, types[name][0])):
+        raise BadRequest(f"decoding.{name} {why}", f"decoding.{name}")
       if name in rows and name not in row_options.ROW_OPTIONS:
         raise BadRequest(f"{name} is a per-request setting: send it as the "
                          f"request's {name} field", f"decoding.{name}")
@@ -310,7 +321,8 @@ class Service:
           temperature=float(own.temperature if req.temperature is None
                             else req.temperature),
           top_p=float(own.top_p if req.top_p is None else req.top_p),
-          top_k=own.top_k if req.top_k is None else max(0, req.top_k),
+          top_k=own.top_k if req.top_k is None else  # k >= V: all
+          min(max(0, req.top_k), self.config.vocab_size),
           **self._row_options(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout

@@ -6,17 +6,17 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from flash_dllm_jax.serve import openai_fields
 from flash_dllm_jax.serve.errors import BadRequest
-from flash_dllm_jax.serve.protocol import ChatMessage, ChatRequest
+from flash_dllm_jax.serve.protocol import STRICT, ChatMessage, ChatRequest
 
 
 class TokenizeRequest(BaseModel):
   """prompt (as the completions route tokenizes it) or messages (templated
   as the chat route does, add_generation_prompt by default)."""
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   model: str | None = None
   prompt: str | None = None
   messages: list[ChatMessage] | None = Field(None, min_length=1)
@@ -26,7 +26,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-  model_config = ConfigDict(extra="forbid")
+  model_config = STRICT
   model: str | None = None
   tokens: list[int]
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from flash_dllm_jax.architectures import Architecture, AttentionSpec
+from flash_dllm_jax.architectures import (Architecture, AttentionSpec,
+                                          MissingToken)
 from flash_dllm_jax.architectures.llada2.chat import CHAT_TEMPLATE
 from flash_dllm_jax.moe_config import MoEConfig
 
@@ -56,7 +57,9 @@ def read_hf_config(hf: dict[str, Any], special: dict[str, int] | None = None
     raise KeyError("eos_token_id")
   mask = hf.get("mask_token_id", special.get("mask_token_id"))
   if mask is None:
-    raise KeyError("mask_token_id")
+    raise MissingToken("the tokenizer has no mask token (LLaDA2's is "
+                       "<|mask|>, an added token of tokenizer.json) and "
+                       "config.json no mask_token_id")
   return dict(
       arch="llada2", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
       n_layers=hf["num_hidden_layers"], n_heads=n_heads,
