@@ -161,6 +161,7 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
       # event loop, so that other clients are served meanwhile
       request = await asyncio.to_thread(service.prepare, req, emit)
       if request[0].grammar is not None:  # decoded alone (structured.py)
+        service.scheduler.check_open()
         threading.Thread(target=_structured, args=(service, request),
                          daemon=True).start()
       else:
