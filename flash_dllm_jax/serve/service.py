@@ -14,15 +14,14 @@ from flash_dllm_jax.prompts import PROMPT_BUCKET, padded_length
 from flash_dllm_jax.ops import Kernels, choice
 from flash_dllm_jax.serve.engine import SlotEngine
 from flash_dllm_jax.serve.errors import BadRequest
-from flash_dllm_jax.serve import openai_fields, structured
+from flash_dllm_jax.serve import openai_fields, structured, variant_choice
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.prompt_logprobs import MAX_TOP, prompt_logprobs
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
 from flash_dllm_jax.serve.scheduler import Request, Scheduler
 from flash_dllm_jax.sampling import row_options
-from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.serve.text import AnswerText
-from flash_dllm_jax.strategies import option_type_error, sampler_options
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -76,14 +75,6 @@ def check_pool(settings: Settings, sampler, config: ModelConfig) -> None:
         f"gen_length {sampler.gen_length} exceeds max_seq_len "
         f"{config.max_seq_len}; at most {top} fits")
   sampler.check_prompt(p, config.max_seq_len)
-
-
-# Request fields that pick a variant besides `decoding`, where the sampler
-# does not take them per row (`row_fields`; LLaDA's top_p / top_k): (field,
-# the value a sampler without the option decodes with).
-_TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0), ("top_k", None))
-_REQUEST_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens",
-                   "stop", "n")
 
 
 class Service:
@@ -173,84 +164,10 @@ class Service:
       return self._encode(prompt)
     return list(prompt)
 
-  @staticmethod
-  def _same(a, b) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-      return (a is not None and b is not None and not isinstance(a, str)
-              and not isinstance(b, str)
-              and math.isclose(float(a), float(b), abs_tol=1e-9))
-    return a == b
-
   @property
   def row_data(self) -> bool:
     """The sampler takes row data (`row_fields`; else sampler options)."""
     return row_options.takes_rows(self.sampler)
-
-  def _variant(self, req) -> int:
-    """The index of the declared variant whose options equal every option
-    the request states (the first such), or BadRequest naming the field."""
-    top_k = None if req.top_k is None or req.top_k <= 0 else req.top_k
-    rows = row_fields(self.sampler)
-    stated = [
-        (name, top_k if name == "top_k" else getattr(req, name), name, absent)
-        for name, absent in _TOP_LEVEL if getattr(req, name) is not None
-        and (name != "top_k" or top_k is not None) and name not in rows]
-    names = dataclasses.asdict(self.sampler)
-    types = sampler_options(type(self.sampler))  # the CLI flags' types
-    for name, value in (req.decoding or {}).items():
-      if name not in names and name in _REQUEST_FIELDS:
-        raise BadRequest(f"{name} is a request field, not a decoding "
-                         f"option: send it as the request's {name}",
-                         f"decoding.{name}")
-      if name not in names:
-        raise BadRequest(f"unknown decoding option {name!r}; the sampler "
-                         f"takes {sorted(names)}", f"decoding.{name}")
-      if value is not None and (why := option_type_error(
-          value, types[name][0])):
-        raise BadRequest(f"decoding.{name} {why}", f"decoding.{name}")
-      if name in rows and name not in row_options.ROW_OPTIONS:
-        raise BadRequest(f"{name} is a per-request setting: send it as the "
-                         f"request's {name} field", f"decoding.{name}")
-      if name in rows:
-        continue  # the row's own (see `_row_options`)
-      stated.append((name, value, f"decoding.{name}", None))
-    left = list(range(len(self.samplers)))
-    for name, value, param, absent in stated:
-      match = [i for i in left if self._same(
-          getattr(self.samplers[i], name, absent), value)]
-      if not match:
-        allowed = sorted({repr(getattr(self.samplers[i], name, absent))
-                          for i in left})
-        raise BadRequest(
-            f"no variant declared at start decodes with {name}={value!r} "
-            f"(strategy {self.settings.strategy!r}, with the options stated "
-            f"before it); allowed: {', '.join(allowed)}", param)
-      left = match
-    return left[0]
-
-  def _row_options(self, req, sampler) -> dict[str, float]:
-    """The stated decoding options that are the row's own data
-    (row_options.py: threshold, factor, gamma), or BadRequest naming the
-    field where the variant has no such rule or refuses the value."""
-    out = {}
-    for name in row_options.options(sampler):
-      value = (req.decoding or {}).get(name)
-      if value is None:
-        continue
-      param = f"decoding.{name}"
-      if isinstance(value, bool) or not isinstance(value, (int, float)) \
-          or not math.isfinite(value):
-        raise BadRequest(f"{param} must be a finite number, got {value!r}",
-                         param)
-      if why := row_options.value_error(sampler, name, float(value)):
-        raise BadRequest(f"{param}: {why}", param)
-      try:
-        Sampling(**{name: float(value)})
-      except ValueError as e:
-        raise BadRequest(f"{param}: {str(e).split(': ', 1)[-1]}",
-                         param) from None
-      out[name] = float(value)
-    return out
 
   def _logprobs(self, req) -> bool:
     """Whether `req` asks for log-probabilities; BadRequest for what the
@@ -304,7 +221,8 @@ class Service:
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
       max_tokens = req.max_completion_tokens
-    variant = self._variant(req)
+    variant = variant_choice.pick(req, self.samplers,
+                                  self.settings.strategy)
     sampler = self.samplers[variant]
     if max_tokens is not None and max_tokens > sampler.gen_length:
       raise BadRequest(f"max_tokens {max_tokens} exceeds the gen_length "
@@ -323,7 +241,7 @@ class Service:
           top_p=float(own.top_p if req.top_p is None else req.top_p),
           top_k=own.top_k if req.top_k is None else  # k >= V: all
           min(max(0, req.top_k), self.config.vocab_size),
-          **self._row_options(req, sampler))
+          **variant_choice.row_values(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
     grammar = structured.grammar(req.response_format)
