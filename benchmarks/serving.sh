@@ -8,7 +8,8 @@
 #   bash benchmarks/serving.sh OUT_DIR shipped   # the shipped model
 # The GPU image lacks the server's packages: carry them as wheels (.whl, see
 # the device notes): fastapi, starlette, pydantic, pydantic-core,
-# annotated-types, typing-inspection, uvicorn (about 3 MB).
+# annotated-types, typing-inspection, uvicorn (about 3 MB), and llguidance
+# for the shipped part's JSON-schema row (skipped without it).
 source "$(dirname "$0")/common.sh"
 case "${2:?part: 8b or shipped}" in
   8b)
@@ -19,7 +20,7 @@ case "${2:?part: 8b or shipped}" in
   shipped)
      timeout ${TIMEOUT:-570} python scripts/bench_serve.py --model shipped \
          --slots 32 --gen-length 192 --requests 256 --max-prompt-tokens 128 \
-         --rates 8,32,inf --out "$OUT/serve_shipped.json" 2>&1 \
+         --rates 8,32,inf --json-schema 16 --out "$OUT/serve_shipped.json" 2>&1 \
          | tee "$OUT/serve_shipped.log" ;;
   *) echo "unknown part $2 (8b or shipped)" >&2; exit 2 ;;
 esac

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import importlib.util
 import json
 import socket
 import subprocess
@@ -144,6 +145,50 @@ def pct(xs, q):
   return float(np.percentile(xs, q))
 
 
+# bounded, so that every answer closes within the canvas: an unbounded
+# integer lets a model that never wrote JSON emit digits to the end
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {
+    "type": "integer", "minimum": 0, "maximum": 999999}},
+    "required": ["answer"], "additionalProperties": False}
+
+
+def json_schema_cost(url, name, service, prompts) -> dict:
+  """Each prompt alone, plainly and under ANSWER_SCHEMA (serve/structured.py):
+  latency p50 and its ratio, tokens per decoding step, the host's grammar
+  milliseconds per step, and the fraction of answers that parse."""
+  plain, shaped, valid, counts = [], [], 0, {"plain": [0, 0], "json": [0, 0]}
+  fmt = {"type": "json_schema", "json_schema": {"name": "answer",
+                                                 "schema": ANSWER_SCHEMA}}
+  for p in prompts:
+    for kind, extra, times in (("plain", {}, plain),
+                               ("json", {"response_format": fmt}, shaped)):
+      t0 = time.perf_counter()
+      r = httpx.post(url + "/v1/completions", timeout=None,
+                     json={"model": name, "prompt": p, **extra})
+      times.append(time.perf_counter() - t0)
+      r.raise_for_status()
+      usage = r.json()["usage"]
+      counts[kind][0] += usage["completion_tokens"]
+      counts[kind][1] += usage["decode_steps"]
+      if kind == "json":
+        try:
+          json.loads(r.json()["choices"][0]["text"])
+          valid += 1
+        except ValueError:
+          pass
+  st = service.structured(0)
+  return {"requests": len(prompts),
+          "plain_latency_p50_s": pct(plain, 50),
+          "json_latency_p50_s": pct(shaped, 50),
+          "json_vs_plain_latency": pct(shaped, 50) / pct(plain, 50),
+          "plain_tokens_per_step": counts["plain"][0] / max(
+              counts["plain"][1], 1),
+          "json_tokens_per_step": counts["json"][0] / max(
+              counts["json"][1], 1),
+          "host_ms_per_step": 1e3 * st.host_s / max(st.steps, 1),
+          "valid_json_fraction": valid / len(prompts)}
+
+
 def compile_only(args) -> dict:
   """Builds the model and the server's engines in this process (the
   persistent cache in --cache-dir) and returns the seconds each took."""
@@ -243,6 +288,9 @@ def main(argv=None):
                   help=argparse.SUPPRESS)  # one --cold-start process
   ap.add_argument("--cache-dir", type=Path, default=None,
                   help=argparse.SUPPRESS)
+  ap.add_argument("--json-schema", type=int, default=0, metavar="N",
+                  help="also decode N prompts alone plainly and under a JSON "
+                       "schema (a checkpoint with a tokenizer)")
   ap.add_argument("--out", type=Path, default=None)
   args = ap.parse_args(argv)
   if args.out is None and not args.compile_only:
@@ -305,6 +353,14 @@ def main(argv=None):
     rows[-1]["ttft_p50_vs_alone"] = rows[-1]["ttft_p50_s"] / alone_ttft
     rows[-1]["latency_p50_vs_alone"] = rows[-1]["latency_p50_s"] / float(
         np.median(alone))
+  schema_row = None
+  if args.json_schema and importlib.util.find_spec("llguidance") is None:
+    print("--json-schema: skipped (llguidance is not installed)")
+  elif args.json_schema and tok is not None:
+    schema_row = json_schema_cost(url, args.model, service,
+                                  prompts[:args.json_schema])
+  elif args.json_schema:
+    print("--json-schema: skipped (this model has no tokenizer)")
   server.should_exit = True
   thread.join(30)
   service.scheduler.stop()
@@ -317,7 +373,8 @@ def main(argv=None):
       "steps_per_call": args.steps_per_call,
       "offline_tokens_per_s": offline[0], "offline_tokens": offline[1],
       "alone_latency_s": float(np.median(alone)), "alone_ttft_s": alone_ttft,
-      "compile_s": compile_s, "cold_start": starts, "loads": rows}
+      "compile_s": compile_s, "cold_start": starts, "loads": rows,
+      "json_schema": schema_row}
   args.out.write_text(json.dumps(result, indent=2))
   plot(rows, result["alone_latency_s"], args.out.with_suffix(".png"))
   print(f"device {result['device']}, {args.model}, {args.strategy}, "
@@ -335,6 +392,15 @@ def main(argv=None):
         f"{r['latency_p50_s']:.3f}", f"{r['latency_p50_vs_alone']:.3f}",
         f"{r['latency_p99_s']:.3f}", f"{r['round_trips_per_token']:.3f}",
         f"{1e3 * r['admission_latency_mean_s']:.1f}")))
+  if schema_row:
+    print(f"JSON schema, {schema_row['requests']} requests alone: latency "
+          f"p50 {schema_row['json_latency_p50_s']:.3f} s vs plain "
+          f"{schema_row['plain_latency_p50_s']:.3f} s "
+          f"({schema_row['json_vs_plain_latency']:.2f}x); tokens/step "
+          f"{schema_row['json_tokens_per_step']:.2f} vs plain "
+          f"{schema_row['plain_tokens_per_step']:.2f}; host "
+          f"{schema_row['host_ms_per_step']:.2f} ms/step; valid JSON "
+          f"{schema_row['valid_json_fraction']:.2f}")
   print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 

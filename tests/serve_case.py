@@ -31,7 +31,8 @@ def free_port() -> int:
 
 
 class Server:
-  """A `python -m flash_dllm_jax serve` process and its URL.
+  """A `python -m flash_dllm_jax serve` process and its URL (strategy
+None: the server's default).
 
   The port is a free one picked just before the start; when another process
   takes it in between (tests run in parallel), the server starts again on
@@ -41,8 +42,8 @@ class Server:
                log_path=None, ready_timeout: float = 600.0,
                env: dict | None = None):
     self.args = [sys.executable, "-m", "flash_dllm_jax", "serve",
-                 "--checkpoint", str(checkpoint), "--strategy", strategy,
-                 "--host", "127.0.0.1", *flags]
+                 "--checkpoint", str(checkpoint), "--host", "127.0.0.1",
+                 *(["--strategy", strategy] if strategy else []), *flags]
     for k, v in options.items():
       self.args += ["--" + k.replace("_", "-"), str(v)]
     self.env = {**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": "highest",

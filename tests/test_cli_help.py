@@ -98,3 +98,17 @@ def test_readme_lists_every_strategy():
   section = readme.split("## Command line", 1)[1].split("\n## ", 1)[0]
   listed = section.split("- `--strategy`: ", 1)[1].split("(default", 1)[0]
   assert re.findall(r"`([a-z0-9.-]+)`", listed) == list(strategies.STRATEGIES)
+
+
+def test_serve_help_shows_its_defaults(capsys, monkeypatch):
+  monkeypatch.setenv("COLUMNS", "1000")
+  text = _help(capsys, "serve")
+  for flag in ("--steps-per-call STEPS_PER_CALL", "--max-queue MAX_QUEUE"):
+    assert re.search(re.escape(flag) + r" [^-]*\(default: \d+\)", text), flag
+  # the memory plan's two: what the plan picks, stated
+  assert "(default: as many as --gpu-memory-utilization fits)" in text
+  assert "default: the model's context less the generation" in text
+  assert "(default: 0.9)" in text
+  assert "--port PORT port to listen on (default: 8000)" in text
+  assert "(default: 127.0.0.1)" in text
+  assert "(default: None)" not in text  # the strategy's own, unstated

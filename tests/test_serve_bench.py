@@ -14,7 +14,8 @@ from tests.paths import ROOT
 def test_bench_serve_smoke(tmp_path):
   out = tmp_path / "serve.json"
   run = subprocess.run([sys.executable, "scripts/bench_serve.py", "--smoke",
-                        "--cold-start", "--out", str(out)], cwd=ROOT, capture_output=True,
+                        "--cold-start", "--json-schema", "2", "--out",
+                        str(out)], cwd=ROOT, capture_output=True,
                        text=True, timeout=900)
   assert run.returncode == 0, run.stderr[-3000:]
   result = json.loads(out.read_text())
@@ -29,5 +30,8 @@ def test_bench_serve_smoke(tmp_path):
     assert 0 < result["cold_start"][start]["compile_s"] <= result[
         "cold_start"][start]["process_s"]
   assert result["compile_s"] > 0
+  schema = result["json_schema"]
+  assert schema["requests"] == 2 and schema["json_tokens_per_step"] > 0
+  assert schema["host_ms_per_step"] > 0 and "JSON schema" in run.stdout
   assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
   assert "tok/s" in run.stdout and "wrote" in run.stdout

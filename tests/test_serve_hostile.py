@@ -55,6 +55,12 @@ CLIENT_CASES = [  # (create() arguments, the field the 400 names)
     ({"extra_body": {"timeout": 1e6}}, "timeout"),
     ({"extra_body": {"decoding": {"gamma": "0.5"}}}, "decoding.gamma"),
     ({"extra_body": {"decoding": {"block_m": True}}}, "decoding.block_m"),
+    ({"presence_penalty": "0"}, "presence_penalty"),
+    ({"best_of": "2"}, "best_of"),
+    ({"echo": "true"}, "echo"),
+    ({"extra_body": {"metadata": {"a": 1}}}, "metadata.a"),
+    ({"extra_body": {"response_format": {"type": "json_object", "x": 1}}},
+     "response_format.x"),
 ]
 
 
@@ -97,7 +103,20 @@ FIELDS = {  # each field: values near and past its range, and any JSON
          "unknown"]), NUMBERS | JSON, max_size=2),
     "prompt": (st.lists(st.integers(-5, 2**33), min_size=0, max_size=70)
                | st.text(max_size=20) | JSON),
+    # the OpenAI / vLLM fields beyond the sampler's (openai_fields.py)
+    "echo": st.booleans(), "best_of": NUMBERS, "suffix": st.text(max_size=4),
+    "presence_penalty": NUMBERS, "frequency_penalty": NUMBERS,
+    "repetition_penalty": NUMBERS,
+    "metadata": st.dictionaries(st.text(max_size=4), st.text(max_size=4),
+                                max_size=2),
 }
+RESPONSE_FORMATS = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "json_object", "json_schema"]) | JSON},
+    optional={"json_schema": st.fixed_dictionaries(
+        {}, optional={"name": st.text(max_size=4) | JSON,
+                      "schema": st.just({"type": "integer"}) | JSON})
+              | JSON})
+FIELDS["response_format"] = RESPONSE_FORMATS
 BODIES = st.fixed_dictionaries(
     {"model": st.just(MODEL),
      "prompt": st.just([5, 6]) | FIELDS["prompt"]},
@@ -121,15 +140,21 @@ def test_no_request_gets_a_500_or_a_hang(server, body):
     assert error["type"] == "invalid_request_error" and error["message"]
 
 
+PARTS = st.lists(st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url"]) | JSON},
+    optional={"text": st.text(max_size=6) | JSON}), max_size=2)
 MESSAGES = st.lists(st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "system", "assistant", "tool"]) | JSON,
-     "content": st.text(max_size=12) | JSON}), max_size=3) | JSON
+    {"role": st.sampled_from(["user", "system", "developer", "assistant",
+                              "tool"]) | JSON,
+     "content": st.text(max_size=12) | PARTS | JSON}), max_size=3) | JSON
 CHATS = st.fixed_dictionaries(
     {"model": st.just(MODEL), "messages": MESSAGES},
     optional={"max_completion_tokens": NUMBERS | JSON,
               "logprobs": st.booleans() | JSON,
               "top_logprobs": NUMBERS | JSON, "temperature": NUMBERS | JSON,
-              "top_k": NUMBERS | JSON})
+              "top_k": NUMBERS | JSON,
+              "presence_penalty": NUMBERS | JSON,
+              "response_format": RESPONSE_FORMATS | JSON})
 
 
 @settings(max_examples=25, deadline=None,

@@ -8,6 +8,8 @@ from flash_dllm_jax.serve.engine import CycleOut
 from flash_dllm_jax.serve.events import Request
 from flash_dllm_jax.serve.plan import schedule, update
 from flash_dllm_jax.serve.text import AnswerText
+from flash_dllm_jax.tokenizer import Tokenizer
+from tests.paths import TINY_CHECKPOINT
 
 CONFIG = ModelConfig.tiny("llada")
 MASK, EOS = CONFIG.mask_token_id, CONFIG.stop_token_ids[0]
@@ -62,3 +64,37 @@ def test_update_streams_final_prefixes_and_finishes_answers():
   assert step.finished == (r1, r2) and set(step.running) == {0}
   assert step.release == {1, 2}  # complete before their loops stopped
   assert all(r.first_token_at == 1.0 for r in (r0, r1, r2))
+
+
+def test_a_stop_string_cuts_text_ids_and_logprobs_alike_streamed_or_not():
+  """vLLM's cut: the text ends before the stop string, the ids with the
+  token that completed it; streamed ids never run past the text sent."""
+  tok = Tokenizer.from_dir(TINY_CHECKPOINT)
+  ids = tok.encode("the answer is Liam and then some more words follow")
+  cut = next(k for k in range(len(ids) + 1) if "Liam" in tok.decode(ids[:k]))
+  gen = np.array(ids + [EOS] * 4, np.int32)
+  whole = AnswerText(tok, CONFIG, 64, ["Liam"]).update(gen, True)
+  assert whole.done and whole.reason == "stop"
+  assert whole.delta == tok.decode(ids).split("Liam")[0]
+  assert whole.token_ids == ids[:cut] and cut < len(ids)
+  # the same answer committed left to right, a token per update
+  answer, sent, text = AnswerText(tok, CONFIG, 64, ["Liam"]), [], ""
+  for k in range(len(gen) + 1):
+    partial = np.where(np.arange(len(gen)) < k, gen, MASK).astype(np.int32)
+    p = answer.update(partial, k == len(gen))
+    sent += p.new_ids
+    text += p.delta
+    if p.done:
+      break
+    assert text.startswith(tok.decode(sent))  # ids never run ahead
+  assert p.done and sent == ids[:cut] and text == whole.delta
+  # through plan.update: usage and logprobs end where the ids do
+  r = Request(ids=[1, 2], key=0, seed=0, emit=None,
+              answer=AnswerText(tok, CONFIG, 64, ["Liam"]))
+  plan = schedule([r], {}, set(), lambda _: [0], now=0.0)
+  lp = -np.arange(1, len(gen) + 1, dtype=np.float32)[None] / 10
+  out = CycleOut(gen[None], np.array([True]), np.array([3]), np.array([3]),
+                 3, lp)
+  (_, ev), = update(plan, out, now=1.0).events
+  assert ev.usage["completion_tokens"] == cut == len(ev.token_ids)
+  assert ev.logprobs == [float(x) for x in lp[0, :cut]]

@@ -154,3 +154,6 @@ def test_repeated_failures_stop_the_server(served):
   health = httpx.get(url + "/health")
   assert health.status_code == 503 and health.json()["status"] == "failed"
   assert ask(url, 0) == (503, "engine_error")
+  # a response_format request, decoded outside the slot pool, too
+  assert ask(url, 0, extra_body={"response_format": {
+      "type": "json_object"}}) == (503, "engine_error")

@@ -1,12 +1,13 @@
 """FastAPI routes: /v1/completions, /v1/chat/completions (JSON or SSE),
-/v1/models, /health and /metrics."""
+/v1/models (and /v1/models/{id}), /tokenize, /detokenize, /version,
+/health and /metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
-import time
+import logging
+import threading
 from typing import Callable
 
 from fastapi import FastAPI, Request as HttpRequest
@@ -14,42 +15,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from flash_dllm_jax.serve import protocol as P
+from flash_dllm_jax.serve import answers, protocol as P, tokens
 from flash_dllm_jax.serve.body import parse_body
 from flash_dllm_jax.serve.cli import MAX_BODY_BYTES
-from flash_dllm_jax.serve.errors import (BadRequest, error_response as _error,
-                                         sse_error)
+from flash_dllm_jax.serve.errors import BadRequest, error_response as _error
 from flash_dllm_jax.serve.scheduler import (Draining, EngineFailed, Event,
                                             QueueFull)
 from flash_dllm_jax.serve.security import ApiKey, BodyLimit, ShutdownAnswers
 from flash_dllm_jax.serve.service import Service
 
-_FAILED = {"deadline": (504, "the request's deadline passed", "timeout"),
-           "shutdown": (503, "the server shut down before answering",
-                        "server_shutdown"),
-           "error": (500, "the decoding engine failed", "engine_error")}
-# Seconds past a request's deadline before its handler answers 504 itself:
-# the engine thread fails expired requests, and this backstop holds even
-# when that thread is stuck in a device call.
-DEADLINE_GRACE_S = 2.0
-
-
-async def _next_event(events: asyncio.Queue, deadline: float | None,
-                      poll: float | None = None):
-  """The next (index, Event); a 'deadline' Event for index -1 once the
-  deadline plus DEADLINE_GRACE_S passed; None after `poll` seconds."""
-  wait = None if deadline is None else \
-      deadline + DEADLINE_GRACE_S - time.monotonic()
-  if poll is not None:
-    wait = poll if wait is None else min(wait, poll)
-  try:
-    return await asyncio.wait_for(events.get(), max(wait, 0.0)) \
-        if wait is not None else await events.get()
-  except asyncio.TimeoutError:
-    if deadline is not None and time.monotonic() >= \
-        deadline + DEADLINE_GRACE_S:
-      return -1, Event("", True, "deadline")
-    return None
+log = logging.getLogger("flash_dllm_jax.serve")
 
 
 def build_app(get_service: Callable[[], Service | None], model_name: str,
@@ -99,11 +74,50 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
       return err
     return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+  def model_card() -> dict:
+    service = get_service()
+    card = {"id": model_name, "object": "model", "created": 0,
+            "owned_by": "flash-dllm-jax", "root": model_name}
+    if service is not None:
+      card["max_model_len"] = service.max_model_len
+    return card
+
   @app.get("/v1/models")
   async def models():
-    return {"object": "list", "data": [{"id": model_name, "object": "model",
-                                        "created": 0,
-                                        "owned_by": "flash-dllm-jax"}]}
+    return {"object": "list", "data": [model_card()]}
+
+  @app.get("/v1/models/{model_id:path}")
+  async def model(model_id: str):
+    if model_id != model_name:
+      return _error(404, f"model {model_id!r} does not exist; this server "
+                    f"serves {model_name!r}", "model", "model_not_found")
+    return model_card()
+
+  @app.get("/version")
+  async def version():
+    return {"version": tokens.version()}
+
+  @app.post("/tokenize")
+  async def tokenize(http: HttpRequest):
+    service, err = service_or_503()
+    if err:
+      return err
+    try:
+      req = parse_body(await http.body(), tokens.TokenizeRequest)
+      return await asyncio.to_thread(tokens.tokenize, service, req)
+    except BadRequest as e:
+      return _error(e.status, e.message, e.param, e.code)
+
+  @app.post("/detokenize")
+  async def detokenize(http: HttpRequest):
+    service, err = service_or_503()
+    if err:
+      return err
+    try:
+      req = parse_body(await http.body(), tokens.DetokenizeRequest)
+      return tokens.detokenize(service, req)
+    except BadRequest as e:
+      return _error(e.status, e.message, e.param, e.code)
 
   async def handle(model, http: HttpRequest, chat: bool):
     service, err = service_or_503()
@@ -117,7 +131,12 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
       # tokenizing and templating take seconds for a long prompt: off the
       # event loop, so that other clients are served meanwhile
       request = await asyncio.to_thread(service.prepare, req, emit)
-      service.scheduler.submit(request)
+      if request[0].grammar is not None:  # decoded alone (structured.py)
+        service.scheduler.check_open()
+        threading.Thread(target=_structured, args=(service, request),
+                         daemon=True).start()
+      else:
+        service.scheduler.submit(request)
     except BadRequest as e:
       service.metrics.requests.labels("invalid").inc()
       return _error(e.status, e.message, e.param, e.code)
@@ -139,10 +158,10 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
       include_usage = (req.stream_options is None
                        or req.stream_options.include_usage)
       return StreamingResponse(
-          _stream(service, request, events, rid, model_name, chat, decoding,
+          answers.stream(service, request, events, rid, model_name, chat, decoding,
                   include_usage),
           media_type="text/event-stream")
-    return await _whole(service, request, events, http, rid, model_name,
+    return await answers.whole(service, request, events, http, rid, model_name,
                         chat, decoding)
 
   # The bodies are parsed by parse_body, stricter than FastAPI's parsing.
@@ -157,103 +176,14 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
   return app
 
 
-def _usage(events: list[Event]) -> dict:
-  """The choices' usage: the prompt once, the rest summed."""
-  usage = dict(events[0].usage)
-  for ev in events[1:]:
-    for k in ("completion_tokens", "total_tokens", "decode_steps",
-              "forward_passes"):
-      usage[k] += ev.usage[k]
-  usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-  return usage
-
-
-async def _whole(service, request, events, http, rid, model, chat, decoding):
-  text = [[] for _ in request]
-  last: dict[int, Event] = {}
-  try:
-    while len(last) < len(request):
-      got = await _next_event(events, request[0].deadline, 0.5)
-      if got is None:
-        if await http.is_disconnected():
-          service.scheduler.cancel(request)
-          return Response(status_code=499)
-        continue
-      i, ev = got
-      if i < 0:
-        i = next(j for j in range(len(request)) if j not in last)
-      text[i].append(ev.delta)
-      if ev.done:
-        last[i] = ev
-        if ev.reason in _FAILED:
-          service.scheduler.cancel(request)  # the other choices
-          status, message, code = _FAILED[ev.reason]
-          return _error(status, message, None, code)
-  except asyncio.CancelledError:
-    service.scheduler.cancel(request)
-    raise
-  done = [last[i] for i in range(len(request))]
-  choices = [{"index": i, "text": "".join(text[i]),
-              "finish_reason": ev.reason, "token_ids": ev.token_ids,
-              "logprobs": _logprobs(service, request[0], chat, ev.token_ids,
-                                    ev.logprobs)}
-             for i, ev in enumerate(done)]
-  body = P.chat_body if chat else P.completion_body
-  return body(rid, model, choices, _usage(done), decoding)
-
-
-def _logprobs(service, request, chat, ids, logprobs, offset=0):
-  """A choice's `logprobs` field (None unless asked for)."""
-  if not request.logprobs or logprobs is None:
-    return None
-  tokens = service.token_strings(ids)
-  return (P.chat_logprobs(tokens, list(logprobs)) if chat else
-          P.completion_logprobs(tokens, list(logprobs), offset))
-
-
-def _sse(obj) -> str:
-  return f"data: {json.dumps(obj)}\n\n"
-
-
-async def _stream(service, request, events, rid, model, chat, decoding,
-                  include_usage):
-  chunk = ((lambda t, r=None, ids=(), i=0, lp=None: P.chat_chunk(
-      rid, model, {"content": t}, r, ids, i, lp)) if chat else
-           (lambda t, r=None, ids=(), i=0, lp=None: P.completion_chunk(
-               rid, model, t, r, ids, i, lp)))
-  offsets = [0] * len(request)  # text_offset of each choice's next token
-  last: dict[int, Event] = {}
-  failed = None
-  try:
-    if chat:
-      for i in range(len(request)):
-        yield _sse(P.chat_chunk(rid, model, {"role": "assistant",
-                                             "content": ""}, index=i))
-    while len(last) < len(request):
-      i, ev = await _next_event(events, request[0].deadline)
-      if ev.reason in _FAILED:
-        failed = ev
-        last[i] = ev
-        break
-      if ev.delta or ev.new_ids:
-        lp = _logprobs(service, request[0], chat, ev.new_ids,
-                       ev.new_logprobs, offsets[i])
-        if lp is not None and not chat:
-          offsets[i] += sum(len(t) for t in lp["tokens"])
-        yield _sse(chunk(ev.delta, None, ev.new_ids, i, lp))
-      if ev.done:
-        last[i] = ev
-        yield _sse(chunk("", ev.reason, (), i))
-    if failed is not None:
-      service.scheduler.cancel(request)  # the other choices
-      status, message, code = _FAILED[failed.reason]
-      yield sse_error(message, code)
-    elif include_usage:
-      obj = "chat.completion.chunk" if chat else "text_completion"
-      yield _sse(P.usage_chunk(rid, model, obj,
-                               _usage([last[i] for i in range(len(request))]),
-                               decoding))
-    yield "data: [DONE]\n\n"
-  finally:
-    if len(last) < len(request) and failed is None:
-      service.scheduler.cancel(request)  # the client went away
+def _structured(service, request) -> None:
+  """Decodes a response_format request's choices one after another."""
+  for r in request:
+    temperature = 0.0 if r.sampling is None else r.sampling.temperature
+    try:
+      outcome = service.structured(r.key).run(r, r.grammar, temperature)
+    except Exception:  # noqa: BLE001 - the choice was answered 500
+      log.exception("structured decoding failed")
+      service.metrics.requests.labels("error").inc()
+      return
+    service.metrics.requests.labels(outcome).inc()

@@ -28,14 +28,27 @@ _SHUTDOWN_GRACE = 10.0
 MAX_BODY_BYTES = 4 << 20  # --max-body-bytes' default
 
 
+class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
+  """Each flag's help ends with its default, where it has a value (None:
+  the strategy's or checkpoint's own)."""
+
+  def _get_help_string(self, action):
+    if action.default in (None, False, []) or action.help is None:
+      return action.help
+    return super()._get_help_string(action)
+
+
 def add_parser(sub) -> None:
   """Registers the `serve` subcommand on an argparse subparsers object."""
   from flash_dllm_jax.cli import add_checkpoint_flag, add_compile_cache_flags
-  ap = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API")
+  ap = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API",
+                      formatter_class=_ShowDefaults)
   ap.set_defaults(main=main)
   add_checkpoint_flag(ap)
-  ap.add_argument("--strategy", default="flash-dllm", choices=sorted(STRATEGIES),
-                  help="decoding strategy (default: %(default)s)")
+  ap.add_argument("--strategy", default=None, choices=sorted(STRATEGIES),
+                  help="decoding strategy (default: flash-dllm where it "
+                       "decodes the checkpoint's family, else the family's "
+                       "own, as generate picks it)")
   # -- memory plan (serve/memory_plan.py) --
   ap.add_argument("--batch-size", type=int, default=None,
                   help="device slots, shared by every prompt length "
@@ -62,8 +75,8 @@ def add_parser(sub) -> None:
                        "directory's name)")
   ap.add_argument("--dtype", choices=["bfloat16", "float32"], default=None)
   quantize.add_flags(ap)
-  ap.add_argument("--host", default="127.0.0.1")
-  ap.add_argument("--port", type=int, default=8000)
+  ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
+  ap.add_argument("--port", type=int, default=8000, help="port to listen on")
   ap.add_argument("--variant", action="append", default=[],
                   metavar="KEY=VALUE[,KEY=VALUE...]",
                   help="a further sampler variant, compiled at start: the "
@@ -88,6 +101,16 @@ def add_parser(sub) -> None:
                        "headers before it is closed (default: %(default)s)")
   add_compile_cache_flags(ap)
   add_option_flags(ap, "sampler options")
+
+
+def default_strategy(arch: str) -> str:
+  """flash-dllm (continuous batching) where it decodes `arch`, else the
+  family's own strategy (what `generate` picks)."""
+  from flash_dllm_jax import architectures
+  from flash_dllm_jax.strategies import decodes
+  if decodes(STRATEGIES["flash-dllm"], arch):
+    return "flash-dllm"
+  return architectures.get(arch).default_strategy
 
 
 def parse_variant(spec: str, index: int) -> dict:
@@ -175,8 +198,9 @@ def main(args: argparse.Namespace) -> int:
                                      quantize_head=args.quantize_head,
                                      quantize_embedding=(
                                          args.quantize_embedding))
-    sampler = build_sampler(args.strategy, config.arch, options)
-    variants = [build_sampler(args.strategy, config.arch,
+    strategy = args.strategy or default_strategy(config.arch)
+    sampler = build_sampler(strategy, config.arch, options)
+    variants = [build_sampler(strategy, config.arch,
                               {**options, **parse_variant(v, i + 1)})
                 for i, v in enumerate(args.variant)]
     for i, v in enumerate(variants):
@@ -210,7 +234,7 @@ def main(args: argparse.Namespace) -> int:
         tail=max(tail_length(s) for s in (sampler, *variants)),
         data_devices=1 if mesh is None else parallel.data_size(mesh))
     # -- end memory plan --
-    settings = Settings(model_name=name, strategy=args.strategy,
+    settings = Settings(model_name=name, strategy=strategy,
                         slots=slot_plan.slots,
                         max_prompt_tokens=slot_plan.max_prompt_tokens,
                         steps_per_call=args.steps_per_call,
@@ -225,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
     return 1
   log.info("settings: checkpoint=%s model=%s arch=%s strategy=%s sampler=%r "
            "variants=%r mesh=%s %s", checkpoint, name, config.arch,
-           args.strategy, sampler, variants, args.mesh, settings)
+           strategy, sampler, variants, args.mesh, settings)
   if api_key is None and not is_loopback(args.host):
     log.warning("listening on %s without an API key: anyone who reaches it "
                 "can use it (set --api-key or $%s)", args.host, API_KEY_ENV)

@@ -38,7 +38,11 @@ class Request:
   None; emit: called (from the engine thread) with each Event; decoding: the
   settings reported with the answer; sampling: its row's
   row_sampling.Sampling (None: greedy); index: the choice's index among its
-  HTTP request's n; logprobs: the client asked for them."""
+  HTTP request's n; logprobs: the client asked for them; echo: the
+  prompt's text to send before the answer (None: no echo);
+  prompt_logprobs: (log-probs, alternatives) of the prompt's tokens
+  (serve/prompt_logprobs.py), for echo with logprobs; top_logprobs: the
+  alternatives asked per position."""
 
   ids: list[int]
   key: object
@@ -55,3 +59,7 @@ class Request:
   cancelled: bool = False
   first_token_at: float | None = None
   finished: bool = False
+  echo: str | None = None
+  prompt_logprobs: tuple | None = None
+  top_logprobs: int = 0  # alternatives asked per position
+  grammar: str | None = None  # response_format's (serve/structured.py)

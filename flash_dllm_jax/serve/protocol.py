@@ -30,6 +30,12 @@ k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
     does not run is a 400.
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
+
+Fields OpenAI and vLLM clients send by default are taken with vLLM's
+meaning where the sampler can give it (serve/openai_fields.py says which
+and how): no `seed` draws a fresh one per request, reported as
+`decoding.seed` (choice j of a prompt decoded with seed + j), so sending
+it back reproduces the answer.
 """
 
 from __future__ import annotations
@@ -53,6 +59,14 @@ class StreamOptions(BaseModel):
   include_usage: bool = True
 
 
+class ResponseFormat(BaseModel):
+  """OpenAI's response_format: text, json_object, or json_schema with
+  {name, schema, strict, description} (serve/structured.py)."""
+  model_config = STRICT
+  type: Literal["text", "json_object", "json_schema"]
+  json_schema: dict[str, Any] | None = None
+
+
 class _Common(BaseModel):
   model_config = STRICT
   model: str
@@ -69,6 +83,11 @@ class _Common(BaseModel):
   user: str | None = None
   decoding: dict[str, Any] | None = None
   timeout: float | None = Field(None, gt=0, le=3600)
+  presence_penalty: float | None = Field(None, ge=-2, le=2)
+  frequency_penalty: float | None = Field(None, ge=-2, le=2)
+  repetition_penalty: float | None = Field(None, gt=0)  # vLLM's; 1: off
+  metadata: dict[str, str] | None = None
+  response_format: ResponseFormat | None = None
 
   def stop_list(self) -> list[str]:
     if self.stop is None:
@@ -80,13 +99,23 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
   prompt: str | list[int] | list[str] | list[list[int]]
   echo: bool = False
-  logprobs: int | None = Field(None, ge=0, le=5)
+  logprobs: int | None = Field(None, ge=0, le=20)
+  best_of: int | None = Field(None, ge=1, le=MAX_N)
+  suffix: str | None = None
+
+
+class ContentPart(BaseModel):
+  """A part of a message's content: {"type": "text", "text": ...}; other
+  types (image_url, input_audio, ...) parse, and the server refuses them."""
+  model_config = ConfigDict(extra="allow", strict=True)
+  type: str
+  text: str | None = None
 
 
 class ChatMessage(BaseModel):
   model_config = STRICT
-  role: Literal["system", "user", "assistant"]
-  content: str
+  role: Literal["system", "developer", "user", "assistant"]
+  content: str | list[ContentPart]
   name: str | None = None
 
 
@@ -108,15 +137,17 @@ def new_id(prefix: str) -> str:
   return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def completion_logprobs(tokens: list[str], logprobs: list[float],
-                        offset: int = 0) -> dict:
+def completion_logprobs(tokens: list[str], logprobs: list, offset: int = 0,
+                        top: list | None = None) -> dict:
   """A completion choice's `logprobs`: each token's own log-probability
-  (no alternatives); text_offset counts from `offset`."""
+  (None for an echoed prompt's first token); top: each position's
+  {token: log-prob} alternatives (None: not asked for); text_offset counts
+  from `offset`."""
   offsets, at = [], offset
   for t in tokens:
     offsets.append(at)
     at += len(t)
-  return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None,
+  return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top,
           "text_offset": offsets}
 
 

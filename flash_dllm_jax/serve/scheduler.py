@@ -86,17 +86,22 @@ class Scheduler:
     none of them."""
     group = request if isinstance(request, list) else [request]
     with self._cond:
-      if self.state == "failed":
-        raise EngineFailed("the decoding engine failed; the server is "
-                           "stopping")
-      if self._draining:
-        raise Draining("the server is shutting down")
+      self.check_open()
       if self.queue_length() + len(group) > self.max_queue:
         raise QueueFull(f"{self.max_queue} requests are already waiting")
       for r in group:
         self._pending[r.key].append(r)
       self.metrics.queue_length.set(self.queue_length())
       self._cond.notify()
+
+  def check_open(self) -> None:
+    """EngineFailed or Draining where nothing new is admitted (requests
+    decoded outside the slot pool ask it too)."""
+    if self.state == "failed":
+      raise EngineFailed("the decoding engine failed; the server is "
+                         "stopping")
+    if self._draining:
+      raise Draining("the server is shutting down")
 
   def cancel(self, request: Request | list[Request]) -> None:
     """The client is gone: the request's slot (a list: each one's) frees at

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import secrets
 import time
 
 from flash_dllm_jax.config import ModelConfig
@@ -13,13 +14,14 @@ from flash_dllm_jax.prompts import PROMPT_BUCKET, padded_length
 from flash_dllm_jax.ops import Kernels, choice
 from flash_dllm_jax.serve.engine import SlotEngine
 from flash_dllm_jax.serve.errors import BadRequest
+from flash_dllm_jax.serve import openai_fields, structured, variant_choice
 from flash_dllm_jax.serve.metrics import Metrics
+from flash_dllm_jax.serve.prompt_logprobs import MAX_TOP, prompt_logprobs
 from flash_dllm_jax.serve.protocol import ChatRequest, CompletionRequest
 from flash_dllm_jax.serve.scheduler import Request, Scheduler
 from flash_dllm_jax.sampling import row_options
-from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.serve.text import AnswerText
-from flash_dllm_jax.strategies import option_type_error, sampler_options
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -76,12 +78,6 @@ def check_pool(settings: Settings, sampler, config: ModelConfig) -> None:
   sampler.check_prompt(p, config.max_seq_len)
 
 
-# Request fields that pick a variant besides `decoding`, where the sampler
-# does not take them per row (`row_fields`; LLaDA's top_p / top_k): (field,
-# the value a sampler without the option decodes with).
-_TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0), ("top_k", None))
-
-
 class Service:
   """Compiles one SlotEngine per variant (one slot pool for every prompt
   length), then runs the scheduler.
@@ -96,6 +92,8 @@ class Service:
   def __init__(self, params, config: ModelConfig, tokenizer, sampler,
                settings: Settings, variants=(), mesh=None, on_fatal=None):
     self.config, self.tokenizer = config, tokenizer
+    self.params = params  # for prompt log-probabilities (echo)
+    self._structured = {}  # variant -> structured.Structured
     self.samplers = (sampler, *variants)
     self.sampler = sampler
     self.settings, self.metrics = settings, Metrics()
@@ -137,24 +135,29 @@ class Service:
     return self.tokenizer.backend.encode_batch(
         [text], add_special_tokens=False)[0].ids
 
-  def _prompt_ids(self, req) -> list[int]:
+  @property
+  def max_model_len(self) -> int:
+    """The longest prompt plus the longest answer a request can get."""
+    return self.settings.max_prompt_tokens + max(v.gen_length
+                                                 for v in self.samplers)
+
+  def _prompt_ids(self, req) -> list[list[int]]:
+    """Each prompt's ids (a chat request: one)."""
     if isinstance(req, ChatRequest):
-      if self.tokenizer is None:
-        raise BadRequest("this checkpoint has no tokenizer", "messages")
-      messages = [m.model_dump(exclude_none=True) for m in req.messages]
-      try:
-        text = self.tokenizer.apply_chat_template(messages,
-                                                  add_generation_prompt=True)
-      except ValueError as e:
-        raise BadRequest(str(e), "messages") from None
-      return self._encode(text)
-    prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0],
-                                                          (str, list)):
-      if len(prompt) != 1:
-        raise BadRequest(f"one prompt per request, got {len(prompt)}",
-                         "prompt")
-      prompt = prompt[0]
+      return [self._chat_ids(req)]
+    return [self._completion_ids(p) for p in openai_fields.prompts(req)]
+
+  def _chat_ids(self, req) -> list[int]:
+    if self.tokenizer is None:
+      raise BadRequest("this checkpoint has no tokenizer", "messages")
+    try:
+      text = self.tokenizer.apply_chat_template(openai_fields.messages(req),
+                                                add_generation_prompt=True)
+    except ValueError as e:
+      raise BadRequest(str(e), "messages") from None
+    return self._encode(text)
+
+  def _completion_ids(self, prompt) -> list[int]:
     if isinstance(prompt, str):
       if self.tokenizer is None:
         raise BadRequest("text prompts need a tokenizer; send token ids",
@@ -162,80 +165,10 @@ class Service:
       return self._encode(prompt)
     return list(prompt)
 
-  @staticmethod
-  def _same(a, b) -> bool:
-    if isinstance(a, float) or isinstance(b, float):
-      return (a is not None and b is not None and not isinstance(a, str)
-              and not isinstance(b, str)
-              and math.isclose(float(a), float(b), abs_tol=1e-9))
-    return a == b
-
   @property
   def row_data(self) -> bool:
     """The sampler takes row data (`row_fields`; else sampler options)."""
     return row_options.takes_rows(self.sampler)
-
-  def _variant(self, req) -> int:
-    """The index of the declared variant whose options equal every option
-    the request states (the first such), or BadRequest naming the field."""
-    top_k = None if req.top_k is None or req.top_k <= 0 else req.top_k
-    rows = row_fields(self.sampler)
-    stated = [
-        (name, top_k if name == "top_k" else getattr(req, name), name, absent)
-        for name, absent in _TOP_LEVEL if getattr(req, name) is not None
-        and (name != "top_k" or top_k is not None) and name not in rows]
-    names = dataclasses.asdict(self.sampler)
-    types = sampler_options(type(self.sampler))  # the CLI flags' types
-    for name, value in (req.decoding or {}).items():
-      if name not in names:
-        raise BadRequest(f"unknown decoding option {name!r}; the sampler "
-                         f"takes {sorted(names)}", f"decoding.{name}")
-      if value is not None and (why := option_type_error(
-          value, types[name][0])):
-        raise BadRequest(f"decoding.{name} {why}", f"decoding.{name}")
-      if name in rows and name not in row_options.ROW_OPTIONS:
-        raise BadRequest(f"{name} is a per-request setting: send it as the "
-                         f"request's {name} field", f"decoding.{name}")
-      if name in rows:
-        continue  # the row's own (see `_row_options`)
-      stated.append((name, value, f"decoding.{name}", None))
-    left = list(range(len(self.samplers)))
-    for name, value, param, absent in stated:
-      match = [i for i in left if self._same(
-          getattr(self.samplers[i], name, absent), value)]
-      if not match:
-        allowed = sorted({repr(getattr(self.samplers[i], name, absent))
-                          for i in left})
-        raise BadRequest(
-            f"no variant declared at start decodes with {name}={value!r} "
-            f"(strategy {self.settings.strategy!r}, with the options stated "
-            f"before it); allowed: {', '.join(allowed)}", param)
-      left = match
-    return left[0]
-
-  def _row_options(self, req, sampler) -> dict[str, float]:
-    """The stated decoding options that are the row's own data
-    (row_options.py: threshold, factor, gamma), or BadRequest naming the
-    field where the variant has no such rule or refuses the value."""
-    out = {}
-    for name in row_options.options(sampler):
-      value = (req.decoding or {}).get(name)
-      if value is None:
-        continue
-      param = f"decoding.{name}"
-      if isinstance(value, bool) or not isinstance(value, (int, float)) \
-          or not math.isfinite(value):
-        raise BadRequest(f"{param} must be a finite number, got {value!r}",
-                         param)
-      if why := row_options.value_error(sampler, name, float(value)):
-        raise BadRequest(f"{param}: {why}", param)
-      try:
-        Sampling(**{name: float(value)})
-      except ValueError as e:
-        raise BadRequest(f"{param}: {str(e).split(': ', 1)[-1]}",
-                         param) from None
-      out[name] = float(value)
-    return out
 
   def _logprobs(self, req) -> bool:
     """Whether `req` asks for log-probabilities; BadRequest for what the
@@ -245,9 +178,12 @@ class Service:
     else:
       want, top, param = req.logprobs is not None, req.logprobs or 0, \
           "logprobs"
-    if top:
-      raise BadRequest(f"{param} {top}: only each chosen token's own "
-                       "log-probability is available (ask for 0)", param)
+    if top and not getattr(req, "echo", False):
+      raise BadRequest(f"{param} {top}: alternatives are given for the "
+                       "prompt's tokens (echo) only; a generated token "
+                       "has its own log-probability (ask for 0)", param)
+    if top > MAX_TOP:
+      raise BadRequest(f"{param} {top}: at most {MAX_TOP}", param)
     if want and not self.row_data:
       raise BadRequest(f"strategy {self.settings.strategy!r} does not report "
                        "log-probabilities", "logprobs")
@@ -272,27 +208,22 @@ class Service:
       raise BadRequest(f"model {req.model!r} does not exist; this server "
                        f"serves {self.settings.model_name!r}", "model", 404,
                        "model_not_found")
-    if isinstance(req, CompletionRequest) and req.echo:
-      raise BadRequest("echo is not supported", "echo")
-    ids = self._prompt_ids(req)
-    field = "messages" if isinstance(req, ChatRequest) else "prompt"
-    if not ids:
-      raise BadRequest("the prompt is empty", field)
-    if len(ids) > self.settings.max_prompt_tokens:
-      raise BadRequest(f"the prompt has {len(ids)} tokens; this server takes "
-                       f"at most {self.settings.max_prompt_tokens}", field)
-    for i, t in enumerate(ids):
-      if not 0 <= t < self.config.vocab_size:
-        raise BadRequest(f"token id {t} at {field}[{i}] is outside "
-                         f"[0, {self.config.vocab_size})", field)
-    if self.config.mask_token_id in ids:
-      raise BadRequest(f"the prompt contains the mask token (id "
-                       f"{self.config.mask_token_id}) at position "
-                       f"{ids.index(self.config.mask_token_id)}", field)
+    openai_fields.check(req, self.config.arch)
+    every = self._prompt_ids(req)
+    many = len(every) > 1
+    if not every:
+      raise BadRequest("the prompt list is empty", "prompt")
+    if len(every) * req.n > self.settings.max_queue:
+      raise BadRequest(f"{len(every)} prompts of {req.n} choices each "
+                       f"exceed the server's queue of "
+                       f"{self.settings.max_queue}", "prompt")
+    for p, ids in enumerate(every):
+      self._check_ids(req, ids, f"prompt.{p}" if many else None)
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
       max_tokens = req.max_completion_tokens
-    variant = self._variant(req)
+    variant = variant_choice.pick(req, self.samplers,
+                                  self.settings.strategy)
     sampler = self.samplers[variant]
     if max_tokens is not None and max_tokens > sampler.gen_length:
       raise BadRequest(f"max_tokens {max_tokens} exceeds the gen_length "
@@ -311,15 +242,74 @@ class Service:
           top_p=float(own.top_p if req.top_p is None else req.top_p),
           top_k=own.top_k if req.top_k is None else  # k >= V: all
           min(max(0, req.top_k), self.config.vocab_size),
-          **self._row_options(req, sampler))
+          **variant_choice.row_values(req, sampler))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
-    seed = req.seed or 0
-    return [Request(ids=ids, key=variant, seed=(seed + i) % 2**32,
-                    answer=AnswerText(self.tokenizer, self.config,
-                                      max_tokens or sampler.gen_length,
-                                      stops),
-                    emit=lambda ev, i=i: emit(i, ev), deadline=deadline,
-                    decoding=self.decodings[variant], sampling=sampling,
-                    index=i, logprobs=want_logprobs)
-            for i in range(req.n)]
+    grammar = structured.grammar(req.response_format)
+    if grammar is not None:
+      if req.stream:
+        raise BadRequest("response_format with stream is not supported",
+                         "stream")
+      if want_logprobs:
+        raise BadRequest("logprobs with response_format are not supported "
+                         "(the grammar's forced tokens have none)",
+                         "logprobs")
+      self.structured(variant).check(grammar)
+    # no seed: a fresh one, reported in `decoding.seed` (protocol.py)
+    seed = secrets.randbits(32) if req.seed is None else req.seed
+    echo = isinstance(req, CompletionRequest) and req.echo
+    out = []
+    for p, ids in enumerate(every):
+      shown = (self.tokenizer.decode(ids) if self.tokenizer is not None
+               else "") if echo else None
+      scored = self._prompt_logprobs(ids, sampler) if echo and \
+          want_logprobs else None
+      for j in range(req.n):
+        i = p * req.n + j
+        out.append(Request(
+            ids=ids, key=variant, seed=(seed + j) % 2**32,
+            answer=AnswerText(self.tokenizer, self.config,
+                              max_tokens or sampler.gen_length, stops),
+            emit=lambda ev, i=i: emit(i, ev), deadline=deadline,
+            decoding=self.decodings[variant], sampling=sampling,
+            index=i, logprobs=want_logprobs, echo=shown,
+            prompt_logprobs=scored, grammar=grammar, top_logprobs=(
+                req.logprobs or 0) if echo else 0))
+    return out
+
+  def structured(self, variant: int) -> structured.Structured:
+    """The grammar-constrained decoder of a variant's canvas."""
+    if variant not in self._structured:
+      sampler = self.samplers[variant]
+      self._structured[variant] = structured.Structured(
+          self.params, self.config, self.tokenizer, sampler.gen_length,
+          self._blocks(sampler))
+    return self._structured[variant]
+
+  def _blocks(self, sampler) -> int | None:
+    return (getattr(sampler, "block_length", None)
+            if self.config.spec.attention.mask == "block_causal" else None)
+
+  def _prompt_logprobs(self, ids, sampler):
+    """prompt_logprobs.prompt_logprobs of `ids` (block-causal families:
+    in the sampler's blocks)."""
+    return prompt_logprobs(self.params, self.config, ids,
+                           self._blocks(sampler))
+
+  def _check_ids(self, req, ids, where: str | None) -> None:
+    """BadRequest unless `ids` is a prompt the slots take."""
+    field = where or ("messages" if isinstance(req, ChatRequest)
+                      else "prompt")
+    if not ids:
+      raise BadRequest("the prompt is empty", field)
+    if len(ids) > self.settings.max_prompt_tokens:
+      raise BadRequest(f"the prompt has {len(ids)} tokens; this server takes "
+                       f"at most {self.settings.max_prompt_tokens}", field)
+    for i, t in enumerate(ids):
+      if not 0 <= t < self.config.vocab_size:
+        raise BadRequest(f"token id {t} at {field}[{i}] is outside "
+                         f"[0, {self.config.vocab_size})", field)
+    if self.config.mask_token_id in ids:
+      raise BadRequest(f"the prompt contains the mask token (id "
+                       f"{self.config.mask_token_id}) at position "
+                       f"{ids.index(self.config.mask_token_id)}", field)

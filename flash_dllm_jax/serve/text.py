@@ -5,6 +5,12 @@ never change a committed token, so the left-to-right prefix of committed
 tokens is final. Text is sent only from that prefix, minus what could still
 change: a trailing incomplete UTF-8 sequence (decoded as U+FFFD) and a tail
 that could be the start of a stop string.
+
+A stop string cuts the answer as vLLM cuts it: the text ends before the
+stop string; the ids (and with them the logprobs and
+usage.completion_tokens) end with the token that completed it. While
+streaming with stop strings, ids are sent only as far as the text sent
+covers them, so the streamed ids equal the whole answer's.
 """
 
 from __future__ import annotations
@@ -42,12 +48,42 @@ class AnswerText:
     self.ids_sent = 0
     self.revised = False  # set if final text did not extend what was sent
 
-  def _text(self, ids: list[int]) -> tuple[str, bool]:
-    text = self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+  def _decode(self, ids) -> str:
+    return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
+  def _stop_at(self, text: str) -> int | None:
     cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-    if cuts:
-      return text[:min(cuts)], True
-    return text, False
+    return min(cuts) if cuts else None
+
+  def _first(self, ids: list[int], covered) -> int:
+    """The least k in [0, len(ids)] with covered(decode(ids[:k])) (a
+    predicate that stays true once true), by bisection."""
+    lo, hi = 0, len(ids)
+    while lo < hi:
+      mid = (lo + hi) // 2
+      if covered(self._decode(ids[:mid])):
+        hi = mid
+      else:
+        lo = mid + 1
+    return lo
+
+  def _text(self, ids: list[int]) -> tuple[str, list[int], bool]:
+    """(text, ids, stopped): a stop string cuts the text before it and the
+    ids after the token that completed it."""
+    text = self._decode(ids)
+    cut = self._stop_at(text)
+    if cut is None:
+      return text, ids, False
+    k = self._first(ids, lambda t: self._stop_at(t) is not None)
+    return text[:cut], ids[:k], True
+
+  def _covered(self, ids: list[int], sent: str) -> int:
+    """How many of `ids` the text `sent` covers: all of them without stop
+    strings (only a stop string cuts ids), else the most whose text fits."""
+    longer = lambda t: len(t.rstrip("\ufffd")) > len(sent)
+    if not self.stop or not longer(self._decode(ids)):
+      return len(ids)
+    return self._first(ids, longer) - 1
 
   def update(self, gen_G: np.ndarray, row_done: bool) -> Progress:
     """gen_G: the slot's generation region now; row_done: its loop stopped."""
@@ -63,11 +99,12 @@ class AnswerText:
     if len(ids) > self.max_tokens or (len(ids) == self.max_tokens
                                       and not stop_token):
       ids, done, reason = ids[:self.max_tokens], True, "length"
-    new_ids, self.ids_sent = ids[self.ids_sent:], max(self.ids_sent, len(ids))
-    text, stopped = self._text(ids)
+    text, ids, stopped = self._text(ids)
     if stopped:
       done, reason = True, "stop"
     if done:
+      new_ids, self.ids_sent = ids[self.ids_sent:], max(self.ids_sent,
+                                                        len(ids))
       if not text.startswith(self.sent):
         self.revised = True
       delta = text[len(self.sent):] if text.startswith(self.sent) else ""
@@ -76,6 +113,13 @@ class AnswerText:
     hold = max((len(s) for s in self.stop), default=1) - 1
     safe = text[:len(text) - hold] if hold else text
     safe = safe.rstrip("\ufffd")
+    if len(safe) > len(self.sent) and safe.startswith(self.sent):
+      sent = safe
+    else:
+      sent = self.sent
+    final = self._covered(ids, sent)
+    new_ids = ids[self.ids_sent:final]
+    self.ids_sent = max(self.ids_sent, final)
     if len(safe) > len(self.sent) and safe.startswith(self.sent):
       delta, self.sent = safe[len(self.sent):], safe
       return Progress(delta, False, None, None, new_ids)

@@ -1,0 +1,193 @@
+"""A request's events, as the routes answer them: one JSON body (`whole`)
+or an SSE stream (`stream`), with the choices' logprobs (an echoed prompt's
+first), usage, and the failures (deadline, shutdown, engine error) as
+their HTTP status or stream error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from fastapi.responses import Response
+
+from flash_dllm_jax.serve import protocol as P
+from flash_dllm_jax.serve.errors import error_response as _error, sse_error
+from flash_dllm_jax.serve.scheduler import Event
+
+_FAILED = {"deadline": (504, "the request's deadline passed", "timeout"),
+           "shutdown": (503, "the server shut down before answering",
+                        "server_shutdown"),
+           "error": (500, "the decoding engine failed", "engine_error")}
+# Seconds past a request's deadline before its handler answers 504 itself:
+# the engine thread fails expired requests, and this backstop holds even
+# when that thread is stuck in a device call.
+DEADLINE_GRACE_S = 2.0
+
+
+async def _next_event(events: asyncio.Queue, deadline: float | None,
+                      poll: float | None = None):
+  """The next (index, Event); a 'deadline' Event for index -1 once the
+  deadline plus DEADLINE_GRACE_S passed; None after `poll` seconds."""
+  wait = None if deadline is None else \
+      deadline + DEADLINE_GRACE_S - time.monotonic()
+  if poll is not None:
+    wait = poll if wait is None else min(wait, poll)
+  try:
+    return await asyncio.wait_for(events.get(), max(wait, 0.0)) \
+        if wait is not None else await events.get()
+  except asyncio.TimeoutError:
+    if deadline is not None and time.monotonic() >= \
+        deadline + DEADLINE_GRACE_S:
+      return -1, Event("", True, "deadline")
+    return None
+
+
+def _usage(events: list[Event], request) -> dict:
+  """The choices' usage: each prompt once, the rest summed."""
+  usage = dict(events[0].usage)
+  for ev in events[1:]:
+    for k in ("completion_tokens", "total_tokens", "decode_steps",
+              "forward_passes"):
+      usage[k] += ev.usage[k]
+  usage["prompt_tokens"] = sum(len(ids) for ids in {
+      id(r.ids): r.ids for r in request}.values())
+  usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+  return usage
+
+
+async def whole(service, request, events, http, rid, model, chat, decoding):
+  text = [[] for _ in request]
+  last: dict[int, Event] = {}
+  try:
+    while len(last) < len(request):
+      got = await _next_event(events, request[0].deadline, 0.5)
+      if got is None:
+        if await http.is_disconnected():
+          service.scheduler.cancel(request)
+          return Response(status_code=499)
+        continue
+      i, ev = got
+      if i < 0:
+        i = next(j for j in range(len(request)) if j not in last)
+      text[i].append(ev.delta)
+      if ev.done:
+        last[i] = ev
+        if ev.reason in _FAILED:
+          service.scheduler.cancel(request)  # the other choices
+          status, message, code = _FAILED[ev.reason]
+          return _error(status, message, None, code)
+  except asyncio.CancelledError:
+    service.scheduler.cancel(request)
+    raise
+  done = [last[i] for i in range(len(request))]
+  choices = []
+  for i, ev in enumerate(done):
+    r = request[i]
+    lp = _logprobs(service, r, chat, ev.token_ids, ev.logprobs)
+    if r.echo is not None:
+      lp = _join(_echo_logprobs(service, r), lp)
+    choices.append({"index": i, "text": (r.echo or "") + "".join(text[i]),
+                    "finish_reason": ev.reason, "token_ids": ev.token_ids,
+                    "logprobs": lp})
+  body = P.chat_body if chat else P.completion_body
+  return body(rid, model, choices, _usage(done, request), decoding)
+
+
+def _top(request) -> int:
+  """Alternatives asked per position (completions' logprobs N)."""
+  return 0 if request.echo is None else request.top_logprobs
+
+
+def _logprobs(service, request, chat, ids, logprobs, offset=0):
+  """A choice's `logprobs` field (None unless asked for). A generated
+  token's alternatives are not recorded: {} where some were asked for."""
+  if not request.logprobs or logprobs is None:
+    return None
+  strings = service.token_strings(ids)
+  if chat:
+    return P.chat_logprobs(strings, list(logprobs))
+  top = [{} for _ in ids] if _top(request) else None
+  return P.completion_logprobs(strings, list(logprobs), offset, top)
+
+
+def _echo_logprobs(service, request):
+  """The echoed prompt's `logprobs` (prompt_logprobs.py), or None."""
+  if request.prompt_logprobs is None:
+    return None
+  own, alternatives = request.prompt_logprobs
+  k = _top(request)
+  top = None if not k else [
+      None if alt is None else {s: v for s, (_, v) in zip(
+          service.token_strings([a for a, _ in alt[:k]]), alt[:k])}
+      for alt in alternatives]
+  return P.completion_logprobs(service.token_strings(request.ids), own, 0,
+                               top)
+
+
+def _join(first, then):
+  """Two completion `logprobs` one after the other (None: absent)."""
+  if first is None or then is None:
+    return first or then
+  shift = sum(len(t) for t in first["tokens"])
+  top = None if first["top_logprobs"] is None else \
+      first["top_logprobs"] + (then["top_logprobs"] or [])
+  return {"tokens": first["tokens"] + then["tokens"],
+          "token_logprobs": first["token_logprobs"] + then["token_logprobs"],
+          "top_logprobs": top,
+          "text_offset": first["text_offset"] + [
+              o + shift for o in then["text_offset"]]}
+
+
+def _sse(obj) -> str:
+  return f"data: {json.dumps(obj)}\n\n"
+
+
+async def stream(service, request, events, rid, model, chat, decoding,
+                  include_usage):
+  chunk = ((lambda t, r=None, ids=(), i=0, lp=None: P.chat_chunk(
+      rid, model, {"content": t}, r, ids, i, lp)) if chat else
+           (lambda t, r=None, ids=(), i=0, lp=None: P.completion_chunk(
+               rid, model, t, r, ids, i, lp)))
+  offsets = [0] * len(request)  # text_offset of each choice's next token
+  last: dict[int, Event] = {}
+  failed = None
+  try:
+    if chat:
+      for i in range(len(request)):
+        yield _sse(P.chat_chunk(rid, model, {"role": "assistant",
+                                             "content": ""}, index=i))
+    for i, r in enumerate(request):
+      if r.echo is not None:  # the prompt first, as vLLM streams it
+        lp = _echo_logprobs(service, r)
+        if lp is not None:
+          offsets[i] = len("".join(lp["tokens"]))
+        yield _sse(chunk(r.echo, None, (), i, lp))
+    while len(last) < len(request):
+      i, ev = await _next_event(events, request[0].deadline)
+      if ev.reason in _FAILED:
+        failed = ev
+        last[i] = ev
+        break
+      if ev.delta or ev.new_ids:
+        lp = _logprobs(service, request[i], chat, ev.new_ids,
+                       ev.new_logprobs, offsets[i])
+        if lp is not None and not chat:
+          offsets[i] += sum(len(t) for t in lp["tokens"])
+        yield _sse(chunk(ev.delta, None, ev.new_ids, i, lp))
+      if ev.done:
+        last[i] = ev
+        yield _sse(chunk("", ev.reason, (), i))
+    if failed is not None:
+      service.scheduler.cancel(request)  # the other choices
+      status, message, code = _FAILED[failed.reason]
+      yield sse_error(message, code)
+    elif include_usage:
+      obj = "chat.completion.chunk" if chat else "text_completion"
+      yield _sse(P.usage_chunk(rid, model, obj,
+                               _usage([last[i] for i in range(len(request))],
+                                      request), decoding))
+    yield "data: [DONE]\n\n"
+  finally:
+    if len(last) < len(request) and failed is None:
+      service.scheduler.cancel(request)  # the client went away
