@@ -41,8 +41,8 @@ S="python scripts/bench_strategies.py --prompt 768 --per-step 4 --reps 1 \
 ALL8="--quantize fp8 --quantize-head --quantize-embedding"
 T="python -m pytest -q -rs -m gpu -p no:cacheprovider"  # -rs: why each skip
 ROWS='^(\||FAILED)'  # the table, and any variant that gave no row
-# Batch 32 peaks at 65 GB: past the 75% of an H100's 80 GB that XLA takes
-# by default, within 95%
+# The steps32* tables were measured with 95% of the card (the decode then
+# held three KV cache copies); kept so that they reproduce as recorded
 B32_MEM="env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95"
 case $PART in
 kernels)
