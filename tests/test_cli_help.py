@@ -108,7 +108,7 @@ def test_serve_help_shows_its_defaults(capsys, monkeypatch):
   # the memory plan's two: what the plan picks, stated
   assert "(default: as many as --gpu-memory-utilization fits)" in text
   assert "default: the model's context less the generation" in text
-  assert "(default: 0.9)" in text
+  assert "slots; default: 0.9)" in text
   assert "--port PORT port to listen on (default: 8000)" in text
   assert "(default: 127.0.0.1)" in text
   assert "(default: None)" not in text  # the strategy's own, unstated
