@@ -137,10 +137,7 @@ def test_registry_preset_and_loading_errors(tiny, tmp_path):
   with pytest.raises(ValueError, match="per_layer_input_dim=256"):
     GemmaConfig.from_official({**meta["transformer_config"],
                                "per_layer_input_dim": 256})
-  # Random parameters of a config's shapes run through the forward.
-  small = config.replace(dtype="bfloat16")
-  rand = init_params(small, jax.random.key(0))
-  logits, _ = M.forward(rand, small, jnp.ones((1, 3), jnp.int32),
-                        jnp.arange(3)[None], M.empty_cache(small, 1, 4),
-                        jnp.arange(3)[None])
-  assert logits.dtype == jnp.float32 and bool(jnp.isfinite(logits).all())
+  # Random parameters have the official tree's shapes.
+  rand = jax.eval_shape(lambda k: init_params(config, k), jax.random.key(0))
+  assert jax.tree.map(lambda a: a.shape, rand) == jax.tree.map(
+      lambda a: a.shape, params)
