@@ -9,6 +9,8 @@ file, from the built-in preset whose shapes the stored tree has.
 
 Text only: the vision and audio parameters a checkpoint may hold are
 dropped. `load` checks every text parameter against the config's shapes.
+A Hugging Face DiffusionGemma directory loads too (hf.py), and converts
+to this format (`convert`, what scripts/convert_hf.py runs).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from flash_dllm_jax.architectures.diffusion_gemma import hf as hf_format
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
     GEMMA4_SPECIAL, PRESETS, GemmaConfig, preset)
 
@@ -53,7 +56,7 @@ def claims(ckpt_dir) -> bool:
     return False
   hf = _config_json(d)
   if hf is not None:
-    return "transformer_config" in hf
+    return "transformer_config" in hf or hf_format.is_hf_dir(d)
   return _is_orbax(d)
 
 
@@ -127,6 +130,8 @@ def _text_only(shapes: dict) -> dict:
 def load_config(ckpt_dir, dtype: str | None = None) -> GemmaConfig:
   """The GemmaConfig of a Google-format checkpoint directory."""
   d = Path(ckpt_dir)
+  if hf_format.is_hf_dir(d):
+    return hf_format.load_config(d, dtype)
   meta = _config_json(d)
   changes = {} if dtype is None else {"dtype": dtype}
   if meta is not None:
@@ -177,7 +182,8 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
          quantize: str | None = None, quantize_head: bool = False,
          quantize_embedding: bool = False, fuse_qkv: bool | None = None):
   """(params: the official nested tree, text only, cast to `dtype` if
-  given; GemmaConfig; tokenizer None)."""
+  given; GemmaConfig, whose dtype is `dtype` or the stored one; tokenizer
+  None)."""
   import orbax.checkpoint as ocp
   d = Path(ckpt_dir)
   if quantize is not None or quantize_head or quantize_embedding:
@@ -186,6 +192,9 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
   if mesh is not None:
     raise ValueError("sharded DiffusionGemma loading is not supported yet "
                      "(load without mesh)")
+  if hf_format.is_hf_dir(d):
+    params, config = hf_format.load(d, dtype)
+    return jax.tree.map(jnp.asarray, params), config, None
   config = load_config(d, dtype)
   item = _item_dir(d)
   check_shapes(config, _stored_shapes(item), str(d))
@@ -197,7 +206,19 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
   np_dtype = None if dtype is None else jnp.dtype(dtype)
   out = {k: jnp.asarray(np.asarray(v), np_dtype) for k, v in flat.items()
          if k in keep}
+  stored = str(out["embedder/input_embedding"].dtype)
+  if dtype is None and stored in ("bfloat16", "float32"):
+    config = config.replace(dtype=stored)  # computed as stored
   return traverse_util.unflatten_dict(out, sep="/"), config, None
+
+
+def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:
+  """A Hugging Face DiffusionGemma directory written in Google's format."""
+  if not hf_format.is_hf_dir(Path(src)):
+    raise ValueError(f"{src} is not a Hugging Face DiffusionGemma directory "
+                     "(config.json of model_type 'diffusion_gemma' with "
+                     "safetensors)")
+  hf_format.convert(src, dst, dtype=dtype, force=force)
 
 
 def init_params(config: GemmaConfig, rng: jax.Array, dtype=None):
