@@ -137,8 +137,8 @@ def build(root: Path, out_dir: Path, seed: int = 0):
   data["plain_tokens"] = plain
   data["plain_logits"] = apply(tokens=jnp.asarray(plain)).logits
 
-  # 2. Causal prefill of prompts of PROMPT tokens into a CACHE-long cache
-  #    (row 1 starts later: end_index 2, as after an earlier turn).
+  # 2. Causal prefill of two prompts of PROMPT tokens into a CACHE-long
+  #    cache (slots 0 .. PROMPT - 1, end_index PROMPT).
   cache = config.init_cache(batch_size=2, dtype=jnp.float32,
                             cache_length=CACHE)
   prompt = jax.random.randint(jax.random.PRNGKey(3), (2, PROMPT), 5,
