@@ -119,8 +119,9 @@ def moe(p, config, n_BxQxD, residual_BxQxD):
   x_TxD = n_BxQxD.reshape(-1, d)
   ids_Txk = ids_BxQxk.reshape(x_TxD.shape[0], -1)
   y_Txk = _experts(x_TxD, ids_Txk, gate, down, scale)
-  out = jnp.einsum("tkd,tk->td", y_Txk, w_BxQxk.reshape(ids_Txk.shape
-                                                       ).astype(y_Txk.dtype),
+  # float32 weights against the experts' outputs, rounded once (as the
+  # official combine einsum promotes).
+  out = jnp.einsum("tkd,tk->td", y_Txk, w_BxQxk.reshape(ids_Txk.shape),
                    preferred_element_type=y_Txk.dtype)
   return out.reshape(n_BxQxD.shape)
 
