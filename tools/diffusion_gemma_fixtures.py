@@ -199,6 +199,7 @@ def build(root: Path, out_dir: Path, seed: int = 0):
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(ckpt.absolute(), params)
   checkpointer.wait_until_finished()
+  (ckpt / "commit_success.txt").unlink(missing_ok=True)  # names a local path
   (ckpt / "config.json").write_text(json.dumps(
       {"transformer_config": TINY, "special_tokens": SPECIAL}, indent=1)
       + "\n")
