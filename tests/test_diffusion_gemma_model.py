@@ -132,8 +132,8 @@ def test_registry_preset_and_loading_errors(tiny, tmp_path):
   (bare / "config.json").write_text(json.dumps(meta))
   with pytest.raises(ValueError, match="unknown attention type 'SLIDING'"):
     checkpoint.load(bare)
-  with pytest.raises(ValueError, match="8-bit DiffusionGemma"):
-    checkpoint.load(REF / "tiny", quantize="int8")
+  with pytest.raises(ValueError, match="input size 32 divisible by 128"):
+    checkpoint.load(REF / "tiny", quantize="int8-g128")
   with pytest.raises(ValueError, match="per_layer_input_dim=256"):
     GemmaConfig.from_official({**meta["transformer_config"],
                                "per_layer_input_dim": 256})
@@ -160,3 +160,26 @@ def test_a_request_with_images_gets_one_clear_error():
     parse_body(body, ChatRequest)
   with pytest.raises(ValueError, match="prompt, message 0 holds an image"):
     prompts.check_messages([{"role": "user", "content": parts}])
+
+
+def test_8bit_weights_run_what_they_stand_for(tiny):
+  """load(quantize="int8"): every projection (experts included) held in 8
+  bits; the forward equals the float forward of the weights they stand
+  for (kernel_q * scale)."""
+  from flash_dllm_jax.architectures.diffusion_gemma.quant import (
+      dequantize_tree)
+  params, config, ref = tiny
+  qparams, qconfig, _ = checkpoint.load(REF / "tiny", dtype="float32",
+                                        quantize="int8")
+  assert qconfig.quantize == "int8" and quantize.is_quantized(qparams)
+  quantize.check_params(qparams, qconfig)
+  assert qparams["layer_2"]["mlp"]["gating_einsum"]["w"]["kernel_q"].dtype == (
+      jnp.int8)
+  plain = dequantize_tree(qparams, param_shapes(config))
+  tokens = jnp.asarray(ref["step0_tokens"])
+  slots = jnp.asarray(ref["step0_positions"])
+  sc = jnp.asarray(ref["step1_sc"])
+  cache = M.empty_cache(config, 2, 32)
+  got, _ = FORWARD(qparams, qconfig, tokens, slots, cache, M.canvas(slots), sc)
+  want, _ = FORWARD(plain, config, tokens, slots, cache, M.canvas(slots), sc)
+  np.testing.assert_allclose(got, want, atol=TOL, rtol=0)

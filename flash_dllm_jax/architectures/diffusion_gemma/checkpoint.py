@@ -183,12 +183,21 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
          quantize_embedding: bool = False, fuse_qkv: bool | None = None):
   """(params: the official nested tree, text only, cast to `dtype` if
   given; GemmaConfig, whose dtype is `dtype` or the stored one; tokenizer
-  None)."""
-  import orbax.checkpoint as ocp
+  None). quantize: the projections stored in that 8-bit format as they
+  load (quant.py; the config records it)."""
   d = Path(ckpt_dir)
-  if quantize is not None or quantize_head or quantize_embedding:
-    raise ValueError("8-bit DiffusionGemma weights are not supported yet "
-                     "(load without quantize)")
+  if quantize_head or quantize_embedding:
+    raise ValueError("DiffusionGemma keeps its tied embedding unquantized: "
+                     "quantize_head and quantize_embedding are not supported")
+  if quantize is not None:
+    from flash_dllm_jax import quantize as qlib
+    from flash_dllm_jax.architectures.diffusion_gemma.quant import (
+        quantize_tree)
+    qlib.get_format(quantize)
+    params, config, tok = load(d, dtype=dtype, mesh=mesh)
+    return (quantize_tree(params, config, quantize),
+            config.replace(quantize=quantize), tok)
+  import orbax.checkpoint as ocp
   if mesh is not None:
     raise ValueError("sharded DiffusionGemma loading is not supported yet "
                      "(load without mesh)")

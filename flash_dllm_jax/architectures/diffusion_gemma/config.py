@@ -105,7 +105,13 @@ class GemmaConfig:
     if self.dtype not in _DTYPES:
       errors.append(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
     if self.quantize is not None:
-      errors.append("8-bit DiffusionGemma weights are not supported yet")
+      from flash_dllm_jax import quantize
+      if self.quantize not in quantize.FORMATS:
+        errors.append(f"quantize must be None or one of "
+                      f"{tuple(quantize.FORMATS)}, got {self.quantize!r}")
+    if self.quantize_head or self.quantize_embedding:
+      errors.append("DiffusionGemma keeps its tied embedding unquantized "
+                    "(quantize_head and quantize_embedding must be False)")
     for name in ("eos_token_id", "bos_token_id", "end_of_turn_id",
                  "tool_response_id"):
       if not 0 <= getattr(self, name) < self.vocab_size:

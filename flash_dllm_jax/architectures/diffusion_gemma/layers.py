@@ -11,6 +11,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from flash_dllm_jax.architectures.diffusion_gemma.quant import (
+    dequantize_experts, is_q, project)
+
 _EPS = 1e-6
 K_MASK = -2.3819763e38  # the official masked-logit value
 
@@ -23,13 +26,18 @@ def rms_norm(x, scale=None):
   return out if scale is None else out * scale.astype(out.dtype)
 
 
-def gelu_mlp(p, x_BxQxD, gating="gating_einsum", linear="linear"):
+def gelu_mlp(p, x_BxQxD, fmt=None, gating="gating_einsum", linear="linear"):
   """FeedForward: gelu(x W0) * (x W1) W2, with `gating` [2, F, D] and
-  `linear` [F, D] stored bare (nn.share_scope) or under 'w'."""
-  w = lambda v: v["w"] if isinstance(v, dict) else v
-  gate = jnp.einsum("...F,NHF->...NH", x_BxQxD, w(p[gating]))
+  `linear` [F, D] stored bare (nn.share_scope), or in 8 bits (fmt)."""
+  if is_q(p[gating]):
+    f = p[gating]["kernel_q"].shape[0] // 2
+    gate = project(x_BxQxD, p[gating], fmt, (2, f))
+  else:
+    gate = jnp.einsum("...F,NHF->...NH", x_BxQxD, p[gating])
   act = jax.nn.gelu(gate[..., 0, :]) * gate[..., 1, :]
-  return jnp.einsum("...H,HF->...F", act, w(p[linear]))
+  if is_q(p[linear]):
+    return project(act, p[linear], fmt, (p[linear]["kernel_q"].shape[0],))
+  return jnp.einsum("...H,HF->...F", act, p[linear])
 
 
 def rope(x_BxQxNxH, positions_BxQ, fraction: float, base: float,
@@ -55,8 +63,14 @@ def project_kv(p, config, kind, x_BxQxD, positions_BxQ):
   """(k, v) [B, Q, K, H] of new tokens: K=V layers take both from one
   projection, k then gets the key norm and RoPE, v the unscaled norm."""
   a = p["attn"]
+  kv, h = config.kv_heads(kind), config.key_size(kind)
   if config.k_eq_v(kind):
-    k = v = jnp.einsum("BSD,KDH->BSKH", x_BxQxD, a["k_einsum"]["w"])
+    w = a["k_einsum"]["w"]
+    k = v = (project(x_BxQxD, w, config.quantize, (kv, h)) if is_q(w) else
+             jnp.einsum("BSD,KDH->BSKH", x_BxQxD, w))
+  elif is_q(a["kv_einsum"]["w"]):
+    y = project(x_BxQxD, a["kv_einsum"]["w"], config.quantize, (2, kv, h))
+    k, v = y[..., 0, :, :], y[..., 1, :, :]
   else:
     k, v = jnp.einsum("BSD,CKDH->CBSKH", x_BxQxD, a["kv_einsum"]["w"])
   k = rms_norm(k, a["key_norm"]["scale"] if config.qk_norm_with_scale
@@ -71,7 +85,10 @@ def attend(p, config, kind, x_BxQxD, positions_BxQ, k_BxSxKxH, v_BxSxKxH,
   """The attention output [B, Q, D] of queries x over keys/values with
   `mask` (no 1/sqrt(d): the query norm sets the scale)."""
   a = p["attn"]
-  q = jnp.einsum("BTD,NDH->BTNH", x_BxQxD, a["q_einsum"]["w"])
+  w = a["q_einsum"]["w"]
+  q = (project(x_BxQxD, w, config.quantize,
+               (config.n_heads, config.key_size(kind))) if is_q(w) else
+       jnp.einsum("BTD,NDH->BTNH", x_BxQxD, w))
   q = rms_norm(q, a["query_norm"]["scale"] if config.qk_norm_with_scale
                else None)
   fraction, base, scale = config.rope(kind)
@@ -88,7 +105,11 @@ def attend(p, config, kind, x_BxQxD, positions_BxQ, k_BxSxKxH, v_BxSxKxH,
   probs = jax.nn.softmax(logits, axis=-1).astype(k_BxSxKxH.dtype)
   probs = probs.reshape(b, t, kv, n // kv, -1)
   enc = jnp.einsum("BTKGS,BSKH->BTKGH", probs, v_BxSxKxH).reshape(b, t, n, h)
-  return jnp.einsum("BTNH,NHD->BTD", enc, a["attn_vec_einsum"]["w"])
+  w = a["attn_vec_einsum"]["w"]
+  if is_q(w):
+    return project(enc.reshape(b, t, n * h), w, config.quantize,
+                   (w["kernel_q"].shape[0],))
+  return jnp.einsum("BTNH,NHD->BTD", enc, w)
 
 
 def moe(p, config, n_BxQxD, residual_BxQxD):
@@ -118,7 +139,7 @@ def moe(p, config, n_BxQxD, residual_BxQxD):
   scale = m["per_expert_scale"]
   x_TxD = n_BxQxD.reshape(-1, d)
   ids_Txk = ids_BxQxk.reshape(x_TxD.shape[0], -1)
-  y_Txk = _experts(x_TxD, ids_Txk, gate, down, scale)
+  y_Txk = _experts(x_TxD, ids_Txk, gate, down, scale, config.moe_hidden)
   # float32 weights against the experts' outputs, rounded once (as the
   # official combine einsum promotes).
   out = jnp.einsum("tkd,tk->td", y_Txk, w_BxQxk.reshape(ids_Txk.shape),
@@ -126,17 +147,21 @@ def moe(p, config, n_BxQxD, residual_BxQxD):
   return out.reshape(n_BxQxD.shape)
 
 
-def _experts(x_TxD, ids_Txk, gate_XxTwoxMxD, down_XxMxD, scale_X,
+def _experts(x_TxD, ids_Txk, gate_XxTwoxMxD, down_XxMxD, scale_X, m: int,
              chunk_bytes=1 << 28):
   """y [T, k, D]: each (token, slot)'s expert on its row, times the
-  expert's scale; experts run C at a time on every row."""
+  expert's scale; experts run C at a time on every row (8-bit stacks
+  dequantized a chunk at a time)."""
   t, d = x_TxD.shape
-  x_n = gate_XxTwoxMxD.shape[0]
+  x_n = scale_X.shape[0]
   c = max([n for n in range(1, x_n + 1) if x_n % n == 0
-           and t * n * max(d, gate_XxTwoxMxD.shape[2]) * 4 <= chunk_bytes]
-          or [1])
+           and t * n * max(d, m) * 4 <= chunk_bytes] or [1])
 
   def run(gate, down, scale):
+    if is_q(gate):  # [C, D, 2M] / [C, M, D] kernels back to the tree's
+      gate = dequantize_experts(gate, x_TxD.dtype).reshape(
+          -1, d, 2, m).transpose(0, 2, 3, 1)
+      down = dequantize_experts(down, x_TxD.dtype)
     h = jnp.einsum("td,ckmd->ktcm", x_TxD, gate)
     act = jax.nn.gelu(h[0]) * h[1]
     return jnp.einsum("tcm,cmd->tcd", act, down) * scale.astype(
@@ -154,7 +179,8 @@ def _experts(x_TxD, ids_Txk, gate_XxTwoxMxD, down_XxMxD, scale_X,
     inside = (ids_Txk >= c0) & (ids_Txk < c0 + c)
     return jnp.where(inside[..., None], pick(run(g, dn, s), c0), y), None
 
-  shape = lambda a: a.reshape(x_n // c, c, *a.shape[1:])
+  shape = lambda a: jax.tree.map(
+      lambda v: v.reshape(x_n // c, c, *v.shape[1:]), a)
   y, _ = jax.lax.scan(step, jnp.zeros((t, ids_Txk.shape[1], d), x_TxD.dtype),
                       (jnp.arange(0, x_n, c), shape(gate_XxTwoxMxD),
                        shape(down_XxMxD), shape(scale_X)))

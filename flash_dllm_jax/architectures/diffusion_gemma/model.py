@@ -54,12 +54,13 @@ def embed(params: Params, config: GemmaConfig, tokens_BxQ) -> jax.Array:
   return x * jnp.sqrt(config.d_model).astype(x.dtype)
 
 
-def self_condition(params: Params, emb_BxQxD, sc_BxQxD) -> jax.Array:
+def self_condition(params: Params, emb_BxQxD, sc_BxQxD, fmt=None
+                   ) -> jax.Array:
   """post_norm(emb + FFW(pre_norm(sc))) (SelfConditioning; post_norm has
   no scale). An all-zero sc gives post_norm(emb)."""
   p = params["self_conditioner"]
   sc = sc_BxQxD.astype(emb_BxQxD.dtype)
-  signal = gelu_mlp(p["ffw"], rms_norm(sc, p["pre_norm"]["scale"]))
+  signal = gelu_mlp(p["ffw"], rms_norm(sc, p["pre_norm"]["scale"]), fmt)
   return rms_norm(emb_BxQxD + signal)
 
 
@@ -100,9 +101,11 @@ def _ffw(p, config: GemmaConfig, h_BxQxD):
                           if config.use_post_ffw_norm else x)
   if not config.moe_experts:
     return post("post_ffw_norm", gelu_mlp(
-        p["mlp"], rms_norm(h_BxQxD, p["pre_ffw_norm"]["scale"])))
+        p["mlp"], rms_norm(h_BxQxD, p["pre_ffw_norm"]["scale"]),
+        config.quantize))
   dense = post("post_ffw2_norm", gelu_mlp(
-      p["mlp2"], rms_norm(h_BxQxD, p["pre_ffw2_norm"]["scale"])))
+      p["mlp2"], rms_norm(h_BxQxD, p["pre_ffw2_norm"]["scale"]),
+      config.quantize))
   routed = post("post_ffw1_norm", moe(
       p, config, rms_norm(h_BxQxD, p["pre_ffw_norm"]["scale"]), h_BxQxD))
   return post("post_ffw_norm", dense + routed)
@@ -137,7 +140,7 @@ def forward(params: Params, config: GemmaConfig, tokens_BxQ, slots_BxQ,
                      f"{config.n_layers}")
   x = embed(params, config, tokens_BxQ)
   if sc_BxQxD is not None:
-    x = self_condition(params, x, sc_BxQxD)
+    x = self_condition(params, x, sc_BxQxD, config.quantize)
   new_cache = []
   for i, kind in enumerate(config.layer_kinds):
     x, c = block(params[f"layer_{i}"], config, kind, x, slots_BxQ,
