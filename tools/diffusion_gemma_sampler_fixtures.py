@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parent.parent))  # this checkout's package
 import gemma_official  # noqa: E402
 
 REF = Path(__file__).parent.parent / "tests" / "reference" / "diffusion_gemma"
@@ -276,7 +277,8 @@ def check_sampler(root: Path, ref: Path) -> int:
                        x, method=lambda self, y: self.embedder.encode_logits(y))
 
   smod.dg = types.SimpleNamespace(
-      forward=forward, empty_cache=empty_cache, encode_logits=encode_logits,
+      forward=forward, forward_rows=forward, empty_cache=empty_cache,
+      encode_logits=encode_logits,
       causal=dg.causal, canvas=dg.canvas)
   gconfig = GemmaConfig.from_official(meta["transformer_config"],
                                       meta["special_tokens"],

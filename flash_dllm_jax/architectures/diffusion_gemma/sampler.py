@@ -22,8 +22,12 @@ official batch shares one key, RoPE position and cache index across rows
 layers see the padding), so its rows change with the batch; its cache is
 `cache_length` slots (4096) that the canvases wrap around and that ends
 the answer when full, where here the cache holds the prompt and every
-canvas. End tokens: the checkpoint's EOS, END_OF_TURN and
-BEGIN_OF_TOOL_RESPONSE (none with stop_at_eos=False) plus `stop_tokens`.
+canvas. Every forward runs its rows one at a time (model.forward_rows):
+under jit, XLA:CPU fused a batch's block differently from one row's and
+moved the last bits, which this trajectory (self-conditioning rounded to
+bfloat16 each step) turns into other tokens. End tokens: the
+checkpoint's EOS, END_OF_TURN and BEGIN_OF_TOOL_RESPONSE (none with
+stop_at_eos=False) plus `stop_tokens`.
 """
 
 from __future__ import annotations
@@ -197,8 +201,9 @@ class DiffusionGemmaSampler:
     length_B = jnp.sum(model.valid_BxN[:, :p], axis=1, dtype=jnp.int32)
     slots = jnp.arange(p)[None, :] - (p - length_B)[:, None]
     slots = jnp.where(rows_B[:, None] & (slots >= 0), slots, -1)
-    _, cache = dg.forward(model.params, model.config, state.tokens_BxN[:, :p],
-                          slots, aux.cache, dg.causal(slots), logits=False)
+    _, cache = dg.forward_rows(model.params, model.config,
+                               state.tokens_BxN[:, :p], slots, aux.cache,
+                               dg.causal(slots), logits=False)
     aux = aux.replace(
         cache=cache, fresh_B=aux.fresh_B & ~rows_B,
         start_B=jnp.where(rows_B, length_B, aux.start_B),
@@ -212,8 +217,9 @@ class DiffusionGemmaSampler:
     cfg, c = model.config, self.canvas_length
     slots = jnp.where(active_B[:, None],
                       aux.start_B[:, None] + jnp.arange(c), -1)
-    logits, cache = dg.forward(model.params, cfg, aux.canvas_BxC, slots,
-                               aux.cache, dg.canvas(slots), aux.sc_BxCxD)
+    logits, cache = dg.forward_rows(model.params, cfg, aux.canvas_BxC,
+                                    slots, aux.cache, dg.canvas(slots),
+                                    aux.sc_BxCxD)
     noise = st.noise_proportions(self.max_denoising_steps)
     shaped = st.shape_logits(logits, noise[aux.step_B], self.exponent,
                              self.max_temperature, self.min_temperature)
@@ -265,8 +271,9 @@ class DiffusionGemmaSampler:
     slots = jnp.where(rows_B[:, None],
                       aux.start_B[:, None] + jnp.arange(self.canvas_length),
                       -1)
-    _, cache = dg.forward(model.params, model.config, final_BxC, slots,
-                          aux.cache, dg.causal(slots), logits=False)
+    _, cache = dg.forward_rows(model.params, model.config, final_BxC,
+                               slots, aux.cache, dg.causal(slots),
+                               logits=False)
     c = self.canvas_length
     aux = aux.replace(cache=cache,
                       start_B=aux.start_B + c * rows_B,
