@@ -24,14 +24,6 @@ import sys
 import types
 from pathlib import Path
 
-# The engine's CPU decode runs without XLA:CPU's YNNPACK fusions
-# (flash_dllm_jax/compilation.py); the official sampler runs here under the
-# same setting, else the two programs differ in the last bits of a reduction
-# and a near-uniform tiny model's trajectory (self-conditioning is rounded to
-# bfloat16 every step) drifts apart within a few steps.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_cpu_experimental_ynn_fusion_type=")
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -239,11 +231,7 @@ def check_sampler(root: Path, ref: Path) -> int:
                              cache_length=512)
 
   def forward_one(tokens, slots, cache, last, sc, logits):
-    """One row: the official cache writes at end_index onwards (a
-    left-padded prompt is rolled so that its tokens come first)."""
-    lead = jnp.sum(jnp.cumprod(slots[0] < 0))
-    tokens, slots, last = (jnp.roll(a, -lead, axis=1)
-                           for a in (tokens, slots, last))
+    """One row (unpadded): the official cache writes at end_index on."""
     start = jnp.maximum(slots[:, 0], 0)
     cache = {k: {**v, "end_index": start} for k, v in cache.items()}
     mask = jnp.arange(512)[None, None, :] <= last[:, :, None]
@@ -304,6 +292,15 @@ def main(argv=None):
                       help="instead: decode the stored cases with this "
                       "engine's sampler around the official model")
   args = parser.parse_args(argv)
+  if not args.check_sampler:
+    # The engine's CPU decode runs without XLA:CPU's YNNPACK fusions
+    # (flash_dllm_jax/compilation.py: its own compiler options); the
+    # official sampler is recorded under the same setting (set before JAX
+    # starts its backend), else the two programs differ in the last bits
+    # of a reduction, which a near-uniform tiny model's trajectory
+    # (self-conditioning rounded to bfloat16 every step) amplifies.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_cpu_experimental_ynn_fusion_type=")
   if args.check_sampler:
     bad = check_sampler(Path(args.gemma), Path(args.ref))
     print(f"{bad} rows differ from the official sampler")
