@@ -157,10 +157,23 @@ def _kind(ckpt_dir: Path) -> str:
       "with model.safetensors or model.safetensors.index.json)")
 
 
+def family_loader(ckpt_dir: str | Path):
+  """The loader module of the architecture whose own checkpoint format
+  `ckpt_dir` is in (Architecture.loader), or None."""
+  from flash_dllm_jax import architectures
+  for spec in architectures.ARCHITECTURES.values():
+    if spec.loader is not None and spec.loader().claims(ckpt_dir):
+      return spec.loader()
+  return None
+
+
 def load_config(ckpt_dir: str | Path) -> ModelConfig:
   """The ModelConfig of a checkpoint directory (converted or Hugging Face),
-  without loading weights."""
+  without loading weights (a family's own format: its config)."""
   ckpt_dir = Path(ckpt_dir)
+  own = family_loader(ckpt_dir)
+  if own is not None:
+    return own.load_config(ckpt_dir)
   if _kind(ckpt_dir) == "hf":
     from flash_dllm_jax.convert.streaming import hf_config
     return hf_config(ckpt_dir)
@@ -223,7 +236,9 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   mesh ('data=D,model=M' or a Mesh): each weight is read shard by shard
   straight onto its devices with its `parallel.param_spec` sharding (no
   device, and no host buffer, ever holds a whole sharded weight).
-  A Hugging Face LLaDA/Dream directory loads too, tensor by tensor through
+  A family's own format (Architecture.loader: Google's DiffusionGemma
+  orbax tree) loads through that family's loader, which returns its own
+  config. A Hugging Face LLaDA/Dream directory loads too, tensor by tensor through
   the converter's name table and checks (convert/streaming.py; dtype
   default bfloat16), with nothing written to disk.
   quantize (a format of flash_dllm_jax/quantize.py; quantize_head: the LM
@@ -237,6 +252,11 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   None does so on a GPU, where the one GEMM is faster at few rows.
   """
   ckpt_dir = Path(ckpt_dir).absolute()
+  own = family_loader(ckpt_dir)
+  if own is not None:
+    return own.load(ckpt_dir, dtype=dtype, mesh=mesh, quantize=quantize,
+                    quantize_head=quantize_head,
+                    quantize_embedding=quantize_embedding, fuse_qkv=fuse_qkv)
   if _kind(ckpt_dir) == "hf":
     from flash_dllm_jax.convert.streaming import load_hf
     return _fused(*load_hf(ckpt_dir, dtype=dtype, mesh=mesh,

@@ -90,9 +90,11 @@ def model_size(mesh: Mesh | None) -> int:
 def check_config(config, mesh: Mesh | None) -> None:
   """Clear error when the model cannot be split `model` ways."""
   m = model_size(mesh)
+  if m == 1:
+    return
   sizes = [("n_heads", config.n_heads), ("n_kv_heads", config.n_kv_heads),
            ("mlp_hidden", config.mlp_hidden)]
-  if config.moe is not None:
+  if getattr(config, "moe", None) is not None:
     sizes += [("moe.n_experts", config.moe.n_experts)]
     if config.moe.n_shared:
       sizes += [("shared experts' width",

@@ -34,6 +34,15 @@ def resolve_chat(chat: bool | None, tokenizer) -> bool:
   return has_chat_template(tokenizer) if chat is None else bool(chat)
 
 
+def media_part(content) -> bool:
+  """Whether chat content is a list of parts holding an image, audio or
+  video part (OpenAI's image_url / input_audio, Gemma's image)."""
+  return isinstance(content, (list, tuple)) and any(
+      isinstance(p, dict) and str(p.get("type", "")).startswith(
+          ("image", "input_image", "video", "audio", "input_audio"))
+      for p in content)
+
+
 def check_messages(messages: Sequence[Any], where: str = "prompt") -> list:
   """The messages as a list of dicts; a ValueError names the first bad one."""
   if not messages:
@@ -42,6 +51,10 @@ def check_messages(messages: Sequence[Any], where: str = "prompt") -> list:
     if not isinstance(m, dict):
       raise ValueError(f"{where}, message {i}: expected a dict with 'role' "
                        f"and 'content', got {type(m).__name__}")
+    if media_part(m.get("content")):
+      raise ValueError(f"{where}, message {i} holds an image, audio or video "
+                       "part: the models served here are text only (send "
+                       "the text as a string)")
     for key in ("role", "content"):
       if not isinstance(m.get(key), str):
         raise ValueError(f"{where}, message {i}: {key!r} must be a string, "

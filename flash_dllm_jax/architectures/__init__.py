@@ -64,6 +64,11 @@ class Architecture:
   tiny_changes: ModelConfig fields of its test models (numerics, an MoE);
   tiny_special_tokens / tiny_tokenizer_config / tiny_bos_is_eos: its tiny
     tokenizer (tokenizer.build_tiny_tokenizer).
+  loader: None (checkpoints in this engine's layout or Hugging Face's,
+    through ModelConfig), or () -> a module with `claims(dir)`,
+    `load_config(dir)` and `load(dir, dtype=, mesh=, quantize=, ...)` for a
+    family whose checkpoints and config are its own (flash_dllm_jax.
+    checkpoint asks it first).
   """
 
   name: str
@@ -82,6 +87,7 @@ class Architecture:
   tiny_special_tokens: tuple[str, ...]
   tiny_tokenizer_config: Mapping[str, Any]
   tiny_bos_is_eos: bool = False
+  loader: Callable[[], Any] | None = None
 
   def __post_init__(self):
     if self.likelihood_masks not in LIKELIHOOD_MASKS:

@@ -52,13 +52,26 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
   head too, quantize_embedding: the token embedding too): each projection
   is quantized as it is read and stored as kernel_q and scale; the config
   records the format.
-  Returns the ModelConfig that was written. Raises ConversionError before
+  A family with its own checkpoint format (Architecture.loader with a
+  `convert`) converts through it.
+  Returns the ModelConfig that was written (that family's config). Raises ConversionError before
   touching `dst_dir` if anything is wrong with the source.
   """
   src, dst = Path(src_dir), Path(dst_dir)
   if dst.exists() and not force:
     raise ConversionError(f"destination {dst} already exists; pass "
                           "force=True (--force) to replace it")
+  own = checkpoint.family_loader(src)
+  if own is not None and hasattr(own, "convert"):
+    # A family with its own format (DiffusionGemma: Google's orbax tree).
+    if quantize is not None or quantize_head or quantize_embedding:
+      raise ConversionError(f"{src}: 8-bit conversion is not supported for "
+                            "this family")
+    try:
+      own.convert(src, dst, dtype=dtype, force=force)
+      return own.load_config(dst)
+    except (ValueError, KeyError) as e:
+      raise ConversionError(str(e)) from None
   model_type, config, tokenizer = source.read_model(src, dtype)
   headers = source.read_headers(src)
   plan = source.plan_tensors(

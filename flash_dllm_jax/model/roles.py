@@ -82,7 +82,10 @@ def _collect() -> Iterator[dict[str, Role]]:
 @functools.lru_cache(maxsize=64)
 def table(config) -> dict[str, Role]:
   """{param path: Role} of every declared parameter of the unquantized
-  model of `config` (traced, nothing computed)."""
+  model of `config` (traced, nothing computed); a family config with its
+  own `param_roles()` (architectures with a loader) gives its table."""
+  if hasattr(config, "param_roles"):
+    return config.param_roles()
   from flash_dllm_jax.model.transformer import Transformer
   plain = config.replace(quantize=None, quantize_head=False,
                          quantize_embedding=False)

@@ -1,0 +1,281 @@
+"""DiffusionGemma's official sampler (google-deepmind/gemma, gemma/diffusion/
+_sampler.py with _chat_sampler.Sampler's defaults), every row at its own
+pace in one compiled loop.
+
+A row's prompt is prefilled causally (the K/V of every prompt token kept,
+as `keep_last_prefill_kv`), then canvas by canvas: C random ids, up to
+`max_denoising_steps` self-conditioned denoising steps (annealed
+temperature, entropy-bound acceptance, renoising; sampler_steps.py) until
+the early-stop rule fires, the canvas cut after its first end token (PAD
+after it), then appended causally to the cache; the answer ends at a
+canvas holding an end token or after `max_out_length` tokens. One loop
+step is one denoising step of every running row; the prefill and the
+appends run inside the steps that need them. The cache of the prompt and
+the finished canvases is written once and read by every later step.
+
+Each row keeps the official key chain of a batch of one (the loop's key
+split per canvas, the denoising key split per step), so a prompt alone
+with seed s gives `gemma.diffusion.Sampler.sample(prompt, rng=s)`'s
+tokens, and a row in a batch its alone tokens. Deliberate differences: the
+official batch shares one key, RoPE position and cache index across rows
+(a shorter prompt's canvas starts after the longest prompt, its local
+layers see the padding), so its rows change with the batch; its cache is
+`cache_length` slots (4096) that the canvases wrap around and that ends
+the answer when full, where here the cache holds the prompt and every
+canvas. Every forward runs its rows one at a time (model.forward_rows):
+under jit, XLA:CPU fused a batch's block differently from one row's and
+moved the last bits, which this trajectory (self-conditioning rounded to
+bfloat16 each step) turns into other tokens. End tokens: the
+checkpoint's EOS, END_OF_TURN and BEGIN_OF_TOOL_RESPONSE (none with
+stop_at_eos=False) plus `stop_tokens`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from flash_dllm_jax.architectures.diffusion_gemma import model as dg
+from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
+from flash_dllm_jax.sampling import checks
+from flash_dllm_jax.sampling.state import DecodeState, where_keys
+
+
+class TokenIds(tuple):
+  """A tuple of token ids, also from text ("20,21" or "20 21"), so that the
+  option reads the same from Python, the CLI and the server."""
+
+  def __new__(cls, value=()):
+    if isinstance(value, str):
+      value = [v for v in value.replace(",", " ").split() if v]
+    try:
+      ids = [int(v) for v in value]
+    except (TypeError, ValueError):
+      raise ValueError(f"stop_tokens must be token ids, got {value!r}"
+                       ) from None
+    if any(isinstance(v, bool) or (isinstance(v, float) and v != int(v))
+           for v in value) or any(i < 0 for i in ids):
+      raise ValueError(f"stop_tokens must be non-negative ids, got {value!r}")
+    return super().__new__(cls, ids)
+
+
+@struct.dataclass
+class CanvasRows:
+  """Per row: fresh_B (not prefilled yet), start_B (the current canvas's
+  first slot = RoPE position), written_B (answer tokens already final),
+  the canvas and its bfloat16 self-conditioning signal (as the official
+  carry keeps it), its denoising step, the canvas-loop key and the
+  denoising key, whether the answer ended; the K/V cache."""
+
+  cache: tuple
+  fresh_B: jax.Array
+  start_B: jax.Array
+  written_B: jax.Array
+  canvas_BxC: jax.Array
+  sc_BxCxD: jax.Array
+  step_B: jax.Array
+  outer_B: jax.Array
+  inner_B: jax.Array
+  stop_B: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionGemmaSampler:
+  """The official sampler's settings under its own names and defaults.
+
+  canvas_length / max_denoising_steps: canvas size and step budget.
+  entropy_bound: SampleFromPredictions' bound. max_temperature /
+  min_temperature / exponent: the AnnealingTemperatureShaper.
+  early_stop: "chained" (token stability AND mean entropy <= 0.005, the
+  official default), "token_stability", "entropy:<bound>" or "none".
+  stop_tokens: ids that also end the answer. max_out_length: answer
+  tokens (the official output buffer); the seed is generate's `seed`.
+  """
+
+  canvas_length: int = 256
+  max_denoising_steps: int = 48
+  entropy_bound: float = 0.1
+  max_temperature: float = 0.8
+  min_temperature: float = 0.4
+  exponent: float = 1.0
+  early_stop: str = "chained"
+  stop_tokens: TokenIds | None = None
+  max_out_length: int = 2048
+
+  def __post_init__(self):
+    checks.check_finite(self)
+    errors = []
+    for name in ("canvas_length", "max_denoising_steps", "max_out_length"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        errors.append(f"{name} must be a positive int, got {value!r}")
+    if self.min_temperature < 1e-12:  # the official _MIN_TEMP
+      errors.append(f"min_temperature must be >= 1e-12, got "
+                    f"{self.min_temperature}")
+    if self.max_temperature < self.min_temperature:
+      errors.append(f"max_temperature ({self.max_temperature}) must be >= "
+                    f"min_temperature ({self.min_temperature})")
+    try:
+      st.parse_early_stop(self.early_stop)
+    except ValueError as e:
+      errors.append(str(e))
+    try:
+      object.__setattr__(self, "stop_tokens",
+                         TokenIds(self.stop_tokens or ()))
+    except ValueError as e:
+      errors.append(str(e))
+    if errors:
+      raise ValueError("invalid DiffusionGemma sampler arguments: "
+                       + "; ".join(errors))
+
+  @property
+  def gen_length(self) -> int:
+    return self.max_out_length
+
+  @property
+  def canvases(self) -> int:
+    return math.ceil(self.max_out_length / self.canvas_length)
+
+  @property
+  def tail_length(self) -> int:
+    """The last canvas's positions past max_out_length."""
+    return self.canvases * self.canvas_length - self.max_out_length
+
+  @property
+  def num_steps(self) -> int:
+    return self.canvases * self.max_denoising_steps
+
+  def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
+    checks.check_fits(prompt_len, self.gen_length + self.tail_length,
+                      max_seq_len)
+
+  def init_aux(self, model, tokens_BxN: jax.Array) -> CanvasRows:
+    cfg = model.config
+    b, n = tokens_BxN.shape
+    c = self.canvas_length
+    zeros = jnp.zeros((b,), jnp.int32)
+    keys = jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
+    return CanvasRows(
+        cache=dg.empty_cache(cfg, b, n), fresh_B=jnp.ones((b,), bool),
+        start_B=zeros, written_B=zeros,
+        canvas_BxC=jnp.zeros((b, c), jnp.int32),
+        sc_BxCxD=jnp.zeros((b, c, cfg.d_model), jnp.bfloat16),
+        step_B=zeros, outer_B=keys, inner_B=keys, stop_B=zeros > 0)
+
+  def finished(self, model, tokens_BxN, aux: CanvasRows, prompt_len: int):
+    return aux.stop_B
+
+  def reset_rows(self, aux: CanvasRows, rows_B: jax.Array) -> CanvasRows:
+    """The rows take a new request: prefill at their next step."""
+    return aux.replace(fresh_B=aux.fresh_B | rows_B,
+                       stop_B=aux.stop_B & ~rows_B)
+
+  def end_ids(self, model) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(tuple(model.stop_ids) + self.stop_tokens))
+
+  def _start_canvas(self, model, aux: CanvasRows, rows_B) -> CanvasRows:
+    """A fresh canvas for rows_B: the canvas loop's key split once, its
+    second half split into the initial canvas's key and the steps' key."""
+    outer_next, sample = st.split2(aux.outer_B)
+    init, steps = st.split2(sample)
+    canvas = st.random_tokens(init, self.canvas_length,
+                              model.config.n_text_ids)
+    return aux.replace(
+        outer_B=where_keys(rows_B, outer_next, aux.outer_B),
+        inner_B=where_keys(rows_B, steps, aux.inner_B),
+        canvas_BxC=jnp.where(rows_B[:, None], canvas, aux.canvas_BxC),
+        sc_BxCxD=jnp.where(rows_B[:, None, None], 0, aux.sc_BxCxD
+                           ).astype(aux.sc_BxCxD.dtype),
+        step_B=jnp.where(rows_B, 0, aux.step_B))
+
+  def _prefill(self, model, state: DecodeState, aux: CanvasRows, rows_B,
+               prompt_len: int) -> CanvasRows:
+    """Causal prefill of rows_B's prompts (left-padded in the batch) at
+    slots 0.. and their first canvas; their key chain starts at the row's
+    seed key (state.rng_B before the loop touches it)."""
+    p = prompt_len
+    length_B = jnp.sum(model.valid_BxN[:, :p], axis=1, dtype=jnp.int32)
+    slots = jnp.arange(p)[None, :] - (p - length_B)[:, None]
+    slots = jnp.where(rows_B[:, None] & (slots >= 0), slots, -1)
+    _, cache = dg.forward_rows(model.params, model.config,
+                               state.tokens_BxN[:, :p], slots, aux.cache,
+                               dg.causal(slots), logits=False)
+    aux = aux.replace(
+        cache=cache, fresh_B=aux.fresh_B & ~rows_B,
+        start_B=jnp.where(rows_B, length_B, aux.start_B),
+        written_B=jnp.where(rows_B, 0, aux.written_B),
+        outer_B=where_keys(rows_B, state.rng_B, aux.outer_B))
+    return self._start_canvas(model, aux, rows_B)
+
+  def _denoise(self, model, aux: CanvasRows, active_B):
+    """One denoising step of the active rows' canvases against the cache:
+    (next canvas, shaped logits, the cache with the canvas K/V as scratch)."""
+    cfg, c = model.config, self.canvas_length
+    slots = jnp.where(active_B[:, None],
+                      aux.start_B[:, None] + jnp.arange(c), -1)
+    logits, cache = dg.forward_rows(model.params, cfg, aux.canvas_BxC,
+                                    slots, aux.cache, dg.canvas(slots),
+                                    aux.sc_BxCxD)
+    noise = st.noise_proportions(self.max_denoising_steps)
+    shaped = st.shape_logits(logits, noise[aux.step_B], self.exponent,
+                             self.max_temperature, self.min_temperature)
+    inner_next, sample = st.split2(aux.inner_B)
+    canvas = st.accept(shaped, sample, self.entropy_bound, cfg.n_text_ids)
+    return canvas, shaped, cache, inner_next
+
+  def propose(self, model, state: DecodeState, rng_B: jax.Array,
+              prompt_len: int):
+    cfg, c = model.config, self.canvas_length
+    active_B = ~state.done_B
+    aux = state.aux
+    fresh_B = active_B & aux.fresh_B
+    aux = jax.lax.cond(
+        jnp.any(fresh_B),
+        lambda a: self._prefill(model, state, a, fresh_B, prompt_len),
+        lambda a: a, aux)
+    canvas, shaped, cache, inner_next = self._denoise(model, aux, active_B)
+    stability, entropy = st.parse_early_stop(self.early_stop)
+    stop_now = st.should_stop(shaped, aux.canvas_BxC, stability, entropy)
+    sc = dg.encode_logits(model.params, cfg, shaped).astype(jnp.bfloat16)
+    keep = lambda new, old: jnp.where(
+        active_B.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+    step_B = aux.step_B + 1
+    aux = aux.replace(
+        cache=cache, canvas_BxC=keep(canvas, aux.canvas_BxC),
+        sc_BxCxD=keep(sc, aux.sc_BxCxD), step_B=keep(step_B, aux.step_B),
+        inner_B=where_keys(active_B, inner_next, aux.inner_B))
+    done_B = active_B & (stop_now | (step_B >= self.max_denoising_steps))
+    final, has_end = st.truncate(aux.canvas_BxC, self.end_ids(model))
+    cols = prompt_len + aux.written_B[:, None] + jnp.arange(c)
+    rows = jnp.arange(cols.shape[0])[:, None]
+    tokens_BxN = state.tokens_BxN.at[rows, cols].set(
+        jnp.where(done_B[:, None], final,
+                  state.tokens_BxN[rows, cols]).astype(
+                      state.tokens_BxN.dtype))
+    more_B = ~has_end & (aux.written_B + c < self.max_out_length)
+    next_B = done_B & more_B
+    aux = aux.replace(stop_B=aux.stop_B | (done_B & ~more_B))
+    aux = jax.lax.cond(jnp.any(next_B),
+                       lambda a: self._append(model, a, final, next_B),
+                       lambda a: a, aux)
+    forwards_B = (active_B.astype(jnp.int32) + fresh_B + next_B)
+    return tokens_BxN, aux, forwards_B
+
+  def _append(self, model, aux: CanvasRows, final_BxC, rows_B) -> CanvasRows:
+    """The finished canvases of rows_B written causally into the cache
+    (their final K/V over the scratch ones), then the next canvas."""
+    slots = jnp.where(rows_B[:, None],
+                      aux.start_B[:, None] + jnp.arange(self.canvas_length),
+                      -1)
+    _, cache = dg.forward_rows(model.params, model.config, final_BxC,
+                               slots, aux.cache, dg.causal(slots),
+                               logits=False)
+    c = self.canvas_length
+    aux = aux.replace(cache=cache,
+                      start_B=aux.start_B + c * rows_B,
+                      written_B=aux.written_B + c * rows_B)
+    return self._start_canvas(model, aux, rows_B)
