@@ -36,10 +36,7 @@ def _error(capsys, argv) -> str:
     (["humaneval", "--data", "/nonexistent/he.jsonl"],
      "HumanEval data file /nonexistent/he.jsonl not found"),
     (["gsm8k", "--strategy", "magic"],
-     "unknown strategy 'magic'; known: dream, elastic-cache, fast-dllm-dual, "
-     "fast-dllm-prefix, flash-cache, flash-cache-confident, flash-dllm, "
-     "flash-dllm-confident, flash-dllm-onepass, llada, llada2, llada2-flash, "
-     "threshold"),
+     "unknown strategy 'magic'; known: " + ", ".join(sorted(strategies.STRATEGIES))),
     (["gsm8k", "--strategy", "dream"],
      "strategy 'dream' decodes dream checkpoints, not 'llada'"),
     (["gsm8k", "--alg", "entropy"],
@@ -47,7 +44,8 @@ def _error(capsys, argv) -> str:
     (["gsm8k", "--gen-length", "10", "--block-length", "4"],
      "gen_length (10) must be a multiple of block_length (4)"),
     (["gsm8k", "--steps", "0"], "steps must be a positive int, got 0"),
-    (["gsm8k", "--temperature", "-1"], "temperature must be >= 0"),
+    (["gsm8k", "--temperature", "-1"],
+     "temperature must be a number in [0, 2], got -1.0"),
     (["gsm8k", "--remasking", "sometimes"], "remasking must be one of"),
     (["gsm8k", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["gsm8k", "--limit", "-2"], "--limit must be >= 1, got -2"),

@@ -189,7 +189,7 @@ def test_llada2_flash_rows_sample_on_their_own():
   model = (params, config, None)
   prompts, seeds = random_prompts(6, [5, 12, 9]), [3, 4, 5]
   base = LLaDA2FlashSampler(gen_length=GEN, block_length=BL, gamma=1.0)
-  rows = [Sampling(3.0, 0.95, 20), GREEDY, Sampling(threshold=0.6)]
+  rows = [Sampling(2.0, 0.95, 20), GREEDY, Sampling(threshold=0.6)]
   got = generate(model, prompts, sampler=base, seed=seeds, sampling=rows,
                  logprobs=True)
   for i, (s, own) in enumerate([

@@ -44,7 +44,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from flash_dllm_jax.sampling.draw_settings import TEMPERATURE, TOP_K, TOP_P
 
@@ -117,17 +117,6 @@ class ChatMessage(BaseModel):
   role: Literal["system", "developer", "user", "assistant"]
   content: str | list[ContentPart]
   name: str | None = None
-
-  @field_validator("content", mode="before")
-  @classmethod
-  def _text_only(cls, content):
-    """Content parts with an image (or audio, video): one clear error, as
-    prompts.check_messages gives (every family here is text only)."""
-    from flash_dllm_jax.prompts import media_part
-    if media_part(content):
-      raise ValueError("an image, audio or video part: the models served "
-                       "here are text only (send the text as a string)")
-    return content
 
 
 class ChatRequest(_Common):
