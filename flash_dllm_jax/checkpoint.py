@@ -143,7 +143,7 @@ def _kind(ckpt_dir: Path) -> str:
   if ckpt_dir.exists() and not ckpt_dir.is_dir():
     raise FileNotFoundError(f"checkpoint {ckpt_dir} is a file; a checkpoint "
                             "is a directory (converted, or a Hugging Face "
-                            "LLaDA/Dream directory)")
+                            f"directory of {_families()})")
   if not ckpt_dir.is_dir():
     raise FileNotFoundError(f"checkpoint directory {ckpt_dir} does not exist")
   if (ckpt_dir / "manifest.json").is_file():
@@ -153,8 +153,14 @@ def _kind(ckpt_dir: Path) -> str:
     return "hf"
   raise FileNotFoundError(
       f"{ckpt_dir} is neither a converted checkpoint (it has no "
-      "manifest.json) nor a Hugging Face LLaDA/Dream directory (config.json "
-      "with model.safetensors or model.safetensors.index.json)")
+      f"manifest.json) nor a Hugging Face directory of {_families()} "
+      "(config.json with model.safetensors or model.safetensors.index.json)")
+
+
+def _families() -> str:
+  """The registry's families, for messages."""
+  from flash_dllm_jax import architectures
+  return "a family: " + ", ".join(architectures.names())
 
 
 def family_loader(ckpt_dir: str | Path):
@@ -238,7 +244,7 @@ def load(ckpt_dir: str | Path, dtype: str | None = None, mesh=None,
   device, and no host buffer, ever holds a whole sharded weight).
   A family's own format (Architecture.loader: Google's DiffusionGemma
   orbax tree) loads through that family's loader, which returns its own
-  config. A Hugging Face LLaDA/Dream directory loads too, tensor by tensor through
+  config. A Hugging Face directory of a registered family loads too, tensor by tensor through
   the converter's name table and checks (convert/streaming.py; dtype
   default bfloat16), with nothing written to disk.
   quantize (a format of flash_dllm_jax/quantize.py; quantize_head: the LM

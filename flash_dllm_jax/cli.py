@@ -82,10 +82,12 @@ def _epilog() -> str:
 
 
 def add_checkpoint_flag(ap: argparse.ArgumentParser) -> None:
+  from flash_dllm_jax import architectures
   ap.add_argument("--checkpoint", type=Path, default=None,
                   help="checkpoint directory: converted, or a Hugging Face "
-                       f"LLaDA/Dream directory (default: ${CHECKPOINT_ENV}, "
-                       f"else {DEFAULT_CHECKPOINT})")
+                       "directory of a family: "
+                       f"{', '.join(architectures.names())} (default: "
+                       f"${CHECKPOINT_ENV}, else {DEFAULT_CHECKPOINT})")
 
 
 def add_compile_cache_flags(ap: argparse.ArgumentParser) -> None:

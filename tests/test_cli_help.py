@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from flash_dllm_jax import cli, strategies
+from flash_dllm_jax import architectures, cli, strategies
 from tests.paths import ROOT
 
 
@@ -62,7 +62,8 @@ def test_serve_takes_what_generate_takes_for_checkpoint(capsys, monkeypatch,
   for command in ("generate", "serve"):
     text = _help(capsys, command)
     assert ("--checkpoint CHECKPOINT checkpoint directory: converted, or a "
-            "Hugging Face LLaDA/Dream directory (default: "
+            "Hugging Face directory of a family: "
+            f"{', '.join(architectures.names())} (default: "
             "$FLASH_DLLM_JAX_CHECKPOINT, else") in text, (command, text)
   monkeypatch.setenv(cli.CHECKPOINT_ENV, str(tmp_path / "gone"))
   for command in ("generate", "serve"):

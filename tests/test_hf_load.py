@@ -11,7 +11,7 @@ import pytest
 from flax import traverse_util
 
 import flash_dllm_jax
-from flash_dllm_jax import checkpoint, cli
+from flash_dllm_jax import architectures, checkpoint, cli
 from flash_dllm_jax.convert import ConversionError, convert_checkpoint
 from tests import hf_fixtures
 
@@ -77,7 +77,8 @@ def test_broken_hf_dir_gets_the_converter_error(sources, tmp_path):
 def test_directory_of_neither_kind(tmp_path, capsys):
   (tmp_path / "config.json").write_text("{}")
   with pytest.raises(FileNotFoundError, match="is neither a converted "
-                     "checkpoint .* nor a Hugging Face LLaDA/Dream"):
+                     "checkpoint .* nor a Hugging Face directory of a family: "
+                     + ", ".join(architectures.names())):
     flash_dllm_jax.load(tmp_path)
   assert cli.main(["generate", "--checkpoint", str(tmp_path), "--prompt",
                    "x"]) == 1
