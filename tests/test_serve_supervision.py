@@ -71,6 +71,15 @@ def served():
   service.scheduler.stop()
 
 
+def settled(service):
+  """Waits until the engine holds nothing (a release-only call left over
+  from an earlier test would otherwise take an armed fault)."""
+  deadline = time.monotonic() + 60
+  while not service.scheduler._idle():
+    assert time.monotonic() < deadline, "the engine never went idle"
+    time.sleep(0.01)
+
+
 def client(url):
   return openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0,
                        timeout=120)
@@ -95,6 +104,7 @@ def burst(url, n, **kw):
 def test_a_failed_device_call_answers_500_and_the_engine_restarts(served):
   service, url, fault, _ = served
   assert burst(url, 2) == [(200, None)] * 2  # compiled and working
+  settled(service)
   fault.failing = 1
   answers = burst(url, 5)  # 2 slots: some in the failed call, some queued
   assert (500, "engine_error") in answers, answers
@@ -111,6 +121,7 @@ def test_health_says_restarting_while_the_engine_is_rebuilt(served,
   real_reset = engine.reset
   monkeypatch.setattr(engine, "reset", lambda: (gate.wait(60),
                                                 real_reset())[1])
+  settled(service)
   fault.failing = 1
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     answer = pool.submit(ask, url, 0)
@@ -144,6 +155,7 @@ def test_repeated_failures_stop_the_server(served):
   """Last: leaves the engine failed."""
   service, url, fault, lost = served
   service.scheduler.restarts.clear()
+  settled(service)
   fault.failing = 10**6
   answers = []
   while service.scheduler.state != "failed":
