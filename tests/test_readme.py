@@ -1,0 +1,168 @@
+"""The README: its two commands on the first screen, its families from the
+registry, links that resolve, and its quickstart blocks (each after a
+`<!-- quickstart: NAME -->` marker) run as pasted on the shipped model.
+
+The quickstart blocks run with the test's interpreter first on PATH (so
+`python` and `flash-dllm-jax` are this environment's) and this tree first
+on PYTHONPATH. Two changes only: the server's port 8000 becomes a free one
+(tests run in parallel), and the evaluation's --out-dir a temporary folder.
+The Python and command-line blocks decode the same program, so the second
+loads it from the tests' persistent compilation cache.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flash_dllm_data.gsm_format import check_solution
+from flash_dllm_jax import architectures
+from tests.paths import ROOT
+from tests.serve_case import free_port
+
+README = (ROOT / "README.md").read_text()
+QUICKSTART = ("python", "cli", "serve", "client", "eval")
+
+
+def block(marker: str) -> str:
+  """The code of the fenced block right after `marker`."""
+  rest = README.split(marker + "\n", 1)[1]
+  assert rest.startswith("```"), f"no code block right after {marker}"
+  return rest.split("\n", 1)[1].split("\n```", 1)[0] + "\n"
+
+
+def quickstart(name: str) -> str:
+  return block(f"<!-- quickstart: {name} -->")
+
+
+def env() -> dict:
+  bindir = str(Path(sys.executable).parent)
+  return {**os.environ, "PATH": bindir + os.pathsep + os.environ["PATH"],
+          "PYTHONPATH": os.pathsep.join(
+              [str(ROOT)] + ([os.environ["PYTHONPATH"]]
+                             if os.environ.get("PYTHONPATH") else []))}
+
+
+def run_python(code: str, capsys) -> str:
+  """Runs a Python block in a fresh namespace from the repository root."""
+  cwd = os.getcwd()
+  os.chdir(ROOT)
+  try:
+    exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+  finally:
+    os.chdir(cwd)
+  return capsys.readouterr().out
+
+
+def answer_of(text: str) -> str:
+  """The worked solution: the lines from the first `<<` step to `#### N`."""
+  match = re.search(r"[^\n]*<<.*?#### -?\d+", text, re.S)
+  assert match, text
+  return match.group(0)
+
+
+def test_first_screen_holds_the_two_commands():
+  lines = README.splitlines()
+  assert len(lines) <= 700, len(lines)
+  for marker in ("<!-- main-command -->", "<!-- test-command -->"):
+    start = lines.index(marker)
+    end = lines.index("```", start + 2)
+    assert end < 40, (marker, end)
+  ci = (ROOT / ".ci" / "run").read_text()
+  extract = re.search(r"^cmd=\$\((awk .*)\)$", ci, re.M).group(1)
+  cmd = subprocess.run(["bash", "-c", extract], cwd=ROOT, check=True,
+                       capture_output=True, text=True).stdout.strip()
+  assert cmd == block("<!-- test-command -->").strip()
+  assert cmd.startswith("python3 -m venv .venv && ") and " pytest " in cmd
+
+
+def test_families_are_the_registry():
+  line = README.split("<!-- families -->\n", 1)[1].split(
+      "\n", 1)[0]
+  assert tuple(re.findall(r"`([a-z0-9_]+)`", line.split(":", 1)[1])
+               ) == architectures.names(), line
+
+
+def test_links_resolve():
+  """Every relative link of the README and docs/ names a file that exists."""
+  for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
+      if "://" not in target:
+        assert (page.parent / target).exists(), (page.name, target)
+
+
+def test_quickstart_blocks_are_the_tested_ones():
+  assert re.findall(r"<!-- quickstart: ([a-z]+) -->", README) == list(
+      QUICKSTART)
+
+
+@pytest.mark.slow
+def test_quickstart_python_and_command_line_give_the_worked_solution(capsys):
+  out = run_python(quickstart("python"), capsys)
+  solution = answer_of(out)
+  assert check_solution(solution) and solution.endswith("#### 104"), out
+  cli = subprocess.run(["bash", "-c", quickstart("cli")], cwd=ROOT, env=env(),
+                       capture_output=True, text=True, timeout=300)
+  assert cli.returncode == 0, cli.stderr
+  assert answer_of(cli.stdout) == solution  # one program, one answer
+
+
+@pytest.mark.slow
+def test_quickstart_server_answers_the_openai_client(capsys, tmp_path):
+  port = str(free_port())
+  log = open(tmp_path / "serve.log", "w")
+  start = subprocess.Popen(
+      ["bash", "-c", quickstart("serve").replace("8000", port)], cwd=ROOT,
+      env=env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+  try:
+    try:
+      assert start.wait(timeout=300) == 0  # the block returns once ready
+    except subprocess.TimeoutExpired:
+      raise AssertionError((tmp_path / "serve.log").read_text()[-3000:])
+    out = run_python(quickstart("client").replace("8000", port), capsys)
+    solution = answer_of(out)
+    assert check_solution(solution) and solution.endswith("#### 77"), out
+  finally:
+    _stop_group(start.pid)
+    log.close()
+
+
+def _stop_group(pgid: int) -> None:
+  """Ends the block's process group (the backgrounded server)."""
+  for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+    try:
+      os.killpg(pgid, sig)
+    except ProcessLookupError:
+      return
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+      try:
+        os.killpg(pgid, 0)
+      except ProcessLookupError:
+        return
+      time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_quickstart_evaluation_writes_its_run(tmp_path):
+  code = quickstart("eval")
+  assert "--out-dir runs/eval/quickstart" in code
+  run = subprocess.run(
+      ["bash", "-c", code.replace("runs/eval/quickstart", str(tmp_path))],
+      cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
+  assert run.returncode == 0, run.stderr[-3000:]
+  (summary_path,) = tmp_path.glob("*/summary.json")
+  summary = json.loads(summary_path.read_text())
+  records = [json.loads(r) for r in (summary_path.parent / "records.jsonl"
+                                      ).read_text().splitlines()]
+  assert len(records) == summary["problems"] == 4
+  solved = sum(r["correct"] for r in records)
+  assert solved == summary["correct"]
+  assert f"accuracy {solved}/4;" in run.stdout, run.stdout
+  assert "| flash-dllm |" in (tmp_path / "results.md").read_text()
