@@ -1,4 +1,5 @@
-"""flash-dllm-jax: fast inference for diffusion LLMs (LLaDA, Dream) in JAX.
+"""flash-dllm-jax: fast inference for diffusion LLMs in JAX (the model
+families are the registry's: `flash_dllm_jax.architectures.names()`).
 
   model = flash_dllm_jax.load("checkpoints/DIR")   # (params, config, tokenizer)
   out = flash_dllm_jax.generate(model, "2 + 3 = ?", strategy="flash-dllm",

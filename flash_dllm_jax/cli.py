@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from flash_dllm_jax import compilation, quantize, strategies
+from flash_dllm_jax import architectures, compilation, quantize, strategies
 from flash_dllm_jax.ops import choice
 
 CHECKPOINT_ENV = "FLASH_DLLM_JAX_CHECKPOINT"
@@ -42,8 +42,9 @@ def check_checkpoint(path: Path, given: bool) -> None:
       f"install does not copy); pass --checkpoint DIR or set {CHECKPOINT_ENV}")
 
 
-DESCRIPTION = ("Fast inference for diffusion LLMs (LLaDA, Dream) in JAX: "
-               "generate answers or serve an OpenAI-compatible API.")
+DESCRIPTION = ("Fast inference for diffusion LLMs in JAX (families: "
+               f"{', '.join(architectures.names())}): generate answers or "
+               "serve an OpenAI-compatible API.")
 # The other entry points, as the top-level --help lists them (run with
 # `python`; scripts/ is in the source tree, not in an installed package).
 ENTRY_POINTS = (
@@ -131,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
                    default="text", help="stdout format (default: text)")
   gen.add_argument("--batch-size", type=int, default=None,
                    help="prompts decoded at a time (continuous batching for "
-                        "strategies that refill slots; default: 32, or all "
-                        "at once with --mesh)")
+                        "the strategies that refill slots: "
+                        f"{', '.join(strategies.refilling())}; default: 32, "
+                        "or all at once with --mesh)")
   gen.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="compute dtype (default: the checkpoint's)")
   quantize.add_flags(gen)

@@ -209,7 +209,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     seed.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.
   batch_size: decode at most this many rows at a time. Samplers that can
-    refill slots (`reset_rows`: Flash-dLLM, Elastic-Cache) use continuous
+    refill slots (`Refillable`; `strategies.refilling()`) use continuous
     batching (a finished slot takes the next prompt inside the compiled
     loop); the others decode fixed chunks one after another. The results
     equal one batch of all prompts. None: one batch.

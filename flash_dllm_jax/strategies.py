@@ -140,6 +140,14 @@ def strategies_taking(option: str) -> list[str]:
           if option in sampler_options(s.sampler) and option not in s.fixed]
 
 
+def refilling() -> list[str]:
+  """The strategies whose sampler refills slots (`sampling.Refillable`:
+  continuous batching in `generate`, the server and the evaluations)."""
+  return [s.name for s in STRATEGIES.values()
+          if callable(getattr(s.sampler, "reset_rows", None))
+          and "max_refills" in sampler_options(s.sampler)]
+
+
 def decodes(strategy: Strategy, arch: str) -> bool:
   return strategy.sampler.__name__ in architectures.get(arch).samplers
 

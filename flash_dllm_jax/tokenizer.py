@@ -1,4 +1,5 @@
-"""Text <-> token ids and chat prompts for LLaDA and Dream.
+"""Text <-> token ids and chat prompts (each family's template and special
+tokens come from its registry entry).
 
 `Tokenizer` wraps a Hugging Face `tokenizers.Tokenizer` (the fast Rust BPE) and
 adds what lives in tokenizer_config.json: the special-token strings and the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Converts a Hugging Face LLaDA / Dream checkpoint directory (config.json,
-safetensors shards, tokenizer files) into a flash_dllm_jax checkpoint."""
+"""Converts a Hugging Face checkpoint directory (config.json, safetensors
+shards, tokenizer files) into a flash_dllm_jax checkpoint."""
 
 import argparse
 import sys
@@ -8,14 +8,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flash_dllm_jax import quantize  # noqa: E402
+from flash_dllm_jax import architectures, quantize  # noqa: E402
 from flash_dllm_jax.convert import (ConversionError,  # noqa: E402
                                     convert_checkpoint)
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("src_dir", help="the Hugging Face checkpoint directory")
+  parser = argparse.ArgumentParser(description=(
+      f"{__doc__.strip()} Families: {', '.join(architectures.names())}."))
+  parser.add_argument("src_dir", help="the Hugging Face checkpoint directory "
+                      "(its config.json's model_type names the family)")
   parser.add_argument("dst_dir", help="the new checkpoint directory")
   parser.add_argument("--dtype", choices=("bfloat16", "float32"),
                       default="bfloat16", help="stored parameter dtype")

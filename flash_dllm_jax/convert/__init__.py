@@ -1,4 +1,5 @@
-"""Conversion of Hugging Face LLaDA / Dream checkpoints to our format."""
+"""Conversion of Hugging Face checkpoints (every registered family's name
+table) to our format."""
 
 from flash_dllm_jax.convert.converter import ConversionError, convert_checkpoint
 

@@ -17,7 +17,7 @@ a row's tokens never depend on the other rows (see
 `generate.compiler_options`), so a request's answer equals offline
 `generate` of its prompt whatever else shares the slots.
 
-Refillable samplers (Flash-dLLM, Flash-Cache, Elastic-Cache) take new
+Refillable samplers (`strategies.refilling()` names them) take new
 rows while others decode ("continuous"). The others keep one step counter for
 the batch (their block schedule reads it), so the pool admits new rows
 only once all of its slots are free ("batch").

@@ -1,10 +1,10 @@
 """Which part of a row's answer is final, and the text it is safe to send.
 
-A diffusion LLM fills positions in any order, but LLaDA/Dream-style samplers
-never change a committed token, so the left-to-right prefix of committed
-tokens is final. Text is sent only from that prefix, minus what could still
-change: a trailing incomplete UTF-8 sequence (decoded as U+FFFD) and a tail
-that could be the start of a stop string.
+A diffusion LLM fills positions in any order, but a sampler without token
+editing never changes a committed token, so the left-to-right prefix of
+committed tokens is final. Text is sent only from that prefix, minus what
+could still change: a trailing incomplete UTF-8 sequence (decoded as
+U+FFFD) and a tail that could be the start of a stop string.
 
 A stop string cuts the answer as vLLM cuts it: the text ends before the
 stop string; the ids (and with them the logprobs and
