@@ -89,9 +89,21 @@ def test_families_are_the_registry():
                ) == architectures.names(), line
 
 
+def test_benchmarks_fits_its_budget():
+  """BENCHMARKS.md keeps one table per topic; older runs' tables live
+  beside their raw files under benchmarks/results/, linked."""
+  text = (ROOT / "BENCHMARKS.md").read_text()
+  assert len(text.splitlines()) <= 450
+  assert re.search(r"\]\(benchmarks/results/[^)]+\.md\)", text)
+
+
 def test_links_resolve():
-  """Every relative link of the README and docs/ names a file that exists."""
-  for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+  """Every relative link of the README, BENCHMARKS.md, docs/ and the
+  results' notes names a file that exists."""
+  pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md",
+           *sorted((ROOT / "docs").glob("*.md")),
+           *sorted((ROOT / "benchmarks" / "results").rglob("*.md"))]
+  for page in pages:
     for target in re.findall(r"\]\(([^)#]+)\)", page.read_text()):
       if "://" not in target:
         assert (page.parent / target).exists(), (page.name, target)

@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
                   "bubblewrap (own user, no network, no host files but the "
                   "system's and the interpreter's, read-only; own PIDs), "
                   "required unless rlimit, resource limits alone, is asked "
-                  "for (see README, Evaluation)")
+                  "for (see docs/evaluation.md)")
   he.add_argument("--max-processes", type=int, default=64,
                   help="processes a test program may run at once")
   he.add_argument("--workers", type=int, default=None,

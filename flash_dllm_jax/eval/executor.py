@@ -11,8 +11,8 @@ reports the verdict over the same socket.
 `Limits.sandbox` picks the confinement (eval/sandbox.py): 'bwrap'
 (bubblewrap: its own user, PID, network and mount namespaces, the host's
 system folders and the interpreter read-only, nothing else of the host) or,
-only when asked for by name, 'rlimit' (the limits alone). README
-(Evaluation) states what each guarantees.
+only when asked for by name, 'rlimit' (the limits alone). docs/evaluation.md
+states what each guarantees.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where `executor` confines a program: bubblewrap (`bwrap_args`, when
 `bwrap_problem` finds none) or, asked for by name, the limits alone; plus a
-`pids` cgroup where this process may create one (`pids_cgroup`). README
-(Evaluation) says what each guarantees."""
+`pids` cgroup where this process may create one (`pids_cgroup`).
+docs/evaluation.md says what each guarantees."""
 
 from __future__ import annotations
 
