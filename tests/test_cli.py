@@ -272,19 +272,3 @@ def test_non_editable_install_names_the_missing_model(tmp_path):
   assert pointed.stdout.startswith(">>> x\n")
 
 
-@pytest.mark.slow
-def test_readme_main_command_prints_the_worked_solution(capsys):
-  """The README's main command (its generate part) on the shipped model:
-  Flash-dLLM writes every step right and ends with the right number."""
-  import shlex
-  readme = (ROOT / "README.md").read_text()
-  block = readme.split("<!-- main-command -->", 1)[1].split("```bash\n", 1)[1]
-  command = block.split("\n```", 1)[0].strip()
-  argv = shlex.split(command.split("-m flash_dllm_jax ", 1)[1])
-  assert argv[:3] == ["generate", "--strategy", "flash-dllm"], argv
-  assert cli.main(argv) == 0
-  out = capsys.readouterr().out
-  for step in ("<<6*7=42>>42", "<<42-7=35>>35", "<<35-3=32>>32",
-               "<<32/4=8>>8"):
-    assert step in out, out
-  assert re.search(r"#### 8\s*$", out), out

@@ -6,13 +6,16 @@ The quickstart blocks run with the test's interpreter first on PATH (so
 `python` and `flash-dllm-jax` are this environment's) and this tree first
 on PYTHONPATH. Two changes only: the server's port 8000 becomes a free one
 (tests run in parallel), and the evaluation's --out-dir a temporary folder.
-The Python and command-line blocks decode the same program, so the second
-loads it from the tests' persistent compilation cache.
+The main command, the Python block and the command-line block decode one
+program (Flash-dLLM at gen 192, one short prompt): compiled once, then
+reused in this process and loaded from the tests' persistent compilation
+cache by the command-line block's process.
 """
 
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from flash_dllm_data.gsm_format import check_solution
-from flash_dllm_jax import architectures
+from flash_dllm_jax import architectures, cli
 from tests.paths import ROOT
 from tests.serve_case import free_port
 
@@ -112,6 +115,22 @@ def test_links_resolve():
 def test_quickstart_blocks_are_the_tested_ones():
   assert re.findall(r"<!-- quickstart: ([a-z]+) -->", README) == list(
       QUICKSTART)
+
+
+@pytest.mark.slow
+def test_main_command_prints_the_worked_solution(capsys):
+  """The main command's generate part, in this process: Flash-dLLM writes
+  every step right and ends with the right number. It compiles the program
+  the quickstart's Python and command-line blocks run next."""
+  argv = shlex.split(block("<!-- main-command -->").split(
+      "-m flash_dllm_jax ", 1)[1])
+  assert argv[:3] == ["generate", "--strategy", "flash-dllm"], argv
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  for step in ("<<6*7=42>>42", "<<42-7=35>>35", "<<35-3=32>>32",
+               "<<32/4=8>>8"):
+    assert step in out, out
+  assert re.search(r"#### 8\s*$", out), out
 
 
 @pytest.mark.slow
