@@ -207,6 +207,11 @@ def test_entry_points_equal_offline_generate(converted, capsys, tmp_path):
     name = client.models.list().data[0].id
     got = client.completions.create(model=name, prompt=PROMPT, max_tokens=16)
     assert got.choices[0].token_ids == want
+    # streamed: edits of committed tokens never revise text already sent
+    chunks = client.completions.create(model=name, prompt=PROMPT,
+                                       max_tokens=16, stream=True)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == \
+        got.choices[0].text
   finally:
     server.close()
 

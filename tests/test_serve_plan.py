@@ -7,6 +7,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.serve.engine import CycleOut
 from flash_dllm_jax.serve.events import Request
 from flash_dllm_jax.serve.plan import schedule, update
+from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.serve.text import AnswerText
 from flash_dllm_jax.tokenizer import Tokenizer
 from tests.paths import TINY_CHECKPOINT
@@ -98,3 +99,35 @@ def test_a_stop_string_cuts_text_ids_and_logprobs_alike_streamed_or_not():
   (_, ev), = update(plan, out, now=1.0).events
   assert ev.usage["completion_tokens"] == cut == len(ev.token_ids)
   assert ev.logprobs == [float(x) for x in lp[0, :cut]]
+
+
+def test_an_editing_sampler_streams_only_the_blocks_it_cannot_edit():
+  """LLaDA2.1's T2T edits change committed tokens of the current block (and,
+  in post-edit steps, of a block with no mask left): streamed text comes
+  only from the blocks before it, so it is never revised."""
+  tok = Tokenizer.from_dir(TINY_CHECKPOINT)
+  a, b = tok.encode("one two three four five"), tok.encode("six seven")
+  n, bl = 3, 4  # the prompt's length places the blocks: 1 + 4 + 4 + ...
+  final = np.array((a + b + [EOS] * 12)[:12], np.int32)
+  edited = final.copy()
+  edited[1:5] = final[5]  # block 1 (gen 1..4) as first committed
+  steps = [np.where(np.arange(12) < k, edited if k <= 5 else final, MASK)
+           for k in (1, 3, 5)]  # block 1 filling, then full and edited
+  steps += [np.where(np.arange(12) < 5, final, MASK),  # post-edit: fixed
+            np.where(np.arange(12) < 7, final, MASK), final]
+  answer, text = AnswerText(tok, CONFIG, 64, (), bl, n), ""
+  settled = []
+  for k, gen in enumerate(steps):
+    p = answer.update(gen.astype(np.int32), k == len(steps) - 1)
+    text += p.delta
+    settled.append(len(tok.decode(answer_ids(final, CONFIG))) if p.done
+                   else len(text))
+  one = len(tok.decode(final[:1].tolist()))  # block 0: gen 0 alone
+  assert settled[:5] == [0, 0, one, one, one]
+  assert not answer.revised
+  assert text == tok.decode(answer_ids(final, CONFIG))
+  # without edit_block the same stream sends block 1's first version
+  naive = AnswerText(tok, CONFIG, 64)
+  for k, gen in enumerate(steps):
+    naive.update(gen.astype(np.int32), k == len(steps) - 1)
+  assert naive.revised

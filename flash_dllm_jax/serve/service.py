@@ -258,6 +258,8 @@ class Service:
     # no seed: a fresh one, reported in `decoding.seed` (protocol.py)
     seed = secrets.randbits(32) if req.seed is None else req.seed
     echo = isinstance(req, CompletionRequest) and req.echo
+    edit_block = sampler.block_length if getattr(
+        sampler, "editing_threshold", None) is not None else None
     out = []
     for p, ids in enumerate(every):
       shown = (self.tokenizer.decode(ids) if self.tokenizer is not None
@@ -269,7 +271,8 @@ class Service:
         out.append(Request(
             ids=ids, key=variant, seed=(seed + j) % 2**32,
             answer=AnswerText(self.tokenizer, self.config,
-                              max_tokens or sampler.gen_length, stops),
+                              max_tokens or sampler.gen_length, stops,
+                              edit_block, len(ids)),
             emit=lambda ev, i=i: emit(i, ev), deadline=deadline,
             decoding=self.decodings[variant], sampling=sampling,
             index=i, logprobs=want_logprobs, echo=shown,

@@ -2,9 +2,12 @@
 
 A diffusion LLM fills positions in any order, but a sampler without token
 editing never changes a committed token, so the left-to-right prefix of
-committed tokens is final. Text is sent only from that prefix, minus what
-could still change: a trailing incomplete UTF-8 sequence (decoded as
-U+FFFD) and a tail that could be the start of a stop string.
+committed tokens is final. A sampler that edits committed tokens (LLaDA2.1's
+T2T edits) may change any generated token of its current block, so only
+the blocks before it are final (`edit_block`). Text is sent only from the
+final prefix, minus what could still change: a trailing incomplete UTF-8
+sequence (decoded as U+FFFD) and a tail that could be the start of a stop
+string.
 
 A stop string cuts the answer as vLLM cuts it: the text ends before the
 stop string; the ids (and with them the logprobs and
@@ -41,8 +44,13 @@ class AnswerText:
   """Tracks one request's answer from the slot's generation tokens."""
 
   def __init__(self, tokenizer, config: ModelConfig, max_tokens: int,
-               stop: Sequence[str] = ()):
+               stop: Sequence[str] = (), edit_block: int | None = None,
+               prompt_tokens: int = 0):
+    """edit_block: the block length of a sampler that edits committed
+    tokens (None: it never does); prompt_tokens: the prompt's length, which
+    places the blocks (they count from the row's first token)."""
     self.tokenizer, self.config = tokenizer, config
+    self.edit_block, self.prompt_tokens = edit_block, prompt_tokens
     self.max_tokens, self.stop = max_tokens, tuple(s for s in stop if s)
     self.sent = ""
     self.ids_sent = 0
@@ -85,14 +93,28 @@ class AnswerText:
       return len(ids)
     return self._first(ids, longer) - 1
 
+  def _settled(self, gen_G: np.ndarray, row_done: bool) -> int:
+    """How many leading generated tokens can no longer change. An editing
+    sampler's current block is the first with a mask, or, in its post-edit
+    steps, the one before it; so, not knowing which, the blocks before the
+    first masked one's predecessor are final (or all but the last block
+    when no mask is left)."""
+    masked = np.flatnonzero(gen_G == self.config.mask_token_id)
+    first = int(masked[0]) if masked.size else len(gen_G)
+    if self.edit_block is None or row_done:
+      return first
+    n, b = self.prompt_tokens, self.edit_block
+    at = n + (first if masked.size else len(gen_G) - 1)
+    end = at - at % b - (b if masked.size else 0)
+    return min(max(end - n, 0), first)
+
   def update(self, gen_G: np.ndarray, row_done: bool) -> Progress:
     """gen_G: the slot's generation region now; row_done: its loop stopped."""
     mask_id = self.config.mask_token_id
     if row_done:
       gen_G = np.asarray(fill_after_stop(gen_G, mask_id,
                                          self.config.pad_token_id))
-    masked = np.flatnonzero(gen_G == mask_id)
-    final_G = gen_G[:masked[0]] if masked.size else gen_G
+    final_G = gen_G[:self._settled(gen_G, row_done)]
     ids = answer_ids(final_G, self.config)
     stop_token = len(ids) < len(final_G)  # a final stop token ends the answer
     done, reason = row_done or stop_token, "stop" if stop_token else "length"
