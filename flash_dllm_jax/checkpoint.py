@@ -31,11 +31,10 @@ import orbax.checkpoint as ocp
 from flax import traverse_util
 from jax.sharding import NamedSharding
 
-from flash_dllm_jax import parallel, quantize as quantize_lib
+from flash_dllm_jax import parallel, quantize as quantize_lib, roles
 from flash_dllm_jax.checkpoint_shapes import (check_against_config,
                                               check_quantizable, stored_shapes)
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.model import roles
 from flash_dllm_jax.tokenizer import Tokenizer
 
 FORMAT = 1
