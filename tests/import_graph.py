@@ -1,12 +1,16 @@
-"""Static import graph of the project's packages, read with `ast` (no import).
+"""Static import graph of the project's packages, read with `ast` (nothing
+is imported, JAX included).
 
-`graph(root, packages)` maps every module of `packages` (dotted names) to the
-project modules it imports, at module level or inside functions, with
-relative imports and `from pkg import module` resolved; `cycles(graph)` lists
-each import circle once. Used by tests/test_imports.py; runs without JAX.
+`edges(root, packages)`: every import of one project module by another, at
+module level or inside a function, with relative imports, `from pkg import
+module`, importlib calls with a literal name and the packages whose
+__init__ an import runs resolved; `cycles(edges)`: the import circles, each
+`describe`d as one line; `external(root, packages)`: what else they import.
+Used by tests/test_imports.py.
 """
 import ast
 import dataclasses
+import functools
 import pathlib
 
 
@@ -16,10 +20,11 @@ class Edge:
   source: str
   target: str
   line: int
-  nested: bool  # inside a function or class body (a deferred import)
+  nested: bool  # inside a function (run when called: a deferred import)
 
 
-def modules(root: pathlib.Path, packages: tuple[str, ...]) -> dict[str, pathlib.Path]:
+def modules(root: pathlib.Path,
+            packages: tuple[str, ...]) -> dict[str, pathlib.Path]:
   """Dotted module name -> file, for every .py file under `packages`."""
   found = {}
   for package in packages:
@@ -29,6 +34,11 @@ def modules(root: pathlib.Path, packages: tuple[str, ...]) -> dict[str, pathlib.
         parts.pop()
       found[".".join(parts)] = path
   return found
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(path: pathlib.Path) -> ast.AST:
+  return ast.parse(path.read_text(), filename=str(path))
 
 
 def _is_package(name: str, known: dict[str, pathlib.Path]) -> bool:
@@ -77,18 +87,35 @@ def _targets(module: str, node: ast.AST,
   return found
 
 
+def _dynamic(node: ast.AST) -> ast.Import | None:
+  """`importlib.import_module("a.b")` / `__import__("a.b")` with a literal
+  name, as the `import a.b` it amounts to (else None)."""
+  if not (isinstance(node, ast.Call) and node.args
+          and isinstance(node.args[0], ast.Constant)
+          and isinstance(node.args[0].value, str)):
+    return None
+  f = node.func
+  name = (f.attr if isinstance(f, ast.Attribute) else
+          f.id if isinstance(f, ast.Name) else None)
+  if name not in ("import_module", "__import__"):
+    return None
+  return ast.Import(names=[ast.alias(name=node.args[0].value)],
+                    lineno=node.lineno)
+
+
 def _walk(tree: ast.AST):
-  """Yields (import node, nested) for every import in `tree`."""
+  """Yields (import node, nested) for every import in `tree`; nested: inside
+  a function (run when called, not when the module is imported)."""
   stack = [(tree, False)]
   while stack:
     node, nested = stack.pop()
     for child in ast.iter_child_nodes(node):
-      inner = nested or isinstance(
-          child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
-                  ast.ClassDef))
       if isinstance(child, (ast.Import, ast.ImportFrom)):
         yield child, nested
-      stack.append((child, inner))
+      elif (dynamic := _dynamic(child)) is not None:
+        yield dynamic, nested
+      stack.append((child, nested or isinstance(
+          child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))))
 
 
 def _with_packages(module: str, target: str,
@@ -109,8 +136,7 @@ def edges(root: pathlib.Path, packages: tuple[str, ...]) -> list[Edge]:
   known = modules(root, packages)
   found = set()
   for module, path in known.items():
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node, nested in _walk(tree):
+    for node, nested in _walk(_parse(path)):
       for target in _targets(module, node, known):
         for name in _with_packages(module, target, known):
           if name != module:
@@ -118,14 +144,14 @@ def edges(root: pathlib.Path, packages: tuple[str, ...]) -> list[Edge]:
   return sorted(found, key=lambda e: (e.source, e.line, e.target))
 
 
-def external(root: pathlib.Path, packages: tuple[str, ...]) -> list[tuple[str, int, str]]:
+def external(root: pathlib.Path,
+             packages: tuple[str, ...]) -> list[tuple[str, int, str]]:
   """(module, line, top-level name) of every absolute import outside the
   project modules of `packages`."""
   known = modules(root, packages)
   found = []
   for module, path in known.items():
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node, _ in _walk(tree):
+    for node, _ in _walk(_parse(path)):
       if isinstance(node, ast.Import):
         names = [a.name for a in node.names]
       elif isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -138,23 +164,67 @@ def external(root: pathlib.Path, packages: tuple[str, ...]) -> list[tuple[str, i
   return found
 
 
-def cycles(all_edges: list[Edge]) -> list[list[Edge]]:
-  """One shortest circle per strongly connected component's each edge.
+def _components(graph: dict[str, dict[str, Edge]]) -> list[set[str]]:
+  """The strongly connected components of more than one module (Kosaraju:
+  finishing order on the graph, then reached sets on the reversed one)."""
+  order, seen = [], set()
+  for root in sorted(graph):
+    if root in seen:
+      continue
+    seen.add(root)
+    stack = [(root, iter(sorted(graph.get(root, {}))))]
+    while stack:
+      node, todo = stack[-1]
+      nxt = next(todo, None)
+      if nxt is None:
+        order.append(node)
+        stack.pop()
+      elif nxt not in seen:
+        seen.add(nxt)
+        stack.append((nxt, iter(sorted(graph.get(nxt, {})))))
+  reverse: dict[str, set[str]] = {}
+  for source, targets in graph.items():
+    for target in targets:
+      reverse.setdefault(target, set()).add(source)
+  found, placed = [], set()
+  for root in reversed(order):
+    if root in placed:
+      continue
+    component, frontier = {root}, [root]
+    placed.add(root)
+    while frontier:
+      for prev in reverse.get(frontier.pop(), ()):
+        if prev not in placed:
+          placed.add(prev)
+          component.add(prev)
+          frontier.append(prev)
+    if len(component) > 1:
+      found.append(component)
+  return found
 
-  Each circle is a list of edges a -> b -> ... -> a, rotated to start at its
-  smallest module name; duplicates are dropped."""
+
+def cycles(all_edges: list[Edge]) -> list[list[Edge]]:
+  """The import circles: for each group of modules that import each other,
+  the shortest circle through each import inside a function (the deferred
+  imports that keep a circle from failing at import time), or, with none,
+  its shortest circle; each as edges a -> b -> ... -> a, rotated to start
+  at its smallest module name. Empty exactly when there is no circle."""
   graph: dict[str, dict[str, Edge]] = {}
   for e in all_edges:
     graph.setdefault(e.source, {}).setdefault(e.target, e)
   found = {}
-  for e in all_edges:
-    path = _shortest_path(graph, e.target, e.source)
-    if path is None:
-      continue
-    circle = [e] + path
-    start = min(range(len(circle)), key=lambda i: circle[i].source)
-    circle = circle[start:] + circle[:start]
-    found.setdefault(tuple(c.source for c in circle), circle)
+  for component in _components(graph):
+    inside = [e for e in all_edges
+              if e.source in component and e.target in component]
+    through = [e for e in inside if e.nested] or inside
+    circles = [[e] + _shortest_path(graph, e.target, e.source)
+               for e in through]
+    if not any(e.nested for e in inside):
+      circles = [min(circles, key=len)]
+    for circle in circles:
+      start = min(range(len(circle)), key=lambda i: circle[i].source)
+      circle = circle[start:] + circle[:start]
+      found.setdefault(tuple((c.source, c.line) for c in circle), circle)
   return [found[k] for k in sorted(found)]
 
 
