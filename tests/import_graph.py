@@ -5,7 +5,8 @@ is imported, JAX included).
 module level or inside a function, with relative imports, `from pkg import
 module`, importlib calls with a literal name and the packages whose
 __init__ an import runs resolved; `cycles(edges)`: the import circles, each
-`describe`d as one line; `external(root, packages)`: what else they import.
+`describe`d as one line; `external(root, packages)`: what else they import;
+`loaded(edges, starts)`: what importing some modules loads.
 Used by tests/test_imports.py.
 """
 import ast
@@ -144,14 +145,13 @@ def edges(root: pathlib.Path, packages: tuple[str, ...]) -> list[Edge]:
   return sorted(found, key=lambda e: (e.source, e.line, e.target))
 
 
-def external(root: pathlib.Path,
-             packages: tuple[str, ...]) -> list[tuple[str, int, str]]:
-  """(module, line, top-level name) of every absolute import outside the
-  project modules of `packages`."""
+def external(root: pathlib.Path, packages: tuple[str, ...]) -> list[Edge]:
+  """Every absolute import of something outside the modules of `packages`,
+  its target the top-level name ('jax' for jax.numpy)."""
   known = modules(root, packages)
   found = []
   for module, path in known.items():
-    for node, _ in _walk(_parse(path)):
+    for node, nested in _walk(_parse(path)):
       if isinstance(node, ast.Import):
         names = [a.name for a in node.names]
       elif isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -160,7 +160,23 @@ def external(root: pathlib.Path,
         continue
       for name in names:
         if _owner(name, known) is None:
-          found.append((module, node.lineno, name.split(".")[0]))
+          found.append(Edge(module, name.split(".")[0], node.lineno, nested))
+  return found
+
+
+def loaded(all_edges: list[Edge], starts: tuple[str, ...]) -> set[str]:
+  """The modules importing `starts` loads: reached by module-level imports
+  (those inside functions run only when called)."""
+  graph: dict[str, set[str]] = {}
+  for e in all_edges:
+    if not e.nested:
+      graph.setdefault(e.source, set()).add(e.target)
+  found, frontier = set(starts), list(starts)
+  while frontier:
+    for nxt in graph.get(frontier.pop(), ()):
+      if nxt not in found:
+        found.add(nxt)
+        frontier.append(nxt)
   return found
 
 

@@ -1,8 +1,12 @@
-"""No import circles in the inference package and its kernels, read
-statically (tests/import_graph.py; nothing is imported, JAX included)."""
+"""The inference package and its kernels have no import circle and import
+only what their layer may, read statically (tests/import_graph.py; nothing
+is imported, JAX included; docs/imports.md)."""
 
 import pathlib
+import re
+import sys
 import textwrap
+import tomllib
 
 import pytest
 
@@ -12,6 +16,7 @@ from tests.paths import ROOT
 PACKAGES = ("flash_dllm_jax", "pallas_kernels")
 # Training, corpora and benchmarks build on inference, never the reverse.
 ABOVE = ("flash_dllm_train", "flash_dllm_data", "flash_dllm_bench")
+IMPORT_NAMES = {"orbax_checkpoint": "orbax"}  # distribution -> module
 
 EDGES = import_graph.edges(ROOT, PACKAGES)
 
@@ -32,10 +37,32 @@ def test_kernels_never_import_the_engine():
 
 
 def test_inference_never_imports_training_data_or_benchmarks():
-  bad = [f"{module}:{line} imports {name}" for module, line, name
-         in import_graph.external(ROOT, PACKAGES) if name in ABOVE]
+  bad = [f"{e.source}:{e.line} imports {e.target}"
+         for e in import_graph.external(ROOT, PACKAGES) if e.target in ABOVE]
   if bad:
     pytest.fail("\n".join(bad), pytrace=False)
+
+
+def test_the_package_and_its_commands_load_without_optional_extras():
+  """`import flash_dllm_jax` and `python -m flash_dllm_jax` load only the
+  standard library and pyproject's dependencies (jax's ml_dtypes with it):
+  the extras (serve, lm-eval, eval) are imported inside the functions that
+  use them."""
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+  names = {re.split(r"[^A-Za-z0-9_-]", d)[0].replace("-", "_")
+           for d in project["dependencies"]}
+  names = {IMPORT_NAMES.get(n, n) for n in names}
+  allowed = set(sys.stdlib_module_names) | names | {"ml_dtypes"}
+  loaded = import_graph.loaded(EDGES, ("flash_dllm_jax", "flash_dllm_jax.cli",
+                                       "flash_dllm_jax.__main__"))
+  bad = sorted(f"{e.source}:{e.line} imports {e.target}"
+               for e in import_graph.external(ROOT, PACKAGES)
+               if e.source in loaded and not e.nested
+               and e.target not in allowed)
+  if bad:
+    pytest.fail("loaded with the package or its commands, outside "
+                "pyproject's dependencies (import them where used):\n"
+                + "\n".join(bad), pytrace=False)
 
 
 def test_the_graph_sees_every_form_of_import(tmp_path: pathlib.Path):
@@ -65,4 +92,8 @@ def test_the_graph_sees_every_form_of_import(tmp_path: pathlib.Path):
       "pkg.c:2 -> pkg.d:1 -> pkg.c",
       "pkg.e:2 -> pkg.f:1 -> pkg.sub.leaf:2 -> pkg.e",
   ]
-  assert ("pkg.g", 1, "os") in import_graph.external(tmp_path, ("pkg",))
+  assert import_graph.Edge("pkg.g", "os", 1, False) in import_graph.external(
+      tmp_path, ("pkg",))
+  assert import_graph.loaded(edges, ("pkg.b",)) == {"pkg.b"}
+  assert import_graph.loaded(edges, ("pkg.f",)) == {
+      "pkg.f", "pkg.sub", "pkg.sub.leaf", "pkg.e"}
