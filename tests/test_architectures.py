@@ -91,6 +91,10 @@ def test_roles_replace_name_rules():
   assert not roles.quantizes(config, "lm_head")
   assert roles.quantizes(config.replace(quantize="int8", quantize_head=True),
                          "lm_head")
+  # roles.py imports no model: the one whose init traces a config registers
+  # it; a config no model registered gets one error naming its type.
+  with pytest.raises(TypeError, match="no model registered for tuple"):
+    roles.table(("not", "a config"))
 
 
 TOY = '''
