@@ -16,6 +16,7 @@ from flax import traverse_util
 
 from flash_dllm_jax import quantize as quantize_lib
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import init_params
 
 _SHOWN = 4  # mismatches named in the error; the rest are counted
 
@@ -32,7 +33,6 @@ def stored_shapes(checkpointer, group_dir: Path) -> dict[str, tuple]:
 def expected_shapes(config: ModelConfig) -> dict[str, tuple]:
   """{param path: shape} of the parameters `config` describes, as stored
   (kernel_q and scale for the weights a quantized config stores 8-bit)."""
-  from flash_dllm_jax.model import init_params
   plain = config.replace(quantize=None, quantize_head=False,
                          quantize_embedding=False)
   tree = jax.eval_shape(lambda: init_params(plain, jax.random.key(0)))

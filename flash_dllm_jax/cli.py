@@ -13,34 +13,23 @@ cache. Without a command the program prints its help (exit status 0).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
-from flash_dllm_jax import architectures, compilation, quantize, strategies
+from flash_dllm_jax import (architectures, cli_io, compilation, quantize,
+                            strategies)
+from flash_dllm_jax.checkpoint import load
+from flash_dllm_jax.cli_flags import (CHECKPOINT_ENV,  # noqa: F401
+                                      DEFAULT_CHECKPOINT, add_checkpoint_flag,
+                                      add_compile_cache_flags,
+                                      check_checkpoint, default_checkpoint,
+                                      start_compile_cache)
+from flash_dllm_jax.generate import generate
 from flash_dllm_jax.ops import choice
-
-CHECKPOINT_ENV = "FLASH_DLLM_JAX_CHECKPOINT"
-DEFAULT_CHECKPOINT = (Path(__file__).resolve().parents[1] / "checkpoints"
-                      / "synthetic-gsm-llada-16m")
-
-
-def default_checkpoint() -> Path:
-  """$FLASH_DLLM_JAX_CHECKPOINT, else the shipped model in the source tree."""
-  env = os.environ.get(CHECKPOINT_ENV)
-  return Path(env).expanduser() if env else DEFAULT_CHECKPOINT
-
-
-def check_checkpoint(path: Path, given: bool) -> None:
-  """One line saying where the model was expected and how to point at it."""
-  if given or path.exists():
-    return
-  raise FileNotFoundError(
-      f"no checkpoint at {path} (the shipped model lives in checkpoints/"
-      "synthetic-gsm-llada-16m of the source tree, which a non-editable "
-      f"install does not copy); pass --checkpoint DIR or set {CHECKPOINT_ENV}")
-
+from flash_dllm_jax.parallel import parse_mesh
+from flash_dllm_jax.sampling import checks
+from flash_dllm_jax.serve import cli as serve_cli
 
 DESCRIPTION = ("Fast inference for diffusion LLMs in JAX (families: "
                f"{', '.join(architectures.names())}): generate answers or "
@@ -80,31 +69,6 @@ def _epilog() -> str:
   rows = [f"  {'python ' + c:<{width}}  {d}" for c, d in ENTRY_POINTS]
   return ("other entry points (each takes --help; scripts/ is in the "
           "source tree):\n" + "\n".join(rows))
-
-
-def add_checkpoint_flag(ap: argparse.ArgumentParser) -> None:
-  from flash_dllm_jax import architectures
-  ap.add_argument("--checkpoint", type=Path, default=None,
-                  help="checkpoint directory: converted, or a Hugging Face "
-                       "directory of a family: "
-                       f"{', '.join(architectures.names())} (default: "
-                       f"${CHECKPOINT_ENV}, else {DEFAULT_CHECKPOINT})")
-
-
-def add_compile_cache_flags(ap: argparse.ArgumentParser) -> None:
-  from flash_dllm_jax.compilation import CACHE_ENV, default_cache_dir
-  ap.add_argument("--compile-cache", type=Path, default=None, metavar="DIR",
-                  help="JAX's persistent compilation cache (default: "
-                       f"${CACHE_ENV}, else {default_cache_dir() or 'off'})")
-  ap.add_argument("--no-compile-cache", action="store_true",
-                  help=f"compile everything afresh (or {CACHE_ENV}=off)")
-
-
-def start_compile_cache(args) -> None:
-  from flash_dllm_jax.compilation import (default_cache_dir,
-                                          enable_persistent_cache)
-  if not args.no_compile_cache:
-    enable_persistent_cache(args.compile_cache or default_cache_dir())
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,18 +114,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="no progress lines on stderr")
   add_compile_cache_flags(gen)
   strategies.add_option_flags(gen)
-  from flash_dllm_jax.serve.cli import add_parser as add_serve
-  add_serve(sub)
+  serve_cli.add_parser(sub)
   return ap
 
 
 def _generate(args) -> int:
-  from flash_dllm_jax import cli_io
-  from flash_dllm_jax.checkpoint import load
-  from flash_dllm_jax.generate import generate
-  from flash_dllm_jax.parallel import parse_mesh
-  from flash_dllm_jax.sampling import checks
-
   prompts = cli_io.read_prompts(args.prompt, args.prompt_file)
   kernels = choice.kernels_from_args(args)
   batch_size = args.batch_size or (None if args.mesh else 32)

@@ -12,6 +12,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from flash_dllm_jax import prompts as prompt_forms
+from flash_dllm_jax.generate import answer_ids
 
 
 def _decode(data: bytes, source: str) -> str:
@@ -86,7 +87,6 @@ def records(prompts: list, out, config, seconds_B) -> list[dict[str, Any]]:
   """One JSON-ready dict per prompt: text, token ids (up to the stop token),
   steps, forwards, tokens/step (generated tokens with the stop token over
   steps) and seconds (the wall time of the decode call that made it)."""
-  from flash_dllm_jax.generate import answer_ids
   rows = []
   for b, prompt in enumerate(prompts):
     ids = answer_ids(out.tokens_BxG[b], config)

@@ -27,7 +27,7 @@ mesh and lets XLA's SPMD partitioner compile the unchanged decode loop:
          (model/moe.py); the shared experts split like the MLP.
 
 `param_spec` gives a parameter its PartitionSpec from the role its model
-part declared (model/roles.py); `shard_params` and
+part declared (roles.py); `shard_params` and
 `checkpoint.load(mesh=...)` place weights with it; `use(mesh)` makes the mesh
 the context of a traced decode, where `ops` runs the Pallas kernels per shard
 through `shard_map` (each kernel sees its own rows and heads).
@@ -45,7 +45,11 @@ from typing import Any, Iterator
 
 import jax
 import numpy as np
+from flax import traverse_util
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from flash_dllm_jax import roles
 
 AXES = ("data", "model")
 CACHE_SPEC = P("data", None, "model", None)  # KV cache [B, S, K, D]
@@ -111,7 +115,6 @@ def param_spec(config, path: str, shape: tuple[int, ...],
                mesh: Mesh | None = None) -> P:
   """The PartitionSpec of `config`'s parameter `path` ('layers_3/q_proj/
   kernel', or an 8-bit 'kernel_q' / 'scale') of stored `shape`."""
-  from flash_dllm_jax.model import roles
   role, quantized = roles.role_of(config, path)
   axes = role.axes(len(shape), quantized)
   if mesh is not None:  # a dimension the mesh does not divide stays whole
@@ -122,13 +125,11 @@ def param_spec(config, path: str, shape: tuple[int, ...],
 
 
 def _flat(params) -> dict[str, Any]:
-  from flax import traverse_util
   return traverse_util.flatten_dict(dict(params), sep="/")
 
 
 def param_shardings(mesh: Mesh, config, params) -> Any:
   """A tree like `params` (arrays or shape structs) of NamedShardings."""
-  from flax import traverse_util
   return traverse_util.unflatten_dict(
       {path: NamedSharding(mesh, param_spec(config, path, tuple(x.shape),
                                             mesh))
@@ -233,5 +234,4 @@ def process_count() -> int:
 def barrier(name: str) -> None:
   """Waits until every process reaches `name` (no-op for one process)."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)

@@ -8,7 +8,7 @@ for is kernel_q * scale (pallas_kernels/qmatmul/reference.py). Quantization
 is symmetric absmax with round to nearest; an all-zero channel or group
 gets scale 1 (and zeros).
 
-Which parameters are quantized is each one's role (model/roles.py):
+Which parameters are quantized is each one's role (roles.py):
 every projection of a block (q/k/v, attn_out, gate/up/down, each expert's)
 is; the LM head stays in its dtype unless the config's `quantize_head`:
 then it is stored like a projection ('lm_head/kernel_q' [V, E],
@@ -30,7 +30,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
+from flash_dllm_jax import roles
 from pallas_kernels.common import on_gpu
 
 
@@ -89,19 +91,14 @@ def scale_columns(fmt: str, e: int) -> int:
   return 1 if group is None else e // group
 
 
-def _roles():
-  from flash_dllm_jax.model import roles
-  return roles
-
-
 def quantizes(config, path: str) -> bool:
   """Whether the unquantized parameter at `path` is stored in 8 bits under
   the config's quantize, quantize_head and quantize_embedding."""
-  return config.quantize is not None and _roles().quantizes(config, path)
+  return config.quantize is not None and roles.quantizes(config, path)
 
 
 def _kind(config, path: str) -> str | None:
-  return _roles().table(config).get(path, _roles().REPLICATED).quantize
+  return roles.table(config).get(path, roles.REPLICATED).quantize
 
 
 def leaf_format(config, path: str) -> str:
@@ -217,12 +214,10 @@ def weight_bytes(params) -> int:
 
 
 def _flatten(params) -> dict[str, Any]:
-  from flax import traverse_util
   return traverse_util.flatten_dict(dict(params), sep="/")
 
 
 def _unflatten(flat: dict[str, Any]):
-  from flax import traverse_util
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
@@ -261,7 +256,7 @@ def check_params(params, config) -> None:
   flat = _flatten(params)
   for kind, field in (("head", "quantize_head"),
                       ("embedding", "quantize_embedding")):
-    for path, role in _roles().table(config).items():
+    for path, role in roles.table(config).items():
       if role.quantize != kind:
         continue
       stored = path + "/kernel_q" in flat

@@ -11,12 +11,11 @@ import pytest
 from safetensors.numpy import save_file
 
 import flash_dllm_jax
-from flash_dllm_jax import architectures, strategies
+from flash_dllm_jax import architectures, roles, strategies
 from flash_dllm_jax.architectures import dream, llada
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import convert_checkpoint, tables
 from flash_dllm_jax.generate import default_sampler
-from flash_dllm_jax.model import roles
 from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.tokenizer import build_tiny_tokenizer
@@ -92,6 +91,10 @@ def test_roles_replace_name_rules():
   assert not roles.quantizes(config, "lm_head")
   assert roles.quantizes(config.replace(quantize="int8", quantize_head=True),
                          "lm_head")
+  # roles.py imports no model: the one whose init traces a config registers
+  # it; a config no model registered gets one error naming its type.
+  with pytest.raises(TypeError, match="no model registered for tuple"):
+    roles.table(("not", "a config"))
 
 
 TOY = '''

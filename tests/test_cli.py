@@ -44,16 +44,14 @@ def test_flash_dllm_json_output(capsys):
 def test_attention_split_target_reaches_generate(capsys, monkeypatch):
   """--attention-split-target N: generate gets Kernels with that tiling
   (the flags' defaults: kernels=None)."""
-  # the module: the package re-exports its function under the same name
-  generate_module = sys.modules["flash_dllm_jax.generate"]
   seen = []
-  real = generate_module.generate
+  real = cli.generate
 
   def recording(*args, **kwargs):
     seen.append(kwargs["kernels"])
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(generate_module, "generate", recording)
+  monkeypatch.setattr(cli, "generate", recording)
   for extra in ([], ["--attention-split-target", "132"]):
     code, _, err = run(capsys, *TINY, *FLASH, "--prompt", "Hi", *extra)
     assert code == 0, err

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flash_dllm_jax import checkpoint
+from flash_dllm_jax import checkpoint, checkpoint_files
 from flash_dllm_jax.convert import ConversionError, convert_checkpoint, \
     converter
 from flash_dllm_jax.tokenizer import Tokenizer
@@ -133,7 +133,7 @@ def test_failure_while_writing_is_rolled_back(llada_src, tmp_path,
 
   def fail(*args, **kwargs):
     raise OSError("disk full")
-  monkeypatch.setattr(checkpoint, "write_metadata", fail)
+  monkeypatch.setattr(checkpoint_files, "write_metadata", fail)
   with pytest.raises(ConversionError, match=r"cannot write .*ckpt: disk full"):
     convert_checkpoint(llada_src, dst, force=True, progress=False)
   assert [p.name for p in dst.iterdir()] == ["old.txt"]

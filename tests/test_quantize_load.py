@@ -69,8 +69,8 @@ def test_cli_generate_with_quantize(capsys, monkeypatch):
     loaded.append(load(*args, **kwargs))
     return loaded[-1]
 
-  load = checkpoint.load
-  monkeypatch.setattr(checkpoint, "load", recording_load)
+  load = cli.load
+  monkeypatch.setattr(cli, "load", recording_load)
   argv = ["generate", "--checkpoint", str(TINY_CHECKPOINT), "--quantize",
           "fp8", "--quantize-head", "--quantize-embedding", "--gen-length",
           "8", "--steps", "4", "--block-length", "8", "--prompt", "Hi",

@@ -26,7 +26,7 @@ from typing import Iterator
 import numpy as np
 from tqdm import tqdm
 
-from flash_dllm_jax import architectures, checkpoint
+from flash_dllm_jax import architectures, checkpoint_files
 from flash_dllm_jax import quantize as quantized
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import source
@@ -61,7 +61,7 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
   if dst.exists() and not force:
     raise ConversionError(f"destination {dst} already exists; pass "
                           "force=True (--force) to replace it")
-  own = checkpoint.family_loader(src)
+  own = checkpoint_files.family_loader(src)
   if own is not None and hasattr(own, "convert"):
     # A family with its own format (DiffusionGemma: Google's orbax tree).
     if quantize is not None or quantize_head or quantize_embedding:
@@ -77,7 +77,7 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
   plan = source.plan_tensors(
       headers, architectures.get(config.arch).name_table(), config, model_type)
   try:
-    config = checkpoint.quantized_config(config, quantize, quantize_head,
+    config = checkpoint_files.quantized_config(config, quantize, quantize_head,
                                          str(src),
                                          embedding=quantize_embedding)
     if quantize is not None:
@@ -90,7 +90,7 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
   stacks = source.Stacks()
   with tqdm(total=sum(map(len, plan.values())), unit="tensor",
             desc="converting", disable=not progress) as bar, \
-       _write_errors(dst), checkpoint.staging_dir(dst, force) as tmp:
+       _write_errors(dst), checkpoint_files.staging_dir(dst, force) as tmp:
     written = {}
     for group, (shard, mapped) in groups.items():
       arrays = {}
@@ -106,9 +106,9 @@ def convert_checkpoint(src_dir: str | Path, dst_dir: str | Path,
             arrays[path] = array
         bar.update()
       if arrays:  # expert slices wait for the group completing their stack
-        checkpoint.write_group(tmp, group, arrays)
+        checkpoint_files.write_group(tmp, group, arrays)
         written[group] = sorted(arrays)
-    checkpoint.write_metadata(tmp, config, written, tokenizer, model_type)
+    checkpoint_files.write_metadata(tmp, config, written, tokenizer, model_type)
     for name in _COPIED_FILES:
       if (src / name).is_file():
         shutil.copyfile(src / name, tmp / name)

@@ -13,7 +13,7 @@ import ml_dtypes  # noqa: F401  (lets safetensors hand out bfloat16 numpy)
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from flash_dllm_jax import architectures
+from flash_dllm_jax import architectures, roles
 from flash_dllm_jax import quantize as quantized
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert.tables import Mapped, expected_names, resolve
@@ -33,7 +33,6 @@ def read_tensor(shard: Path, mapped: Mapped, config: ModelConfig,
   float32 where the parameter's role keeps it so). The shard is mapped per
   tensor so that only this tensor's pages, not the whole shard's, stay
   resident."""
-  from flash_dllm_jax.model import roles
   try:
     with safe_open(str(shard), framework="numpy") as f:
       hf_array = f.get_tensor(mapped.hf_name)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from flax import traverse_util
 
-from flash_dllm_jax import architectures, checkpoint, parallel
+from flash_dllm_jax import architectures, checkpoint_files, parallel
 from flash_dllm_jax import quantize as quantized
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import source
@@ -53,7 +53,7 @@ def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
   table = architectures.get(config.arch).name_table()
   plan = source.plan_tensors(source.read_headers(src), table, config,
                              model_type)
-  config = checkpoint.quantized_config(config, quantize, quantize_head,
+  config = checkpoint_files.quantized_config(config, quantize, quantize_head,
                                        str(src), embedding=quantize_embedding)
   if quantize is not None:
     source.check_quantizable(plan, config)
@@ -66,13 +66,13 @@ def load_hf(src: str | Path, dtype: str | None = None, mesh=None,
       complete = stacks.add(m, source.read_tensor(src / shard, m, config,
                                                   np_dtype))
       for param_path, host in complete.items():
-        array = checkpoint.placed(config, param_path, host, mesh)
+        array = checkpoint_files.placed(config, param_path, host, mesh)
         del host
         if quantize is None:
           flat[param_path] = array
           continue
         for path, new in quantized.quantize_leaf(config, param_path,
                                                  array).items():
-          flat[path] = checkpoint.placed(config, path, new, mesh)
+          flat[path] = checkpoint_files.placed(config, path, new, mesh)
         del array
   return traverse_util.unflatten_dict(flat, sep="/"), config, tokenizer

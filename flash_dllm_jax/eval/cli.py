@@ -22,11 +22,17 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from flash_dllm_jax.cli import (DEFAULT_CHECKPOINT, add_compile_cache_flags,
-                                start_compile_cache)
-from flash_dllm_jax.eval import sandbox
+from flash_dllm_jax import parallel
+from flash_dllm_jax.checkpoint import load, load_config
+from flash_dllm_jax.cli_flags import (DEFAULT_CHECKPOINT,
+                                      add_compile_cache_flags,
+                                      start_compile_cache)
+from flash_dllm_jax.eval import report, runner, sandbox
+from flash_dllm_jax.eval.executor import Limits
+from flash_dllm_jax.eval.tasks.gsm8k import DEFAULT_DATA, GSM8K
+from flash_dllm_jax.eval.tasks.humaneval import HumanEval
 from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
-                                       options_from_args)
+                                       build_sampler, options_from_args)
 
 
 def _add_common(ap: argparse.ArgumentParser) -> None:
@@ -98,10 +104,7 @@ def _positive(name: str, value, minimum: int = 1) -> None:
 
 def _make_task(args):
   if args.task == "gsm8k":
-    from flash_dllm_jax.eval.tasks.gsm8k import DEFAULT_DATA, GSM8K
     return GSM8K(args.data or DEFAULT_DATA, args.num_fewshot, chat=args.chat)
-  from flash_dllm_jax.eval.executor import Limits
-  from flash_dllm_jax.eval.tasks.humaneval import HumanEval
   _positive("--workers", args.workers)
   limits = Limits(args.timeout, args.memory_mb, processes=args.max_processes,
                   sandbox=args.sandbox)
@@ -109,12 +112,7 @@ def _make_task(args):
 
 
 def _evaluate(args) -> int:
-  from flash_dllm_jax.checkpoint import load, load_config
-  from flash_dllm_jax.eval import report, runner
-  from flash_dllm_jax.strategies import build_sampler
-
   _positive("--batch-size", args.batch_size)
-  from flash_dllm_jax import parallel
   parallel.initialize_distributed()
   mesh = parallel.parse_mesh(args.mesh)
   _positive("--limit", args.limit)
@@ -163,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
   args = parser().parse_args(argv)
   try:
     if args.task == "report":
-      from flash_dllm_jax.eval import report
       table_path, plot_path, table = report.write_report(args.out_dir)
       print(table)
       print(f"table {table_path}; plot {plot_path}", file=sys.stderr)

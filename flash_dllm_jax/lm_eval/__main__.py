@@ -23,6 +23,7 @@ import re
 import sys
 from pathlib import Path
 
+from flash_dllm_jax import compilation
 from flash_dllm_jax.lm_eval import TASKS_DIR, model
 from flash_dllm_jax.lm_eval.args import ModelArgsError
 
@@ -97,8 +98,6 @@ def main(argv: list[str] | None = None) -> None:
   root = None if out is None else (out.parent if out.suffix == ".json" else out)
   seen = set(root.rglob("results_*.json")) if root and root.exists() else set()
   from lm_eval.__main__ import cli_evaluate
-
-  from flash_dllm_jax import compilation
   try:
     compilation.enable_persistent_cache(compilation.default_cache_dir())
   except ValueError as e:  # a cache directory that cannot be created

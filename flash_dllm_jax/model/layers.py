@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax import ops, quantize
-from flash_dllm_jax.model import roles
+from flash_dllm_jax import ops, quantize, roles
 
 Initializer = Callable[..., jax.Array]
 
@@ -40,7 +39,7 @@ class Linear(nn.Module):
   as kernel_q [out, in] in 8 bits with float32 scale [out, Z] and runs
   through ops.quantized_linear; `weights_only` then returns
   (kernel_q, scale, bias) without computing, for the fused calls of Block.
-  role: the kernel's (model/roles.py; default: column-parallel, quantized
+  role: the kernel's (roles.py; default: column-parallel, quantized
   as a projection); the bias shares its shard.
   """
 

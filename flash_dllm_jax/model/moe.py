@@ -33,9 +33,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from flash_dllm_jax import ops, parallel, quantize
+from flash_dllm_jax import ops, parallel, quantize, roles
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.model import roles
 from flash_dllm_jax.model.layers import Linear
 from flash_dllm_jax.model.mlp import swiglu
 

@@ -16,9 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax import ops, quantize
+from flash_dllm_jax import ops, quantize, roles
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.model import roles
 from flash_dllm_jax.model.attention import CachedExtras, attend, block_mask
 from flash_dllm_jax.model.cache import KVCache
 from flash_dllm_jax.model.layers import (Linear, QuantizedEmbed, RMSNorm,
@@ -177,9 +176,19 @@ def init_params(config: ModelConfig, rng: jax.Array,
                                         quantize_embedding=False),
                          rng, param_dtype, head_init_scale)
     return quantize.quantize_params(params, config)
-  param_dtype = jnp.dtype(param_dtype or config.dtype)
-  model = Transformer(config, param_dtype, head_init_scale)
-  tokens = jnp.zeros((1, 1), jnp.int32)
-  init = jax.jit(lambda r: model.init(r, tokens, tokens,
-                                      jnp.ones((1, 1), bool))["params"])
+  init = jax.jit(lambda r: init_variables(config, r, param_dtype,
+                                          head_init_scale)["params"])
   return init(rng)
+
+
+def init_variables(config: ModelConfig, rng: jax.Array, param_dtype=None,
+                   head_init_scale: float = 1.0):
+  """The flax init of `config`'s Transformer on a one-token row (what
+  init_params jits and roles.table traces)."""
+  model = Transformer(config, jnp.dtype(param_dtype or config.dtype),
+                      head_init_scale)
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  return model.init(rng, tokens, tokens, jnp.ones((1, 1), bool))
+
+
+roles.register_model(ModelConfig, init_variables)

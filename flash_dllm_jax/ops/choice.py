@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import jax
+
 from pallas_kernels.attention import api as attention_api
 from pallas_kernels.common import resolve_implementation
 from pallas_kernels.grouped_matmul.tiling import Tiling as ExpertTiling
@@ -112,7 +114,6 @@ def add_flags(parser) -> None:
 def device_sm_count(default: int = 132) -> int:
   """Streaming multiprocessors of the first device (`default` where the
   device does not tell, as on a CPU)."""
-  import jax
   return getattr(jax.devices()[0], "core_count", None) or default
 
 

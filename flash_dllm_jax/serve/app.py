@@ -15,9 +15,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from flash_dllm_jax.serve import answers, protocol as P, tokens
+from flash_dllm_jax.serve import MAX_BODY_BYTES, answers, protocol as P, tokens
 from flash_dllm_jax.serve.body import parse_body
-from flash_dllm_jax.serve.cli import MAX_BODY_BYTES
 from flash_dllm_jax.serve.errors import BadRequest, error_response as _error
 from flash_dllm_jax.serve.scheduler import (Draining, EngineFailed, Event,
                                             QueueFull)

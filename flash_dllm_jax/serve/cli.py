@@ -15,17 +15,26 @@ import signal
 import sys
 import threading
 
-from flash_dllm_jax import quantize
+from flash_dllm_jax import architectures, parallel, quantize
+from flash_dllm_jax.checkpoint import load
+from flash_dllm_jax.cli_flags import (add_checkpoint_flag,
+                                      add_compile_cache_flags,
+                                      check_checkpoint, default_checkpoint,
+                                      start_compile_cache)
 from flash_dllm_jax.ops import choice
+from flash_dllm_jax.sampling.loop import tail_length
+from flash_dllm_jax.sampling.row_options import ROW_OPTIONS
+from flash_dllm_jax.sampling.row_sampling import row_fields
+from flash_dllm_jax.serve import MAX_BODY_BYTES, memory_plan
 from flash_dllm_jax.serve.memory_plan import DEFAULT_UTILIZATION
-from flash_dllm_jax.strategies import STRATEGIES, add_option_flags, all_options
+from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
+                                       all_options, build_sampler, decodes)
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
 # Seconds between failing what is left at --shutdown-timeout and uvicorn
 # cancelling the handlers that still have not answered.
 _SHUTDOWN_GRACE = 10.0
-MAX_BODY_BYTES = 4 << 20  # --max-body-bytes' default
 
 
 class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -40,7 +49,6 @@ class _ShowDefaults(argparse.ArgumentDefaultsHelpFormatter):
 
 def add_parser(sub) -> None:
   """Registers the `serve` subcommand on an argparse subparsers object."""
-  from flash_dllm_jax.cli import add_checkpoint_flag, add_compile_cache_flags
   ap = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API",
                       formatter_class=_ShowDefaults)
   ap.set_defaults(main=main)
@@ -106,8 +114,6 @@ def add_parser(sub) -> None:
 def default_strategy(arch: str) -> str:
   """flash-dllm (continuous batching) where it decodes `arch`, else the
   family's own strategy (what `generate` picks)."""
-  from flash_dllm_jax import architectures
-  from flash_dllm_jax.strategies import decodes
   if decodes(STRATEGIES["flash-dllm"], arch):
     return "flash-dllm"
   return architectures.get(arch).default_strategy
@@ -140,22 +146,15 @@ def parse_variant(spec: str, index: int) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+  # The serve extra (fastapi, uvicorn, prometheus-client): imported only
+  # when serving, so the other commands run without it.
   import uvicorn
 
-  from flash_dllm_jax import parallel
-  from flash_dllm_jax.checkpoint import load
-  from flash_dllm_jax.cli import (check_checkpoint, default_checkpoint,
-                                  start_compile_cache)
-  from flash_dllm_jax.sampling.loop import tail_length
-  from flash_dllm_jax.serve import memory_plan
   from flash_dllm_jax.serve.app import build_app
   from flash_dllm_jax.serve.security import (API_KEY_ENV,
                                              header_timeout_protocol,
                                              is_loopback)
-  from flash_dllm_jax.sampling.row_options import ROW_OPTIONS
-  from flash_dllm_jax.sampling.row_sampling import row_fields
   from flash_dllm_jax.serve.service import Service, Settings, check_pool
-  from flash_dllm_jax.strategies import build_sampler
 
   handler = logging.StreamHandler()
   handler.setFormatter(logging.Formatter(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax.config import ModelConfig
@@ -140,6 +141,5 @@ def plan_slots(config: ModelConfig, sampler, *, weight_bytes: int,
 def allocator_bytes() -> int | None:
   """The first local device's allocator limit (None where the backend
   keeps no memory stats)."""
-  import jax
   stats = jax.local_devices()[0].memory_stats() or {}
   return stats.get("bytes_limit")

@@ -22,11 +22,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 from flax import traverse_util
 
+from flash_dllm_jax import quantize as qlib
 from flash_dllm_jax.architectures.diffusion_gemma import hf as hf_format
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
     GEMMA4_SPECIAL, PRESETS, GemmaConfig, preset)
+from flash_dllm_jax.architectures.diffusion_gemma.quant import quantize_tree
 
 _ORBAX_MARKERS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
 _MM_TOP = ("vision_encoder", "audio_encoder")
@@ -69,7 +72,6 @@ def _item_dir(ckpt_dir: Path) -> Path:
 
 
 def _stored_shapes(item: Path) -> dict[str, tuple[int, ...]]:
-  import orbax.checkpoint as ocp
   meta = ocp.StandardCheckpointer().metadata(item)
   tree = getattr(meta, "item_metadata", meta)
   tree = getattr(tree, "tree", tree)
@@ -190,14 +192,10 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
     raise ValueError("DiffusionGemma keeps its tied embedding unquantized: "
                      "quantize_head and quantize_embedding are not supported")
   if quantize is not None:
-    from flash_dllm_jax import quantize as qlib
-    from flash_dllm_jax.architectures.diffusion_gemma.quant import (
-        quantize_tree)
     qlib.get_format(quantize)
     params, config, tok = load(d, dtype=dtype, mesh=mesh)
     return (quantize_tree(params, config, quantize),
             config.replace(quantize=quantize), tok)
-  import orbax.checkpoint as ocp
   if mesh is not None:
     raise ValueError("sharded DiffusionGemma loading is not supported yet "
                      "(load without mesh)")

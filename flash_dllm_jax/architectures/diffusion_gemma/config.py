@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from flash_dllm_jax import architectures, quantize
+
 ARCH = "diffusion_gemma"
 LOCAL, GLOBAL = "local", "global"
 _KINDS = {"LOCAL_SLIDING": LOCAL, "GLOBAL": GLOBAL, 2: LOCAL, 1: GLOBAL,
@@ -105,7 +107,6 @@ class GemmaConfig:
     if self.dtype not in _DTYPES:
       errors.append(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
     if self.quantize is not None:
-      from flash_dllm_jax import quantize
       if self.quantize not in quantize.FORMATS:
         errors.append(f"quantize must be None or one of "
                       f"{tuple(quantize.FORMATS)}, got {self.quantize!r}")
@@ -161,7 +162,6 @@ class GemmaConfig:
 
   @property
   def spec(self):
-    from flash_dllm_jax import architectures
     return architectures.get(self.arch)
 
   def param_roles(self) -> dict:

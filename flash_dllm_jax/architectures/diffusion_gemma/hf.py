@@ -19,10 +19,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jax
+import ml_dtypes
 import numpy as np
+import orbax.checkpoint as ocp
+from safetensors import safe_open
 
+from flash_dllm_jax.architectures.diffusion_gemma import tensors
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
     GEMMA4_SPECIAL, GLOBAL, LOCAL, GemmaConfig)
+from flash_dllm_jax.checkpoint_files import staging_dir
 
 MODEL_TYPE = "diffusion_gemma"
 _KINDS = {"sliding_attention": LOCAL, "full_attention": GLOBAL}
@@ -48,7 +54,6 @@ def _shards(d: Path) -> list[Path]:
 
 
 def _names(d: Path) -> set[str]:
-  from safetensors import safe_open
   names = set()
   for shard in _shards(d):
     with safe_open(shard, "numpy") as f:
@@ -131,8 +136,6 @@ def load_config(d: Path, dtype: str | None = None) -> GemmaConfig:
 
 def load(d: Path, dtype: str | None = None):
   """(official tree as numpy arrays in `dtype`, GemmaConfig)."""
-  from safetensors import safe_open
-  from flash_dllm_jax.architectures.diffusion_gemma import tensors
   config = load_config(d, dtype)
   arrays = {}
   for shard in _shards(d):
@@ -147,9 +150,7 @@ def load(d: Path, dtype: str | None = None):
     raise ValueError(f"{d} lacks tensor {e.args[0]!r}") from None
   np_dtype = np.dtype(config.dtype) if config.dtype != "bfloat16" else None
   if np_dtype is None:
-    import ml_dtypes
     np_dtype = np.dtype(ml_dtypes.bfloat16)
-  import jax
   return jax.tree.map(lambda x: np.asarray(x).astype(np_dtype), params), config
 
 
@@ -186,8 +187,6 @@ def to_official(config: GemmaConfig) -> dict[str, Any]:
 def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:
   """Writes the HF checkpoint `src` as Google's format at `dst` (orbax
   tree + config.json), all or nothing."""
-  import orbax.checkpoint as ocp
-  from flash_dllm_jax.checkpoint import staging_dir
   params, config = load(Path(src), dtype)
   with staging_dir(dst, force=force) as tmp:
     tmp.rmdir()  # orbax writes the directory itself

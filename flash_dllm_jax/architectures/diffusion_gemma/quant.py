@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax import quantize as qlib
+from flash_dllm_jax.ops.linear import quantized_linear
 
 
 def is_q(w) -> bool:
@@ -92,7 +93,6 @@ def quantize_tree(params, config, fmt: str):
 
 def project(x, w, fmt: str | None, out_shape: tuple[int, ...]):
   """x [..., E] @ an 8-bit kernel -> [..., *out_shape], in x's dtype."""
-  from flash_dllm_jax.ops.linear import quantized_linear
   lead = x.shape[:-1]
   x3 = x.reshape(-1, 1, x.shape[-1]) if x.ndim != 3 else x
   y = quantized_linear(x3, w["kernel_q"], w["scale"], fmt=fmt)

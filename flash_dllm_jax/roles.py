@@ -5,7 +5,10 @@ A model part declares a role for each parameter it creates (`declare`);
 `table(config)` traces the model's init abstractly once per config and
 collects them, so the mesh layout (parallel.py), the 8-bit conversion
 (quantize.py) and the loaders read one table instead of matching names.
-A parameter no part declares is replicated and never quantized.
+A parameter no part declares is replicated and never quantized. This module
+imports no model: the module that defines one registers its init
+(`register_model`), so the model, the mesh layout and quantize.py all sit
+above it.
 
 Stored layouts (unquantized): projections [in, out], experts [X, in, out]
 (X experts), the embedding [V, E]. Quantized, a projection becomes
@@ -18,10 +21,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import jax
-import jax.numpy as jnp
 
 SHARDS = ("replicated", "columns", "vocab_rows", "experts")
 QUANTIZE = (None, "projection", "head", "embedding")
@@ -79,6 +81,18 @@ def _collect() -> Iterator[dict[str, Role]]:
     _collecting.pop()
 
 
+# {config class: init(config, rng) -> the model's variables}, registered by
+# the module that defines the model (model/transformer.py).
+_MODELS: dict[type, Callable[[Any, jax.Array], Any]] = {}
+
+
+def register_model(config_type: type,
+                   init: Callable[[Any, jax.Array], Any]) -> None:
+  """Lets `table` trace configs of `config_type`: `init(config, rng)` runs
+  the model's flax init, whose parts `declare` their parameters."""
+  _MODELS[config_type] = init
+
+
 @functools.lru_cache(maxsize=64)
 def table(config) -> dict[str, Role]:
   """{param path: Role} of every declared parameter of the unquantized
@@ -86,15 +100,16 @@ def table(config) -> dict[str, Role]:
   own `param_roles()` (architectures with a loader) gives its table."""
   if hasattr(config, "param_roles"):
     return config.param_roles()
-  from flash_dllm_jax.model.transformer import Transformer
+  init = next((_MODELS[t] for t in type(config).__mro__ if t in _MODELS),
+              None)
+  if init is None:
+    raise TypeError(f"no model registered for {type(config).__name__} "
+                    "(roles.register_model; flash_dllm_jax.model registers "
+                    "ModelConfig's)")
   plain = config.replace(quantize=None, quantize_head=False,
                          quantize_embedding=False)
-  model = Transformer(plain, jnp.dtype(plain.dtype))
-  tokens = jnp.zeros((1, 1), jnp.int32)
   with _collect() as found:
-    jax.eval_shape(lambda r: model.init(r, tokens, tokens,
-                                        jnp.ones((1, 1), bool)),
-                   jax.random.key(0))
+    jax.eval_shape(lambda r: init(plain, r), jax.random.key(0))
   return dict(found)
 
 
