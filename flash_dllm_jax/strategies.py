@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from flash_dllm_jax import architectures
 from flash_dllm_jax.architectures.diffusion_gemma.sampler import (
     DiffusionGemmaSampler)
+from flash_dllm_jax.architectures.sdar.sampler import SDARSampler
 from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
 from flash_dllm_jax.sampling import draw_settings, row_options
@@ -96,6 +97,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("llada2-flash", LLaDA2FlashSampler,
              help="LLaDA2 blocks drafted, then Flash-Verify of the rest "
                   "(gamma; rule threshold or factor), exact block cache"),
+    Strategy("sdar", SDARSampler,
+             help="SDAR's block diffusion (remasking_strategy: static or "
+                  "dynamic low-confidence, entropy-bounded, sequential) "
+                  "over an exact cache of finished blocks"),
     Strategy("diffusion-gemma", DiffusionGemmaSampler,
              help="DiffusionGemma's official canvas sampler (self-"
                   "conditioned denoising, entropy-bound acceptance, early "
