@@ -16,6 +16,7 @@ from flash_dllm_jax.architectures.sdar.sampler import SDARSampler
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import convert_checkpoint, tables
 from flash_dllm_jax.model import init_params
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from tests import sdar_fixtures, sdar_reference
 from tests.paths import ROOT
 from tests.test_sampling import check_continuous_equals_alone
@@ -89,7 +90,7 @@ def test_converted_and_8bit_checkpoints(hf, model, tmp_path):
 CASES = {
     "static": dict(remasking_strategy="low_confidence_static"),
     "dynamic": dict(remasking_strategy="low_confidence_dynamic",
-                    confidence_threshold=0.5),
+                    confidence_threshold=0.6),
     "entropy": dict(remasking_strategy="entropy_bounded", eb_threshold=1.5,
                     denoising_steps=3),
     "sequential": dict(remasking_strategy="sequential"),
@@ -124,6 +125,36 @@ def test_generate_equals_the_reference_loop(model, oracle, case):
     assert ref.prefill == int(len(prompt) >= BL)
     calls += ref.denoise
   assert calls > 0
+
+
+def test_flash_verify_drafts_as_the_dynamic_rule(model):
+  """llada2-flash on SDAR: with gamma 1 (a verify pass accepts nothing)
+  its drafts commit what sdar's dynamic rule with one mask a step at least
+  commits (the decode of the reference test above, whose program runs), in
+  as many steps; rows with gamma 0.5 accept verified drafts and take
+  fewer."""
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 290, n).tolist() for n in (5, 11, 8, 14)]
+  stops = model[1].stop_token_ids
+  sdar = fdj.generate(model, prompts, strategy="sdar", chat=False,
+                      gen_length=16, block_length=BL, denoising_steps=BL,
+                      temperature=0.0, confidence_threshold=0.6)
+  rows = [Sampling(gamma=g) for g in (1.0, 0.5) for _ in prompts]
+  flash = fdj.generate(model, prompts * 2, strategy="llada2-flash",
+                       chat=False, gen_length=16, block_length=BL,
+                       threshold=0.6, sampling=rows)
+  n, open_rows = len(prompts), 0
+  for i in range(n):
+    want = sdar.tokens_BxG[i]
+    hit = np.flatnonzero(np.isin(want, stops))
+    end = hit[0] + 1 if len(hit) else len(want)
+    assert flash.tokens_BxG[i][:end].tolist() == want[:end].tolist(), i
+    if not len(hit):
+      assert flash.steps_B[i] == sdar.forwards_B[i]
+      open_rows += 1
+  assert open_rows
+  assert (flash.forwards_B[:n] > flash.steps_B[:n]).all()  # verify ran
+  assert flash.steps_B[n:].sum() < flash.steps_B[:n].sum()
 
 
 def test_continuous_batching_equals_each_request_alone():

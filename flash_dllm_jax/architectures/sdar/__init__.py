@@ -3,7 +3,10 @@
 Attention is bidirectional inside a block and causal across blocks, blocks
 counted from the first prompt token; the logits row at position i predicts
 position i (no shift). Decoded by strategy `sdar` (block_diffusion_generate
-of the reference generate.py, over the exact cache of finished blocks).
+of the reference generate.py, over the exact cache of finished blocks),
+and by `llada2-flash` (the same blocks, Flash-Verify of each step's drafts;
+its answers end at <|endoftext|>, later blocks past an <|im_end|> are
+decoded and cut off).
 
 config.json is read as modeling_sdar.py reads it: `block_size` (the
 training block) is not the decoding block (the sampler's block_length);
@@ -71,7 +74,8 @@ SPEC = Architecture(
     read_hf_config=read_hf_config, name_table=_name_table,
     attention=AttentionSpec(qk_norm=True, rope_in_float32=False,
                             mask="block_causal"),
-    logits_shift=0, default_strategy="sdar", samplers=("SDARSampler",),
+    logits_shift=0, default_strategy="sdar",
+    samplers=("SDARSampler", "LLaDA2FlashSampler"),
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
     presets={"sdar-4b": _preset(2560, 9728), "sdar-8b": _preset(4096, 12288)},
     tiny_changes={"rms_norm_eps": 1e-6, "rope_theta": 1e6},
