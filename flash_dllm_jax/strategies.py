@@ -97,14 +97,14 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("llada2-flash", LLaDA2FlashSampler,
              help="LLaDA2 blocks drafted, then Flash-Verify of the rest "
                   "(gamma; rule threshold or factor), exact block cache"),
-    Strategy("sdar", SDARSampler,
-             help="SDAR's block diffusion (remasking_strategy: static or "
-                  "dynamic low-confidence, entropy-bounded, sequential) "
-                  "over an exact cache of finished blocks"),
     Strategy("diffusion-gemma", DiffusionGemmaSampler,
              help="DiffusionGemma's official canvas sampler (self-"
                   "conditioned denoising, entropy-bound acceptance, early "
                   "stop), over an exact cache of prompt and canvases"),
+    Strategy("sdar", SDARSampler,
+             help="SDAR's block diffusion (remasking_strategy: static or "
+                  "dynamic low-confidence, entropy-bounded, sequential) "
+                  "over an exact cache of finished blocks"),
 )}
 
 
