@@ -103,8 +103,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
                   "stop), over an exact cache of prompt and canvases"),
     Strategy("sdar", SDARSampler,
              help="SDAR's block diffusion (remasking_strategy: static or "
-                  "dynamic low-confidence, entropy-bounded, sequential) "
-                  "over an exact cache of finished blocks"),
+                  "dynamic low-confidence, entropy-bounded) over an exact "
+                  "cache of finished blocks"),
 )}
 
 

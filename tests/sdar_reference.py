@@ -91,9 +91,6 @@ def generate(logits_fn, prompt, mask_id: int, stop_ids, gen_length: int,
         kk = int(np.searchsorted(np.cumsum(ent[order]), eb_threshold,
                                  side="left"))
         transfer[np.flatnonzero(mask)[order[:max(kk, 1)]]] = True
-      elif remasking_strategy == "sequential":
-        first = int(np.flatnonzero(mask)[0])
-        transfer[first:first + k] = True
       else:
         raise ValueError(remasking_strategy)
       cur[transfer] = x0[transfer]

@@ -93,7 +93,6 @@ CASES = {
                     confidence_threshold=0.6),
     "entropy": dict(remasking_strategy="entropy_bounded", eb_threshold=1.5,
                     denoising_steps=3),
-    "sequential": dict(remasking_strategy="sequential"),
 }
 
 

@@ -18,8 +18,7 @@ more):
                           as many as keep the running sum below eb_threshold
                           (at least one): JetEngine's rule (Labman42/
                           JetEngine scheduler.py), the entropy that of
-                          softmax(logits / temperature);
-  sequential              k masks from the first one on.
+                          softmax(logits / temperature).
 A block ends when no mask is left (no forward is spent on it then) or
 after denoising_steps steps; the answer ends after a block that leaves one
 of the model's stop ids (EOS, end of turn) in it, or after the last block.
@@ -36,7 +35,8 @@ a zero temperature); a step commits only masks (the reference's top-k over
 -inf confidences overwrites committed tokens of the block when k exceeds
 the masks left); the reference generate.py's entropy_bounded branch does
 not run (transfer_index is unset and the entropy sums over the block), so
-JetEngine's is the rule here.
+JetEngine's is the rule here. The reference's `sequential` remasking is not
+offered.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
 REMASKING = ("low_confidence_static", "low_confidence_dynamic",
-             "entropy_bounded", "sequential")
+             "entropy_bounded")
 _EPS = 1e-12  # JetEngine's clamp of probabilities before the log
 
 
@@ -144,11 +144,6 @@ class SDARSampler:
                                                    self.block_steps - 1)]
     if self.remasking_strategy == "entropy_bounded":
       chosen_BxL = self._entropy_bounded(d, logits_BxLxV, state.sampling)
-    elif self.remasking_strategy == "sequential":
-      first_B = jnp.argmax(d.active_BxL, axis=1)
-      idx_L = jnp.arange(self.block_length)
-      chosen_BxL = d.active_BxL & (idx_L >= first_B[:, None]) & (
-          idx_L < (first_B + k_B)[:, None])
     else:
       chosen_BxL = self.unmask(d, k_B, state.sampling)
     block_BxL = jnp.where(chosen_BxL, d.x0_BxL, d.block_BxL)
