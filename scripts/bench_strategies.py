@@ -159,8 +159,9 @@ def main(argv=None):
   ap.add_argument("--only", nargs="*", default=None, help="strategy names")
   ap.add_argument("--reps", type=int, default=2)
   ap.add_argument("--model", default="llada-8b",
-                  help="published shapes: llada-8b or sdar-8b (its family's "
-                  "strategies)")
+                  choices=("llada-8b", "sdar-4b", "sdar-8b"),
+                  help="published shapes (random weights); its family's "
+                  "strategies run")
   ap.add_argument("--baseline-max-batch", type=int, default=1,
                   help="the largest batch the uncached baseline runs at")
   ap.add_argument("--smoke", action="store_true")
