@@ -61,8 +61,9 @@ _EPS = 1e-12  # JetEngine's clamp of probabilities before the log
 
 @dataclasses.dataclass(frozen=True)
 class SDARSampler:
-  """The reference generate.py's arguments and command-line defaults
-  (temperature 1.0: a draw; 0 is greedy here). top_k / top_p None: off
+  """The reference generate.py's arguments and command-line defaults, but
+  temperature 0 (greedy, the engine's default draw and the setting SDAR's
+  evaluation reports; the reference's is 1.0). top_k / top_p None: off
   (the reference's 0 / 1.0). block_cache / max_refills as LLaDA2Sampler's.
   temperature / top_k / top_p are also per row (`DecodeState.sampling`)."""
 
@@ -74,7 +75,7 @@ class SDARSampler:
   remasking_strategy: str = "low_confidence_dynamic"
   confidence_threshold: float = 0.85
   eb_threshold: float = 0.35
-  temperature: float = 1.0
+  temperature: float = 0.0
   top_k: int | None = None
   top_p: float | None = None
   block_cache: bool = True
