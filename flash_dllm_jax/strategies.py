@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from flash_dllm_jax import architectures
 from flash_dllm_jax.architectures.diffusion_gemma.sampler import (
     DiffusionGemmaSampler)
+from flash_dllm_jax.architectures.sdar.sampler import SDARSampler
 from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
 from flash_dllm_jax.sampling import draw_settings, row_options
@@ -100,6 +101,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              help="DiffusionGemma's official canvas sampler (self-"
                   "conditioned denoising, entropy-bound acceptance, early "
                   "stop), over an exact cache of prompt and canvases"),
+    Strategy("sdar", SDARSampler,
+             help="SDAR's block diffusion (remasking_strategy: static or "
+                  "dynamic low-confidence, entropy-bounded) over an exact "
+                  "cache of finished blocks"),
 )}
 
 

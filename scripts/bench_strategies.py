@@ -18,6 +18,13 @@ several --prompt lengths, the attention's cache read rate between them
   python scripts/bench_strategies.py --batch 1 32 --gen 256 512 --prompt 768
   python scripts/bench_strategies.py --batch 8 --prompt 1024 2048 --steady
   python scripts/bench_strategies.py --smoke          # tiny model, any backend
+  python scripts/bench_strategies.py --model sdar-8b --batch 1 32 --gen 512
+
+--model picks the published shapes (a preset) and so the family: its
+strategies run (LLaDA-8B: the list below; SDAR: `sdar` with the static
+rule over its block cache, and `sdar-uncached`, the reference's whole-window
+forward each step, at batches up to --baseline-max-batch: the baseline the
+cached rows are compared with).
 """
 
 from __future__ import annotations
@@ -53,7 +60,8 @@ def memory_limit() -> int | None:
   return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
-def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
+def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32,
+               arch: str = "llada"):
   """name -> a function building (sampler, query tokens of the step's main
   pass as a function of the prompt length[, query tokens of its second
   (verify) pass]).
@@ -78,8 +86,15 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32):
       "elastic-cache": (dict(window=block_m, rule="fixed", steps=steps),
                         [lambda p: layers + 2 * block_m]),
   }
-  build = lambda name, options, queries: (
-      build_sampler(name, "llada", {"gen_length": gen, **options}), *queries)
+  if arch == "sdar":  # a block's steps commit k masks each (static rule)
+    sdar = dict(block_length=block, denoising_steps=max(1, block // k),
+                remasking_strategy="low_confidence_static", temperature=0.0)
+    fixed = {"sdar": (sdar, [lambda p: block]),
+             "sdar-uncached": ({**sdar, "block_cache": False},
+                               [lambda p: p + gen + block - 1])}
+  build = lambda name, options, queries: (build_sampler(
+      name.removesuffix("-uncached"), arch, {"gen_length": gen, **options}),
+                                          *queries)
   # built on demand: a fixed schedule may not suit every sampler
   return {name: functools.partial(build, name, *spec)
           for name, spec in fixed.items()}
@@ -113,6 +128,24 @@ def read_rates(rows: list[dict], copy_Bps: float) -> list[str]:
   return out
 
 
+def baseline_ratios(rows: list[dict]) -> list[str]:
+  """Each row's ms/step against its `-uncached` baseline row of the same
+  batch, prompt, gen and kernels measured in this run."""
+  key = lambda r, name: (name, r["kernels"], r["batch"], r["prompt"],
+                         r["gen"])
+  base = {key(r, r["strategy"]): r for r in rows}
+  out = []
+  for r in rows:
+    b = base.get(key(r, r["strategy"] + "-uncached"))
+    if b is not None:
+      out.append(f"{r['strategy']} batch {r['batch']} (prompt {r['prompt']}, "
+                 f"gen {r['gen']}): {r['ms_step']:.2f} ms/step (weight-read "
+                 f"floor {r['read_floor_ms']:.2f}, peak "
+                 f"{r['peak_gb'] or 0:.2f} GB) vs {b['ms_step']:.2f} "
+                 f"uncached: speedup {b['ms_step'] / r['ms_step']:.2f}x")
+  return out
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--batch", type=int, nargs="+", default=[1, 32])
@@ -125,6 +158,12 @@ def main(argv=None):
   ap.add_argument("--block-m", type=int, default=16)
   ap.add_argument("--only", nargs="*", default=None, help="strategy names")
   ap.add_argument("--reps", type=int, default=2)
+  ap.add_argument("--model", default="llada-8b",
+                  choices=("llada-8b", "sdar-4b", "sdar-8b"),
+                  help="published shapes (random weights); its family's "
+                  "strategies run")
+  ap.add_argument("--baseline-max-batch", type=int, default=1,
+                  help="the largest batch the uncached baseline runs at")
   ap.add_argument("--smoke", action="store_true")
   ap.add_argument("--json", type=Path, default=None)
   ap.add_argument("--steady", action="store_true",
@@ -138,11 +177,13 @@ def main(argv=None):
   kernels = tuning.apply(ap, args)  # before any trace
   choices = tuning.variants(ap, args, kernels)
   t_start = time.perf_counter()  # progress lines: where a cut run was
+  arch = ModelConfig.preset(args.model).arch
   if args.smoke:
     # d_model 128: a whole group of 128 inputs for int8-g128
-    cfg = ModelConfig.tiny("llada", dtype="bfloat16", **(
+    cfg = ModelConfig.tiny(arch, dtype="bfloat16", **(
         dict(d_model=128, n_heads=8) if args.quantize else {}))
     args.batch, args.gen, args.reps = [2], [32], 1
+    args.baseline_max_batch = 2
     # the tiny model's context: prompts scaled down 64 times (16 by default)
     args.prompt = ([16] if args.prompt == ap.get_default("prompt")
                    else [max(8, p // 64) for p in args.prompt])
@@ -150,7 +191,7 @@ def main(argv=None):
     args.per_step = min(args.per_step, 4)  # gen 32 in blocks of 16
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
-    cfg = ModelConfig.preset("llada-8b")
+    cfg = ModelConfig.preset(args.model)
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
   cfg = cfg.replace(fused_qkv=tuning.fused_qkv(args))
   # quantized on device from the random bf16 weights, leaf by leaf
@@ -181,13 +222,15 @@ def main(argv=None):
   limit = memory_limit()
   for gen, prompt in itertools.product(args.gen, args.prompt):
     doubled = strategies(gen, 2 * args.per_step, args.block, args.block_m,
-                         cfg.n_layers)
-    for name, build in strategies(
-        gen, args.per_step, args.block, args.block_m, cfg.n_layers).items():
+                         cfg.n_layers, arch)
+    for name, build in strategies(gen, args.per_step, args.block,
+                                  args.block_m, cfg.n_layers, arch).items():
       if args.only and name not in args.only:
         continue
       sampler, *queries = build()
       for b, (label, kernels) in itertools.product(args.batch, choices):
+        if name.endswith("-uncached") and b > args.baseline_max_batch:
+          continue
         what = (f"{name} batch {b} {label or 'default'} (prompt {prompt}, "
                 f"gen {gen})")
         n = prompt + gen + tail_length(sampler)
@@ -229,7 +272,8 @@ def main(argv=None):
                          prompt=prompt, gen=gen, steps=steps,
                          forwards=forwards, ms_step=ms_step * 1e3,
                          steady_ms_step=steady_ms,
-                         floor_ms=floor * 1e3, compile_s=compile_s,
+                         floor_ms=floor * 1e3, read_floor_ms=read_s * 1e3,
+                         compile_s=compile_s,
                          bound="compute" if flop_s[0] > read_s else "weights",
                          tokens_s=b * args.per_step / step_ms * 1e3,
                          cache_gb=cache / 1e9,
@@ -260,6 +304,8 @@ def main(argv=None):
           f"{r['compile_s']:.1f} | {r['cache_gb']:.2f} | "
           f"{'–' if r['peak_gb'] is None else format(r['peak_gb'], '.2f')} |")
   for line in read_rates(rows, bw):
+    print(line)
+  for line in baseline_ratios(rows):
     print(line)
   if failed:  # the rows above stand; the run as a whole did not finish
     sys.exit(f"FAILED (no row): {'; '.join(failed)}")

@@ -84,8 +84,9 @@ MESHES = "model=4;data=2,model=2"
 KERNEL_CASES = {("llada", "bfloat16"), ("dream", "float32")}
 
 
-@pytest.mark.parametrize("dtype", list(DTYPE_FLAGS))
-@pytest.mark.parametrize("arch", ["llada", "dream"])
+@pytest.mark.parametrize("arch,dtype", [
+    (a, d) for a in ("llada", "dream") for d in DTYPE_FLAGS] + [
+        ("sdar", "float32")])  # SDAR: QK-norm on a dense model
 def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
     arch, dtype):
   """Logits, caches and attention mass of cached, verify (no cache write,

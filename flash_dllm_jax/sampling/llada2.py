@@ -201,8 +201,10 @@ class LLaDA2Sampler:
     return tokens_BxN, rows.replace(cache=d.cache), 1, d.logprobs()
 
   def draw_block(self, model: SequenceModel, state: DecodeState,
-                 rng_B: jax.Array, prompt_len: int) -> "BlockDraw":
-    """One forward of every row's current block and its draws."""
+                 rng_B: jax.Array, prompt_len: int, with_logits: bool = False
+                 ) -> "BlockDraw":
+    """One forward of every row's current block and its draws (with_logits:
+    (BlockDraw, the block's logits_BxLxV))."""
     bl = self.block_length
     tokens_BxN = state.tokens_BxN
     aux, prompt_B, start_B = current_block(model, state.aux, prompt_len, bl)
@@ -216,9 +218,10 @@ class LLaDA2Sampler:
     x0_BxL, p_BxL = self._draw(logits_BxLxV, rng_B, state.sampling)
     lp_BxL = ops.token_logprob(logits_BxLxV, x0_BxL)
     block_BxL = jnp.take_along_axis(tokens_BxN, rows_BxL, axis=1)
-    return BlockDraw(tokens_BxN, aux, cache, prompt_B, start_B, rows_BxL,
-                     block_BxL, x0_BxL.astype(block_BxL.dtype), p_BxL,
-                     lp_BxL, block_BxL == model.config.mask_token_id)
+    d = BlockDraw(tokens_BxN, aux, cache, prompt_B, start_B, rows_BxL,
+                  block_BxL, x0_BxL.astype(block_BxL.dtype), p_BxL, lp_BxL,
+                  block_BxL == model.config.mask_token_id)
+    return (d, logits_BxLxV) if with_logits else d
 
   def unmask(self, d: "BlockDraw", k_B: jax.Array, rows) -> jax.Array:
     """[B, L] the masks a step commits: those with confidence above the

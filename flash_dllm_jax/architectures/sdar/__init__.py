@@ -1,0 +1,89 @@
+"""SDAR (JetLM/SDAR-4B-Chat, SDAR-8B-Chat; JetAstra/SDAR): Qwen3 weights
+(GQA with QK-norm, no biases, untied head) trained for block diffusion.
+Attention is bidirectional inside a block and causal across blocks, blocks
+counted from the first prompt token; the logits row at position i predicts
+position i (no shift). Decoded by strategy `sdar` (block_diffusion_generate
+of the reference generate.py, over the exact cache of finished blocks),
+and by `llada2-flash` (the same blocks, Flash-Verify of each step's drafts;
+its answers end at <|endoftext|>, later blocks past an <|im_end|> are
+decoded and cut off).
+
+config.json is read as modeling_sdar.py reads it: `block_size` (the
+training block) is not the decoding block (the sampler's block_length);
+`attn_implementation`, `fuse_cross_entropy`, `micro_forward`, `ep_size`,
+`use_deepep` and `debug` are training switches. Both EOS ids of
+generation_config.json end an answer: <|endoftext|> (config eos_token_id)
+and <|im_end|> (the tokenizer's end of turn). The mask token is
+config.json's mask_token_id (151669, `<|MASK|>` in tokenizer_config.json).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flash_dllm_jax.architectures import Architecture, AttentionSpec
+from flash_dllm_jax.architectures.sdar.chat import CHAT_TEMPLATE
+
+# Keys whose other values the genuine code builds differently, or that this
+# engine does not implement.
+_SUPPORTED = {"attention_bias": (False,), "tie_word_embeddings": (False,),
+              "hidden_act": ("silu",), "rope_scaling": (None,),
+              "use_sliding_window": (False,)}
+
+
+def read_hf_config(hf: dict[str, Any], special: dict[str, int] | None = None
+                   ) -> dict[str, Any]:
+  special = special or {}
+  bad = [f"{k}={hf[k]!r}" for k, ok in _SUPPORTED.items()
+         if k in hf and hf[k] not in ok]
+  if bad:
+    raise ValueError("unsupported SDAR config values: " + ", ".join(bad))
+  mask = hf.get("mask_token_id", special.get("mask_token_id"))
+  if mask is None:
+    raise KeyError("mask_token_id")
+  eos = hf["eos_token_id"]
+  n_heads = hf["num_attention_heads"]
+  return dict(
+      arch="sdar", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
+      n_layers=hf["num_hidden_layers"], n_heads=n_heads,
+      n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+      mlp_hidden=hf["intermediate_size"], rms_norm_eps=hf["rms_norm_eps"],
+      rope_theta=float(hf["rope_theta"]),
+      max_seq_len=hf["max_position_embeddings"], mask_token_id=mask,
+      eos_token_id=eos, pad_token_id=hf.get("pad_token_id", eos),
+      bos_token_id=hf.get("bos_token_id"))
+
+
+def _name_table():
+  from flash_dllm_jax.architectures.sdar.tensors import TABLE
+  return TABLE
+
+
+def _preset(d_model: int, mlp_hidden: int) -> dict[str, Any]:
+  return dict(vocab_size=151936, d_model=d_model, n_layers=36, n_heads=32,
+              n_kv_heads=8, head_dim=128, mlp_hidden=mlp_hidden,
+              rms_norm_eps=1e-6, rope_theta=1e6, max_seq_len=32768,
+              mask_token_id=151669, eos_token_id=151643,
+              pad_token_id=151643, bos_token_id=151643,
+              eot_token_id=151645)
+
+
+SPEC = Architecture(
+    name="sdar", hf_model_types=("sdar",), label="SDAR-4B/8B-Chat",
+    read_hf_config=read_hf_config, name_table=_name_table,
+    attention=AttentionSpec(qk_norm=True, rope_in_float32=False,
+                            mask="block_causal"),
+    logits_shift=0, default_strategy="sdar",
+    samplers=("SDARSampler", "LLaDA2FlashSampler"),
+    chat_template=CHAT_TEMPLATE, likelihood_masks="count",
+    presets={"sdar-4b": _preset(2560, 9728), "sdar-8b": _preset(4096, 12288)},
+    tiny_changes={"rms_norm_eps": 1e-6, "rope_theta": 1e6},
+    tiny_special_tokens=("<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                         "<|MASK|>"),
+    tiny_tokenizer_config=dict(
+        add_bos_token=False, eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>", mask_token="<|MASK|>",
+        chat_template=CHAT_TEMPLATE,
+        additional_special_tokens=["<|im_start|>", "<|im_end|>",
+                                   "<|MASK|>"]))

@@ -1,0 +1,190 @@
+"""Strategy `sdar`: SDAR's block diffusion (`block_diffusion_generate` of
+JetAstra/SDAR's generate.py), every row at its own pace in one compiled
+loop, over the exact cache of finished blocks.
+
+Blocks of `block_length` are counted from each row's first prompt token;
+the prompt's last, partial block is decoded with the first answer tokens.
+Each step runs one forward of the row's current block and draws x0 and its
+confidence x0_p (logits / temperature, then top_k, then top_p, then a draw
+from the softmax; x0_p the drawn token's probability there). Among the
+block's masks it commits, with k = the step's share of block_length spread
+over denoising_steps (the first block_length % denoising_steps steps one
+more):
+  low_confidence_static   the k most confident;
+  low_confidence_dynamic  every one with x0_p > confidence_threshold if
+                          there are at least k of them, else the k most
+                          confident;
+  entropy_bounded         the masks in ascending order of their entropy,
+                          as many as keep the running sum below eb_threshold
+                          (at least one): JetEngine's rule (Labman42/
+                          JetEngine scheduler.py), the entropy that of
+                          softmax(logits / temperature).
+A block ends when no mask is left (no forward is spent on it then) or
+after denoising_steps steps; the answer ends after a block that leaves one
+of the model's stop ids (EOS, end of turn) in it, or after the last block.
+
+Model calls: one forward a step. The reference also spends one forward on
+the prompt's whole blocks and one on each finished block (store_kv=True);
+here the first step's forward writes the prompt's K/V and a block's final
+K/V are written by the next step's forward (block_cache.py), so a row's
+model calls are the reference's denoising forwards.
+
+Deliberate differences from the reference: temperature 0 is greedy (argmax,
+x0_p its softmax probability; the reference always samples, and divides by
+a zero temperature); a step commits only masks (the reference's top-k over
+-inf confidences overwrites committed tokens of the block when k exceeds
+the masks left); the reference generate.py's entropy_bounded branch does
+not run (transfer_index is unset and the entropy sums over the block), so
+JetEngine's is the rule here. The reference's `sequential` remasking is not
+offered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flash_dllm_jax.sampling import checks, commit_rules, draw_settings, select
+from flash_dllm_jax.sampling import llada2
+from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.state import DecodeState
+
+REMASKING = ("low_confidence_static", "low_confidence_dynamic",
+             "entropy_bounded")
+_EPS = 1e-12  # JetEngine's clamp of probabilities before the log
+
+
+@dataclasses.dataclass(frozen=True)
+class SDARSampler:
+  """The reference generate.py's arguments and command-line defaults, but
+  temperature 0 (greedy, the engine's default draw and the setting SDAR's
+  evaluation reports; the reference's is 1.0). top_k / top_p None: off
+  (the reference's 0 / 1.0). block_cache / max_refills as LLaDA2Sampler's.
+  temperature / top_k / top_p are also per row (`DecodeState.sampling`)."""
+
+  row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k")
+
+  gen_length: int = 128
+  block_length: int = 4
+  denoising_steps: int = 4
+  remasking_strategy: str = "low_confidence_dynamic"
+  confidence_threshold: float = 0.85
+  eb_threshold: float = 0.35
+  temperature: float = 0.0
+  top_k: int | None = None
+  top_p: float | None = None
+  block_cache: bool = True
+  max_refills: int | None = None
+
+  def __post_init__(self):
+    checks.check_finite(self)
+    errors = []
+    for name in ("gen_length", "block_length", "denoising_steps"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        errors.append(f"{name} must be a positive int, got {value!r}")
+    if self.remasking_strategy not in REMASKING:
+      errors.append(f"remasking_strategy must be one of {REMASKING}, got "
+                    f"{self.remasking_strategy!r}")
+    if not 0 <= self.confidence_threshold <= 1:
+      errors.append(f"confidence_threshold must be in [0, 1], got "
+                    f"{self.confidence_threshold}")
+    if not self.eb_threshold > 0:
+      errors.append(f"eb_threshold must be > 0, got {self.eb_threshold}")
+    errors += draw_settings.errors(self)
+    errors += checks.optional_positive_errors(self, "max_refills")
+    if not isinstance(self.block_cache, bool):
+      errors.append(f"block_cache must be a bool, got {self.block_cache!r}")
+    if errors:
+      raise ValueError("invalid SDAR sampler arguments: " + "; ".join(errors))
+
+  # LLaDA2Sampler's blocks, draws, cache and row handling, under SDAR's
+  # names: its `steps` is denoising_steps, its `threshold` the dynamic
+  # rule's confidence_threshold (None: the static rule's top-k alone).
+  @property
+  def steps(self) -> int:
+    return self.denoising_steps
+
+  @property
+  def block_steps(self) -> int:
+    return self.denoising_steps
+
+  @property
+  def threshold(self) -> float | None:
+    if self.remasking_strategy == "low_confidence_dynamic":
+      return self.confidence_threshold
+    return None
+
+  tail_length = LLaDA2Sampler.tail_length
+  num_steps = LLaDA2Sampler.num_steps
+  own_sampling = LLaDA2Sampler.own_sampling
+  check_prompt = LLaDA2Sampler.check_prompt
+  init_aux = LLaDA2Sampler.init_aux
+  finished = LLaDA2Sampler.finished
+  reset_rows = LLaDA2Sampler.reset_rows
+  draw_block = LLaDA2Sampler.draw_block
+  unmask = LLaDA2Sampler.unmask
+  _draw = LLaDA2Sampler._draw
+  _thresholds = LLaDA2Sampler._thresholds
+
+  def schedule(self) -> np.ndarray:
+    """[denoising_steps] masks each step commits (get_num_transfer_tokens)."""
+    return np.asarray(commit_rules.even_counts(self.block_length,
+                                               self.denoising_steps), np.int32)
+
+  def propose(self, model: SequenceModel, state: DecodeState,
+              rng_B: jax.Array, prompt_len: int):
+    d, logits_BxLxV = self.draw_block(model, state, rng_B, prompt_len,
+                                      with_logits=True)
+    k_B = jnp.asarray(self.schedule())[jnp.minimum(d.aux.step_B,
+                                                   self.block_steps - 1)]
+    if self.remasking_strategy == "entropy_bounded":
+      chosen_BxL = self._entropy_bounded(d, logits_BxLxV, state.sampling)
+    else:
+      chosen_BxL = self.unmask(d, k_B, state.sampling)
+    block_BxL = jnp.where(chosen_BxL, d.x0_BxL, d.block_BxL)
+    tokens_BxN = d.write(block_BxL)
+    no_eos_B = jnp.zeros_like(d.aux.stop_B)
+    rows = llada2.next_rows(model, d.aux, tokens_BxN, block_BxL, no_eos_B,
+                            d.start_B, d.prompt_B, prompt_len,
+                            self.gen_length, self.block_length,
+                            self.block_steps, eos_early_stop=False)
+    rows = rows.replace(stop_B=rows.stop_B | self._stopped(
+        model, d, tokens_BxN, block_BxL, prompt_len))
+    return tokens_BxN, rows.replace(cache=d.cache), 1, d.logprobs()
+
+  def _stopped(self, model, d: llada2.BlockDraw, tokens_BxN, block_BxL,
+               prompt_len: int) -> jax.Array:
+    """[B] the block is finished and the answer so far holds a stop id (the
+    reference's stopping_criteria_idx: generation_config's EOS ids)."""
+    if not model.stop_ids:
+      return jnp.zeros_like(d.aux.stop_B)
+    cfg = model.config
+    done_B = ~jnp.any(block_BxL == cfg.mask_token_id, axis=1) | (
+        d.aux.step_B + 1 >= self.block_steps)
+    idx_N = jnp.arange(tokens_BxN.shape[1])
+    answer_BxN = (idx_N >= prompt_len) & (
+        idx_N < (d.start_B + self.block_length)[:, None])
+    stop_BxN = jnp.isin(tokens_BxN, jnp.asarray(model.stop_ids))
+    return done_B & jnp.any(answer_BxN & stop_BxN, axis=1)
+
+  def _entropy_bounded(self, d: llada2.BlockDraw, logits_BxLxV: jax.Array,
+                       rows) -> jax.Array:
+    """[B, L] JetEngine's entropy-bounded choice among the block's masks."""
+    t = (jnp.full((logits_BxLxV.shape[0],), self.temperature, jnp.float32)
+         if rows is None else rows.temperature_B)
+    scale_B = jnp.where(t > 0, t, 1.0)
+    probs = jax.nn.softmax(
+        logits_BxLxV.astype(jnp.float32) / scale_B[:, None, None], axis=-1)
+    p = jnp.maximum(probs, _EPS)
+    ent_BxL = -jnp.sum(p * jnp.log(p), axis=-1)
+    ent_BxL = jnp.where(d.active_BxL, ent_BxL, jnp.inf)
+    cum_BxL = jnp.cumsum(jnp.sort(ent_BxL, axis=1), axis=1)
+    k_B = jnp.maximum(jnp.sum(cum_BxL < self.eb_threshold, axis=1), 1)
+    return select.choose_top(jnp.where(d.active_BxL, -ent_BxL,
+                                       select.NEG_INF), k_B)
