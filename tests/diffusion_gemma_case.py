@@ -1,0 +1,52 @@
+"""A tiny DiffusionGemma checkpoint directory with a tokenizer: the tiny
+official checkpoint (tests/reference/diffusion_gemma/tiny, 160 ids) plus a
+character-level `tokenizer.json` whose special tokens sit at Gemma 4's ids
+(pad 0, eos 1, bos 2, unk 3, mask 4, tool response 50, <|turn> 105,
+<turn|> 106), spaces written as "▁" as Gemma's tokenizer does.
+"""
+
+from __future__ import annotations
+
+import shutil
+import string
+from pathlib import Path
+
+import tokenizers
+from tokenizers import AddedToken, decoders, models, normalizers
+
+from flash_dllm_jax.tokenizer import Tokenizer
+from tests.paths import ROOT
+
+TINY = ROOT / "tests" / "reference" / "diffusion_gemma" / "tiny"
+VOCAB = 160
+SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>",
+            50: "<|tool_response>", 105: "<|turn>", 106: "<turn|>"}
+CHARS = ("▁\n" + string.ascii_lowercase + string.ascii_uppercase
+         + string.digits + ".,!?:;'\"-+=*/()%")
+
+
+def tiny_tokenizer() -> Tokenizer:
+  """The 160-id character tokenizer (unused ids named <unusedN>); its
+  tokenizer_config names no special tokens and no chat template, so the
+  family's loader fills them in from the checkpoint."""
+  chars = iter(CHARS)
+  vocab = {}
+  for i in range(VOCAB):
+    token = SPECIALS.get(i) or next(chars, None) or f"<unused{i}>"
+    vocab[token] = i
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[],
+                                        unk_token="<unk>"))
+  tok.normalizer = normalizers.Replace(" ", "▁")
+  tok.decoder = decoders.Replace("▁", " ")
+  tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                          for t in vocab if t.startswith("<")])
+  assert tok.get_vocab_size(with_added_tokens=True) == VOCAB
+  return Tokenizer(tok, {"clean_up_tokenization_spaces": False})
+
+
+def tiny_dir(path: Path) -> Path:
+  """`path` holding the tiny official checkpoint and the tokenizer."""
+  path = Path(path)
+  shutil.copytree(TINY, path, dirs_exist_ok=True)
+  tiny_tokenizer().save(path)
+  return path
