@@ -13,9 +13,14 @@ from flash_dllm_jax import checkpoint, cli
 from flash_dllm_jax.generate import generate
 from tests.diffusion_gemma_case import tiny_dir, tiny_tokenizer
 
-SETTINGS = dict(canvas_length=4, max_denoising_steps=3, max_out_length=8)
-FLAGS = ["--canvas-length", "4", "--max-denoising-steps", "3",
-         "--max-out-length", "8"]
+# Sharp temperatures: canvases stop early on the default rule at different
+# steps, answers end on an end token in different canvases or run out.
+SETTINGS = dict(canvas_length=2, max_denoising_steps=8, entropy_bound=1e9,
+                max_temperature=0.002, min_temperature=0.0005,
+                max_out_length=6)
+FLAGS = ["--canvas-length", "2", "--max-denoising-steps", "8",
+         "--entropy-bound", "1e9", "--max-temperature", "0.002",
+         "--min-temperature", "0.0005", "--max-out-length", "6"]
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +77,37 @@ def test_a_tokenizer_that_disagrees_with_the_checkpoint_is_refused(tmp_path):
   tok.save(d)
   with pytest.raises(ValueError, match="bos_token '<eos>' has id 1"):
     checkpoint.load(d, dtype="float32")
+
+
+PROMPTS = [[2, 17, 33, 5, 90, 121, 64, 8, 140, 77, 31, 12], [2, 99, 23, 57],
+           [2, 61, 7, 150, 44, 44, 18, 101], [2, 9], [2, 30, 31, 32, 33, 34],
+           [2, 88, 12, 140]]
+SEEDS = [0, 7, 1, 2, 3, 4]
+
+
+@pytest.fixture(scope="module")
+def alone(model):
+  return [generate(model, [p], seed=s, **SETTINGS)
+          for p, s in zip(PROMPTS, SEEDS)]
+
+
+def test_continuous_batching_gives_every_request_its_alone_answer(model,
+                                                                  alone):
+  """Six prompts of 2 to 12 tokens through 2 slots (a finished row's slot
+  takes the next prompt inside the loop): each row's tokens, steps and
+  forwards are bitwise those of the prompt decoded alone; rows stop their
+  canvases early at different steps and end on an end token in the second
+  or third canvas or run out of canvases."""
+  out = generate(model, PROMPTS, seed=SEEDS, batch_size=2, logprobs=True,
+                 **SETTINGS)
+  for i, one in enumerate(alone):
+    assert out.tokens_BxG[i].tolist() == one.tokens_BxG[0].tolist(), i
+    assert out.steps_B[i] == one.steps_B[0]
+    assert out.forwards_B[i] == one.forwards_B[0]
+  assert out.steps < sum(int(a.steps) for a in alone)
+  assert len(set(out.steps_B.tolist())) > 3, out.steps_B
+  _, config, _ = model
+  ends = [next((i // 2 for i, t in enumerate(row)
+                if t in config.stop_token_ids), None)
+          for row in out.tokens_BxG.tolist()]
+  assert {1, 2, None} <= set(ends), ends

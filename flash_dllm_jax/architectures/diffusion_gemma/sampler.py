@@ -8,7 +8,9 @@ as `keep_last_prefill_kv`), then canvas by canvas: C random ids, up to
 temperature, entropy-bound acceptance, renoising; sampler_steps.py) until
 the early-stop rule fires, the canvas cut after its first end token (PAD
 after it), then appended causally to the cache; the answer ends at a
-canvas holding an end token or after `max_out_length` tokens. One loop
+canvas holding an end token or after `max_out_length` tokens. Under
+continuous batching a finished row's slot takes the next request between
+canvases (reset_rows: it prefills at its next step). One loop
 step is one denoising step of every running row; the prefill and the
 appends run inside the steps that need them. The cache of the prompt and
 the finished canvases is written once and read by every later step.
@@ -94,6 +96,8 @@ class DiffusionGemmaSampler:
   official default), "token_stability", "entropy:<bound>" or "none".
   stop_tokens: ids that also end the answer. max_out_length: answer
   tokens (the official output buffer); the seed is generate's `seed`.
+  max_refills: under continuous batching, at most this many slots take a
+  new request (and prefill) per loop step (None: any number).
   """
 
   canvas_length: int = 256
@@ -105,6 +109,7 @@ class DiffusionGemmaSampler:
   early_stop: str = "chained"
   stop_tokens: TokenIds | None = None
   max_out_length: int = 2048
+  max_refills: int | None = None
 
   def __post_init__(self):
     checks.check_finite(self)
@@ -113,6 +118,7 @@ class DiffusionGemmaSampler:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         errors.append(f"{name} must be a positive int, got {value!r}")
+    errors += checks.optional_positive_errors(self, "max_refills")
     if self.min_temperature < 1e-12:  # the official _MIN_TEMP
       errors.append(f"min_temperature must be >= 1e-12, got "
                     f"{self.min_temperature}")
@@ -170,7 +176,9 @@ class DiffusionGemmaSampler:
     return aux.stop_B
 
   def reset_rows(self, aux: CanvasRows, rows_B: jax.Array) -> CanvasRows:
-    """The rows take a new request: prefill at their next step."""
+    """The rows take a new request (continuous batching): prefill at their
+    next step. What the slot's cache holds past the new prompt is never
+    read (a query sees only slots it or an earlier step wrote)."""
     return aux.replace(fresh_B=aux.fresh_B | rows_B,
                        stop_B=aux.stop_B & ~rows_B)
 
