@@ -21,6 +21,15 @@ TINY = ROOT / "tests" / "reference" / "diffusion_gemma" / "tiny"
 VOCAB = 160
 SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>",
             50: "<|tool_response>", 105: "<|turn>", 106: "<turn|>"}
+# The tests' sampler settings (and as CLI flags). Sharp temperatures:
+# canvases stop early on the default rule at different steps, answers end
+# on an end token in different canvases or run out.
+SETTINGS = dict(canvas_length=2, max_denoising_steps=8, entropy_bound=1e9,
+                max_temperature=0.002, min_temperature=0.0005,
+                max_out_length=6)
+FLAGS = ["--canvas-length", "2", "--max-denoising-steps", "8",
+         "--entropy-bound", "1e9", "--max-temperature", "0.002",
+         "--min-temperature", "0.0005", "--max-out-length", "6"]
 CHARS = ("▁\n" + string.ascii_lowercase + string.ascii_uppercase
          + string.digits + ".,!?:;'\"-+=*/()%")
 

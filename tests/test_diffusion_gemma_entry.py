@@ -11,16 +11,9 @@ import pytest
 
 from flash_dllm_jax import checkpoint, cli
 from flash_dllm_jax.generate import generate
-from tests.diffusion_gemma_case import tiny_dir, tiny_tokenizer
+from tests.diffusion_gemma_case import (FLAGS, SETTINGS, tiny_dir,
+                                        tiny_tokenizer)
 
-# Sharp temperatures: canvases stop early on the default rule at different
-# steps, answers end on an end token in different canvases or run out.
-SETTINGS = dict(canvas_length=2, max_denoising_steps=8, entropy_bound=1e9,
-                max_temperature=0.002, min_temperature=0.0005,
-                max_out_length=6)
-FLAGS = ["--canvas-length", "2", "--max-denoising-steps", "8",
-         "--entropy-bound", "1e9", "--max-temperature", "0.002",
-         "--min-temperature", "0.0005", "--max-out-length", "6"]
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +80,7 @@ SEEDS = [0, 7, 1, 2, 3, 4]
 
 @pytest.fixture(scope="module")
 def alone(model):
-  return [generate(model, [p], seed=s, **SETTINGS)
+  return [generate(model, [p], seed=s, logprobs=True, **SETTINGS)
           for p, s in zip(PROMPTS, SEEDS)]
 
 
@@ -104,6 +97,7 @@ def test_continuous_batching_gives_every_request_its_alone_answer(model,
     assert out.tokens_BxG[i].tolist() == one.tokens_BxG[0].tolist(), i
     assert out.steps_B[i] == one.steps_B[0]
     assert out.forwards_B[i] == one.forwards_B[0]
+    assert out.logprobs_BxG[i].tolist() == one.logprobs_BxG[0].tolist()
   assert out.steps < sum(int(a.steps) for a in alone)
   assert len(set(out.steps_B.tolist())) > 3, out.steps_B
   _, config, _ = model

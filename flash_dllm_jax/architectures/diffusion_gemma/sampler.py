@@ -110,6 +110,9 @@ class DiffusionGemmaSampler:
   stop_tokens: TokenIds | None = None
   max_out_length: int = 2048
   max_refills: int | None = None
+  # Each answer token's log-probability: under the unshaped logits of the
+  # denoising step that drew it (its canvas's last), as vLLM reports one.
+  reports_logprobs = True
 
   def __post_init__(self):
     checks.check_finite(self)
@@ -163,14 +166,16 @@ class DiffusionGemmaSampler:
     cfg = model.config
     b, n = tokens_BxN.shape
     c = self.canvas_length
-    zeros = jnp.zeros((b,), jnp.int32)
-    keys = jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
+    # distinct buffers for every leaf: the server donates this state
+    zeros = lambda: jnp.zeros((b,), jnp.int32)
+    keys = lambda: jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
     return CanvasRows(
         cache=dg.empty_cache(cfg, b, n), fresh_B=jnp.ones((b,), bool),
-        start_B=zeros, written_B=zeros,
+        start_B=zeros(), written_B=zeros(),
         canvas_BxC=jnp.zeros((b, c), jnp.int32),
         sc_BxCxD=jnp.zeros((b, c, cfg.d_model), jnp.bfloat16),
-        step_B=zeros, outer_B=keys, inner_B=keys, stop_B=zeros > 0)
+        step_B=zeros(), outer_B=keys(), inner_B=keys(),
+        stop_B=jnp.zeros((b,), bool))
 
   def finished(self, model, tokens_BxN, aux: CanvasRows, prompt_len: int):
     return aux.stop_B
@@ -221,7 +226,9 @@ class DiffusionGemmaSampler:
 
   def _denoise(self, model, aux: CanvasRows, active_B):
     """One denoising step of the active rows' canvases against the cache:
-    (next canvas, shaped logits, the cache with the canvas K/V as scratch)."""
+    (next canvas, shaped logits, the cache with the canvas K/V as scratch,
+    the next key, the canvas tokens' log-probabilities under the step's
+    unshaped logits)."""
     cfg, c = model.config, self.canvas_length
     slots = jnp.where(active_B[:, None],
                       aux.start_B[:, None] + jnp.arange(c), -1)
@@ -233,7 +240,7 @@ class DiffusionGemmaSampler:
                              self.max_temperature, self.min_temperature)
     inner_next, sample = st.split2(aux.inner_B)
     canvas = st.accept(shaped, sample, self.entropy_bound, cfg.n_text_ids)
-    return canvas, shaped, cache, inner_next
+    return canvas, shaped, cache, inner_next, st.token_logprob(logits, canvas)
 
   def propose(self, model, state: DecodeState, rng_B: jax.Array,
               prompt_len: int):
@@ -245,7 +252,8 @@ class DiffusionGemmaSampler:
         jnp.any(fresh_B),
         lambda a: self._prefill(model, state, a, fresh_B, prompt_len),
         lambda a: a, aux)
-    canvas, shaped, cache, inner_next = self._denoise(model, aux, active_B)
+    canvas, shaped, cache, inner_next, lp_BxC = self._denoise(model, aux,
+                                                              active_B)
     stability, entropy = st.parse_early_stop(self.early_stop)
     stop_now = st.should_stop(shaped, aux.canvas_BxC, stability, entropy)
     sc = dg.encode_logits(model.params, cfg, shaped).astype(jnp.bfloat16)
@@ -264,6 +272,8 @@ class DiffusionGemmaSampler:
         jnp.where(done_B[:, None], final,
                   state.tokens_BxN[rows, cols]).astype(
                       state.tokens_BxN.dtype))
+    logprob_BxN = state.logprob_BxN.at[rows, cols].set(
+        jnp.where(done_B[:, None], lp_BxC, state.logprob_BxN[rows, cols]))
     more_B = ~has_end & (aux.written_B + c < self.max_out_length)
     next_B = done_B & more_B
     aux = aux.replace(stop_B=aux.stop_B | (done_B & ~more_B))
@@ -271,7 +281,7 @@ class DiffusionGemmaSampler:
                        lambda a: self._append(model, a, final, next_B),
                        lambda a: a, aux)
     forwards_B = (active_B.astype(jnp.int32) + fresh_B + next_B)
-    return tokens_BxN, aux, forwards_B
+    return tokens_BxN, aux, forwards_B, logprob_BxN
 
   def _append(self, model, aux: CanvasRows, final_BxC, rows_B) -> CanvasRows:
     """The finished canvases of rows_B written causally into the cache
