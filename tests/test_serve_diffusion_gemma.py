@@ -89,11 +89,11 @@ def test_streaming_sends_whole_canvases(server, model):
   last; together they are the offline answer."""
   chunks = []
   for event in server.client().completions.create(
-      model="m", prompt=PROMPTS[0], seed=SEEDS[0], stream=True):
+      model="m", prompt=PROMPTS[2], seed=SEEDS[2], stream=True):
     if event.choices and event.choices[0].model_extra.get("token_ids"):
       chunks.append(event.choices[0].model_extra["token_ids"])
-  ids, _ = offline(model, PROMPTS[0], SEEDS[0])
-  assert sum(chunks, []) == ids
+  ids, _ = offline(model, PROMPTS[2], SEEDS[2])
+  assert sum(chunks, []) == ids and len(ids) == 6  # three canvases
   assert len(chunks) > 1
   assert all(len(c) % SETTINGS["canvas_length"] == 0 for c in chunks[:-1])
 
