@@ -30,6 +30,11 @@ SETTINGS = dict(canvas_length=2, max_denoising_steps=8, entropy_bound=1e9,
 FLAGS = ["--canvas-length", "2", "--max-denoising-steps", "8",
          "--entropy-bound", "1e9", "--max-temperature", "0.002",
          "--min-temperature", "0.0005", "--max-out-length", "6"]
+# Prompts (token ids, BOS first) of 2 to 12 tokens and their seeds.
+PROMPTS = [[2, 17, 33, 5, 90, 121, 64, 8, 140, 77, 31, 12], [2, 99, 23, 57],
+           [2, 61, 7, 150, 44, 44, 18, 101], [2, 9], [2, 30, 31, 32, 33, 34],
+           [2, 88, 12, 140]]
+SEEDS = [0, 7, 1, 2, 3, 4]
 CHARS = ("▁\n" + string.ascii_lowercase + string.ascii_uppercase
          + string.digits + ".,!?:;'\"-+=*/()%")
 

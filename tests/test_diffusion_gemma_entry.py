@@ -11,8 +11,8 @@ import pytest
 
 from flash_dllm_jax import checkpoint, cli
 from flash_dllm_jax.generate import generate
-from tests.diffusion_gemma_case import (FLAGS, SETTINGS, tiny_dir,
-                                        tiny_tokenizer)
+from tests.diffusion_gemma_case import (FLAGS, PROMPTS, SEEDS, SETTINGS,
+                                        tiny_dir, tiny_tokenizer)
 
 
 
@@ -70,12 +70,6 @@ def test_a_tokenizer_that_disagrees_with_the_checkpoint_is_refused(tmp_path):
   tok.save(d)
   with pytest.raises(ValueError, match="bos_token '<eos>' has id 1"):
     checkpoint.load(d, dtype="float32")
-
-
-PROMPTS = [[2, 17, 33, 5, 90, 121, 64, 8, 140, 77, 31, 12], [2, 99, 23, 57],
-           [2, 61, 7, 150, 44, 44, 18, 101], [2, 9], [2, 30, 31, 32, 33, 34],
-           [2, 88, 12, 140]]
-SEEDS = [0, 7, 1, 2, 3, 4]
 
 
 @pytest.fixture(scope="module")

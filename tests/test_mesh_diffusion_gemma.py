@@ -12,8 +12,7 @@ from flash_dllm_jax import checkpoint, compilation
 import os
 compilation.enable_persistent_cache(os.environ.get("FLASH_DLLM_JAX_CACHE_DIR"))
 from flash_dllm_jax.generate import generate
-from tests.diffusion_gemma_case import SETTINGS, TINY
-from tests.test_diffusion_gemma_entry import PROMPTS, SEEDS
+from tests.diffusion_gemma_case import PROMPTS, SEEDS, SETTINGS, TINY
 model = checkpoint.load(TINY, dtype="float32")
 one = generate(model, PROMPTS[:4], seed=SEEDS[:4], logprobs=True, **SETTINGS)
 two = generate(model, PROMPTS[:4], seed=SEEDS[:4], logprobs=True,

@@ -15,13 +15,11 @@ import pytest
 
 from flash_dllm_jax import checkpoint
 from flash_dllm_jax.generate import answer_ids, generate
-from tests.diffusion_gemma_case import FLAGS, SETTINGS, tiny_dir
+from tests.diffusion_gemma_case import (FLAGS, PROMPTS, SEEDS, SETTINGS,
+                                        tiny_dir)
 from tests.serve_case import Server
 
 VARIANT = dict(max_temperature=0.02, min_temperature=0.005)
-PROMPTS = [[2, 17, 33, 5, 90, 121, 64, 8, 140, 77, 31, 12], [2, 99, 23, 57],
-           [2, 61, 7, 150, 44, 44, 18, 101]]
-SEEDS = [0, 7, 1]
 
 
 @pytest.fixture(scope="module")
