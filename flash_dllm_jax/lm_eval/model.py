@@ -20,7 +20,9 @@ adapters' fixed canvas; the task's max_gen_toks is then not applied), else
 the task's max_gen_toks (default 256) rounded up to a multiple of the
 sampler's block_length (32 for samplers without one), with the answer cut
 to max_gen_toks tokens; LLaDA's and Dream's samplers then also take
-steps = gen length unless steps is given. The task's do_sample/temperature
+steps = gen length unless steps is given. diffusion-gemma, whose answers
+end at any length, takes max_out_length = max_gen_toks (unless model_args
+give it). The task's do_sample/temperature
 are not used: sampling settings are sampler options.
 
 loglikelihood: likelihood.py (LLaDA's / Dream's Monte-Carlo estimate), the
@@ -46,7 +48,8 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from flash_dllm_jax import parallel
+from flash_dllm_jax import architectures, parallel
+from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.checkpoint import load, load_config
 from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.prompts import bucket_groups, padded_length
@@ -60,6 +63,9 @@ from flash_dllm_jax.strategies import STRATEGIES, build_sampler, \
     sampler_options
 
 INSTANCES: list["FlashDLLMJax"] = []  # for __main__'s throughput file
+# The answer-length option of the canvas sampler (diffusion-gemma), which
+# stops at any length: it takes the task's max_gen_toks as it is.
+ANSWER_LENGTH = "max_out_length"
 
 
 @register_model("flash_dllm_jax")
@@ -75,7 +81,9 @@ class FlashDLLMJax(LM):
     except (FileNotFoundError, ValueError) as e:  # not a checkpoint
       raise ModelArgsError(f"bad model_args for flash_dllm_jax: pretrained="
                            f"{self.args.checkpoint!r}: {e}") from None
-    self.strategy = self.args.strategy or self.arch
+    self.strategy = self.args.strategy or (
+        self.arch if self.arch in STRATEGIES
+        else architectures.get(self.arch).default_strategy)
     self._sampler_cache: dict[int, tuple[Any, int | None]] = {}
     self.sampler_for(self.args.max_gen_toks)  # bad sampler options fail now
     self.mesh = parallel.parse_mesh(self.args.mesh_spec)
@@ -106,9 +114,10 @@ class FlashDLLMJax(LM):
     """(sampler, token cut or None) for a task's max_gen_toks (module doc)."""
     if max_gen_toks not in self._sampler_cache:
       options, cut = dict(self.options), None
-      if "gen_length" not in options:
-        cls = STRATEGIES[self.strategy].sampler
-        fields = sampler_options(cls)
+      fields = sampler_options(STRATEGIES[self.strategy].sampler)
+      if ANSWER_LENGTH in fields:  # DiffusionGemma's: any answer length
+        options.setdefault(ANSWER_LENGTH, max_gen_toks)
+      elif "gen_length" not in options:
         unit = options.get("block_length") or (
             fields["block_length"][1] if "block_length" in fields else None)
         unit = unit or 32
@@ -212,6 +221,11 @@ class FlashDLLMJax(LM):
     return prefix, target
 
   def loglikelihood(self, requests, disable_tqdm: bool = False):
+    if not isinstance(self.config, ModelConfig):
+      raise NotImplementedError(
+          f"flash_dllm_jax: loglikelihood is not supported for the "
+          f"{self.arch} family (its likelihood estimate is not defined "
+          "here); use generate_until tasks")
     items = []
     for i, request in enumerate(requests):
       prefix, target = self._encode_pair(*request.args)

@@ -184,10 +184,20 @@ class Service:
                        "has its own log-probability (ask for 0)", param)
     if top > MAX_TOP:
       raise BadRequest(f"{param} {top}: at most {MAX_TOP}", param)
-    if want and not self.row_data:
+    if want and not (self.row_data
+                     or getattr(self.sampler, "reports_logprobs", False)):
       raise BadRequest(f"strategy {self.settings.strategy!r} does not report "
                        "log-probabilities", "logprobs")
+    if want and getattr(req, "echo", False):
+      self._needs_engine_model("an echoed prompt's logprobs", "logprobs")
     return want
+
+  def _needs_engine_model(self, what: str, param: str) -> None:
+    """BadRequest where the family runs its own model (not ModelConfig's
+    forward, which prompt scoring and structured decoding run)."""
+    if not isinstance(self.config, ModelConfig):
+      raise BadRequest(f"{what} is not supported for the "
+                       f"{self.config.arch} family", param)
 
   def token_strings(self, ids) -> list[str]:
     """Each id's own text (vLLM's 'token_id:N' without a tokenizer)."""
@@ -247,6 +257,7 @@ class Service:
     deadline = time.monotonic() + timeout
     grammar = structured.grammar(req.response_format)
     if grammar is not None:
+      self._needs_engine_model("response_format", "response_format")
       if req.stream:
         raise BadRequest("response_format with stream is not supported",
                          "stream")

@@ -30,6 +30,8 @@ from flash_dllm_jax.architectures.diffusion_gemma import hf as hf_format
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
     GEMMA4_SPECIAL, PRESETS, GemmaConfig, preset)
 from flash_dllm_jax.architectures.diffusion_gemma.quant import quantize_tree
+from flash_dllm_jax.architectures.diffusion_gemma.tokenizer import (
+    load_tokenizer)
 
 _ORBAX_MARKERS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
 _MM_TOP = ("vision_encoder", "audio_encoder")
@@ -184,8 +186,9 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
          quantize: str | None = None, quantize_head: bool = False,
          quantize_embedding: bool = False, fuse_qkv: bool | None = None):
   """(params: the official nested tree, text only, cast to `dtype` if
-  given; GemmaConfig, whose dtype is `dtype` or the stored one; tokenizer
-  None). quantize: the projections stored in that 8-bit format as they
+  given; GemmaConfig, whose dtype is `dtype` or the stored one; the
+  directory's tokenizer.json or None: tokenizer.py). quantize: the
+  projections stored in that 8-bit format as they
   load (quant.py; the config records it)."""
   d = Path(ckpt_dir)
   if quantize_head or quantize_embedding:
@@ -201,8 +204,10 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
                      "(load without mesh)")
   if hf_format.is_hf_dir(d):
     params, config = hf_format.load(d, dtype)
-    return jax.tree.map(jnp.asarray, params), config, None
+    tok, config = load_tokenizer(d, config)
+    return jax.tree.map(jnp.asarray, params), config, tok
   config = load_config(d, dtype)
+  tok, config = load_tokenizer(d, config)
   item = _item_dir(d)
   check_shapes(config, _stored_shapes(item), str(d))
   tree = ocp.StandardCheckpointer().restore(item)
@@ -216,7 +221,7 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
   stored = str(out["embedder/input_embedding"].dtype)
   if dtype is None and stored in ("bfloat16", "float32"):
     config = config.replace(dtype=stored)  # computed as stored
-  return traverse_util.unflatten_dict(out, sep="/"), config, None
+  return traverse_util.unflatten_dict(out, sep="/"), config, tok
 
 
 def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:

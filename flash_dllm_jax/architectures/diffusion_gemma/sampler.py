@@ -8,7 +8,9 @@ as `keep_last_prefill_kv`), then canvas by canvas: C random ids, up to
 temperature, entropy-bound acceptance, renoising; sampler_steps.py) until
 the early-stop rule fires, the canvas cut after its first end token (PAD
 after it), then appended causally to the cache; the answer ends at a
-canvas holding an end token or after `max_out_length` tokens. One loop
+canvas holding an end token or after `max_out_length` tokens. Under
+continuous batching a finished row's slot takes the next request between
+canvases (reset_rows: it prefills at its next step). One loop
 step is one denoising step of every running row; the prefill and the
 appends run inside the steps that need them. The cache of the prompt and
 the finished canvases is written once and read by every later step.
@@ -94,6 +96,8 @@ class DiffusionGemmaSampler:
   official default), "token_stability", "entropy:<bound>" or "none".
   stop_tokens: ids that also end the answer. max_out_length: answer
   tokens (the official output buffer); the seed is generate's `seed`.
+  max_refills: under continuous batching, at most this many slots take a
+  new request (and prefill) per loop step (None: any number).
   """
 
   canvas_length: int = 256
@@ -105,6 +109,10 @@ class DiffusionGemmaSampler:
   early_stop: str = "chained"
   stop_tokens: TokenIds | None = None
   max_out_length: int = 2048
+  max_refills: int | None = None
+  # Each answer token's log-probability: under the unshaped logits of the
+  # denoising step that drew it (its canvas's last), as vLLM reports one.
+  reports_logprobs = True
 
   def __post_init__(self):
     checks.check_finite(self)
@@ -113,6 +121,7 @@ class DiffusionGemmaSampler:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         errors.append(f"{name} must be a positive int, got {value!r}")
+    errors += checks.optional_positive_errors(self, "max_refills")
     if self.min_temperature < 1e-12:  # the official _MIN_TEMP
       errors.append(f"min_temperature must be >= 1e-12, got "
                     f"{self.min_temperature}")
@@ -157,20 +166,24 @@ class DiffusionGemmaSampler:
     cfg = model.config
     b, n = tokens_BxN.shape
     c = self.canvas_length
-    zeros = jnp.zeros((b,), jnp.int32)
-    keys = jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
+    # distinct buffers for every leaf: the server donates this state
+    zeros = lambda: jnp.zeros((b,), jnp.int32)
+    keys = lambda: jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
     return CanvasRows(
         cache=dg.empty_cache(cfg, b, n), fresh_B=jnp.ones((b,), bool),
-        start_B=zeros, written_B=zeros,
+        start_B=zeros(), written_B=zeros(),
         canvas_BxC=jnp.zeros((b, c), jnp.int32),
         sc_BxCxD=jnp.zeros((b, c, cfg.d_model), jnp.bfloat16),
-        step_B=zeros, outer_B=keys, inner_B=keys, stop_B=zeros > 0)
+        step_B=zeros(), outer_B=keys(), inner_B=keys(),
+        stop_B=jnp.zeros((b,), bool))
 
   def finished(self, model, tokens_BxN, aux: CanvasRows, prompt_len: int):
     return aux.stop_B
 
   def reset_rows(self, aux: CanvasRows, rows_B: jax.Array) -> CanvasRows:
-    """The rows take a new request: prefill at their next step."""
+    """The rows take a new request (continuous batching): prefill at their
+    next step. What the slot's cache holds past the new prompt is never
+    read (a query sees only slots it or an earlier step wrote)."""
     return aux.replace(fresh_B=aux.fresh_B | rows_B,
                        stop_B=aux.stop_B & ~rows_B)
 
@@ -213,7 +226,9 @@ class DiffusionGemmaSampler:
 
   def _denoise(self, model, aux: CanvasRows, active_B):
     """One denoising step of the active rows' canvases against the cache:
-    (next canvas, shaped logits, the cache with the canvas K/V as scratch)."""
+    (next canvas, shaped logits, the cache with the canvas K/V as scratch,
+    the next key, the canvas tokens' log-probabilities under the step's
+    unshaped logits)."""
     cfg, c = model.config, self.canvas_length
     slots = jnp.where(active_B[:, None],
                       aux.start_B[:, None] + jnp.arange(c), -1)
@@ -225,7 +240,7 @@ class DiffusionGemmaSampler:
                              self.max_temperature, self.min_temperature)
     inner_next, sample = st.split2(aux.inner_B)
     canvas = st.accept(shaped, sample, self.entropy_bound, cfg.n_text_ids)
-    return canvas, shaped, cache, inner_next
+    return canvas, shaped, cache, inner_next, st.token_logprob(logits, canvas)
 
   def propose(self, model, state: DecodeState, rng_B: jax.Array,
               prompt_len: int):
@@ -237,7 +252,8 @@ class DiffusionGemmaSampler:
         jnp.any(fresh_B),
         lambda a: self._prefill(model, state, a, fresh_B, prompt_len),
         lambda a: a, aux)
-    canvas, shaped, cache, inner_next = self._denoise(model, aux, active_B)
+    canvas, shaped, cache, inner_next, lp_BxC = self._denoise(model, aux,
+                                                              active_B)
     stability, entropy = st.parse_early_stop(self.early_stop)
     stop_now = st.should_stop(shaped, aux.canvas_BxC, stability, entropy)
     sc = dg.encode_logits(model.params, cfg, shaped).astype(jnp.bfloat16)
@@ -256,6 +272,8 @@ class DiffusionGemmaSampler:
         jnp.where(done_B[:, None], final,
                   state.tokens_BxN[rows, cols]).astype(
                       state.tokens_BxN.dtype))
+    logprob_BxN = state.logprob_BxN.at[rows, cols].set(
+        jnp.where(done_B[:, None], lp_BxC, state.logprob_BxN[rows, cols]))
     more_B = ~has_end & (aux.written_B + c < self.max_out_length)
     next_B = done_B & more_B
     aux = aux.replace(stop_B=aux.stop_B | (done_B & ~more_B))
@@ -263,7 +281,7 @@ class DiffusionGemmaSampler:
                        lambda a: self._append(model, a, final, next_B),
                        lambda a: a, aux)
     forwards_B = (active_B.astype(jnp.int32) + fresh_B + next_B)
-    return tokens_BxN, aux, forwards_B
+    return tokens_BxN, aux, forwards_B, logprob_BxN
 
   def _append(self, model, aux: CanvasRows, final_BxC, rows_B) -> CanvasRows:
     """The finished canvases of rows_B written causally into the cache

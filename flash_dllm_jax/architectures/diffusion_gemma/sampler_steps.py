@@ -79,6 +79,12 @@ def token_entropy(logits_BxCxV):
   return -jnp.sum(safe * probs, axis=-1)
 
 
+def token_logprob(logits_BxCxV, tokens_BxC):
+  """[B, C] log softmax(logits)[token] at each position (float32)."""
+  lp = jax.nn.log_softmax(logits_BxCxV.astype(jnp.float32))
+  return jnp.take_along_axis(lp, tokens_BxC[..., None], axis=-1)[..., 0]
+
+
 def accept(shaped_BxCxV, keys_B, entropy_bound: float, n_ids: int):
   """SampleFromPredictions: a draw from the shaped logits at every
   position; the lowest-entropy positions are kept while the entropy summed

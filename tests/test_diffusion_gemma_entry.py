@@ -1,0 +1,133 @@
+"""DiffusionGemma through the entry points: a checkpoint directory with a
+tokenizer loads with it (tests/diffusion_gemma_case.py), so text prompts,
+the Gemma 4 chat template and the CLI work; continuous batching gives
+every request its alone answer. All decodes share one sampler setting
+(and so one compiled program per entry point)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from flash_dllm_jax import checkpoint, cli
+from flash_dllm_jax.generate import generate
+from tests.diffusion_gemma_case import (FLAGS, PROMPTS, SEEDS, SETTINGS,
+                                        tiny_dir, tiny_tokenizer)
+
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+  return tiny_dir(tmp_path_factory.mktemp("gemma"))
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+  return checkpoint.load(ckpt, dtype="float32")
+
+
+def test_the_tokenizer_loads_with_the_checkpoint(model):
+  """Special tokens the files do not name come from the checkpoint's ids,
+  the chat template is Gemma 4's, and the canvas noise is drawn from the
+  tokenizer's ids."""
+  _, config, tok = model
+  assert (tok.bos_id, tok.eos_id, tok.eot_id) == (2, 1, 106)
+  assert config.text_vocab_size == tok.vocab_size == 160
+  text = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+  assert text == "<bos><|turn>user\nHi<turn|>\n<|turn>model\n"
+  assert tok.encode(text)[:2] == [2, 105]
+  assert tok.decode(tok.encode("Hi there, 42!")) == "Hi there, 42!"
+
+
+def test_cli_generate_answers_a_text_prompt(model, ckpt, capsys):
+  """`generate --checkpoint DIR --prompt TEXT` renders the chat template
+  and prints the answer generate() gives for the same chat."""
+  code = cli.main(["generate", "--checkpoint", str(ckpt), "--prompt", "Hi",
+                   *FLAGS, "--seed", "3", "--output", "json"])
+  out = capsys.readouterr()
+  assert code == 0, out.err
+  got = json.loads(out.out)["results"][0]
+  want = generate(model, [{"role": "user", "content": "Hi"}], seed=3,
+                  logprobs=True, **SETTINGS)  # the program `alone` runs
+  assert got["text"] == want.texts[0]
+  ids = want.tokens_BxG[0].tolist()
+  assert got["token_ids"] == ids[:len(got["token_ids"])]
+
+
+def test_a_sentencepiece_only_directory_gets_one_clear_error(tmp_path):
+  d = tiny_dir(tmp_path)
+  (d / "tokenizer.json").unlink()
+  (d / "tokenizer.model").write_bytes(b"\x00")
+  with pytest.raises(ValueError, match="tokenizer.model but no "
+                     "tokenizer.json"):
+    checkpoint.load(d, dtype="float32")
+
+
+def test_a_tokenizer_that_disagrees_with_the_checkpoint_is_refused(tmp_path):
+  d = tiny_dir(tmp_path)
+  tok = tiny_tokenizer()
+  tok.config["bos_token"] = "<eos>"
+  tok.save(d)
+  with pytest.raises(ValueError, match="bos_token '<eos>' has id 1"):
+    checkpoint.load(d, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def alone(model):
+  return [generate(model, [p], seed=s, logprobs=True, **SETTINGS)
+          for p, s in zip(PROMPTS, SEEDS)]
+
+
+def test_continuous_batching_gives_every_request_its_alone_answer(model,
+                                                                  alone):
+  """Six prompts of 2 to 12 tokens through 2 slots (a finished row's slot
+  takes the next prompt inside the loop): each row's tokens, steps and
+  forwards are bitwise those of the prompt decoded alone; rows stop their
+  canvases early at different steps and end on an end token in the second
+  or third canvas or run out of canvases."""
+  out = generate(model, PROMPTS, seed=SEEDS, batch_size=2, logprobs=True,
+                 **SETTINGS)
+  for i, one in enumerate(alone):
+    assert out.tokens_BxG[i].tolist() == one.tokens_BxG[0].tolist(), i
+    assert out.steps_B[i] == one.steps_B[0]
+    assert out.forwards_B[i] == one.forwards_B[0]
+    assert out.logprobs_BxG[i].tolist() == one.logprobs_BxG[0].tolist()
+  assert out.steps < sum(int(a.steps) for a in alone)
+  assert len(set(out.steps_B.tolist())) > 3, out.steps_B
+  _, config, _ = model
+  ends = [next((i // 2 for i, t in enumerate(row)
+                if t in config.stop_token_ids), None)
+          for row in out.tokens_BxG.tolist()]
+  assert {1, 2, None} <= set(ends), ends
+
+
+def test_lm_eval_simple_evaluate_generates_through_the_strategy(model, ckpt):
+  """lm-eval's simple_evaluate on a local generate_until task: the
+  adapter picks diffusion-gemma for the checkpoint, renders each context
+  with Gemma 4's chat template and answers what generate answers (request
+  0 with seed 0); loglikelihood is refused with one clear error."""
+  lm_eval = pytest.importorskip("lm_eval")
+  from flash_dllm_jax.lm_eval import FlashDLLMJax, task_manager
+  from flash_dllm_jax.lm_eval.model import cut_at_until
+  args = {"checkpoint": str(ckpt), "dtype": "float32", "batch_size": 2,
+          "chat": True, **SETTINGS}
+  results = lm_eval.simple_evaluate(
+      model="flash_dllm_jax", model_args=args, tasks=["synthetic_gsm"],
+      task_manager=task_manager(include_defaults=False), limit=1,
+      log_samples=True)  # one prompt-length bucket: one compiled program
+  samples = sorted((s for s in results["samples"]["synthetic_gsm"]
+                    if s["filter"] == "strict-match"),
+                   key=lambda s: s["doc_id"])
+  chats = [[{"role": "user", "content": s["arguments"][0][0]}]
+           for s in samples]
+  until = samples[0]["arguments"][0][1]["until"]
+  out = generate(model, chats, seed=[0], batch_size=2, **SETTINGS)
+  assert [s["resps"][0][0] for s in samples] == [
+      cut_at_until(t, until) for t in out.texts]
+  info = results["config"]["flash_dllm_jax"]
+  assert info["strategy"] == "diffusion-gemma"
+  assert info["throughput"]["generate_until"]["requests"] == 1
+  lm = FlashDLLMJax(checkpoint=str(ckpt), dtype="float32", **SETTINGS)
+  from lm_eval.api.instance import Instance
+  with pytest.raises(NotImplementedError, match="diffusion_gemma family"):
+    lm.loglikelihood([Instance("loglikelihood", {}, ("a", "b"), 0)])

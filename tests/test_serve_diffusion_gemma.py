@@ -1,0 +1,127 @@
+"""`serve` with a DiffusionGemma checkpoint (the tiny official one with a
+tokenizer, tests/diffusion_gemma_case.py): a real server process on
+localhost and the official `openai` client. Answers, their logprobs and
+their streamed chunks (one per finished canvas or more canvases) equal
+offline generate with the request's seed; a request's `decoding` options
+pick a variant declared at start; what the family cannot do is refused
+with one clear error."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import openai
+import pytest
+
+from flash_dllm_jax import checkpoint
+from flash_dllm_jax.generate import answer_ids, generate
+from tests.diffusion_gemma_case import (FLAGS, PROMPTS, SEEDS, SETTINGS,
+                                        tiny_dir)
+from tests.serve_case import Server
+
+VARIANT = dict(max_temperature=0.02, min_temperature=0.005)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+  return tiny_dir(tmp_path_factory.mktemp("gemma"))
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+  return checkpoint.load(ckpt, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def server(ckpt, tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("serve")
+  srv = Server(ckpt, "diffusion-gemma", {}, *FLAGS, "--dtype", "float32",
+               "--batch-size", "2", "--max-prompt-tokens", "64",
+               "--steps-per-call", "2", "--served-model-name", "m",
+               "--variant", ",".join(f"{k}={v}" for k, v in VARIANT.items()),
+               "--compile-cache", str(tmp / "cache"),
+               log_path=tmp / "server.log")
+  try:
+    health = srv.wait_ready()
+    assert health["batching"] == "continuous"
+    yield srv
+  finally:
+    srv.close()
+
+
+def offline(model, prompt, seed, **changes):
+  """(answer ids, their logprobs) of the prompt decoded alone."""
+  out = generate(model, [prompt], seed=seed, logprobs=True,
+                 **{**SETTINGS, **changes})
+  ids = answer_ids(out.tokens_BxG[0], model[1])
+  return ids, out.logprobs_BxG[0][:len(ids)].tolist()
+
+
+def test_answers_and_logprobs_equal_offline_generate(server, model):
+  """Three token-id prompts of different lengths at once (2 slots: one
+  waits for a slot) and a text chat: each answer's tokens, text and
+  logprobs are those of offline generate with its seed."""
+  client = server.client()
+
+  def complete(i):
+    return client.completions.create(model="m", prompt=PROMPTS[i],
+                                     seed=SEEDS[i], logprobs=0)
+
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    answers = list(pool.map(complete, range(3)))
+  tok = model[2]
+  for i, r in enumerate(answers):
+    ids, lps = offline(model, PROMPTS[i], SEEDS[i])
+    choice = r.choices[0]
+    assert choice.model_extra["token_ids"] == ids
+    assert choice.text == tok.decode(ids)
+    assert choice.logprobs.token_logprobs == lps
+  chat = [{"role": "user", "content": "Hi"}]
+  r = client.chat.completions.create(model="m", messages=chat, seed=5)
+  ids, _ = offline(model, chat, 5)
+  assert r.choices[0].message.content == tok.decode(ids)
+
+
+def test_streaming_sends_whole_canvases(server, model):
+  """Each streamed chunk holds whole canvases (2 tokens each) but the
+  last; together they are the offline answer."""
+  chunks = []
+  for event in server.client().completions.create(
+      model="m", prompt=PROMPTS[2], seed=SEEDS[2], stream=True):
+    if event.choices and event.choices[0].model_extra.get("token_ids"):
+      chunks.append(event.choices[0].model_extra["token_ids"])
+  ids, _ = offline(model, PROMPTS[2], SEEDS[2])
+  assert sum(chunks, []) == ids and len(ids) == 6  # three canvases
+  assert len(chunks) > 1
+  assert all(len(c) % SETTINGS["canvas_length"] == 0 for c in chunks[:-1])
+
+
+def test_decoding_options_pick_the_declared_variant(server, model):
+  r = server.client().completions.create(
+      model="m", prompt=PROMPTS[1], seed=SEEDS[1],
+      extra_body={"decoding": VARIANT})
+  assert r.model_extra["decoding"]["variant"] == 1
+  ids, _ = offline(model, PROMPTS[1], SEEDS[1], **VARIANT)
+  assert r.choices[0].model_extra["token_ids"] == ids
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
+                                            "AAAA"}}]}]),
+     "text only"),
+    (dict(prompt="Hi", echo=True, logprobs=0),
+     "an echoed prompt's logprobs is not supported for the diffusion_gemma "
+     "family"),
+    (dict(prompt="Hi", extra_body={"decoding": {"max_temperature": 0.5}}),
+     "no variant declared at start decodes with max_temperature=0.5"),
+    (dict(prompt="Hi", extra_body={"decoding": {"nope": 1}}),
+     "unknown decoding option 'nope'"),
+])
+def test_what_the_family_cannot_do_gets_one_clear_error(server, kwargs,
+                                                        needle):
+  client = server.client()
+  create = (client.chat.completions.create if "messages" in kwargs
+            else client.completions.create)
+  with pytest.raises(openai.BadRequestError, match=needle):
+    create(model="m", **kwargs)
