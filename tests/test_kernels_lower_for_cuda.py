@@ -68,6 +68,25 @@ def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s,
   assert f"grid_y = {-(-splits // group)} : i32, grid_z = {b * kh}" in text
 
 
+@pytest.mark.parametrize("fmt", [FP8, I8])
+def test_scheduled_attention_8bit_cache(fmt):
+  """LLaDA-8B's Flash-Cache step at batch 128 over an 8-bit cache: the
+  per-tile dequantization lowers to Triton (fused mass and split merge)."""
+  b, q, h, kh, d, s = 128, 144, 32, 32, 128, 1280
+  args = (S((b, q, h, d), BF16), S((b, s, kh, d), fmt),
+          S((b, s, kh, d), fmt), S((b,), I32), S((b,), I32),
+          S((b, s, kh), BF16), S((b, s, kh), BF16), S((b, s), bool),
+          S((b, q), bool))
+
+  def run(qq, kc, vc, kl, ql, ks, vs, excl, score):
+    return attention.scheduled_attention(
+        qq, kc, vc, kl, ql, scale=d ** -0.5, exclude_BxS=excl,
+        score_rows_BxQ=score, k_scale_BxSxK=ks, v_scale_BxSxK=vs,
+        score_prefix=32)
+
+  _assert_triton_only(_custom_calls(run, *args), 1)
+
+
 def test_rope_cache_write():
   b, q, h, kh, d, s = 4, 144, 32, 8, 128, 1280
   args = (S((b, q, h, d), BF16), S((b, q, kh, d), BF16), S((b, q, kh, d), BF16),
