@@ -22,6 +22,18 @@ def kv_cache_dtype_error(value) -> str | None:
   return None
 
 
+def cache_bytes(config: ModelConfig, positions: int,
+                kv_cache_dtype: str = "auto") -> int:
+  """Bytes of one row's KVCache over `positions` slots (every layer's K and
+  V, and an 8-bit cache's scales)."""
+  dtype = jnp.dtype(config.dtype if kv_cache_dtype == "auto"
+                    else kv_cache_dtype)
+  per_head = config.head_dim * dtype.itemsize
+  if kv_quant.is_quantized(dtype):
+    per_head += jnp.dtype(kv_quant.SCALE_DTYPE).itemsize
+  return 2 * config.n_layers * positions * config.n_kv_heads * per_head
+
+
 @struct.dataclass
 class KVCache:
   """Post-RoPE keys and values of every layer, one buffer per layer.
