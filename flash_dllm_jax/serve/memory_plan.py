@@ -6,10 +6,10 @@ program's workspace, divided by what one slot holds.
 
 A slot holds its KV cache (every layer's keys and values over prompt +
 canvas positions, in the sampler's kv_cache_dtype: an 8-bit cache holds
-half the bytes, plus its scales) and its per-position loop state. The workspace is what
-a step needs beside them whatever the slot count: one prefill group's
-cache rows and activations (fresh rows prefill max_refills at a time,
-flash_forward.prefill_rows) and a margin. Both are estimates from the
+half the bytes, plus its scales) and its per-position loop state. The
+workspace is what a step needs beside them whatever the slot count: one
+prefill group's cache rows and activations (fresh rows prefill
+max_refills at a time, flash_forward.prefill_rows) and a margin. Both are estimates from the
 shapes, not a measurement; the bench's peak memory rows (BENCHMARKS.md,
 "Memory") are what they are checked against.
 
