@@ -80,3 +80,32 @@ def test_shipped_model_answers_with_an_8bit_cache():
     answers[fmt] = [extract_answer(t) for t in out.texts]
   assert answers["float8_e4m3fn"] == answers["auto"]
   assert answers["auto"] == [target_of(p["answer"]) for p in problems]
+
+
+def test_server_plans_and_serves_an_8bit_cache(tmp_path):
+  """`serve --kv-cache-dtype float8_e4m3fn`: /health's slot plan counts
+  the 8-bit cache (and its scales) and a completion is answered."""
+  import openai
+
+  from flash_dllm_jax.checkpoint import load_config
+  from flash_dllm_jax.serve import memory_plan
+  from tests.paths import TINY_CHECKPOINT
+  from tests.serve_case import Server
+  options = {"gen_length": 32, "block_m": 8,
+             "kv_cache_dtype": "float8_e4m3fn"}
+  server = Server(TINY_CHECKPOINT, "flash-dllm", options, "--batch-size",
+                  "2", "--max-prompt-tokens", "64",
+                  log_path=tmp_path / "server.log")
+  try:
+    health = server.wait_ready()
+    config = load_config(TINY_CHECKPOINT)
+    slot = health["slot_plan"]["slot_bytes"]
+    assert slot == memory_plan.slot_bytes(config, 64 + 32, "float8_e4m3fn")
+    assert slot < memory_plan.slot_bytes(config, 64 + 32)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    out = client.completions.create(model=health["model"],
+                                    prompt=[7, 8, 9, 10], max_tokens=32)
+    assert out.usage.prompt_tokens == 4
+    assert 0 < out.usage.completion_tokens <= 32
+  finally:
+    server.close()
