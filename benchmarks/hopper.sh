@@ -25,6 +25,11 @@
 #                                               # other strategies
 #   bash benchmarks/hopper.sh OUT_DIR memory-large  # batch 64 and 128,
 #                                               # bf16 and fp8 weights
+#   bash benchmarks/hopper.sh OUT_DIR kv8       # float8 KV cache: batch
+#                                               # 64/128 of flash-dllm and
+#                                               # flash-cache against the
+#                                               # bf16-cache batch 32 row
+#   bash benchmarks/hopper.sh OUT_DIR kv8-fp8   # the same, fp8 weights
 #   bash benchmarks/hopper.sh OUT_DIR long-context [STRATEGIES]  # step and
 #                                               # peak against the prompt
 #                                               # (LLaDA-8B; flash-dllm)
@@ -159,6 +164,33 @@ memory-large)
       | grep -E "$ROWS"
   timeout 200 $M --only flash-dllm --quantize fp8 \
       --json "$OUT/mem-large-flash-dllm-fp8.json" | grep -E "$ROWS"
+  ;;
+kv8|kv8-fp8)
+  # a process per row group (peaks never go down in a process): the
+  # baseline (bf16 cache, batch 32), then the float8 cache at batch 128 of
+  # flash-dllm and flash-cache (steady steps), then both at batch 64 (step
+  # with its prefill share: a compile each, to stay in one device call);
+  # JAX's default memory settings (75% of the card, 63.8 GB on an H100)
+  # but at batch 128, which may use 95% of the card (the bf16 weights and
+  # the 8-bit cache alone are 59.6 GB); then the table of ratios to the
+  # baseline
+  W=""
+  [ "$PART" = kv8-fp8 ] && W="--quantize fp8"
+  M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
+--gen 512 --reps 1 --per-step 16 $W"
+  F8="--kv-cache-dtype float8_e4m3fn"
+  timeout 130 $M --steady --only flash-dllm --batch 32 \
+      --json "$OUT/$PART-base.json" | grep -E "$ROWS"
+  for s in flash-dllm flash-cache; do
+    timeout 140 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 $M --steady \
+        --only $s --batch 128 $F8 \
+        --json "$OUT/$PART-$s-b128.json" | grep -E "$ROWS"
+  done
+  timeout 120 $M --only flash-dllm flash-cache --batch 64 $F8 \
+      --json "$OUT/$PART-b64.json" | grep -E "$ROWS"
+  python scripts/kv_cache_table.py "$OUT/$PART-base.json" \
+      "$OUT/$PART-flash-dllm-b128.json" "$OUT/$PART-flash-cache-b128.json" \
+      "$OUT/$PART-b64.json" --json "$OUT/$PART-table.json"
   ;;
 long-context)
   # prompt 1k, 2k and the longest the 4096-token context leaves gen 512;

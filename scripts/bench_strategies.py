@@ -44,15 +44,15 @@ import jax  # noqa: E402
 from flash_dllm_bench import qmatmul_bench, timing, tuning  # noqa: E402
 from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
+from flash_dllm_jax.model import cache as model_cache  # noqa: E402
 from flash_dllm_jax.sampling.loop import tail_length  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 
 
-def cache_bytes(cfg, b: int, n: int) -> int:
+def cache_bytes(cfg, b: int, n: int, kv_cache_dtype: str = "auto") -> int:
   """A full-sequence KV cache's bytes: every layer's keys and values of b
-  rows of n positions."""
-  item = 1 if cfg.dtype == "float8" else (4 if cfg.dtype == "float32" else 2)
-  return 2 * cfg.n_layers * b * n * cfg.n_kv_heads * cfg.head_dim * item
+  rows of n positions (and an 8-bit cache's scales)."""
+  return b * model_cache.cache_bytes(cfg, n, kv_cache_dtype)
 
 
 def memory_limit() -> int | None:
@@ -61,10 +61,11 @@ def memory_limit() -> int | None:
 
 
 def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32,
-               arch: str = "llada"):
+               arch: str = "llada", kv_cache_dtype: str = "auto"):
   """name -> a function building (sampler, query tokens of the step's main
   pass as a function of the prompt length[, query tokens of its second
-  (verify) pass]).
+  (verify) pass]). kv_cache_dtype other than "auto" goes to the sampler
+  (the Flash-Cache samplers take it; the others refuse it by name).
 
   Elastic-Cache's count is its query budget (tracked + new + window); the
   layers after a drift restart run the whole sequence, as often as the
@@ -92,9 +93,10 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32,
     fixed = {"sdar": (sdar, [lambda p: block]),
              "sdar-uncached": ({**sdar, "block_cache": False},
                                [lambda p: p + gen + block - 1])}
+  kv = {} if kv_cache_dtype == "auto" else {"kv_cache_dtype": kv_cache_dtype}
   build = lambda name, options, queries: (build_sampler(
-      name.removesuffix("-uncached"), arch, {"gen_length": gen, **options}),
-                                          *queries)
+      name.removesuffix("-uncached"), arch,
+      {"gen_length": gen, **options, **kv}), *queries)
   # built on demand: a fixed schedule may not suit every sampler
   return {name: functools.partial(build, name, *spec)
           for name, spec in fixed.items()}
@@ -170,6 +172,9 @@ def main(argv=None):
                   help="also decode with twice --per-step tokens per step: "
                   "the time difference over the step difference is the "
                   "steady step, without the first step's prefill")
+  ap.add_argument("--kv-cache-dtype", default="auto",
+                  choices=model_cache.KV_CACHE_DTYPES,
+                  help="the Flash-Cache samplers' KV cache storage")
   quantize.add_flags(ap)
   tuning.add_args(ap)
   tuning.add_variant_args(ap)
@@ -217,14 +222,15 @@ def main(argv=None):
   print(f"[{time.perf_counter() - t_start:.0f} s] "
         f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, {mm_kind} matmul {mm / 1e12:.0f} TFLOP/s; "
-        f"{args.per_step} tokens per step")
+        f"{args.per_step} tokens per step; KV cache {args.kv_cache_dtype}")
   rows, failed = [], []
   limit = memory_limit()
   for gen, prompt in itertools.product(args.gen, args.prompt):
     doubled = strategies(gen, 2 * args.per_step, args.block, args.block_m,
-                         cfg.n_layers, arch)
-    for name, build in strategies(gen, args.per_step, args.block,
-                                  args.block_m, cfg.n_layers, arch).items():
+                         cfg.n_layers, arch, args.kv_cache_dtype)
+    for name, build in strategies(
+        gen, args.per_step, args.block, args.block_m, cfg.n_layers, arch,
+        args.kv_cache_dtype).items():
       if args.only and name not in args.only:
         continue
       sampler, *queries = build()
@@ -234,7 +240,7 @@ def main(argv=None):
         what = (f"{name} batch {b} {label or 'default'} (prompt {prompt}, "
                 f"gen {gen})")
         n = prompt + gen + tail_length(sampler)
-        cache = cache_bytes(cfg, b, n)
+        cache = cache_bytes(cfg, b, n, args.kv_cache_dtype)
         if limit is not None and cache + wbytes > limit:
           # cannot fit whatever the program does: say so, spend no compile
           failed.append(what)
@@ -269,6 +275,7 @@ def main(argv=None):
         floor = pass_floor[0] + pass_floor[-1] * (forwards - steps) / steps
         step_ms = steady_ms or ms_step * 1e3
         rows.append(dict(strategy=name, kernels=label, batch=b,
+                         kv_cache_dtype=args.kv_cache_dtype,
                          prompt=prompt, gen=gen, steps=steps,
                          forwards=forwards, ms_step=ms_step * 1e3,
                          steady_ms_step=steady_ms,

@@ -63,6 +63,8 @@ def test_targets_are_computed_from_the_summaries():
 
 def test_strategy_variants_carry_options_and_find_their_twin():
   q = _module()
+  assert q.parse_strategy("flash-dllm:kv_cache_dtype=float8_e4m3fn") == (
+      "flash-dllm", {"kv_cache_dtype": "float8_e4m3fn"})
   assert q.parse_strategy("flash-dllm") == ("flash-dllm", {})
   assert q.parse_strategy("flash-dllm:block_m=64,gamma=0.7,verify=false") == (
       "flash-dllm", {"block_m": 64, "gamma": 0.7, "verify": False})

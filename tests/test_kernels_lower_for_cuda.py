@@ -68,6 +68,25 @@ def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s,
   assert f"grid_y = {-(-splits // group)} : i32, grid_z = {b * kh}" in text
 
 
+@pytest.mark.parametrize("fmt", [FP8, I8])
+def test_scheduled_attention_8bit_cache(fmt):
+  """LLaDA-8B's Flash-Cache step at batch 128 over an 8-bit cache: the
+  per-tile dequantization lowers to Triton (fused mass and split merge)."""
+  b, q, h, kh, d, s = 128, 144, 32, 32, 128, 1280
+  args = (S((b, q, h, d), BF16), S((b, s, kh, d), fmt),
+          S((b, s, kh, d), fmt), S((b,), I32), S((b,), I32),
+          S((b, s, kh), BF16), S((b, s, kh), BF16), S((b, s), bool),
+          S((b, q), bool))
+
+  def run(qq, kc, vc, kl, ql, ks, vs, excl, score):
+    return attention.scheduled_attention(
+        qq, kc, vc, kl, ql, scale=d ** -0.5, exclude_BxS=excl,
+        score_rows_BxQ=score, k_scale_BxSxK=ks, v_scale_BxSxK=vs,
+        score_prefix=32)
+
+  _assert_triton_only(_custom_calls(run, *args), 1)
+
+
 def test_rope_cache_write():
   b, q, h, kh, d, s = 4, 144, 32, 8, 128, 1280
   args = (S((b, q, h, d), BF16), S((b, q, kh, d), BF16), S((b, q, kh, d), BF16),
@@ -213,6 +232,33 @@ def test_flash_dllm_decode_loop_lowers_for_cuda_at_full_size(arch):
           implementation="pallas"),
       params, S((b, 768), I32), S((b, 768), bool), rng)
   _assert_triton_only(calls, 4)
+
+
+def test_8bit_cache_decode_loop_lowers_for_cuda_at_batch_128():
+  """Flash-dLLM's compiled loop at LLaDA-8B shapes, batch 128, a float8
+  KV cache: every kernel is a Triton call, the cache is float8 and no
+  bfloat16 (or float32) tensor of a layer's whole cache exists."""
+  from flash_dllm_jax.config import ModelConfig
+  from flash_dllm_jax.generate import decode_tokens
+  from flash_dllm_jax.model.transformer import init_params
+  from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+  cfg = ModelConfig.preset("llada-8b")
+  b = 128
+  params = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+  rng = jax.eval_shape(
+      lambda: jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)))
+  sampler = FlashDLLMSampler(gen_length=512, block_m=16, rule="fixed",
+                             steps=128, verify=True,
+                             kv_cache_dtype="float8_e4m3fn")
+  fn = lambda p, x, m, r: decode_tokens(
+      p, x, m, r, config=cfg, sampler=sampler, stop_at_eos=False,
+      implementation="pallas")
+  args = (params, S((b, 768), I32), S((b, 768), bool), rng)
+  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  _assert_triton_only(re.findall(r"custom_call @([\w$.]+)", text), 4)
+  whole = "tensor<128x1280x32x128x"
+  assert f"{whole}f8E4M3FN>" in text
+  assert f"{whole}bf16>" not in text and f"{whole}f32>" not in text
 
 
 def test_llada2_decode_loop_lowers_for_cuda_at_mini_size():

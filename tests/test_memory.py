@@ -60,6 +60,58 @@ def test_decode_memory_grows_with_the_batch_as_its_data():
   assert 0 < per_row <= bound, (per_row, bound)
 
 
+def test_8bit_cache_decode_memory_per_row():
+  """With a float8 cache the compiled decode's cost of a further row is
+  below the bf16-cache decode's (the cache row is a third here: float32
+  model, bf16 scales), within the bound of the test above with the 8-bit
+  cache row plus one layer's K and V dequantized to float32 (the CPU's
+  reference attention; the GPU kernel dequantizes per tile)."""
+  config = ModelConfig.tiny("llada", n_layers=4, n_kv_heads=4, vocab_size=V,
+                            mask_token_id=V - 1, eos_token_id=V - 4,
+                            pad_token_id=V - 4, bos_token_id=V - 5,
+                            eot_token_id=V - 3)
+  prompt, n = 192, 256
+  per_row = {}
+  for dtype in ("auto", "float8_e4m3fn"):
+    sampler = build_sampler("flash-cache", "llada", dict(
+        gen_length=64, block_m=8, kv_cache_dtype=dtype))
+    per_row[dtype] = (_decode_temp_bytes(config, sampler, 8, prompt)
+                      - _decode_temp_bytes(config, sampler, 4, prompt)) / 4
+  row = {d: memory_plan.slot_bytes(config, n, d) - n * 64 for d in per_row}
+  assert 3 * row["float8_e4m3fn"] < row["auto"]
+  q, r = sampler.query_budget, sampler._scored
+  layer_f32 = 2 * n * config.n_kv_heads * config.head_dim * 4
+  bound = (2 * row["float8_e4m3fn"] + layer_f32 + 4 * r * V * 4
+           + 2 * config.n_heads * q * n * 4)
+  assert 0 < per_row["float8_e4m3fn"] <= bound, (per_row, bound)
+  assert per_row["float8_e4m3fn"] < per_row["auto"] - (
+      row["auto"] - row["float8_e4m3fn"]) / 2, per_row
+
+
+def test_8bit_cache_slot_bytes_and_plan():
+  """An 8-bit slot holds its 8-bit K/V and bf16 scales: LLaDA-8B's
+  batch 128 at prompt 768 + gen 512 holds 43.6 GB of cache (85.9 GB in
+  bf16), and the plan fits about twice the slots in the same budget."""
+  config = ModelConfig.preset("llada-8b")
+  for fmt in ("float8_e4m3fn", "int8"):
+    cache = jax.eval_shape(lambda: KVCache.zeros(config, 1, 1280, fmt))
+    kv = sum(math.prod(a.shape) * a.dtype.itemsize
+             for a in jax.tree.leaves(cache))
+    assert memory_plan.slot_bytes(config, 1280, fmt) == kv + 1280 * 64
+    assert kv == 2 * 32 * 1280 * 32 * (128 + 2)
+  assert round(128 * kv / 1e9, 1) == 43.6
+  weights = 16 * 10**9
+  plans = {}
+  for fmt in ("auto", "float8_e4m3fn"):
+    sampler = build_sampler("flash-dllm", "llada",
+                            {"gen_length": 512, "kv_cache_dtype": fmt})
+    plans[fmt] = memory_plan.plan_slots(
+        config, sampler, weight_bytes=weights, budget_bytes=72 * 10**9,
+        max_prompt_tokens=768)
+  assert plans["float8_e4m3fn"].slot_bytes < plans["auto"].slot_bytes * 0.51
+  assert plans["float8_e4m3fn"].slots >= 1.9 * plans["auto"].slots
+
+
 def test_slot_bytes_is_the_kv_cache_and_the_row_state():
   config = ModelConfig.preset("llada-8b")
   cache = jax.eval_shape(lambda: KVCache.zeros(config, 1, 1280))

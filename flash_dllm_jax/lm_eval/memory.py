@@ -20,17 +20,19 @@ import os
 import jax
 import jax.numpy as jnp
 
+from flash_dllm_jax.model.cache import cache_bytes
+
 HEADROOM = 0.8  # of the free memory, for the batch's arrays
 
 log = logging.getLogger(__name__)
 
 
-def row_bytes(config, length: int) -> int:
-  """Estimated peak bytes one row of `length` positions holds (above)."""
+def row_bytes(config, length: int, kv_cache_dtype: str = "auto") -> int:
+  """Estimated peak bytes one row of `length` positions holds (above; the
+  KV cache in the sampler's kv_cache_dtype, model/cache.py)."""
   s = jnp.dtype(config.dtype).itemsize
   per_position = (config.vocab_size * 4 * 2
-                  + 2 * config.n_layers * config.n_kv_heads
-                  * config.head_dim * s
+                  + cache_bytes(config, 1, kv_cache_dtype)
                   + (4 * config.d_model
                      + (config.n_heads + 2 * config.n_kv_heads)
                      * config.head_dim + 3 * config.mlp_hidden) * s)
@@ -48,18 +50,21 @@ def free_bytes() -> tuple[int, str]:
   return int(pages), "host memory available"
 
 
-def fitting_rows(config, length: int, budget: int) -> int:
+def fitting_rows(config, length: int, budget: int,
+                 kv_cache_dtype: str = "auto") -> int:
   """The most rows of `length` positions within `budget` bytes (>= 1:
   one row always runs)."""
-  return max(1, int(budget * HEADROOM) // max(1, row_bytes(config, length)))
+  return max(1, int(budget * HEADROOM) // max(
+      1, row_bytes(config, length, kv_cache_dtype)))
 
 
 class BatchBound:
   """Clips batch sizes to the memory (memory_gib, else `free_bytes`),
   warning once per (what, size, clipped size)."""
 
-  def __init__(self, config, memory_gib: float | None = None):
-    self.config = config
+  def __init__(self, config, memory_gib: float | None = None,
+               kv_cache_dtype: str = "auto"):
+    self.config, self.kv_cache_dtype = config, kv_cache_dtype
     if memory_gib is None:
       self.budget, self.where = free_bytes()
     else:
@@ -70,12 +75,13 @@ class BatchBound:
            ) -> int:
     """min(wanted, the rows of `length` positions that fit), each row
     holding `copies` sequences (2 with classifier-free guidance)."""
-    fit = max(1, fitting_rows(self.config, length, self.budget) // copies)
+    fit = max(1, fitting_rows(self.config, length, self.budget,
+                              self.kv_cache_dtype) // copies)
     if fit >= wanted:
       return wanted
     if (what, wanted, fit) not in self._warned:
       self._warned.add((what, wanted, fit))
-      per_row = row_bytes(self.config, length) * copies
+      per_row = row_bytes(self.config, length, self.kv_cache_dtype) * copies
       log.warning("flash_dllm_jax: %s batch_size %d clipped to %d rows: "
                   "about %.1f MiB per row of %d positions, %.2f GiB %s",
                   what, wanted, fit, per_row / 2**20, length,

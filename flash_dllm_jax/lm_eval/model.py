@@ -91,7 +91,9 @@ class FlashDLLMJax(LM):
         self.args.checkpoint, dtype=self.args.dtype, mesh=self.mesh)
     if self.tokenizer is None:
       raise ValueError(f"checkpoint {self.args.checkpoint} has no tokenizer")
-    self.bound = BatchBound(self.config, self.args.memory_gib)  # after load
+    self.bound = BatchBound(  # after load
+        self.config, self.args.memory_gib,
+        self.options.get("kv_cache_dtype", "auto"))
     self.generated, self.scored = Throughput(), Throughput()
     INSTANCES.append(self)
 

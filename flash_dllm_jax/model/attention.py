@@ -131,10 +131,21 @@ def _attend_projected(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
                               implementation=impl)
     return o_BxQxHxD.reshape(b, q, -1), None
   if key_valid.ndim == 3:  # per-query mask over the cache: block-causal
+    if len(cache_kv) == 4:
+      raise ValueError("block-causal cached attention takes no 8-bit KV "
+                       "cache (kv_cache_dtype 'auto' only)")
     return _exact_cached(cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, rope,
                          key_valid, cache_kv, slots_BxQ, scale, impl)
   extras = extras or CachedExtras()
-  if extras.write_cache:
+  scales = {}
+  if len(cache_kv) == 4 and extras.write_cache:  # an 8-bit cache
+    q_BxQxHxD, new_kv = ops.rope_and_write_8bit(
+        q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ, cache_kv,
+        scale=scale, rope_fn=rope)
+    keys_BxSxKxD, values_BxSxKxD = new_kv[:2]
+    scales = dict(k_scale_BxSxK=new_kv[2], v_scale_BxSxK=new_kv[3])
+    k_new_BxQxKxD = v_new_BxQxKxD = None
+  elif extras.write_cache:
     q_BxQxHxD, keys_BxSxKxD, values_BxSxKxD = ops.rope_and_write(
         q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
         cache_kv[0], cache_kv[1], theta=cfg.rope_theta, scale=scale,
@@ -144,7 +155,9 @@ def _attend_projected(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
   else:  # the queries see each other only through extras.inq_mask
     q_BxQxHxD = (rope(q_BxQxHxD, None).astype(jnp.float32) * scale
                  ).astype(q_BxQxHxD.dtype)
-    keys_BxSxKxD, values_BxSxKxD = cache_kv
+    keys_BxSxKxD, values_BxSxKxD = cache_kv[:2]
+    if len(cache_kv) == 4:
+      scales = dict(k_scale_BxSxK=cache_kv[2], v_scale_BxSxK=cache_kv[3])
     k_new_BxQxKxD, v_new_BxQxKxD = rope(k_BxQxKxD, None), v_BxQxKxD
     new_kv = cache_kv
   o_BxQxHxD, mass_BxS = ops.cached_attention(
@@ -154,7 +167,7 @@ def _attend_projected(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
       mass_rows_BxQ=extras.mass_rows_BxQ if block.sow_mass and sow_mass
       else None,
       mass_prefix=extras.mass_prefix, mass_score=extras.mass_score,
-      implementation=impl)
+      implementation=impl, **scales)
   if mass_BxS is not None:
     block.sow("intermediates", "attention_mass", mass_BxS)
   return o_BxQxHxD.reshape(b, q, -1), new_kv

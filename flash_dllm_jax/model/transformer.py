@@ -115,17 +115,16 @@ class Transformer(nn.Module):
       if cache is not None and key_blocks_BxS is None:
         raise ValueError("a cached block-causal forward needs key_blocks_BxS")
       key_valid = block_mask(key_valid_BxS, blocks_BxQ, key_blocks_BxS)
-    new_k, new_v = [], []
+    new_kv = []
     for layer in range(cfg.n_layers):
-      kv = None if cache is None else (cache.k[layer], cache.v[layer])
+      kv = None if cache is None else cache.layer(layer)
       x_BxQxE, kv = Block(cfg, self.param_dtype, self.implementation,
                           sow_mass=layer >= mass_from_layer, layer=layer,
                           name=f"layers_{layer}")(
           x_BxQxE, positions_BxQ, cos_BxQxR, sin_BxQxR, key_valid, kv,
           slots_BxQ, extras)
       if kv is not None:
-        new_k.append(kv[0])
-        new_v.append(kv[1])
+        new_kv.append(kv)
     if logit_rows_BxR is not None:
       x_BxQxE = jnp.take_along_axis(x_BxQxE, logit_rows_BxR[..., None], axis=1)
     x_BxQxE = RMSNorm(cfg.rms_norm_eps, self.param_dtype, self.implementation,
@@ -140,7 +139,7 @@ class Transformer(nn.Module):
       head_ExV = self.param("lm_head", head_init,
                             (cfg.d_model, cfg.vocab_size), self.param_dtype)
       logits = vocab_head(cfg, head_ExV, x_BxQxE, self.implementation)
-    new_cache = None if cache is None else KVCache(tuple(new_k), tuple(new_v))
+    new_cache = None if cache is None else KVCache.from_layers(new_kv)
     return logits, new_cache
 
 

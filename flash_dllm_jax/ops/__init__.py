@@ -12,7 +12,8 @@ a `Kernels` adds kernel settings to that choice.
 """
 
 from flash_dllm_jax.ops.attention import (attention, cached_attention,
-                                          rope_and_write, write_cache)
+                                          rope_and_write, rope_and_write_8bit,
+                                          write_cache)
 from flash_dllm_jax.ops.choice import (ExpertTiling, Kernels, Tiling,
                                        default_tiling)
 from flash_dllm_jax.ops.experts import routed_experts
@@ -25,5 +26,6 @@ __all__ = ["ExpertTiling", "Kernels", "QMATMUL_STREAM_MAX_Q",
            "QMATMUL_W8A8_STREAM_MAX_Q", "attention", "cached_attention",
            "default_tiling",
            "linear", "quantized_linear", "rms_norm", "rope_and_write",
+           "rope_and_write_8bit",
            "routed_experts", "stream_max_q", "Tiling", "token_logprob",
            "write_cache"]

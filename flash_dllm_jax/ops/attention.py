@@ -11,6 +11,7 @@ from flash_dllm_jax import parallel
 from flash_dllm_jax.ops.choice import (backend_name, kernel_name,
                                       tiling as tiling_of)
 from pallas_kernels.attention import api as attention_api
+from pallas_kernels.attention import kv_quant
 from pallas_kernels.cache_update import api as cache_api
 from pallas_kernels.cache_update import reference as cache_reference
 
@@ -87,6 +88,27 @@ def rope_and_write(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ, slots_BxQ,
           write_cache(v_cache_BxSxKxD, v_BxQxKxD, slots_BxQ))
 
 
+SCALE_SPEC = P("data", None, "model")  # an 8-bit cache's scales [B, S, K]
+
+
+def rope_and_write_8bit(q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, positions_BxQ,
+                        slots_BxQ, caches, *, scale: float, rope_fn):
+  """`rope_and_write` into an 8-bit cache: caches = (k, v, k_scale,
+  v_scale) (model/cache.py); K (after RoPE) and V are quantized per slot
+  and KV head (kv_quant.quantize) and written with their scales.
+  Returns (q_BxQxHxD rotated and scaled, the four caches)."""
+  k_cache, v_cache, ks_cache, vs_cache = caches
+  q = rope_fn(q_BxQxHxD, positions_BxQ)
+  q = (q.astype(jnp.float32) * scale).astype(q_BxQxHxD.dtype)
+  kq, ks = kv_quant.quantize(rope_fn(k_BxQxKxD, positions_BxQ), k_cache.dtype)
+  vq, vs = kv_quant.quantize(v_BxQxKxD, v_cache.dtype)
+  put_scale = lambda c, x: parallel.constrain(
+      cache_reference.write_rows(c, x, slots_BxQ), SCALE_SPEC)
+  return q, (write_cache(k_cache, kq, slots_BxQ),
+             write_cache(v_cache, vq, slots_BxQ),
+             put_scale(ks_cache, ks), put_scale(vs_cache, vs))
+
+
 def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                      v_cache_BxSxKxD: jax.Array, key_valid_BxS: jax.Array, *,
                      exclude_BxS: jax.Array | None = None,
@@ -96,9 +118,13 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                      mass_rows_BxQ: jax.Array | None = None,
                      mass_prefix: int | None = None,
                      mass_score: str = "mass",
-                     implementation: str | None = None):
+                     implementation: str | None = None,
+                     k_scale_BxSxK: jax.Array | None = None,
+                     v_scale_BxSxK: jax.Array | None = None):
   """Pre-scaled queries over the valid, non-excluded cache slots, plus their
-  own fresh keys where inq_mask_BxQxQ allows, in one softmax.
+  own fresh keys where inq_mask_BxQxQ allows, in one softmax. k_scale_BxSxK,
+  v_scale_BxSxK: an 8-bit cache's scales (read and dequantized in the
+  kernel).
 
   Returns (o_BxQxHxD, mass_BxS or None): mass sums, over heads and the rows
   in mass_rows_BxQ, the probability each cache slot receives. The kernel reads
@@ -131,7 +157,9 @@ def cached_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                v_new_BxIxKxD=(v_new_BxQxKxD, heads),
                inq_mask_BxQxI=(inq_mask_BxQxQ, rows),
                exclude_BxS=(exclude, rows),
-               score_rows_BxQ=(mass_rows_BxQ, rows))
+               score_rows_BxQ=(mass_rows_BxQ, rows),
+               k_scale_BxSxK=(k_scale_BxSxK, SCALE_SPEC),
+               v_scale_BxSxK=(v_scale_BxSxK, SCALE_SPEC))
   named = {k: v for k, v in named.items() if v[0] is not None}
   mesh = parallel.active_mesh() if impl != "reference" else None
   tiling = tiling_of(implementation)

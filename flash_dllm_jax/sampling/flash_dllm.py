@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from flash_dllm_jax.sampling import (checks, commit_rules, flash_budget,
                                      flash_forward, flash_verify)
+from flash_dllm_jax.model.cache import kv_cache_dtype_error
 from flash_dllm_jax.sampling.flash_state import FlashCacheAux, StepTrace
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -63,6 +64,10 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     step) prefill max_refills at a time (None: all together), so the
     prefill's memory beside the cache is one group's
     (flash_forward.prefill_rows).
+  kv_cache_dtype: the KV cache's storage, "auto" (the model's dtype) or an
+    8-bit format, "float8_e4m3fn" or "int8", with a bfloat16 scale per
+    (row, slot, KV head): half the cache's memory; the attention kernel
+    reads the 8-bit cache and dequantizes per tile (docs/kv_cache.md).
   """
 
   row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
@@ -85,6 +90,7 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   rank: str = "score"
   recompute_all: bool = False
   max_refills: int | None = 4
+  kv_cache_dtype: str = "auto"
 
   def __post_init__(self):
     checks.check_finite(self)
@@ -106,6 +112,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                     "be combined with verify, which reads the cache")
     errors += commit_rules.window_errors(self, ("block_m", self.block_m))
     errors += checks.optional_positive_errors(self, "max_refills")
+    if why := kv_cache_dtype_error(self.kv_cache_dtype):
+      errors.append(why)
     if self.verify and self.block_m < 2:
       errors.append("verify needs block_m >= 2 (it checks block_m // 2 "
                     "candidates)")
@@ -144,7 +152,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                       max_seq_len)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array):
-    return FlashCacheAux.start(model.empty_cache(), *tokens_BxN.shape)
+    return FlashCacheAux.start(model.empty_cache(self.kv_cache_dtype),
+                               *tokens_BxN.shape)
 
   def reset_rows(self, aux: FlashCacheAux, rows_B: jax.Array) -> FlashCacheAux:
     """Forgets the rows' bookkeeping when a new request takes their slot; the

@@ -75,8 +75,7 @@ def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, rows_B,
         empty, None if exclude_BxS is None else exclude_BxS[idx_F])
     put = lambda full, part: full.at[dest_F].set(part.astype(full.dtype),
                                                  mode="drop")
-    cache = KVCache(k=tuple(map(put, cache.k, cache_F.k)),
-                    v=tuple(map(put, cache.v, cache_F.v)))
+    cache = jax.tree.map(put, cache, cache_F)  # K, V (and 8-bit scales)
     return put(logits_BxRxV, logits_F), cache, put(mass_BxN, mass_F)
 
   return jax.lax.fori_loop(0, (count + size - 1) // size, group,

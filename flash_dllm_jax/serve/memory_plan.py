@@ -5,10 +5,11 @@ MEM_FRACTION, unless already set), less the weights and the decode
 program's workspace, divided by what one slot holds.
 
 A slot holds its KV cache (every layer's keys and values over prompt +
-canvas positions) and its per-position loop state. The workspace is what
-a step needs beside them whatever the slot count: one prefill group's
-cache rows and activations (fresh rows prefill max_refills at a time,
-flash_forward.prefill_rows) and a margin. Both are estimates from the
+canvas positions, in the sampler's kv_cache_dtype: an 8-bit cache holds
+half the bytes, plus its scales) and its per-position loop state. The
+workspace is what a step needs beside them whatever the slot count: one
+prefill group's cache rows and activations (fresh rows prefill
+max_refills at a time, flash_forward.prefill_rows) and a margin. Both are estimates from the
 shapes, not a measurement; the bench's peak memory rows (BENCHMARKS.md,
 "Memory") are what they are checked against.
 
@@ -21,9 +22,9 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model.cache import cache_bytes
 from flash_dllm_jax.prompts import PROMPT_BUCKET
 
 DEFAULT_UTILIZATION = 0.9
@@ -61,13 +62,16 @@ def longest_prompt(config: ModelConfig, sampler, tail: int = 0) -> int:
   return room // PROMPT_BUCKET * PROMPT_BUCKET
 
 
-def slot_bytes(config: ModelConfig, positions: int) -> int:
-  """Bytes one slot of `positions` positions holds: its KV cache rows and
-  its loop state."""
-  item = jnp.dtype(config.dtype).itemsize
-  cache = 2 * config.n_layers * positions * config.n_kv_heads * (
-      config.head_dim * item)
-  return cache + positions * _STATE_BYTES_PER_POSITION
+def slot_bytes(config: ModelConfig, positions: int,
+               kv_cache_dtype: str = "auto") -> int:
+  """Bytes one slot of `positions` positions holds: its KV cache rows (in
+  the sampler's kv_cache_dtype) and its loop state."""
+  return (cache_bytes(config, positions, kv_cache_dtype)
+          + positions * _STATE_BYTES_PER_POSITION)
+
+
+def _kv_dtype(sampler) -> str:
+  return getattr(sampler, "kv_cache_dtype", "auto")
 
 
 def workspace_bytes(config: ModelConfig, sampler, positions: int) -> int:
@@ -79,7 +83,8 @@ def workspace_bytes(config: ModelConfig, sampler, positions: int) -> int:
   widest = max(config.mlp_hidden, config.n_heads * config.head_dim,
                config.d_model)
   activations = group * positions * 4 * (3 * widest + 4 * config.d_model)
-  return group * slot_bytes(config, positions) + activations + _MARGIN_BYTES
+  return (group * slot_bytes(config, positions, _kv_dtype(sampler))
+          + activations + _MARGIN_BYTES)
 
 
 def check_utilization(utilization: float) -> None:
@@ -113,7 +118,7 @@ def plan_slots(config: ModelConfig, sampler, *, weight_bytes: int,
     raise ValueError(f"--max-prompt-tokens must be >= 1, got {prompt}")
   positions = -(-prompt // PROMPT_BUCKET) * PROMPT_BUCKET + (
       sampler.gen_length + tail)
-  per_slot = slot_bytes(config, positions)
+  per_slot = slot_bytes(config, positions, _kv_dtype(sampler))
   work = workspace_bytes(config, sampler, positions)
   budget = budget_bytes
   if slots is not None:

@@ -2,7 +2,8 @@
 
 import jax
 
-from pallas_kernels.attention import fused, kernel, reference, tiling
+from pallas_kernels.attention import (fused, kernel, kv_quant, reference,
+                                      tiling)
 from pallas_kernels.common import resolve_implementation
 
 # 'mosaic' / 'mosaic_interpret': the Mosaic GPU kernel (mosaic.py), never
@@ -45,7 +46,9 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                         head_mass: bool = False,
                         score_prefix: int | None = None,
                         score: str = "mass",
-                        implementation: str | None = None, **kernel_options):
+                        implementation: str | None = None,
+                        k_scale_BxSxK=None, v_scale_BxSxK=None,
+                        **kernel_options):
   """Ragged GQA attention over cache[:k_len] minus exclusions plus new keys.
 
   Returns (o_BxQxHxD, mass_BxS or None); see reference.scheduled_attention
@@ -62,7 +65,11 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   kernel_options: block_r, block_k, split_tiles (see `split_tiles_for`) or
   num_splits, split_group (key splits a program runs; no bit depends on
   it), num_warps, num_stages, and tiling (a Tiling: the rules the defaults
-  follow), passed to the kernel that runs. Left padding of the keys by a
+  follow), passed to the kernel that runs.
+  k_scale_BxSxK, v_scale_BxSxK: the per-slot scales of an 8-bit cache
+  (float8_e4m3fn or int8 K/V, kv_quant.py), both or neither; the kernels
+  dequantize per tile, the reference dequantizes first. The Mosaic kernel
+  takes no 8-bit cache ('pallas' runs it). Left padding of the keys by a
   multiple of PAD_ALIGN excluded slots leaves the kernel's results unchanged.
   """
   impl = resolve_implementation(implementation, IMPLEMENTATIONS)
@@ -77,6 +84,19 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   if score not in ("mass", "logit"):
     raise ValueError(f"score must be 'mass' or 'logit', got {score!r}")
   kw["score"] = score
+  if (k_scale_BxSxK is None) != (v_scale_BxSxK is None):
+    raise ValueError("pass both k_scale_BxSxK and v_scale_BxSxK, or neither")
+  if k_scale_BxSxK is not None:
+    for name, x in (("k", k_cache_BxSxKxD), ("v", v_cache_BxSxKxD)):
+      if not kv_quant.is_quantized(x.dtype):
+        raise ValueError(f"scales given for a {x.dtype} {name} cache; an "
+                         f"8-bit cache is one of {sorted(kv_quant.FORMAT_MAX)}")
+    kw.update(k_scale_BxSxK=k_scale_BxSxK, v_scale_BxSxK=v_scale_BxSxK)
+    if impl in ("mosaic", "mosaic_interpret"):
+      impl = "pallas" if impl == "mosaic" else "pallas_interpret"
+  elif kv_quant.is_quantized(k_cache_BxSxKxD.dtype):
+    raise ValueError(f"an 8-bit ({k_cache_BxSxKxD.dtype}) cache needs its "
+                     "k_scale_BxSxK and v_scale_BxSxK")
   if impl in ("mosaic", "mosaic_interpret"):
     # Imported here: Mosaic GPU's Python modules cost ~0.3 s to import.
     from pallas_kernels.attention import mosaic

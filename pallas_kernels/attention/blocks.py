@@ -44,10 +44,11 @@ def sum_mass_tiles(mass_BxKxTxS, has_score_BxT, k_len_B):
 
 
 def inputs(rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
-           info_BxQJ, exclude_BxS=None, new=None):
+           info_BxQJ, exclude_BxS=None, new=None, scales=None):
   """(in_specs, args) for programs of `rows` rows: k_len, the folded
   queries, the whole cache of one (sequence, kv head), the per-row info
-  bytes, the int8 exclusions if any, and `new` = (k_new_BxIxKxD,
+  bytes, an 8-bit cache's `scales` = (k_scale_BxSxK, v_scale_BxSxK) if
+  any, the int8 exclusions if any, and `new` = (k_new_BxIxKxD,
   v_new_BxIxKxD, inq_BxQJxI) if any."""
   s, _, d = k_cache_BxSxKxD.shape[1:]
   bk = lambda z: (z // kh, z % kh)
@@ -60,6 +61,11 @@ def inputs(rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
               pl.BlockSpec((None, rows), lambda i, j, z: (z // kh, i))]
   args = [k_len_B.astype(jnp.int32), q_BxKxQJxD, k_cache_BxSxKxD,
           v_cache_BxSxKxD, info_BxQJ]
+  if scales is not None:
+    scale_blk = pl.BlockSpec((None, s, None),
+                             lambda i, j, z: (z // kh, 0, z % kh))
+    in_specs += [scale_blk, scale_blk]
+    args += list(scales)
   if exclude_BxS is not None:
     in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (z // kh, 0)))
     args.append(exclude_BxS.astype(jnp.int8))

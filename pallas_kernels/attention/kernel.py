@@ -66,10 +66,12 @@ def _dot_t(a, b):
 
 
 def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
-            has_new, t_new, do_attn, do_mass, score, merged):
+            has_new, t_new, do_attn, do_mass, score, merged, has_scale=False):
   refs = list(refs)
   klen_ref, q_ref, k_ref, v_ref, info_ref = refs[:5]
   del refs[:5]
+  ks_ref, vs_ref = (refs[:2] if has_scale else (None, None))
+  del refs[:2 if has_scale else 0]
   excl_ref = refs.pop(0) if has_excl else None
   knew_ref, vnew_ref, inq_ref = (refs[:3] if has_new else (None,) * 3)
   del refs[:3 if has_new else 0]
@@ -84,12 +86,16 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
   row_ok = (info & VALID) != 0
   q = q_ref[...]
 
+  # Triton casts no int literal to float8: a float8 cache pads with 0.0.
+  zero = 0.0 if k_ref.dtype == jnp.float8_e4m3fn else 0
   n_tiles = pl.cdiv(jnp.minimum(klen_ref[()], s), block_k)
   n_tiles = jnp.where(jnp.max(info & VALID) > 0, n_tiles, 0)
   tiles = lambda split: split_range(n_tiles, split, splits, split_tiles)
 
   def key_tile(t):
-    """Slots of tile t, their validity, and the row x key mask."""
+    """Slots of tile t, their validity, the row x key mask, and the
+    scaled scores q.k [R, block_k] (an 8-bit K in bf16, exact, its
+    per-slot scales applied to the score columns)."""
     cols = t * block_k + jnp.arange(block_k)
     key_ok = cols < jnp.minimum(klen_ref[()], s)
     if has_excl:
@@ -97,17 +103,32 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
                       mask=key_ok, other=1)
       key_ok &= ex == 0
     rows = pl.ds(t * block_k, block_k)
-    k = plgpu.load(k_ref.at[rows, :], mask=key_ok[:, None], other=0)
-    return rows, key_ok, k, row_ok[:, None] & key_ok[None, :]
+    k = plgpu.load(k_ref.at[rows, :], mask=key_ok[:, None], other=zero)
+    if has_scale:
+      ks = plgpu.load(ks_ref.at[rows], mask=key_ok, other=0)
+      s_QJxY = _dot_t(q, k.astype(q.dtype)) * scale * ks.astype(
+          jnp.float32)[None, :]
+    else:
+      s_QJxY = _dot_t(q, k) * scale
+    return rows, key_ok, s_QJxY, row_ok[:, None] & key_ok[None, :]
 
-  def softmax_step(carry, s_QJxY, mask, v):
+  def value_tile(rows, key_ok):
+    """V of a tile (bf16 for an 8-bit cache) and its per-slot scales."""
+    v = plgpu.load(v_ref.at[rows, :], mask=key_ok[:, None], other=zero)
+    if not has_scale:
+      return v, None
+    vs = plgpu.load(vs_ref.at[rows], mask=key_ok, other=0)
+    return v.astype(q.dtype), vs.astype(jnp.float32)
+
+  def softmax_step(carry, s_QJxY, mask, v, vs=None):
     acc, m, l = carry
     s_QJxY = jnp.where(mask, s_QJxY, NEG)
     m_new = jnp.maximum(m, jnp.max(s_QJxY, axis=1))
     alpha = jnp.exp(m - m_new)
     p = jnp.where(mask, jnp.exp(s_QJxY - m_new[:, None]), 0.0)
     l = alpha * l + jnp.sum(p, axis=1)
-    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+    pw = p if vs is None else p * vs[None, :]  # V's scales, per key
+    pv = lax.dot_general(pw.astype(v.dtype), v, (((1,), (0,)), ((), ())),
                          preferred_element_type=jnp.float32)
     return acc * alpha[:, None] + pv, m_new, l
 
@@ -123,9 +144,8 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
                        other=0)
 
     def attn_body(t, carry):
-      rows, key_ok, k, mask = key_tile(t)
-      v = plgpu.load(v_ref.at[rows, :], mask=key_ok[:, None], other=0)
-      return softmax_step(carry, _dot_t(q, k) * scale, mask, v)
+      rows, key_ok, s_QJxY, mask = key_tile(t)
+      return softmax_step(carry, s_QJxY, mask, *value_tile(rows, key_ok))
 
     def attn_split(split):
       """One split from a fresh state: its partial (o, lse), float32."""
@@ -163,9 +183,8 @@ def _kernel(*refs, scale, s, block_k, splits, split_tiles, group, has_excl,
     m_t0 = jnp.where(jnp.max(score_rows.astype(jnp.int32)) > 0, t0, t1)
 
     def mass_body(t, carry):
-      rows, _, k, mask = key_tile(t)
+      rows, _, s_QJxY, mask = key_tile(t)
       mask &= score_rows[:, None]
-      s_QJxY = _dot_t(q, k) * scale
       p = jnp.where(mask, s_QJxY if score == "logit"
                     else jnp.exp(s_QJxY - lse[:, None]), 0.0)
       plgpu.store(mass_ref.at[rows], jnp.sum(p, axis=0),
@@ -191,7 +210,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         interpret: bool = False, head_mass: bool = False,
                         score_prefix: int | None = None, score: str = "mass",
                         tiling: Tiling = DEFAULT_TILING,
-                        split_group: int | None = None):
+                        split_group: int | None = None,
+                        k_scale_BxSxK=None, v_scale_BxSxK=None):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile
@@ -214,6 +234,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   every row of the first tile (Flash-Cache's window is its first queries).
   score: what is summed per key, "mass" (softmax probability) or "logit"
   (the pre-softmax scaled q.k, no normalisation needed).
+  k_scale_BxSxK, v_scale_BxSxK: an 8-bit cache's per-slot scales
+  (kv_quant.py); the kernel reads the 8-bit K/V and dequantizes per tile.
   Raises NotImplementedError for shapes the Triton lowering can't tile,
   ValueError for a block_k not dividing tiling.PAD_ALIGN or bad splits.
   """
@@ -248,9 +270,11 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   bk = lambda z: (z // kh, z % kh)
   new = (k_new_BxIxKxD, v_new_BxIxKxD, blocks.fold_rows(
       inq_mask_BxQxI.astype(jnp.int8), g, rrp)) if has_new else None
+  has_scale = k_scale_BxSxK is not None
   specs = lambda rows: blocks.inputs(
       rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
-      info_BxQJ, exclude_BxS, new)
+      info_BxQJ, exclude_BxS, new,
+      (k_scale_BxSxK, v_scale_BxSxK) if has_scale else None)
   in_specs, args = specs(block_r)
   # A mass of the score prefix alone: one tile of mass_r rows per sequence.
   mass_r = block_r if score_prefix is None else max(
@@ -269,7 +293,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   body = functools.partial(
       _kernel, scale=scale, s=s, block_k=block_k, splits=splits,
       split_tiles=split_tiles, group=group, has_excl=has_excl, has_new=has_new,
-      t_new=t_new, score=score, merged=merged)
+      t_new=t_new, score=score, merged=merged, has_scale=has_scale)
 
   whole = splits == 1 or merged
   o_dtype = q_BxQxHxD.dtype if whole else f32

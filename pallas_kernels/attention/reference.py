@@ -14,6 +14,8 @@ row on the left by whole tiles leaves every bit of its result unchanged
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.attention import kv_quant
+
 KEY_TILE = 64  # keys per tile of the key sums (tiling.PAD_ALIGN)
 
 
@@ -133,7 +135,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         exclude_BxS=None, score_rows_BxQ=None,
                         head_mass: bool = False,
                         score_prefix: int | None = None,
-                        score: str = "mass"):
+                        score: str = "mass", k_scale_BxSxK=None,
+                        v_scale_BxSxK=None):
   """Ragged bidirectional GQA attention over a cache plus in-query keys.
 
   Query i < q_len_B[b] of sequence b attends to cache slots s < k_len_B[b]
@@ -146,9 +149,14 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   score_prefix: only the first score_prefix queries can be score rows.
   score: "mass" sums softmax probabilities; "logit" sums the scaled
   pre-softmax q.k of each (score row, head) instead (Flash-dLLM's ranking).
+  k_scale_BxSxK, v_scale_BxSxK: an 8-bit cache's per-slot scales
+  (kv_quant.py): the cache is dequantized to float32 first.
   Plain JAX: builds the full mask and materialises float32 scores; key
   sums are tiled (module docstring).
   """
+  if k_scale_BxSxK is not None:
+    k_cache_BxSxKxD = kv_quant.dequantize(k_cache_BxSxKxD, k_scale_BxSxK)
+    v_cache_BxSxKxD = kv_quant.dequantize(v_cache_BxSxKxD, v_scale_BxSxK)
   b, q, h, d = q_BxQxHxD.shape
   s, kh = k_cache_BxSxKxD.shape[1:3]
   f32, hi = jnp.float32, jax.lax.Precision.HIGHEST
