@@ -11,7 +11,29 @@ from flash_dllm_jax import compilation
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+# The modules that took longest on 2 CPU cores, longest first (about a
+# minute or more each). `-n 2 --dist loadfile` hands whole files to the
+# workers in collection order (pytest_configure turns off xdist's reordering
+# by test count, which queued these few-test modules last): starting them
+# first leaves the many short modules to even out the two workers' ends.
+SLOW_MODULES = (
+    "test_llada21.py", "test_scripts.py", "test_mesh.py",
+    "test_flash_dllm.py", "test_mesh_exact.py", "test_shipped_llada2.py",
+    "test_llada2.py", "test_llada2_cache.py", "test_shipped_model.py",
+    "test_training_runs.py", "test_sampler_options.py",
+    "test_serve_shipped.py", "test_serve_variants.py", "test_mesh_experts.py",
+    "test_serve_bench.py", "test_eval_quality.py", "test_mesh_setup.py",
+    "test_elastic_cache_drift.py", "test_lm_eval_tasks.py")
+
+
+def pytest_configure(config):
+  if hasattr(config.option, "loadscopereorder"):  # pytest-xdist >= 3.6
+    config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
+  rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable
   if any(d.platform == "gpu" for d in jax.devices()):
     return
   skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -81,3 +81,39 @@ def tiny4(arch, eos_boost=1.2, **changes):
       head[:, common] * (1 + eos_boost / 100))
   return config, params
 '''
+
+
+_PARTS = r'''
+import traceback
+_base = dict(globals())
+for _name, _source in _PARTS.items():
+  print(f"@@PART {_name}", flush=True)
+  try:
+    exec(compile(_source, f"<part {_name}>", "exec"), dict(_base))
+  except BaseException:
+    traceback.print_exc(file=sys.stdout)
+    print(f"@@FAILED {_name}", flush=True)
+  else:
+    print(f"@@PASSED {_name}", flush=True)
+'''
+
+
+def run_parts(parts: dict[str, str], *args: str, devices: int = 4,
+              xla_flags: str = "", timeout: int = 600) -> dict[str, str]:
+  """Runs the scripts `parts` (name -> source, PRELUDE's names in scope,
+  sys.argv[1:] = `args`) one after another in one fresh Python, each in its
+  own namespace: one interpreter start and JAX import for all (seconds
+  each). Returns name -> that part's output, ending in 'PASSED' or, after
+  its traceback, 'FAILED'. A part that patches a module (jax.device_put)
+  must undo it, or come last. `timeout` is per part."""
+  script = (PRELUDE + "\nimport sys\n_PARTS = " + repr(parts) + "\n"
+            + _PARTS)
+  out = run_script(script, *args, devices=devices, xla_flags=xla_flags,
+                   timeout=timeout * len(parts))
+  found = {}
+  for chunk in out.split("@@PART ")[1:]:
+    name, _, text = chunk.partition("\n")
+    found[name] = text.replace(f"@@PASSED {name}", "PASSED").replace(
+        f"@@FAILED {name}", "FAILED").rstrip()
+  assert list(found) == list(parts), out[-4000:]
+  return found

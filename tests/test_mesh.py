@@ -9,7 +9,10 @@ for every forward and the compiled collectives. The forwards compared here
 run under STRICT_CPU.
 """
 
-from tests.mesh_case import MESHES, PRELUDE, STRICT_CPU, run_script as _run
+import pytest
+
+from tests.mesh_case import MESHES, PRELUDE, STRICT_CPU, run_parts
+from tests.mesh_case import run_script as _run
 
 
 STRATEGIES = PRELUDE + r'''
@@ -70,7 +73,7 @@ def test_every_strategy_gives_the_one_device_tokens_on_every_mesh():
   assert "MESH-OK 10" in out, out
 
 
-KERNELS_AND_LOADING = PRELUDE + r'''
+KERNELS_AND_LOADING = r'''
 import sys, tempfile
 from pathlib import Path
 from flash_dllm_jax import checkpoint
@@ -115,6 +118,7 @@ for spec in sys.argv[1].split(";"):
     np.testing.assert_array_equal(a, b)
     assert a.sharding.is_equivalent_to(jax.sharding.NamedSharding(
         mesh, parallel.CACHE_SPEC), a.ndim), (spec, a.sharding)
+parallel.shard_map = real_map
 print("KERNELS-OK")
 
 # 2. Loading straight onto shards: every host-to-device transfer carries one
@@ -177,8 +181,9 @@ print("ERRORS-OK")
 '''
 
 
-def test_kernels_per_shard_and_loading_onto_shards():
-  out = _run(KERNELS_AND_LOADING, ";".join(MESHES), xla_flags=STRICT_CPU)
+def test_kernels_per_shard_and_loading_onto_shards(strict):
+  out = strict["kernels and loading"]
+  assert out.endswith("PASSED"), out
   for tag in ("KERNELS-OK", "LOADING-OK", "ERRORS-OK"):
     assert tag in out, out
 
@@ -210,18 +215,24 @@ print("FUSED-OK")
 '''
 
 
-def test_fused_attention_runs_per_shard_and_ignores_the_mesh():
+def test_fused_attention_runs_per_shard_and_ignores_the_mesh(strict):
   """The GPU attention path (forced here; XLA's composition on CPU) runs per
   shard under every mesh (rows on data, heads on model: no sum crosses
   shards) and gives the one-device bits."""
-  assert "FUSED-OK" in _run(FUSED_ATTENTION, xla_flags=STRICT_CPU)
+  out = strict["fused attention"]
+  assert out.endswith("PASSED") and "FUSED-OK" in out, out
 
 
-def test_linear_asks_for_bf16_products_only_on_a_gpu_without_model_shards():
+def test_linear_asks_for_bf16_products_only_on_a_gpu_without_model_shards(
+    strict):
   """ops.linear's direct bf16 product (cuBLAS: float32 accumulation, one
   rounding) is for GPUs, and not under tensor parallelism; CPUs and model
   shards keep the float32 product and a cast."""
-  script = PRELUDE + r'''
+  out = strict["linear"]
+  assert out.endswith("ok\nPASSED"), out
+
+
+LINEAR = r'''
 from flash_dllm_jax import ops
 x, w = jnp.ones((4, 8), jnp.bfloat16), jnp.ones((8, 16), jnp.bfloat16)
 
@@ -243,4 +254,14 @@ assert seen == {"cpu": ["float32"], "gpu": ["bfloat16"],
                 "gpu model=4": ["float32"]}, seen
 print("ok")
 '''
-  assert _run(script).strip().endswith("ok")
+
+
+# One interpreter for the short scripts (a Python with JAX imported costs
+# seconds), under STRICT_CPU for the bitwise forwards; the jaxpr check comes
+# last: it fakes a GPU backend (and traces only, so the flags do not matter).
+@pytest.fixture(scope="module")
+def strict():
+  return run_parts({"fused attention": FUSED_ATTENTION,
+                    "kernels and loading": KERNELS_AND_LOADING,
+                    "linear": LINEAR}, ";".join(MESHES),
+                   xla_flags=STRICT_CPU)

@@ -11,16 +11,14 @@ import json
 
 import pytest
 
-from tests.mesh_case import PRELUDE, STRICT_CPU, run_script as _run
+from tests.mesh_case import STRICT_CPU, run_parts
 
 
-BITWISE = PRELUDE + r'''
-import sys
+BITWISE = r'''
 from pallas_kernels.attention.api import Tiling
 from flash_dllm_jax.model import CachedExtras
 from flash_dllm_jax.ops import Kernels
-arch, impls, dtype = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
-fused = sys.argv[5:] == ["fused"]
+arch, impls, dtype, meshes, fused = ARGS
 
 def check(model, impl):
   """Cached, verify and uncached forwards of `model` on every mesh."""
@@ -53,13 +51,13 @@ def check(model, impl):
     one = jax.jit(fn)(params, *args)
     leaves = jax.tree.leaves(one)
     assert name == "uncached" or len(jax.tree.leaves(one[2])) == 2, one[2]
-    for spec in sys.argv[4].split(";"):
+    for spec in meshes.split(";"):
       mesh = parallel.parse_mesh(spec)
       with parallel.use(mesh):
         got = jax.jit(fn)(parallel.shard_params(mesh, config, params), *args)
       for a, b in zip(jax.tree.leaves(got), leaves, strict=True):
         np.testing.assert_array_equal(a, b, f"{arch} {impl} {name} {spec}")
-    print(impl, name, "equal on", sys.argv[4], flush=True)
+    print(impl, name, "equal on", meshes, flush=True)
 
 # Few programs per sequence: one device picks 1 key split for its 4 KV
 # heads, a shard of 2 or 1 heads would pick 2 if it chose from its own.
@@ -88,7 +86,7 @@ KERNEL_CASES = {("llada", "bfloat16"), ("dream", "float32")}
     (a, d) for a in ("llada", "dream") for d in DTYPE_FLAGS] + [
         ("sdar", "float32")])  # SDAR: QK-norm on a dense model
 def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
-    arch, dtype):
+    arch, dtype, plain, strict):
   """Logits, caches and attention mass of cached, verify (no cache write,
   in-query keys, exclusions) and uncached forwards, through the reference
   and (KERNEL_CASES) the Pallas kernels interpreted, equal one device's bit
@@ -96,27 +94,24 @@ def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
   tests/test_mesh.py): each output element is one full-length
   dot product, the kernel picks one device's key splits, and the mass is
   summed per head, gathered and summed over heads in one fixed order."""
-  impls = ("pallas_interpret,reference" if (arch, dtype) in KERNEL_CASES
-           else "reference")
-  out = _run(BITWISE, arch, impls, dtype, MESHES,
-             xla_flags=DTYPE_FLAGS[dtype])
-  assert "BITWISE-OK" in out, out
+  out = (strict if DTYPE_FLAGS[dtype] else plain)[f"bitwise {arch} {dtype}"]
+  assert out.endswith("PASSED") and "BITWISE-OK" in out, out
 
 
-def test_tensor_parallel_joined_qkv_is_bitwise_the_one_device_forward():
+def test_tensor_parallel_joined_qkv_is_bitwise_the_one_device_forward(
+    strict):
   """The joined q/k/v projection (model/fuse.py) is column-sharded into
   whole heads: Dream's GQA forwards on every mesh equal one device's."""
-  out = _run(BITWISE, "dream", "pallas_interpret", "float32", MESHES, "fused",
-             xla_flags=DTYPE_FLAGS["float32"])
-  assert "BITWISE-OK" in out, out
+  out = strict["bitwise joined qkv"]
+  assert out.endswith("PASSED") and "BITWISE-OK" in out, out
 
 
-COLLECTIVES = PRELUDE + r'''
-import json, re, sys
+COLLECTIVES = r'''
+import json, re
 from flash_dllm_jax.model import CachedExtras, KVCache
 config, params = tiny4("llada", head_dim=16, n_layers=2)
 B, S, Q = 4, 64, 8
-model = Transformer(config, implementation=sys.argv[1])
+model = Transformer(config, implementation=ARGS)
 extras = CachedExtras(mass_rows_BxQ=jnp.ones((B, Q), bool))
 
 def forward(p, tokens, slots, valid, cache):
@@ -151,14 +146,16 @@ print("COLLECTIVES", json.dumps(dict(found=found, weights=weights,
 
 
 @pytest.mark.parametrize("impl", ["pallas_interpret", "reference"])
-def test_tensor_parallel_gathers_activations_and_reduces_no_sum(impl):
+def test_tensor_parallel_gathers_activations_and_reduces_no_sum(impl, plain):
   """The compiled cached forward (2 layers, model=2) all-gathers only
   activations and masses (each leading with the batch rows: never a weight),
   among them attn_out's and down_proj's inputs and outputs, and all-reduces
   nothing but the vocabulary-sharded embedding lookup (a value plus zeros:
   exact)."""
-  out = _run(COLLECTIVES, impl)
-  info = json.loads(out.split("COLLECTIVES", 1)[1])
+  out = plain[f"collectives {impl}"]
+  assert out.endswith("PASSED"), out
+  info = json.loads(next(line for line in out.splitlines()
+                         if line.startswith("COLLECTIVES "))[12:])
   found, layers = info["found"], info["layers"]
   weights = {tuple(w) for w in info["weights"]}
   assert {kind for kind, _, _ in found} <= {"all-gather", "all-reduce"}, found
@@ -176,3 +173,31 @@ def test_tensor_parallel_gathers_activations_and_reduces_no_sum(impl):
   # Per layer: heads into attn_out, its columns, MLP columns into down_proj,
   # its columns, and the mass per head.
   assert len(gathers) == 5 * layers, found
+
+
+def _bitwise(arch, dtype, fused=False):
+  impls = ("pallas_interpret" if fused else
+           "pallas_interpret,reference" if (arch, dtype) in KERNEL_CASES
+           else "reference")
+  return f"ARGS = {(arch, impls.split(','), dtype, MESHES, fused)!r}\n" + (
+      BITWISE)
+
+
+# Two interpreters for the module's scripts (a Python with JAX imported costs
+# seconds): bfloat16 forwards and the collectives under XLA:CPU's default
+# flags, float32 forwards under STRICT_CPU (DTYPE_FLAGS).
+@pytest.fixture(scope="module")
+def plain():
+  return run_parts({
+      "bitwise llada bfloat16": _bitwise("llada", "bfloat16"),
+      "bitwise dream bfloat16": _bitwise("dream", "bfloat16"),
+      **{f"collectives {impl}": f"ARGS = {impl!r}\n" + COLLECTIVES
+         for impl in ("pallas_interpret", "reference")}})
+
+
+@pytest.fixture(scope="module")
+def strict():
+  return run_parts({"bitwise llada float32": _bitwise("llada", "float32"),
+                    "bitwise dream float32": _bitwise("dream", "float32"),
+                    "bitwise joined qkv": _bitwise("dream", "float32", True)},
+                   xla_flags=STRICT_CPU)

@@ -6,15 +6,13 @@ quantize_embedding) is sharded along the vocabulary like a bf16 one."""
 
 import pytest
 
-from tests.mesh_case import PRELUDE, STRICT_CPU, run_script
+from tests.mesh_case import STRICT_CPU, run_parts, run_script
 
-SCRIPT = PRELUDE + r'''
-import sys
+SCRIPT = r'''
 from flash_dllm_jax import quantize
 from flash_dllm_jax.model import CachedExtras
-fmt, impl, dtype = sys.argv[1:4]
-embedding = sys.argv[5] == "True"
-config, params = tiny4(sys.argv[4], d_model=128, head_dim=16, dtype=dtype)
+fmt, arch, impl, dtype, embedding = ARGS
+config, params = tiny4(arch, d_model=128, head_dim=16, dtype=dtype)
 config = config.replace(quantize=fmt, quantize_head=True,
                         quantize_embedding=embedding)
 params = quantize.quantize_params(params, config)
@@ -53,14 +51,23 @@ print("QUANT-MESH-OK")
 '''
 
 
+CASES = [("fp8", "llada", "pallas_interpret", "bfloat16", True),
+         ("fp8", "dream", "reference", "float32", False),
+         ("int8", "dream", "pallas_interpret", "float32", False),
+         ("int8-g128", "llada", "reference", "bfloat16", False)]
+
+
+@pytest.fixture(scope="module")
+def outputs():
+  """Every case's output from one interpreter (one JAX import, not four)."""
+  return run_parts({str(case): f"ARGS = {case!r}\n" + SCRIPT
+                    for case in CASES}, xla_flags=STRICT_CPU)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt,arch,impl,dtype,embedding", [
-    ("fp8", "llada", "pallas_interpret", "bfloat16", True),
-    ("fp8", "dream", "reference", "float32", False),
-    ("int8", "dream", "pallas_interpret", "float32", False),
-    ("int8-g128", "llada", "reference", "bfloat16", False)])
+@pytest.mark.parametrize("fmt,arch,impl,dtype,embedding", CASES)
 def test_quantized_mesh_forward_is_bitwise_the_one_device_forward(
-    fmt, arch, impl, dtype, embedding):
+    fmt, arch, impl, dtype, embedding, outputs):
   """Cached and uncached logits (and caches) with every projection and the
   LM head (in one case the embedding too) quantized: data=2,model=2 (the
   shards of model=2, on half the rows each) equals one device bit for bit, through XLA's partitioning
@@ -68,9 +75,8 @@ def test_quantized_mesh_forward_is_bitwise_the_one_device_forward(
   # STRICT_CPU for both dtypes: the reference's products are float32 (of
   # dequantized weights) whatever the activations' dtype, and XLA:CPU's
   # default float32 GEMM sums column shards in another order (mesh_case).
-  out = run_script(SCRIPT, fmt, impl, dtype, arch, str(embedding),
-                   xla_flags=STRICT_CPU)
-  assert "QUANT-MESH-OK" in out, out
+  out = outputs[str((fmt, arch, impl, dtype, embedding))]
+  assert out.endswith("PASSED") and "QUANT-MESH-OK" in out, out
 
 
 LOAD = r'''
