@@ -239,10 +239,13 @@ class FlashDLLMSampler(commit_rules.WindowRule):
       verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)
       tokens_BxN = tokens_BxN.at[rows_Bx1, verified_BxC].set(
           v.drafts_BxC, mode="drop")
+      lp_BxC = jnp.log(p_BxC)  # the verify pass's probability
       logprob_BxN = logprob_BxN.at[rows_Bx1, verified_BxC].set(
-          jnp.log(p_BxC), mode="drop")  # the verify pass's probability
+          lp_BxC, mode="drop")
       if k:
-        top = top_logprobs.put(top, rows_Bx1, verified_BxC, *v.top)
+        top = top_logprobs.put(top, rows_Bx1, verified_BxC,
+                               *top_logprobs.with_chosen(
+                                   *v.top, v.drafts_BxC, lp_BxC))
       new_end_B = flash_budget.update_end(new_end_B, n, v.slots_BxC,
                                           v.drafts_BxC, keep_BxC, ids,
                                           self.stop)

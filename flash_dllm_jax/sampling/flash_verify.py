@@ -211,8 +211,7 @@ def run_pass(model, the_plan: VerifyPlan, cache, drafts_BxC,
   """p [B, C]: each candidate draft's probability from the verify pass over
   the plan's rows (no cache write; hidden_BxS slots unseen), skipped when no
   row has a candidate. top_k > 0: (p, (lp_BxCxK, id_BxCxK)), the pass's
-  top_k alternatives of each candidate (top_logprobs.of_logits, the
-  draft's entry log(p))."""
+  top_k alternatives of each candidate (top_logprobs.of_logits)."""
   def run():
     out = model.run(the_plan.tokens_BxQ, the_plan.slots_BxQ, cache,
                     the_plan.score_rows_BxC, extras=CachedExtras(
@@ -221,8 +220,7 @@ def run_pass(model, the_plan: VerifyPlan, cache, drafts_BxC,
     p_BxC = select.prob_of(out.logits, drafts_BxC)
     if not top_k:
       return p_BxC
-    return p_BxC, top_logprobs.of_logits(out.logits, top_k, drafts_BxC,
-                                         jnp.log(p_BxC))
+    return p_BxC, top_logprobs.of_logits(out.logits, top_k)
 
   def skip():
     p_BxC = jnp.zeros(drafts_BxC.shape, jnp.float32)

@@ -34,19 +34,24 @@ class TopLogprobs:
     return self.lp_BxNxK.shape[-1]
 
 
-def of_logits(logits_BxRxV: jax.Array, k: int, chosen_BxR: jax.Array,
-              chosen_lp_BxR: jax.Array) -> tuple[jax.Array, jax.Array]:
+def of_logits(logits_BxRxV: jax.Array, k: int, chosen_BxR=None,
+              chosen_lp_BxR=None) -> tuple[jax.Array, jax.Array]:
   """(lp_BxRxK, id_BxRxK): the k likeliest tokens of softmax(logits) at
-  each row and their log-probabilities; the chosen token's entry, where it
-  is among them, is its own reported log-probability (chosen_lp_BxR), so
-  the two never disagree."""
+  each row and their log-probabilities (with chosen_BxR: `with_chosen`)."""
   logits = logits_BxRxV.astype(jnp.float32)
   top_BxRxK, id_BxRxK = jax.lax.top_k(logits, k)
   lse_BxR = jax.nn.logsumexp(logits, axis=-1)
-  lp_BxRxK = top_BxRxK - lse_BxR[..., None]
+  out = top_BxRxK - lse_BxR[..., None], id_BxRxK.astype(jnp.int32)
+  return out if chosen_BxR is None else with_chosen(*out, chosen_BxR,
+                                                    chosen_lp_BxR)
+
+
+def with_chosen(lp_BxRxK, id_BxRxK, chosen_BxR, chosen_lp_BxR):
+  """(lp_BxRxK, id_BxRxK) with the chosen token's entry, where it is among
+  them, set to its own reported log-probability (chosen_lp_BxR, the very
+  array the decode reports), so the two never disagree."""
   own_BxRxK = id_BxRxK == chosen_BxR[..., None]
-  lp_BxRxK = jnp.where(own_BxRxK, chosen_lp_BxR[..., None], lp_BxRxK)
-  return lp_BxRxK, id_BxRxK.astype(jnp.int32)
+  return jnp.where(own_BxRxK, chosen_lp_BxR[..., None], lp_BxRxK), id_BxRxK
 
 
 def put(top: TopLogprobs, rows_Bx1: jax.Array, slots_BxR: jax.Array,
