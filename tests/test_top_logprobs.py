@@ -54,7 +54,7 @@ def test_of_logits_is_the_softmax_top_k_with_the_chosen_value():
 
 def test_each_committed_token_gets_the_alternatives_of_its_step():
   config, params = tiny("llada")
-  sampler = FlashDLLMSampler(gen_length=24, block_m=8, track_num=40,
+  sampler = FlashDLLMSampler(gen_length=16, block_m=8, track_num=40,
                              mask_num=4, threshold=0.95, verify=True,
                              gamma=0.3)
   model, state, p_len = start(config, params, sampler, [6, 13])
@@ -65,7 +65,7 @@ def test_each_committed_token_gets_the_alternatives_of_its_step():
   full = jax.jit(lambda t: model.logits(t, rows_BxN))
   verify_pass = jax.jit(independent_forward.verify_pass, static_argnums=1)
   windows = verified = 0
-  while not bool(state.done_B.all()) and int(state.step) < 24:
+  while not bool(state.done_B.all()) and int(state.step) < 16:
     trace = step(state)
     top_lp, top_id = (np.asarray(x) for x in (trace.top.lp_BxNxK,
                                                trace.top.id_BxNxK))
