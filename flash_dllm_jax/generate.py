@@ -15,9 +15,9 @@ from flash_dllm_jax.compilation import (CPU_COMPILER_OPTIONS,  # noqa: F401
                                         _BatchInvariantJit, compiler_options)
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import bucket_groups, left_pad
-from flash_dllm_jax.sampling import (DecodeState, Sampler, make_step,
-                                     run_compiled, run_python)
-from flash_dllm_jax.sampling import checks, continuous, row_options
+from flash_dllm_jax.sampling import (Sampler, make_step, run_compiled,
+                                     run_python)
+from flash_dllm_jax.sampling import checks, continuous, row_options, slots
 from flash_dllm_jax.sampling.loop import Refillable, tail_length
 from flash_dllm_jax.sampling.row_sampling import (RowSampling, Sampling,
                                                   row_settings)
@@ -126,17 +126,15 @@ def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
   steps, steps_B[, logprob_BxG with logprobs]). sampling: per-row settings
   (None: greedy);
   implementation: kernel choice (flash_dllm_jax/ops/)."""
-  b, p = prompt_BxP.shape
-  g = sampler.gen_length
-  g_all = g + tail_length(sampler)
-  valid_BxN = jnp.concatenate([valid_BxP, jnp.ones((b, g_all), bool)], axis=1)
+  p, g = prompt_BxP.shape[1], sampler.gen_length
   stop_ids = config.stop_token_ids if stop_at_eos else ()
-  model = SequenceModel.for_batch(config, params, valid_BxN,
-                                  implementation, stop_ids=stop_ids)
-  step_fn = make_step(sampler, model, p, stop_ids)
-  state = DecodeState.start(prompt_BxP, g_all, config.mask_token_id, rng_B,
-                            sampling)
-  state = state.replace(aux=sampler.init_aux(model, state.tokens_BxN))
+  model_for = lambda valid_BxN: SequenceModel.for_batch(
+      config, params, valid_BxN, implementation, stop_ids=stop_ids)
+  held = slots.start(sampler, model_for, prompt_BxP, valid_BxP,
+                     g + tail_length(sampler), config.mask_token_id, rng_B,
+                     sampling)
+  step_fn = make_step(sampler, model_for(held.valid_BxN), p, stop_ids)
+  state = held.decode
   run = run_compiled if compiled else run_python
   state = run(step_fn, state, sampler.num_steps)
   gen_BxG = fill_after_stop(state.tokens_BxN[:, p:p + g],
@@ -258,14 +256,14 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   forwards, steps_b, steps = (np.zeros(n_rows, np.int32),
                               np.zeros(n_rows, np.int32), 0)
   room = config.max_seq_len - sampler.gen_length - tail_length(sampler)
-  for chunk, slots in _chunks(bucket_groups(rows, room=room), sampler,
+  for chunk, n_slots in _chunks(bucket_groups(rows, room=room), sampler,
                               batch_size):
     out = _decode_rows(params, [rows[i] for i in chunk],
                        [seeds[i] for i in chunk],
                        None if row_sampling is None
                        else [row_sampling[i] for i in chunk], config=config,
                        sampler=sampler, stop_at_eos=stop_at_eos,
-                       batch_size=slots, mesh=mesh, kernels=kernels,
+                       batch_size=n_slots, mesh=mesh, kernels=kernels,
                        logprobs=logprobs)
     gen[chunk], forwards[chunk], steps_b[chunk] = out[:3]
     if logprobs:

@@ -200,7 +200,7 @@ def compile_only(args) -> dict:
   t1 = time.perf_counter()
   service = Service(*model, sampler, settings)
   t2 = time.perf_counter()
-  service.scheduler.stop()
+  service.engine_core.stop()
   return {"model_s": t1 - t0, "compile_s": t2 - t1, "total_s": t2 - t0}
 
 
@@ -363,7 +363,7 @@ def main(argv=None):
     print("--json-schema: skipped (this model has no tokenizer)")
   server.should_exit = True
   thread.join(30)
-  service.scheduler.stop()
+  service.engine_core.stop()
   result = {
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
       "command": " ".join(sys.argv), "device": jax.devices()[0].device_kind,

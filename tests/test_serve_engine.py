@@ -12,7 +12,7 @@ import pytest
 
 from flash_dllm_jax import generate, load
 from flash_dllm_jax.generate import answer_ids
-from flash_dllm_jax.serve.engine import SlotEngine
+from flash_dllm_jax.serve.model_runner import ModelRunner
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import ROOT, TINY_CHECKPOINT
 
@@ -46,7 +46,7 @@ def _serve_all(engine, requests, config, per_call=None):
 def test_online_admission_equals_offline(strategy, options):
   params, config, tok = load(TINY_CHECKPOINT)
   sampler = build_sampler(strategy, config.arch, options)
-  engine = SlotEngine(params, config, sampler, prompt_len=128, slots=6,
+  engine = ModelRunner(params, config, sampler, prompt_len=128, slots=6,
                       steps_per_call=3)
   assert engine.continuous
   rng = np.random.default_rng(0)
@@ -81,7 +81,7 @@ def test_llada2_flash_rows_with_their_own_options_equal_offline():
   params = init_params(config, jax.random.key(7), head_init_scale=8.0)
   sampler = build_sampler("llada2-flash", "llada2", {
       "gen_length": 16, "block_length": 4, "threshold": 0.7, "gamma": 0.5})
-  engine = SlotEngine(params, config, sampler, prompt_len=128, slots=2,
+  engine = ModelRunner(params, config, sampler, prompt_len=128, slots=2,
                       steps_per_call=3)
   assert engine.continuous
   rng = np.random.default_rng(1)
@@ -103,30 +103,30 @@ def test_llada2_flash_rows_with_their_own_options_equal_offline():
 
 
 @pytest.mark.slow
-def test_the_scheduler_answers_a_call_while_the_next_one_runs(monkeypatch):
+def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
   """The engine thread collects a call, dispatches the next, and only then
-  turns the collected output into events (plan.update), so detokenizing
-  and sending overlap the device's work; every request is answered once,
-  as offline generate answers it, with max_tokens cuts and a stop string
-  (whose slot is released a call later)."""
+  turns the collected output into events (update_from_output), so
+  detokenizing and sending overlap the device's work; every request is
+  answered once, as offline generate answers it, with max_tokens cuts and a
+  stop string (whose slot is released a call later)."""
   import threading
-  from flash_dllm_jax.serve import plan as planning
+  from flash_dllm_jax.serve import scheduler
   from flash_dllm_jax.serve.events import Request
   from flash_dllm_jax.serve.metrics import Metrics
-  from flash_dllm_jax.serve.scheduler import Scheduler
+  from flash_dllm_jax.serve.engine_core import EngineCore
   from flash_dllm_jax.serve.text import AnswerText
   params, config, tok = load(TINY_CHECKPOINT)
   sampler = build_sampler("flash-dllm", config.arch,
                           {"gen_length": 16, "block_m": 8, "max_refills": 2})
-  engine = SlotEngine(params, config, sampler, prompt_len=64, slots=2,
+  engine = ModelRunner(params, config, sampler, prompt_len=64, slots=2,
                       steps_per_call=2)
   order = []
   for name in ("dispatch", "collect"):
     real = getattr(engine, name)
     monkeypatch.setattr(engine, name, lambda *a, real=real, name=name, **k: (
         order.append(name), real(*a, **k))[1])
-  real_update = planning.update
-  monkeypatch.setattr(planning, "update", lambda *a: (
+  real_update = scheduler.update_from_output
+  monkeypatch.setattr(scheduler, "update_from_output", lambda *a: (
       order.append("update"), real_update(*a))[1])
   rng = np.random.default_rng(3)
   prompts = [[int(t) for t in rng.integers(0, 370, int(n))]
@@ -148,11 +148,11 @@ def test_the_scheduler_answers_a_call_while_the_next_one_runs(monkeypatch):
   requests = [Request(ids=p, key=0, seed=i, answer=AnswerText(
       tok, config, 5 if i == 4 else 16, [stop] if i == 2 else []),
       emit=lambda ev, i=i: emit(i, ev)) for i, p in enumerate(prompts)]
-  scheduler = Scheduler({0: engine}, Metrics(), max_queue=16)
-  scheduler.start()
-  scheduler.submit(requests)
+  core = EngineCore({0: engine}, Metrics(), max_queue=16)
+  core.start()
+  core.add_request(requests)
   assert all_done.wait(300)
-  scheduler.stop()
+  core.stop()
   for i in (0, 1, 3, 5):
     assert answers[i][0] == want[i], i
   assert answers[4] == (want[4][:5], "length")
@@ -172,13 +172,13 @@ import numpy as np, jax
 assert len(jax.devices()) == 2, jax.devices()
 from flash_dllm_jax import generate, load, parallel
 from flash_dllm_jax.generate import answer_ids
-from flash_dllm_jax.serve.engine import SlotEngine
+from flash_dllm_jax.serve.model_runner import ModelRunner
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import TINY_CHECKPOINT
 params, config, tok = load(TINY_CHECKPOINT)
 sampler = build_sampler("llada", config.arch,
                         {"gen_length": 16, "steps": 8, "block_length": 8})
-engine = SlotEngine(params, config, sampler, prompt_len=128, slots=4,
+engine = ModelRunner(params, config, sampler, prompt_len=128, slots=4,
                     steps_per_call=3, mesh=parallel.parse_mesh("data=2"))
 assert not engine.continuous
 assert engine._state.decode.tokens_BxN.sharding.spec[0] == "data"

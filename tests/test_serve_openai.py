@@ -173,6 +173,64 @@ def test_echo_logprobs_are_the_adapters_log_likelihood(server, model):
       lp["token_logprobs"][:len(ids)]
 
 
+def _check_alternatives(entries, k):
+  """Chat logprobs entries: k alternatives each, likeliest first; the
+  chosen token's entry (where among them) carries its own log-prob."""
+  hits = 0
+  for e in entries:
+    values = [a.logprob for a in e.top_logprobs]
+    assert len(values) == k and values == sorted(values, reverse=True)
+    own = [a.logprob for a in e.top_logprobs if a.token == e.token]
+    if own:
+      hits += 1
+      assert e.logprob in own
+    else:
+      assert e.logprob <= values[-1]
+  return hits
+
+
+def test_top_logprobs_of_generated_tokens(server):
+  """Each generated token's alternatives at the step that committed it, in
+  chat and completions, streamed or not; the answer and its log-probs
+  are those decoded without them."""
+  client = server.client()
+  chat = dict(model=MODEL, seed=11, max_tokens=12, temperature=0.8,
+              logprobs=True,
+              messages=[{"role": "user", "content": "name three colours"}])
+  plain = client.chat.completions.create(**chat).choices[0]
+  got = client.chat.completions.create(**chat, top_logprobs=4).choices[0]
+  assert got.token_ids == plain.token_ids and got.token_ids
+  assert [e.logprob for e in got.logprobs.content] == \
+      [e.logprob for e in plain.logprobs.content]
+  assert all(e.top_logprobs == [] for e in plain.logprobs.content)
+  assert _check_alternatives(got.logprobs.content, 4) > 0
+  chunks = list(client.chat.completions.create(**chat, top_logprobs=4,
+                                               stream=True))
+  streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+              for e in c.choices[0].logprobs.content]
+  assert [(e.token, e.logprob, [(a.token, a.logprob) for a in e.top_logprobs])
+          for e in streamed] == \
+      [(e.token, e.logprob, [(a.token, a.logprob) for a in e.top_logprobs])
+       for e in got.logprobs.content]
+  # completions: logprobs=k, {token: log-prob} per position
+  kwargs = dict(model=MODEL, prompt="tell me a story about", seed=7,
+                max_tokens=16)
+  base = client.completions.create(**kwargs, logprobs=0).choices[0]
+  two = client.completions.create(**kwargs, logprobs=2).choices[0]
+  assert two.token_ids == base.token_ids
+  lp = two.logprobs
+  assert lp.token_logprobs == base.logprobs.token_logprobs
+  assert len(lp.top_logprobs) == len(two.token_ids)
+  for own, top in zip(lp.token_logprobs, lp.top_logprobs):
+    assert 1 <= len(top) <= 2 and own <= max(top.values())
+  chunks = list(client.completions.create(**kwargs, logprobs=2,
+                                          stream=True))
+  assert [t for c in chunks if c.choices and c.choices[0].logprobs
+          for t in c.choices[0].logprobs.top_logprobs] == lp.top_logprobs
+  with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+    client.chat.completions.create(**chat, top_logprobs=21)
+
+
 def test_no_seed_draws_a_fresh_one_that_reproduces_the_answer(server):
   client = server.client()
   kwargs = dict(model=MODEL, prompt="pick a number", temperature=1.0,

@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 
 from flash_dllm_jax.checkpoint import load
-from flash_dllm_jax.serve import scheduler as sched
+from flash_dllm_jax.serve import engine_core as sched
 from flash_dllm_jax.serve.app import build_app
 from flash_dllm_jax.serve.service import Service, Settings
 from flash_dllm_jax.strategies import build_sampler
@@ -64,18 +64,18 @@ def served():
   url = f"http://127.0.0.1:{port}"
   while not server.started:
     time.sleep(0.05)
-  fault = Fault(service.scheduler.engines[0])
+  fault = Fault(service.engine_core.runners[0])
   yield service, url, fault, lost
   server.should_exit = True
   thread.join(30)
-  service.scheduler.stop()
+  service.engine_core.stop()
 
 
 def settled(service):
   """Waits until the engine holds nothing (a release-only call left over
   from an earlier test would otherwise take an armed fault)."""
   deadline = time.monotonic() + 60
-  while not service.scheduler._idle():
+  while not service.engine_core._idle():
     assert time.monotonic() < deadline, "the engine never went idle"
     time.sleep(0.01)
 
@@ -109,7 +109,7 @@ def test_a_failed_device_call_answers_500_and_the_engine_restarts(served):
   answers = burst(url, 5)  # 2 slots: some in the failed call, some queued
   assert (500, "engine_error") in answers, answers
   assert set(answers) <= {(200, None), (500, "engine_error")}, answers
-  assert len(service.scheduler.restarts) == 1
+  assert len(service.engine_core.restarts) == 1
   assert httpx.get(url + "/health").json()["status"] == "ready"
   assert burst(url, 3) == [(200, None)] * 3  # served again
 
@@ -117,7 +117,7 @@ def test_a_failed_device_call_answers_500_and_the_engine_restarts(served):
 def test_health_says_restarting_while_the_engine_is_rebuilt(served,
                                                             monkeypatch):
   service, url, fault, _ = served
-  engine, gate = service.scheduler.engines[0], threading.Event()
+  engine, gate = service.engine_core.runners[0], threading.Event()
   real_reset = engine.reset
   monkeypatch.setattr(engine, "reset", lambda: (gate.wait(60),
                                                 real_reset())[1])
@@ -125,7 +125,7 @@ def test_health_says_restarting_while_the_engine_is_rebuilt(served,
   fault.failing = 1
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     answer = pool.submit(ask, url, 0)
-    while service.scheduler.state != "restarting":
+    while service.engine_core.state != "restarting":
       time.sleep(0.01)
     health = httpx.get(url + "/health")
     assert health.status_code == 503
@@ -154,11 +154,11 @@ def test_a_stuck_device_call_still_answers_504_at_the_deadline(served):
 def test_repeated_failures_stop_the_server(served):
   """Last: leaves the engine failed."""
   service, url, fault, lost = served
-  service.scheduler.restarts.clear()
+  service.engine_core.restarts.clear()
   settled(service)
   fault.failing = 10**6
   answers = []
-  while service.scheduler.state != "failed":
+  while service.engine_core.state != "failed":
     answers.append(ask(url, len(answers)))
     assert len(answers) <= sched.MAX_RESTARTS + 1
   assert set(answers) == {(500, "engine_error")}, answers

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax.sampling import (checks, commit_rules, flash_budget,
-                                     flash_forward, flash_verify)
+                                     flash_forward, flash_verify, top_logprobs)
 from flash_dllm_jax.model.cache import kv_cache_dtype_error
 from flash_dllm_jax.sampling.flash_state import FlashCacheAux, StepTrace
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -73,6 +73,7 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
       "temperature", "top_p", "top_k", "threshold", "gamma")
   grows_refills: ClassVar[bool] = True  # any number of fresh rows a step
+  records_top: ClassVar[bool] = True  # loop.records_top (top_logprobs.py)
 
   gen_length: int = 256
   block_m: int = 16
@@ -188,7 +189,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
     trace = self.step_trace(model, state, prompt_len, rng_B)
-    return trace.tokens_BxN, trace.aux, trace.forwards_B, trace.logprob_BxN
+    return (trace.tokens_BxN, trace.aux, trace.forwards_B, trace.logprob_BxN,
+            trace.top)
 
   def step_trace(self, model: SequenceModel, state: DecodeState,
                  prompt_len: int,
@@ -225,6 +227,11 @@ class FlashDLLMSampler(commit_rules.WindowRule):
         True, mode="drop")
     logprob_BxN = jnp.zeros((b, n), jnp.float32).at[
         rows_Bx1, commit_slots_BxW].set(lp_BxR[:, :w], mode="drop")
+    k = 0 if state.top is None else state.top.k
+    top = None if not k else top_logprobs.put(
+        top_logprobs.TopLogprobs.zeros(b, n, k), rows_Bx1, commit_slots_BxW,
+        *top_logprobs.of_logits(logits_BxRxV[:, :w], k, x0_BxR[:, :w],
+                                lp_BxR[:, :w]))
     last_BxN, forwards_B = drafted_BxN, jnp.ones((b,), jnp.int32)
     plan = p_BxC = keep_BxC = None
     if self.verify:
@@ -236,13 +243,18 @@ class FlashDLLMSampler(commit_rules.WindowRule):
           eligible_BxW, new_end_B, cache, block_m=self.block_m,
           gamma=commit_rules.row_value(state, "gamma", self.gamma),
           accept_none=self.rule == "fixed",
-          exclude_BxS=exclude_BxS)
+          exclude_BxS=exclude_BxS, top_k=k)
       plan, p_BxC, keep_BxC = v.plan, v.p_BxC, v.keep_BxC
       verified_BxC = jnp.where(keep_BxC, v.slots_BxC, n)
       tokens_BxN = tokens_BxN.at[rows_Bx1, verified_BxC].set(
           v.drafts_BxC, mode="drop")
+      lp_BxC = jnp.log(p_BxC)  # the verify pass's probability
       logprob_BxN = logprob_BxN.at[rows_Bx1, verified_BxC].set(
-          jnp.log(p_BxC), mode="drop")  # the verify pass's probability
+          lp_BxC, mode="drop")
+      if k:
+        top = top_logprobs.put(top, rows_Bx1, verified_BxC,
+                               *top_logprobs.with_chosen(
+                                   *v.top, v.drafts_BxC, lp_BxC))
       new_end_B = flash_budget.update_end(new_end_B, n, v.slots_BxC,
                                           v.drafts_BxC, keep_BxC, ids,
                                           self.stop)
@@ -258,7 +270,7 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                             tail_BxN & (drafted_BxN | last_BxN)),
                         fresh_B=jnp.zeros_like(aux.fresh_B))
     return StepTrace(tokens_BxN, aux, forwards_B, plan, p_BxC, keep_BxC,
-                     logprob_BxN)
+                     logprob_BxN, top)
 
   def window_confidence(self, window_BxW, drafts_BxW, conf_BxW, real_BxW,
                         end_B, ids, n: int):

@@ -37,6 +37,7 @@ ones included, are its last batch) and EOS tail follow flash_dllm.py.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,8 @@ class FlashDLLMOnePassSampler(FlashDLLMSampler):
   and recompute_all is not taken. skip_drafts: the window and extra masks
   are taken past the drafts being verified (False: the window holds them
   again, re-drafted beside their verification)."""
+
+  records_top: ClassVar[bool] = False  # its steps return no alternatives
 
   verify: bool = True
   skip_drafts: bool = True

@@ -56,3 +56,4 @@ class StepTrace(NamedTuple):
   p_BxC: jax.Array | None
   keep_BxC: jax.Array | None
   logprob_BxN: jax.Array | None = None  # committed tokens' log-probability
+  top: object = None  # their alternatives (top_logprobs.TopLogprobs)

@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax.model import CachedExtras
-from flash_dllm_jax.sampling import select
+from flash_dllm_jax.sampling import select, top_logprobs
 
 RECENT, DRAFT, MASK, UNUSED, PREDICT = 0, 1, 2, 3, 4
 
@@ -189,6 +189,7 @@ class Verified(NamedTuple):
   keep_BxC: jax.Array
   slots_BxC: jax.Array
   drafts_BxC: jax.Array
+  top: tuple | None = None  # (lp_BxCxK, id_BxCxK) with run_pass's top_k
 
 
 def candidates(window_BxW, drafts_BxW, conf_BxW, eligible_BxW, c: int):
@@ -206,31 +207,42 @@ def candidates(window_BxW, drafts_BxW, conf_BxW, eligible_BxW, c: int):
 
 
 def run_pass(model, the_plan: VerifyPlan, cache, drafts_BxC,
-             hidden_BxS) -> jax.Array:
+             hidden_BxS, top_k: int = 0):
   """p [B, C]: each candidate draft's probability from the verify pass over
   the plan's rows (no cache write; hidden_BxS slots unseen), skipped when no
-  row has a candidate."""
+  row has a candidate. top_k > 0: (p, (lp_BxCxK, id_BxCxK)), the pass's
+  top_k alternatives of each candidate (top_logprobs.of_logits)."""
   def run():
     out = model.run(the_plan.tokens_BxQ, the_plan.slots_BxQ, cache,
                     the_plan.score_rows_BxC, extras=CachedExtras(
                         write_cache=False, exclude_BxS=hidden_BxS,
                         inq_mask_BxQxQ=the_plan.inq_BxQxQ))
-    return select.prob_of(out.logits, drafts_BxC)
+    p_BxC = select.prob_of(out.logits, drafts_BxC)
+    if not top_k:
+      return p_BxC
+    return p_BxC, top_logprobs.of_logits(out.logits, top_k)
 
-  return jax.lax.cond(jnp.any(the_plan.S_B > 0), run,
-                      lambda: jnp.zeros(drafts_BxC.shape, jnp.float32))
+  def skip():
+    p_BxC = jnp.zeros(drafts_BxC.shape, jnp.float32)
+    if not top_k:
+      return p_BxC
+    shape = drafts_BxC.shape + (top_k,)
+    return p_BxC, (jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32))
+
+  return jax.lax.cond(jnp.any(the_plan.S_B > 0), run, skip)
 
 
 def verify(model, tokens_BxN, recent_key_BxN, window_BxW, drafts_BxW,
            conf_BxW, eligible_BxW, end_B, cache, *, block_m: int,
            gamma, accept_none: bool = False,
-           exclude_BxS=None) -> Verified:
+           exclude_BxS=None, top_k: int = 0) -> Verified:
   """Picks the candidates (the block_m // 2 most confident eligible window
   drafts), runs the pass over the recent tokens (recent_key_BxN, larger =
   more recent) and applies the acceptance rule; probabilities of candidates
   at or past the answer end (end_B) are 0, as in the reference.
   accept_none: run the pass, keep nothing (the benchmark schedule).
-  exclude_BxS: further slots hidden from the pass (the tail past its keys)."""
+  exclude_BxS: further slots hidden from the pass (the tail past its keys).
+  top_k > 0: the candidates' alternatives too (Verified.top)."""
   cfg = model.config
   _, cand_slots_BxC, cand_drafts_BxC, n_cand_B = candidates(
       window_BxW, drafts_BxW, conf_BxW, eligible_BxW, block_m // 2)
@@ -239,11 +251,16 @@ def verify(model, tokens_BxN, recent_key_BxN, window_BxW, drafts_BxW,
   hidden_BxS = the_plan.exclude_BxS
   if exclude_BxS is not None:
     hidden_BxS = hidden_BxS | exclude_BxS
-  p_BxC = run_pass(model, the_plan, cache, cand_drafts_BxC, hidden_BxS)
+  p_BxC = run_pass(model, the_plan, cache, cand_drafts_BxC, hidden_BxS,
+                   top_k)
+  top = None
+  if top_k:
+    p_BxC, top = p_BxC
   p_BxC = jnp.where(cand_slots_BxC >= end_B[:, None], 0.0, p_BxC)
   keep_BxC = accept(p_BxC, the_plan.S_B, gamma)
   if accept_none:
     # Never true (probabilities are >= 0) but data-dependent, so XLA cannot
     # drop the pass as dead code and the benchmark times it.
     keep_BxC = keep_BxC & (p_BxC < 0)
-  return Verified(the_plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC)
+  return Verified(the_plan, p_BxC, keep_BxC, cand_slots_BxC, cand_drafts_BxC,
+                  top)

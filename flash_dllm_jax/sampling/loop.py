@@ -69,10 +69,12 @@ class Sampler(Protocol):
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
-    """(tokens_BxN, aux, forwards[, logprob_BxN]): the step's tokens for
-    every row, the new aux, the forward passes spent (an int or [B]), and
-    optionally each proposed token's log-probability (read where a mask is
-    committed: DecodeState.logprob_BxN)."""
+    """(tokens_BxN, aux, forwards[, logprob_BxN[, top]]): the step's tokens
+    for every row, the new aux, the forward passes spent (an int or [B]),
+    and optionally each proposed token's log-probability (read where a mask
+    is committed: DecodeState.logprob_BxN) and, for a sampler that
+    `records_top` when state.top is set, their alternatives
+    (top_logprobs.TopLogprobs [B, N, K])."""
 
 
 @runtime_checkable
@@ -92,6 +94,13 @@ class KeepsTail(Protocol):
   reference Flash-dLLM's EOS tail); they are not part of the answer."""
 
   tail_length: int
+
+
+def records_top(sampler) -> bool:
+  """Whether `sampler` returns each written token's top-K alternatives when
+  the state carries a buffer for them (its `records_top`;
+  top_logprobs.py)."""
+  return bool(getattr(sampler, "records_top", False))
 
 
 def tail_length(sampler) -> int:
@@ -123,6 +132,7 @@ def make_step(sampler: Sampler, model: SequenceModel, prompt_len: int,
     return advance(state, tokens_BxN, aux, forwards, prompt_len,
                    model.config.mask_token_id, stop_ids, keys_Bx2[:, 0],
                    complete=complete,
-                   logprob_BxN=out[3] if len(out) > 3 else None)
+                   logprob_BxN=out[3] if len(out) > 3 else None,
+                   top=out[4] if len(out) > 4 else None)
 
   return step_fn

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from flash_dllm_jax.sampling import top_logprobs
+
 
 @struct.dataclass
 class DecodeState:
@@ -28,6 +30,8 @@ class DecodeState:
   logprob_BxN: each position's token's log-probability at the step it was
     committed (float32; 0 for the prompt and for samplers that do not
     report it, see `advance`).
+  top: None, or a top_logprobs.TopLogprobs buffer [B, N, K] that samplers
+    which record alternatives fill as they fill logprob_BxN.
   """
 
   tokens_BxN: jax.Array
@@ -39,6 +43,7 @@ class DecodeState:
   steps_B: jax.Array | None = None
   sampling: object = None
   logprob_BxN: jax.Array | None = None
+  top: object = None
 
   @classmethod
   def start(cls, prompt_BxP: jax.Array, gen_length: int, mask_id: int,
@@ -59,32 +64,6 @@ def where_keys(pick_B: jax.Array, a_B: jax.Array, b_B: jax.Array):
                    jax.random.key_data(b_B))
   return jax.random.wrap_key_data(data)
 
-
-def admit(decode: DecodeState, valid_BxN: jax.Array, load_B: jax.Array,
-          prompt_BxP: jax.Array, prompt_valid_BxP: jax.Array, mask_id: int,
-          rng_B: jax.Array, sampling=None) -> tuple[DecodeState, jax.Array]:
-  """(decode, valid_BxN) with rows load_B starting a new request: its prompt
-  then masks, its valid positions, counters at 0, running, its own key and
-  RowSampling (None: keep the state's); other rows unchanged.
-
-  The one admission path of offline continuous batching (continuous.py)
-  and the server's slots (serve/engine.py); the strategy's aux for the
-  loaded rows is the caller's (reset_rows, or a fresh init_aux).
-  """
-  b, g = load_B.shape[0], valid_BxN.shape[1] - prompt_BxP.shape[1]
-  tokens_BxN = jnp.concatenate(
-      [prompt_BxP, jnp.full((b, g), mask_id, prompt_BxP.dtype)], axis=1)
-  new_valid_BxN = jnp.concatenate(
-      [prompt_valid_BxP, jnp.ones((b, g), bool)], axis=1)
-  decode = decode.replace(
-      tokens_BxN=jnp.where(load_B[:, None], tokens_BxN, decode.tokens_BxN),
-      done_B=decode.done_B & ~load_B,
-      forwards_B=jnp.where(load_B, 0, decode.forwards_B),
-      steps_B=jnp.where(load_B, 0, decode.steps_B),
-      rng_B=where_keys(load_B, rng_B, decode.rng_B),
-      sampling=decode.sampling if sampling is None else sampling.where(
-          load_B, decode.sampling))
-  return decode, jnp.where(load_B[:, None], new_valid_BxN, valid_BxN)
 
 def tokens_shape(prompt_BxP, gen_length: int) -> tuple[int, int]:
   return prompt_BxP.shape[0], prompt_BxP.shape[1] + gen_length
@@ -112,19 +91,22 @@ def answer_complete(gen_BxG: jax.Array, mask_id: int,
 def advance(state: DecodeState, proposed_BxN: jax.Array, aux,
             forwards: int | jax.Array, prompt_len: int, mask_id: int,
             stop_ids: tuple[int, ...], rng_B: jax.Array,
-            complete=None, logprob_BxN=None) -> DecodeState:
+            complete=None, logprob_BxN=None, top=None) -> DecodeState:
   """Commits a step's tokens for the rows still running; frozen rows keep
   theirs, so finishing early never changes a row's tokens. complete: the
   sampler's own test of a finished row (tokens_BxN -> [B] bool), else
   `answer_complete`. logprob_BxN: the proposed tokens' log-probabilities
   (the sampler's, None if it has none), kept where a token was written (a
-  mask committed, or a committed token edited)."""
+  mask committed, or a committed token edited); top: their alternatives
+  (top_logprobs.TopLogprobs, None: none), kept there too."""
   active_B = ~state.done_B
   tokens_BxN = jnp.where(active_B[:, None], proposed_BxN, state.tokens_BxN)
-  kept_BxN = state.logprob_BxN
+  kept_BxN, kept_top = state.logprob_BxN, state.top
+  new_BxN = (state.tokens_BxN != tokens_BxN) & (tokens_BxN != mask_id)
   if logprob_BxN is not None and kept_BxN is not None:
-    new_BxN = (state.tokens_BxN != tokens_BxN) & (tokens_BxN != mask_id)
     kept_BxN = jnp.where(new_BxN, logprob_BxN, kept_BxN)
+  if top is not None and kept_top is not None:
+    kept_top = top_logprobs.keep(kept_top, top, new_BxN)
   if complete is None:
     complete_B = answer_complete(tokens_BxN[:, prompt_len:], mask_id, stop_ids)
   else:
@@ -135,7 +117,7 @@ def advance(state: DecodeState, proposed_BxN: jax.Array, aux,
                      forwards_B=state.forwards_B + forwards * active_B,
                      steps_B=state.steps_B + active_B,
                      rng_B=rng_B, aux=aux, sampling=state.sampling,
-                     logprob_BxN=kept_BxN)
+                     logprob_BxN=kept_BxN, top=kept_top)
 
 
 def fill_after_stop(gen_BxG: jax.Array, mask_id: int, fill_id: int) -> jax.Array:

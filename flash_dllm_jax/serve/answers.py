@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from flash_dllm_jax.serve import protocol as P
 from flash_dllm_jax.serve.errors import error_response as _error, sse_error
-from flash_dllm_jax.serve.scheduler import Event
+from flash_dllm_jax.serve.events import Event
 
 _FAILED = {"deadline": (504, "the request's deadline passed", "timeout"),
            "shutdown": (503, "the server shut down before answering",
@@ -64,7 +64,7 @@ async def whole(service, request, events, http, rid, model, chat, decoding):
       got = await _next_event(events, request[0].deadline, 0.5)
       if got is None:
         if await http.is_disconnected():
-          service.scheduler.cancel(request)
+          service.engine_core.abort_requests(request)
           return Response(status_code=499)
         continue
       i, ev = got
@@ -74,17 +74,18 @@ async def whole(service, request, events, http, rid, model, chat, decoding):
       if ev.done:
         last[i] = ev
         if ev.reason in _FAILED:
-          service.scheduler.cancel(request)  # the other choices
+          service.engine_core.abort_requests(request)  # the other choices
           status, message, code = _FAILED[ev.reason]
           return _error(status, message, None, code)
   except asyncio.CancelledError:
-    service.scheduler.cancel(request)
+    service.engine_core.abort_requests(request)
     raise
   done = [last[i] for i in range(len(request))]
   choices = []
   for i, ev in enumerate(done):
     r = request[i]
-    lp = _logprobs(service, r, chat, ev.token_ids, ev.logprobs)
+    lp = _logprobs(service, r, chat, ev.token_ids, ev.logprobs, 0,
+                   ev.top_logprobs)
     if r.echo is not None:
       lp = _join(_echo_logprobs(service, r), lp)
     choices.append({"index": i, "text": (r.echo or "") + "".join(text[i]),
@@ -94,21 +95,31 @@ async def whole(service, request, events, http, rid, model, chat, decoding):
   return body(rid, model, choices, _usage(done, request), decoding)
 
 
-def _top(request) -> int:
-  """Alternatives asked per position (completions' logprobs N)."""
-  return 0 if request.echo is None else request.top_logprobs
-
-
-def _logprobs(service, request, chat, ids, logprobs, offset=0):
-  """A choice's `logprobs` field (None unless asked for). A generated
-  token's alternatives are not recorded: {} where some were asked for."""
+def _logprobs(service, request, chat, ids, logprobs, offset=0, top=None):
+  """A choice's `logprobs` field (None unless asked for). top: each
+  token's alternatives ((id, log-prob) pairs, Event.top_logprobs); None
+  where the sampler records none: {} each where some were asked for."""
   if not request.logprobs or logprobs is None:
     return None
   strings = service.token_strings(ids)
+  alts = None if top is None else [
+      list(zip(service.token_strings([i for i, _ in a]), [v for _, v in a]))
+      for a in top]
   if chat:
-    return P.chat_logprobs(strings, list(logprobs))
-  top = [{} for _ in ids] if _top(request) else None
-  return P.completion_logprobs(strings, list(logprobs), offset, top)
+    return P.chat_logprobs(strings, list(logprobs), alts)
+  tops = None if not request.top_logprobs else (
+      [_first_of_each(a) for a in alts] if alts is not None
+      else [{} for _ in ids])
+  return P.completion_logprobs(strings, list(logprobs), offset, tops)
+
+
+def _first_of_each(pairs) -> dict:
+  """{text: log-prob}, likeliest first, keeping the likeliest of tokens
+  whose texts are equal."""
+  out = {}
+  for text, value in pairs:
+    out.setdefault(text, value)
+  return out
 
 
 def _echo_logprobs(service, request):
@@ -116,7 +127,7 @@ def _echo_logprobs(service, request):
   if request.prompt_logprobs is None:
     return None
   own, alternatives = request.prompt_logprobs
-  k = _top(request)
+  k = request.top_logprobs
   top = None if not k else [
       None if alt is None else {s: v for s, (_, v) in zip(
           service.token_strings([a for a, _ in alt[:k]]), alt[:k])}
@@ -171,7 +182,7 @@ async def stream(service, request, events, rid, model, chat, decoding,
         break
       if ev.delta or ev.new_ids:
         lp = _logprobs(service, request[i], chat, ev.new_ids,
-                       ev.new_logprobs, offsets[i])
+                       ev.new_logprobs, offsets[i], ev.new_top)
         if lp is not None and not chat:
           offsets[i] += sum(len(t) for t in lp["tokens"])
         yield _sse(chunk(ev.delta, None, ev.new_ids, i, lp))
@@ -179,7 +190,7 @@ async def stream(service, request, events, rid, model, chat, decoding,
         last[i] = ev
         yield _sse(chunk("", ev.reason, (), i))
     if failed is not None:
-      service.scheduler.cancel(request)  # the other choices
+      service.engine_core.abort_requests(request)  # the other choices
       status, message, code = _FAILED[failed.reason]
       yield sse_error(message, code)
     elif include_usage:
@@ -190,4 +201,4 @@ async def stream(service, request, events, rid, model, chat, decoding,
     yield "data: [DONE]\n\n"
   finally:
     if len(last) < len(request) and failed is None:
-      service.scheduler.cancel(request)  # the client went away
+      service.engine_core.abort_requests(request)  # the client went away

@@ -18,8 +18,8 @@ from starlette.exceptions import HTTPException
 from flash_dllm_jax.serve import MAX_BODY_BYTES, answers, protocol as P, tokens
 from flash_dllm_jax.serve.body import parse_body
 from flash_dllm_jax.serve.errors import BadRequest, error_response as _error
-from flash_dllm_jax.serve.scheduler import (Draining, EngineFailed, Event,
-                                            QueueFull)
+from flash_dllm_jax.serve.engine_core import (Draining, EngineFailed, Event,
+                                              QueueFull)
 from flash_dllm_jax.serve.security import ApiKey, BodyLimit, ShutdownAnswers
 from flash_dllm_jax.serve.service import Service
 
@@ -53,9 +53,9 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
     service = get_service()
     if service is None:
       return JSONResponse({"status": "starting"}, 503)
-    if service.scheduler.state != "ready":  # restarting, or failed
-      return JSONResponse({"status": service.scheduler.state}, 503)
-    if service.scheduler.draining:
+    if service.engine_core.state != "ready":  # restarting, or failed
+      return JSONResponse({"status": service.engine_core.state}, 503)
+    if service.engine_core.draining:
       return JSONResponse({"status": "draining"}, 503)
     return {"status": "ready", "model": model_name, **service.decoding,
             "variants": [d["options"] for d in service.decodings],
@@ -131,11 +131,11 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
       # event loop, so that other clients are served meanwhile
       request = await asyncio.to_thread(service.prepare, req, emit)
       if request[0].grammar is not None:  # decoded alone (structured.py)
-        service.scheduler.check_open()
+        service.engine_core.check_open()
         threading.Thread(target=_structured, args=(service, request),
                          daemon=True).start()
       else:
-        service.scheduler.submit(request)
+        service.engine_core.add_request(request)
     except BadRequest as e:
       service.metrics.requests.labels("invalid").inc()
       return _error(e.status, e.message, e.param, e.code)

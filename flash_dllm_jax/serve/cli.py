@@ -276,17 +276,17 @@ def main(args: argparse.Namespace) -> int:
   class Server(uvicorn.Server):
     def handle_exit(self, sig, frame):  # SIGTERM / SIGINT: stop admitting
       if "service" in holder:
-        holder["service"].scheduler.drain()
+        holder["service"].engine_core.drain()
       super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None):
-      """Past --shutdown-timeout the scheduler fails what is left (503
+      """Past --shutdown-timeout the engine core fails what is left (503
       `server_shutdown`, answered by the handlers); uvicorn's own deadline,
       a little later, is the backstop."""
       async def fail_the_rest():
         await asyncio.sleep(args.shutdown_timeout)
         if "service" in holder:
-          await asyncio.to_thread(holder["service"].scheduler.stop)
+          await asyncio.to_thread(holder["service"].engine_core.stop)
 
       task = asyncio.ensure_future(fail_the_rest())
       try:
@@ -301,12 +301,12 @@ def main(args: argparse.Namespace) -> int:
   threading.Thread(target=compile_engines, name="dllm-compile",
                    daemon=True).start()
   # uvicorn re-raises the signal it shut down for once it has restored the
-  # handlers it found: make those no-ops, so the scheduler stops cleanly
+  # handlers it found: make those no-ops, so the engine core stops cleanly
   # below and the exit status is ours.
   for sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(sig, lambda *_: None)
   server.run()
   if "service" in holder:
-    holder["service"].scheduler.stop()
+    holder["service"].engine_core.stop()
   log.info("stopped")
   return 1 if holder.get("failed") else 0

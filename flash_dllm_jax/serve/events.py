@@ -16,7 +16,9 @@ class Event(NamedTuple):
   'stop' / 'length' (answered) or 'deadline' / 'cancelled' / 'shutdown'
   (failed); usage, token_ids and logprobs (theirs; None unless the sampler
   reports them) come with an answer. new_ids / new_logprobs: the answer
-  ids that became final with this event, and their log-probabilities."""
+  ids that became final with this event, and their log-probabilities.
+  top_logprobs / new_top: each token's alternatives ((id, log-prob) pairs,
+  likeliest first) where the request asked for them."""
 
   delta: str
   done: bool = False
@@ -26,6 +28,8 @@ class Event(NamedTuple):
   new_ids: tuple[int, ...] = ()
   logprobs: list[float] | None = None
   new_logprobs: tuple[float, ...] = ()
+  top_logprobs: list | None = None
+  new_top: tuple | None = None
 
 
 _ids = itertools.count()
@@ -42,7 +46,8 @@ class Request:
   prompt's text to send before the answer (None: no echo);
   prompt_logprobs: (log-probs, alternatives) of the prompt's tokens
   (serve/prompt_logprobs.py), for echo with logprobs; top_logprobs: the
-  alternatives asked per position."""
+  alternatives asked per position (the prompt's with echo, and the
+  answer's where the sampler records them)."""
 
   ids: list[int]
   key: object

@@ -57,15 +57,17 @@ class Metrics:
                            "one call of the compiled loop (host round trip)",
                            buckets=_LATENCY_BUCKETS, registry=r)
 
-  # Observers of the engine loop (scheduler.Scheduler) ---------------------
+  # Observers of the engine loop (engine_core.EngineCore) ------------------
   def observe_plan(self, plan, now: float) -> None:
-    """A plan about to run (plan.Plan): admission latency, prompt tokens."""
+    """A call about to run (scheduler.SchedulerOutput): admission latency,
+    prompt tokens."""
     for _, r in plan.admit:
       self.admission.observe(now - r.arrived)
       self.prompt_tokens.inc(len(r.ids))
 
   def observe_step(self, step, out, seconds: float, now: float) -> None:
-    """A device call's outcome (plan.Step, engine.CycleOut, its seconds)."""
+    """A device call's outcome (scheduler.EngineCoreOutputs, applied;
+    model_runner.ModelRunnerOutput; its seconds)."""
     self.cycle.observe(seconds)
     self.round_trips.inc()
     self.decode_steps.inc(out.iters)

@@ -25,8 +25,9 @@ from flash_dllm_jax.compilation import _BatchInvariantJit
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import padded_length
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.serve.protocol import MAX_LOGPROBS
 
-MAX_TOP = 20  # alternatives computed (the most a request may ask for)
+MAX_TOP = MAX_LOGPROBS  # alternatives computed (the most a request asks)
 ROWS = 16  # rows per forward: a long prompt's L rows go in chunks
 
 

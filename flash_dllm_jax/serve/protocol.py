@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from flash_dllm_jax.sampling.draw_settings import TEMPERATURE, TOP_K, TOP_P
 
 MAX_N = 16  # choices per request
+MAX_LOGPROBS = 20  # alternatives a token may ask for (vLLM's --max-logprobs)
 
 
 STRICT = ConfigDict(extra="forbid", strict=True)
@@ -99,7 +100,7 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
   prompt: str | list[int] | list[str] | list[list[int]]
   echo: bool = False
-  logprobs: int | None = Field(None, ge=0, le=20)
+  logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
   best_of: int | None = Field(None, ge=1, le=MAX_N)
   suffix: str | None = None
 
@@ -123,7 +124,7 @@ class ChatRequest(_Common):
   messages: list[ChatMessage] = Field(min_length=1)
   max_completion_tokens: int | None = Field(None, ge=1)
   logprobs: bool = False
-  top_logprobs: int | None = Field(None, ge=0, le=20)
+  top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 def error_body(message: str, param: str | None = None,
@@ -151,10 +152,15 @@ def completion_logprobs(tokens: list[str], logprobs: list, offset: int = 0,
           "text_offset": offsets}
 
 
-def chat_logprobs(tokens: list[str], logprobs: list[float]) -> dict:
-  return {"content": [{"token": t, "logprob": lp,
-                       "bytes": list(t.encode("utf-8", "replace")),
-                       "top_logprobs": []} for t, lp in zip(tokens, logprobs)]}
+def chat_logprobs(tokens: list[str], logprobs: list[float],
+                  top: list | None = None) -> dict:
+  """A chat choice's `logprobs`; top: each token's [(text, log-prob)]
+  alternatives, likeliest first (None: none asked)."""
+  entry = lambda t, lp: {"token": t, "logprob": lp,
+                         "bytes": list(t.encode("utf-8", "replace"))}
+  return {"content": [
+      {**entry(t, lp), "top_logprobs": [entry(*a) for a in alt]}
+      for t, lp, alt in zip(tokens, logprobs, top or [[]] * len(tokens))]}
 
 
 def completion_body(rid: str, model: str, choices: list[dict], usage: dict,

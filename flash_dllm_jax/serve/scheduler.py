@@ -1,277 +1,159 @@
-"""The engine loop: a bounded queue per engine and one thread that owns
-the device slots.
+"""The scheduler: one engine's decisions as pure functions of their inputs,
+in vLLM's mould (v1 `Scheduler.schedule` / `update_from_output`).
 
-The thread loops over the engines (one slot pool per sampler variant,
-shared by every prompt length). For each it collects the device call in
-flight (`SlotEngine.collect`: which rows stopped), asks `plan.schedule`
-what the next call does (fail cancelled or expired requests, stop their
-slots, load waiting requests into every free slot) and dispatches it
-(`SlotEngine.dispatch`, asynchronous), and only then hands the collected
-output to `plan.update`, which says what each request gets: the text that
-became final, or its answer.
+`schedule(waiting, running, releasing, free_slots, now)` -> a
+`SchedulerOutput` for the next device call: the requests that fail before
+it (cancelled or past their deadline, queued or decoding), the slots to
+stop, the waiting requests each free slot takes (in arrival order, as many
+as the model runner has free), and what is left waiting and running.
+`update_from_output(scheduler_output, runner_output, now)` -> the
+`EngineCoreOutputs` the call's output (`model_runner.ModelRunnerOutput`)
+makes of it: each request's event (new final text, or its answer), its new
+state (`RequestUpdate`: answer text, first-token time), what keeps running,
+and the slots whose answer completed before their loop stopped (released at
+the next call).
 
-The thread is supervised: an exception in it or in a device call fails the
-requests the engines hold (reason 'error', a 500) and restarts the engines
-(`SlotEngine.reset`: fresh slot state, the compiled program kept); what
-waits in the queue stays queued. A failure within `RESTART_WINDOW_S` of
-`MAX_RESTARTS` others, or one while restarting, is fatal: everything left
-fails, new requests are refused (503), /health says 'failed' and
-`on_fatal` runs (the CLI stops the server, exit status 1, for an
-orchestrator to restart it). So detokenizing and sending run while the
-device decodes the next call, and a slot whose row stopped is refilled at
-once; a slot whose answer completed before its row stopped (a stop string,
-max_tokens) is released a call later. The metrics observe each plan and
-step (`Metrics.observe_*`). Every request is answered exactly once, through
-its `emit` callback, from this thread.
+Neither touches a thread, a lock, a metric, the device or a request: the
+engine core (engine_core.EngineCore) owns those, applies the updates
+(`apply`) and hands the metrics each output.
 """
 
 from __future__ import annotations
 
-import collections
-import logging
-import threading
-import time
-from typing import NamedTuple
+from typing import Callable, Mapping, NamedTuple, Sequence
 
-from flash_dllm_jax.serve import plan as planning
-from flash_dllm_jax.serve.engine import SlotEngine
-from flash_dllm_jax.serve.events import Event, Request  # noqa: F401
-from flash_dllm_jax.serve.metrics import Metrics
-
-log = logging.getLogger("flash_dllm_jax.serve")
+from flash_dllm_jax.serve.events import Event, Request
+from flash_dllm_jax.serve.text import AnswerText
 
 
-class QueueFull(Exception):
-  """The waiting queue is at its limit (HTTP 429)."""
+class SchedulerOutput(NamedTuple):
+  """failed: (request, 'cancelled' | 'deadline'); release: slots to stop;
+  admit: (slot, request) loaded by this call; waiting / running: after it
+  (running maps slot -> request, including the admitted)."""
+
+  failed: tuple[tuple[Request, str], ...]
+  release: tuple[int, ...]
+  admit: tuple[tuple[int, Request], ...]
+  waiting: tuple[Request, ...]
+  running: dict[int, Request]
 
 
-class Draining(Exception):
-  """The server is shutting down and admits nothing new (HTTP 503)."""
+class RequestUpdate(NamedTuple):
+  """A request's new state: its answer text, and when its first token came
+  (None: not yet)."""
+
+  request: Request
+  answer: AnswerText
+  first_token_at: float | None
 
 
-class EngineFailed(Exception):
-  """The engine failed for good and admits nothing new (HTTP 503)."""
+class EngineCoreOutputs(NamedTuple):
+  """events: (request, event) in slot order, the last of a request carrying
+  done=True; updates: each running request's new state; finished: requests
+  answered by this call; running: what still decodes; release: slots to
+  stop at the next call."""
+
+  events: tuple[tuple[Request, Event], ...]
+  updates: tuple[RequestUpdate, ...]
+  finished: tuple[Request, ...]
+  running: dict[int, Request]
+  release: frozenset[int]
 
 
-MAX_RESTARTS = 3  # engine restarts allowed within RESTART_WINDOW_S
-RESTART_WINDOW_S = 60.0
+def apply(outputs: EngineCoreOutputs) -> None:
+  """Writes each request's new state (the engine core's, after an
+  update)."""
+  for u in outputs.updates:
+    u.request.answer, u.request.first_token_at = u.answer, u.first_token_at
 
 
-class Scheduler:
-  """engines: {key: SlotEngine} (the server keys them by variant);
-  max_queue: waiting requests allowed."""
-
-  def __init__(self, engines: dict[int, SlotEngine], metrics: Metrics,
-               max_queue: int, on_fatal=None):
-    self.engines, self.metrics, self.max_queue = engines, metrics, max_queue
-    self.on_fatal = on_fatal  # called (no arguments) once the engine is lost
-    self.state = "ready"  # 'restarting' while rebuilt, 'failed' for good
-    self.restarts: list[float] = []  # time.monotonic() of each restart
-    self._pending = {p: collections.deque() for p in engines}
-    self._slots = {p: {} for p in engines}  # key -> {slot: Request}
-    self._release = {p: set() for p in engines}
-    self._in_flight = {}  # key -> _Call dispatched, not yet collected
-    self._cond = threading.Condition()
-    self._draining = self._stopping = False
-    self._thread = threading.Thread(target=self._run, name="dllm-engine",
-                                    daemon=True)
-    metrics.slots.set(sum(e.b for e in engines.values()))
-
-  # Called from the server's threads ---------------------------------------
-  def start(self) -> None:
-    self._thread.start()
-
-  def submit(self, request: Request | list[Request]) -> None:
-    """Queues a request, or all of a list (one HTTP request's n choices) or
-    none of them."""
-    group = request if isinstance(request, list) else [request]
-    with self._cond:
-      self.check_open()
-      if self.queue_length() + len(group) > self.max_queue:
-        raise QueueFull(f"{self.max_queue} requests are already waiting")
-      for r in group:
-        self._pending[r.key].append(r)
-      self.metrics.queue_length.set(self.queue_length())
-      self._cond.notify()
-
-  def check_open(self) -> None:
-    """EngineFailed or Draining where nothing new is admitted (requests
-    decoded outside the slot pool ask it too)."""
-    if self.state == "failed":
-      raise EngineFailed("the decoding engine failed; the server is "
-                         "stopping")
-    if self._draining:
-      raise Draining("the server is shutting down")
-
-  def cancel(self, request: Request | list[Request]) -> None:
-    """The client is gone: the request's slot (a list: each one's) frees at
-    the next admission point (it gets no further events)."""
-    with self._cond:
-      for r in request if isinstance(request, list) else [request]:
-        r.cancelled = True
-      self._cond.notify()
-
-  def queue_length(self) -> int:
-    return sum(len(q) for q in self._pending.values())
-
-  def drain(self) -> None:
-    """Stop admitting; what is queued or decoding still finishes."""
-    with self._cond:
-      self._draining = True
-
-  def stop(self, timeout: float = 30.0) -> None:
-    """Fails whatever is left with reason 'shutdown' and ends the thread."""
-    with self._cond:
-      self._draining = self._stopping = True
-      self._cond.notify()
-    self._thread.join(timeout)
-
-  @property
-  def draining(self) -> bool:
-    return self._draining
-
-  # The engine thread --------------------------------------------------------
-  def _finish(self, request: Request, event: Event, outcome: str) -> None:
-    if request.finished:
-      raise RuntimeError(f"request {request.number} answered twice")
-    request.finished = True
-    self.metrics.requests.labels(outcome).inc()
-    if event.usage is not None:
-      self.metrics.latency.observe(time.monotonic() - request.arrived)
-    if not request.cancelled:
-      request.emit(event)
-
-  def _idle(self) -> bool:
-    return not self._in_flight and not any(self._slots.values()) and \
-        not any(self._release.values()) and self.queue_length() == 0
-
-  def _run(self) -> None:
-    while True:
-      try:
-        self._loop()
-        break
-      except Exception:  # noqa: BLE001 - supervised: fail, then restart
-        log.exception("the engine thread failed")
-        if not self._restart():
-          return
-    self._fail_all("shutdown")
-
-  def _loop(self) -> None:
-    while True:
-      with self._cond:
-        while self._idle() and not self._stopping:
-          self._cond.wait()
-        if self._stopping:
-          return
-      for key in self.engines:
-        self._call(key)
-
-  def _restart(self) -> bool:
-    """After a failure: fails what the engines held and rebuilds them;
-    False (and everything failed, on_fatal called) when that is not to be
-    tried again or does not work."""
-    now = time.monotonic()
-    self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S]
-    fatal = len(self.restarts) >= MAX_RESTARTS
-    self.state = "failed" if fatal else "restarting"  # before any answer
-    try:
-      if fatal:
-        raise RuntimeError(f"{len(self.restarts) + 1} engine failures within "
-                           f"{RESTART_WINDOW_S:.0f} s")
-      self._fail_all("error", queued=False)
-      self.restarts.append(now)
-      for engine in self.engines.values():
-        engine.reset()
-      log.warning("restarted the engine in %.2f s (%d restart(s) within "
-                  "%.0f s)", time.monotonic() - now, len(self.restarts),
-                  RESTART_WINDOW_S)
-      self.state = "ready"
-      return True
-    except Exception:  # noqa: BLE001 - fatal: fail everything, stop
-      log.exception("the engine failed for good")
-      self.state = "failed"
-      self._fail_all("error")
-      if self.on_fatal is not None:
-        self.on_fatal()
-      return False
-
-  def _fail_all(self, outcome: str, queued: bool = True) -> None:
-    """Fails what the engines hold (slots, calls in flight) and, if
-    `queued`, what waits."""
-    with self._cond:
-      left = [r for q in self._pending.values() for r in q] if queued else []
-      left += [r for s in self._slots.values() for r in s.values()]
-      left += [r for c in self._in_flight.values()
-               for r in c.plan.running.values()]
-      if queued:
-        for q in self._pending.values():
-          q.clear()
-      for s in self._slots.values():
-        s.clear()
-      for r in self._release.values():
-        r.clear()
-      self._in_flight.clear()
-      self.metrics.queue_length.set(self.queue_length())
-    for r in left:
-      if not r.finished:
-        self._finish(r, Event("", True, outcome), outcome)
-
-  def _call(self, key) -> None:
-    """One device call of engine `key`: collect the call in flight, schedule
-    and dispatch the next, then turn the collected output into events while
-    the device runs (JAX dispatches asynchronously)."""
-    engine = self.engines[key]
-    last = self._in_flight.pop(key, None)
-    if last is not None:
-      out = engine.collect(last.handle)
-      seconds = time.monotonic() - last.started
-    with self._cond:
-      plan = planning.schedule(self._pending[key], self._slots[key],
-                               self._release[key], engine.free_slots,
-                               time.monotonic())
-      self._pending[key] = collections.deque(plan.waiting)
-      self._slots[key], self._release[key] = plan.running, set()
-      self.metrics.queue_length.set(self.queue_length())
-    for r, why in plan.failed:
-      self._finish(r, Event("", True, why), why)
-    busy = engine.busy_slots()
-    if plan.admit or plan.release or any(s in busy for s in plan.running):
-      t0 = time.monotonic()
-      self.metrics.observe_plan(plan, t0)
-      self._in_flight[key] = _Call(plan, t0, engine.dispatch(
-          release=plan.release, admit={
-              slot: (r.ids, r.seed) if r.sampling is None else
-              (r.ids, r.seed, r.sampling) for slot, r in plan.admit}))
-    if last is not None:
-      self._answer(key, last.plan, out, seconds)
-
-  def _answer(self, key, plan: planning.Plan, out, seconds: float) -> None:
-    """The events of a collected call. Its requests that the call since
-    dispatched still holds are dropped from it once answered; those whose
-    answer completed before their row stopped are released at the next
-    call, one later than without the overlap."""
-    now = time.monotonic()
-    live = {s: r for s, r in plan.running.items() if not r.finished}
-    step = planning.update(plan._replace(running=live), out, now)
-    self.metrics.observe_step(step, out, seconds, now)
-    for r in step.finished:
-      if r.answer.revised:
-        log.error("request %d: final text revised streamed text", r.number)
-    for r, ev in step.events:
-      if ev.done:
-        self._finish(r, ev, "ok")
-      elif not r.cancelled:
-        r.emit(ev)
-    with self._cond:
-      self._slots[key] = {s: r for s, r in self._slots[key].items()
-                          if not r.finished}
-      self._release[key] |= step.release
-    self.metrics.busy_slots.set(sum(len(s) for s in self._slots.values()))
+def stale(request: Request, now: float) -> str | None:
+  """'cancelled', 'deadline' or None."""
+  if request.cancelled:
+    return "cancelled"
+  if request.deadline is not None and now > request.deadline:
+    return "deadline"
+  return None
 
 
-class _Call(NamedTuple):
-  """A dispatched device call: its plan, start time and engine handle."""
+def schedule(waiting: Sequence[Request], running: Mapping[int, Request],
+             releasing: frozenset[int] | set[int],
+             free_slots: Callable[[set[int]], list[int]],
+             now: float) -> SchedulerOutput:
+  """See the module docstring. free_slots(releasing): the slots the engine
+  can load at its next call counting `releasing` as free."""
+  failed = []
+  keep_waiting = []
+  for r in waiting:
+    why = stale(r, now)
+    (failed.append((r, why)) if why else keep_waiting.append(r))
+  release = set(releasing)
+  still = {}
+  for slot, r in running.items():
+    why = stale(r, now)
+    if why:
+      failed.append((r, why))
+      release.add(slot)
+    else:
+      still[slot] = r
+  admit = []
+  for slot in free_slots(release):
+    if not keep_waiting:
+      break
+    admit.append((slot, keep_waiting.pop(0)))
+  still.update(admit)
+  return SchedulerOutput(tuple(failed), tuple(sorted(release)), tuple(admit),
+              tuple(keep_waiting), still)
 
-  plan: planning.Plan
-  started: float
-  handle: object
+
+def _alternatives(out, slot: int, k: int) -> tuple | None:
+  """The slot's first k alternatives ((id, log-prob) pairs) per generated
+  position, or None (none asked, or the call recorded none)."""
+  if not k or out.top_logprobs_BxGxK is None:
+    return None
+  lp_GxK = out.top_logprobs_BxGxK[slot, :, :k].tolist()
+  id_GxK = out.top_ids_BxGxK[slot, :, :k].tolist()
+  return tuple(tuple(zip(i, v)) for i, v in zip(id_GxK, lp_GxK))
+
+
+def update_from_output(scheduled: SchedulerOutput, out,
+                       now: float) -> EngineCoreOutputs:
+  """See the module docstring. out: the model runner's ModelRunnerOutput."""
+  events, updates, finished, running, release = [], [], [], {}, set()
+  for slot, r in sorted(scheduled.running.items()):
+    start = r.answer.ids_sent
+    row_done = bool(out.done_B[slot])
+    progress, answer = r.answer.update(out.tokens_BxG[slot], row_done)
+    lp_G = None if out.logprobs_BxG is None else out.logprobs_BxG[slot]
+    new_lp = () if lp_G is None else tuple(
+        float(x) for x in lp_G[start:start + len(progress.new_ids)])
+    top = _alternatives(out, slot, r.top_logprobs)
+    new_top = None if top is None else \
+        top[start:start + len(progress.new_ids)]
+    first = r.first_token_at
+    if (progress.new_ids or progress.done) and first is None:
+      first = now
+    updates.append(RequestUpdate(r, answer, first))
+    if not progress.done:
+      running[slot] = r
+      if progress.delta or progress.new_ids:
+        events.append((r, Event(progress.delta,
+                                new_ids=tuple(progress.new_ids),
+                                new_logprobs=new_lp, new_top=new_top)))
+      continue
+    if not row_done:
+      release.add(slot)  # complete before its loop stopped
+    n = len(progress.token_ids)
+    usage = {"prompt_tokens": len(r.ids), "completion_tokens": n,
+             "total_tokens": len(r.ids) + n,
+             "decode_steps": int(out.steps_B[slot]),
+             "forward_passes": int(out.forwards_B[slot])}
+    final_lp = None if lp_G is None else [float(x) for x in lp_G[:n]]
+    events.append((r, Event(progress.delta, True, progress.reason,
+                            progress.token_ids, usage,
+                            tuple(progress.new_ids), final_lp, new_lp,
+                            None if top is None else list(top[:n]),
+                            new_top)))
+    finished.append(r)
+  return EngineCoreOutputs(tuple(events), tuple(updates), tuple(finished),
+                           running, frozenset(release))

@@ -204,7 +204,7 @@ class Structured:
     out, steps = got
     gen = np.full(self.g, self.config.mask_token_id, np.int32)
     gen[:len(out)] = out
-    progress = request.answer.update(gen, True)
+    progress, request.answer = request.answer.update(gen, True)
     n = len(progress.token_ids)
     usage = {"prompt_tokens": len(request.ids), "completion_tokens": n,
              "total_tokens": len(request.ids) + n, "decode_steps": steps,

@@ -18,6 +18,7 @@ covers them, so the streamed ids equal the whole answer's.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -40,21 +41,24 @@ class Progress(NamedTuple):
   new_ids: list[int] = []
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class AnswerText:
-  """Tracks one request's answer from the slot's generation tokens."""
+  """One request's answer as the slot's generation tokens make it: its
+  rules (max_tokens, stop strings) and what was sent so far. `update`
+  returns the next state; it never changes this one."""
 
-  def __init__(self, tokenizer, config: ModelConfig, max_tokens: int,
-               stop: Sequence[str] = (), edit_block: int | None = None,
-               prompt_tokens: int = 0):
-    """edit_block: the block length of a sampler that edits committed
-    tokens (None: it never does); prompt_tokens: the prompt's length, which
-    places the blocks (they count from the row's first token)."""
-    self.tokenizer, self.config = tokenizer, config
-    self.edit_block, self.prompt_tokens = edit_block, prompt_tokens
-    self.max_tokens, self.stop = max_tokens, tuple(s for s in stop if s)
-    self.sent = ""
-    self.ids_sent = 0
-    self.revised = False  # set if final text did not extend what was sent
+  tokenizer: object
+  config: ModelConfig
+  max_tokens: int
+  stop: Sequence[str] = ()
+  edit_block: int | None = None  # an editing sampler's block length
+  prompt_tokens: int = 0  # the prompt's length: it places the blocks
+  sent: str = ""  # the text sent
+  ids_sent: int = 0  # the answer ids sent
+  revised: bool = False  # final text did not extend what was sent
+
+  def __post_init__(self):
+    object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
 
   def _decode(self, ids) -> str:
     return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
@@ -108,8 +112,10 @@ class AnswerText:
     end = at - at % b - (b if masked.size else 0)
     return min(max(end - n, 0), first)
 
-  def update(self, gen_G: np.ndarray, row_done: bool) -> Progress:
-    """gen_G: the slot's generation region now; row_done: its loop stopped."""
+  def update(self, gen_G: np.ndarray,
+             row_done: bool) -> tuple[Progress, "AnswerText"]:
+    """(what to send, the state after it). gen_G: the slot's generation
+    region now; row_done: its loop stopped."""
     mask_id = self.config.mask_token_id
     if row_done:
       gen_G = np.asarray(fill_after_stop(gen_G, mask_id,
@@ -125,13 +131,13 @@ class AnswerText:
     if stopped:
       done, reason = True, "stop"
     if done:
-      new_ids, self.ids_sent = ids[self.ids_sent:], max(self.ids_sent,
-                                                        len(ids))
-      if not text.startswith(self.sent):
-        self.revised = True
-      delta = text[len(self.sent):] if text.startswith(self.sent) else ""
-      self.sent = text if text.startswith(self.sent) else self.sent
-      return Progress(delta, True, reason, ids, new_ids)
+      extends = text.startswith(self.sent)
+      after = dataclasses.replace(
+          self, ids_sent=max(self.ids_sent, len(ids)),
+          revised=self.revised or not extends,
+          sent=text if extends else self.sent)
+      return Progress(text[len(self.sent):] if extends else "", True, reason,
+                      ids, ids[self.ids_sent:]), after
     hold = max((len(s) for s in self.stop), default=1) - 1
     safe = text[:len(text) - hold] if hold else text
     safe = safe.rstrip("\ufffd")
@@ -140,9 +146,7 @@ class AnswerText:
     else:
       sent = self.sent
     final = self._covered(ids, sent)
-    new_ids = ids[self.ids_sent:final]
-    self.ids_sent = max(self.ids_sent, final)
-    if len(safe) > len(self.sent) and safe.startswith(self.sent):
-      delta, self.sent = safe[len(self.sent):], safe
-      return Progress(delta, False, None, None, new_ids)
-    return Progress("", False, None, None, new_ids)
+    after = dataclasses.replace(self, ids_sent=max(self.ids_sent, final),
+                                sent=sent)
+    return Progress(sent[len(self.sent):], False, None, None,
+                    ids[self.ids_sent:final]), after

@@ -1,7 +1,7 @@
-"""The device side of serving: fixed slots decoding in a compiled loop that
-returns to the host at admission points.
+"""The device side of serving (vLLM's model runner): fixed slots decoding in
+a compiled loop that returns to the host at admission points.
 
-One `SlotEngine` per sampler variant: B slots of shape [B, P + G] that
+One `ModelRunner` per sampler variant: B slots of shape [B, P + G] that
 take any prompt of up to P tokens. A call (`cycle`) first releases the
 slots the host gave up, loads new requests into free slots, then runs
 decoding steps on device until a busy slot finishes or `steps_per_call`
@@ -17,47 +17,42 @@ a row's tokens never depend on the other rows (see
 `generate.compiler_options`), so a request's answer equals offline
 `generate` of its prompt whatever else shares the slots.
 
-Refillable samplers (`strategies.refilling()` names them) take new
-rows while others decode ("continuous"). The others keep one step counter for
-the batch (their block schedule reads it), so the pool admits new rows
-only once all of its slots are free ("batch").
+Rows enter and leave the slots through sampling/slots.py, as offline
+decoding's do. Refillable samplers (`strategies.refilling()` names them)
+take new rows while others decode ("continuous"). The others keep one step
+counter for the batch (their block schedule reads it), so the pool admits
+new rows only once all of its slots are free ("batch").
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
 
 from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import compiler_options
 from flash_dllm_jax.prompts import PROMPT_BUCKET
-from flash_dllm_jax.sampling import DecodeState, Refillable, make_step
-from flash_dllm_jax.sampling.state import admit
-from flash_dllm_jax.sampling import row_options
-from flash_dllm_jax.sampling.loop import tail_length
+from flash_dllm_jax.sampling import Refillable, make_step
+from flash_dllm_jax.sampling import row_options, slots
+from flash_dllm_jax.sampling.loop import records_top, tail_length
 from flash_dllm_jax.sampling.row_sampling import GREEDY, RowSampling
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
+from flash_dllm_jax.sampling.slots import SlotState
+from flash_dllm_jax.serve.protocol import MAX_LOGPROBS
 
 
-@struct.dataclass
-class SlotState:
-  """decode: the slots' DecodeState (an empty slot is a done row);
-  valid_BxN: key validity of each slot's row (its own left padding)."""
-
-  decode: DecodeState
-  valid_BxN: jax.Array
-
-
-class CycleOut(NamedTuple):
+class ModelRunnerOutput(NamedTuple):
   """What the host reads after a call. tokens_BxG: the generation region
   (mask id where undecided); done_B, steps_B, forwards_B: per slot; iters:
   decoding steps this call ran; logprobs_BxG: each committed token's
-  log-probability at its commit step (DecodeState.logprob_BxN)."""
+  log-probability at its commit step (DecodeState.logprob_BxN);
+  top_logprobs_BxGxK / top_ids_BxGxK: their alternatives, likeliest first,
+  from a call that recorded them (dispatch(top=True)), else None."""
 
   tokens_BxG: np.ndarray
   done_B: np.ndarray
@@ -65,9 +60,11 @@ class CycleOut(NamedTuple):
   forwards_B: np.ndarray
   iters: int
   logprobs_BxG: np.ndarray | None = None
+  top_logprobs_BxGxK: np.ndarray | None = None
+  top_ids_BxGxK: np.ndarray | None = None
 
 
-class SlotEngine:
+class ModelRunner:
   """B slots for prompts of up to `prompt_len` tokens (a multiple of
   prompts.PROMPT_BUCKET), left-padded to it. mesh (a jax
   Mesh, parallel.parse_mesh): the slots split over its `data` axis and the
@@ -96,29 +93,39 @@ class SlotEngine:
     self.stop_ids = config.stop_token_ids if stop_at_eos else ()
     self.implementation = implementation
     self.row_data = row_options.takes_rows(sampler)  # RowSampling
-    self._state = self._initial_state()
+    # the top-logprobs buffer's width (0: the sampler records none)
+    self.top_k = MAX_LOGPROBS if records_top(sampler) else 0
+    self._mesh = mesh
+    self._state = self._place(self._initial_state())
     self._busy_B = np.zeros(self.b, bool)  # rows whose loop has not stopped
     self._uncollected = False
+    self._compiled = self._compile(record_top=False)
+    self._compiled_top = None  # compiled by the first call that records
+
+  def _compile(self, record_top: bool):
+    """The call's program, ahead of time; record_top: the variant that
+    fills the top-logprobs buffer (top_logprobs.py)."""
     args = (self.params, self._state, np.zeros(self.b, bool),
             np.zeros(self.b, bool), np.zeros((self.b, self.p), np.int32),
             np.zeros((self.b, self.p), bool), np.zeros(self.b, np.uint32),
             self._host_sampling([]))
-    shardings = {}
-    self._mesh = mesh
+    shardings, mesh = {}, self._mesh
     if mesh is not None:
-      self._state = self._place(self._state)
       state_s = jax.tree.map(lambda x: self._row_sharding(mesh, x),
                              self._state)
       rows = parallel.NamedSharding(mesh, parallel.P("data"))
       shardings = dict(
-          in_shardings=(parallel.param_shardings(mesh, config, params), state_s,
+          in_shardings=(parallel.param_shardings(mesh, self.config,
+                                                 self.params), state_s,
                         rows, rows, rows, rows, rows, rows),
           out_shardings=(state_s, rows, rows,
-                         parallel.NamedSharding(mesh, parallel.P())))
-    jitted = jax.jit(self._cycle, donate_argnums=(1,),
-                     compiler_options=compiler_options(), **shardings)
+                         parallel.NamedSharding(mesh, parallel.P()))
+          + (rows, rows) * record_top)
+    jitted = jax.jit(functools.partial(self._cycle, record_top=record_top),
+                     donate_argnums=(1,), compiler_options=compiler_options(),
+                     **shardings)
     with parallel.use(mesh):
-      self._compiled = jitted.lower(*args).compile()
+      return jitted.lower(*args).compile()
 
   def reset(self) -> None:
     """Fresh slot state (every slot free), as at start; the compiled
@@ -157,44 +164,29 @@ class SlotEngine:
                                    self.implementation, stop_ids)
 
   def _initial_state(self) -> SlotState:
-    b, n = self.b, self.p + self.g_all
-    rng_B = jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
-    decode = DecodeState.start(jnp.full((b, self.p), self.config.pad_token_id,
-                                        jnp.int32), self.g_all,
-                               self.config.mask_token_id, rng_B,
-                               None if not self.row_data else
-                               RowSampling.of([GREEDY] * b))
-    valid_BxN = jnp.ones((b, n), bool)
-    decode = decode.replace(
-        done_B=jnp.ones((b,), bool),
-        aux=self.sampler.init_aux(self._model(self.params, valid_BxN),
-                                  decode.tokens_BxN))
-    return SlotState(decode=decode, valid_BxN=valid_BxN)
-
-  def _admit(self, params, state: SlotState, load_B, prompt_BxP, valid_BxP,
-             seed_B, sampling) -> SlotState:
-    d, valid_BxN = admit(state.decode, state.valid_BxN, load_B, prompt_BxP,
-                         valid_BxP, self.config.mask_token_id,
-                         jax.vmap(jax.random.key)(seed_B), sampling)
-    if self.continuous:
-      d = d.replace(aux=self.sampler.reset_rows(d.aux, load_B))
-    else:  # a whole new batch: the schedule starts again at step 0
-      fresh = self.sampler.init_aux(
-          self._model(params, valid_BxN, self.stop_ids), d.tokens_BxN)
-      admitting = jnp.any(load_B)
-      d = d.replace(step=jnp.where(admitting, 0, d.step),
-                    aux=jax.tree.map(lambda a, c: jnp.where(admitting, a, c),
-                                     fresh, d.aux))
-    return SlotState(decode=d, valid_BxN=valid_BxN)
+    """Every slot empty (slots.start, done)."""
+    b = self.b
+    return slots.start(
+        self.sampler, lambda v: self._model(self.params, v, self.stop_ids),
+        jnp.full((b, self.p), self.config.pad_token_id, jnp.int32),
+        jnp.ones((b, self.p), bool), self.g_all, self.config.mask_token_id,
+        jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32)),
+        RowSampling.of([GREEDY] * b) if self.row_data else None, done=True,
+        top_k=self.top_k)
 
   def _cycle(self, params, state: SlotState, release_B, load_B, prompt_BxP,
-             valid_BxP, seed_B, sampling):
+             valid_BxP, seed_B, sampling, record_top: bool):
     """Releases, admits, then decodes until a busy row finishes or k steps
-    ran. Returns (state, gen_BxG, logprob_BxG, iters)."""
-    state = state.replace(decode=state.decode.replace(
-        done_B=state.decode.done_B | release_B))
-    state = self._admit(params, state, load_B, prompt_BxP, valid_BxP, seed_B,
-                        sampling)
+    ran. Returns (state, gen_BxG, logprob_BxG, iters[, top lp_BxGxK,
+    id_BxGxK with record_top]); without it the top buffer passes through."""
+    kept = state.decode.top
+    if not record_top:
+      state = state.replace(decode=state.decode.replace(top=None))
+    state = slots.admit(
+        slots.release(state, release_B), load_B, prompt_BxP, valid_BxP,
+        jax.vmap(jax.random.key)(seed_B), sampling, sampler=self.sampler,
+        mask_id=self.config.mask_token_id,
+        model_for=lambda v: self._model(params, v, self.stop_ids))
     model = self._model(params, state.valid_BxN, self.stop_ids)
     step_fn = make_step(self.sampler, model, self.p, self.stop_ids)
     max_steps = self.sampler.num_steps
@@ -214,28 +206,23 @@ class SlotEngine:
     start_done_B = state.decode.done_B
     state, iters = jax.lax.while_loop(running, body,
                                       (state, jnp.zeros((), jnp.int32)))
-    gen = slice(self.p, self.p + self.g)
-    return (state, state.decode.tokens_BxN[:, gen],
-            state.decode.logprob_BxN[:, gen], iters)
+    gen, d = slice(self.p, self.p + self.g), state.decode
+    out = d.tokens_BxN[:, gen], d.logprob_BxN[:, gen], iters
+    if record_top:
+      return (state, *out, d.top.lp_BxNxK[:, gen], d.top.id_BxNxK[:, gen])
+    return (state.replace(decode=d.replace(top=kept)), *out)
 
   # Host API -----------------------------------------------------------------
   def free_slots(self, releasing=()) -> list[int]:
     """Slots requests may load into at the next call, counting `releasing`
-    as free: in batch mode none until every slot is free; in continuous mode
-    every free slot for a sampler that prefills any number of fresh rows
-    together (`grows_refills`: Flash-dLLM), else at most its `max_refills`
-    (its step prefills that many fresh rows alone, as in
-    `continuous.decode_queue`)."""
+    as free (the refill rule, slots.free_slots: in batch mode none until
+    every slot is free)."""
     busy_B = self._busy_B.copy()
     busy_B[list(releasing)] = False
-    if not self.continuous and busy_B.any():
-      return []
-    free = [int(i) for i in np.flatnonzero(~busy_B)]
-    cap = None if not self.continuous or getattr(
-        self.sampler, "grows_refills", False) else self.sampler.max_refills
-    return free[:cap] if cap else free
+    return slots.free_slots(self.sampler, busy_B, per_call=True)
 
-  def cycle(self, release=(), admit: dict | None = None) -> CycleOut:
+  def cycle(self, release=(),
+            admit: dict | None = None) -> ModelRunnerOutput:
     """release: slots to stop; admit: {slot: (prompt ids, seed[, Sampling])}
     for free slots. One host round trip: `collect(dispatch(...))`."""
     return self.collect(self.dispatch(release, admit))
@@ -244,11 +231,17 @@ class SlotEngine:
     """Slots whose row the device still decodes (as of the last collect)."""
     return {int(i) for i in np.flatnonzero(self._busy_B)}
 
-  def dispatch(self, release=(), admit: dict | None = None) -> "InFlight":
+  def dispatch(self, release=(), admit: dict | None = None,
+               top: bool = False) -> "InFlight":
     """Starts a call (see `cycle`) and returns at once: JAX runs it
     asynchronously, so the host can work on the last call's output
     meanwhile. `collect` its handle before the next dispatch (which donates
-    the state its done / steps / forwards arrays belong to)."""
+    the state its done / steps / forwards arrays belong to). top: record
+    the top-logprobs of what this call commits (a row that wants them needs
+    every call from its admission on to record)."""
+    if top and not self.top_k:
+      raise ValueError(f"{type(self.sampler).__name__} records no top "
+                       "logprobs")
     if self._uncollected:
       raise RuntimeError("the last dispatched call was not collected")
     admit = admit or {}
@@ -272,23 +265,30 @@ class SlotEngine:
       rows += [(slot, sampling[0])] if sampling else []
     if rows and not self.row_data and any(r != GREEDY for _, r in rows):
       raise ValueError(f"{type(self.sampler).__name__} takes no row data")
-    self._state, gen, logp, iters = self._compiled(
+    if top and self._compiled_top is None:
+      self._compiled_top = self._compile(record_top=True)
+    program = self._compiled_top if top else self._compiled
+    self._state, gen, logp, iters, *top_out = program(
         self.params, self._state, release_B, load_B, prompt_BxP, valid_BxP,
         seed_B, self._host_sampling(rows))
     d = self._state.decode
     self._uncollected = True
-    return InFlight(gen, d.done_B, d.steps_B, d.forwards_B, iters, logp)
+    return InFlight(gen, d.done_B, d.steps_B, d.forwards_B, iters, logp,
+                    tuple(top_out) or None)
 
-  def collect(self, call: "InFlight") -> CycleOut:
+  def collect(self, call: "InFlight") -> ModelRunnerOutput:
     """Waits for a dispatched call and reads its output."""
-    out = CycleOut(*(np.asarray(x) for x in call[:4]), int(call.iters),
-                   np.asarray(call.logprobs))
+    top = (None, None) if call.top is None else tuple(
+        np.asarray(x) for x in call.top)
+    out = ModelRunnerOutput(*(np.asarray(x) for x in call[:4]),
+                            int(call.iters), np.asarray(call.logprobs), *top)
     self._busy_B, self._uncollected = ~out.done_B, False
     return out
 
 
 class InFlight(NamedTuple):
-  """A dispatched call's device arrays (CycleOut's fields, not yet read)."""
+  """A dispatched call's device arrays (ModelRunnerOutput's fields, not yet
+  read)."""
 
   tokens: jax.Array
   done: jax.Array
@@ -296,3 +296,4 @@ class InFlight(NamedTuple):
   forwards: jax.Array
   iters: jax.Array
   logprobs: jax.Array
+  top: tuple | None = None  # (lp_BxGxK, id_BxGxK) of a recording call

@@ -1,13 +1,14 @@
-"""The engine loop's decisions (serve/plan.py) on their own: no thread,
+"""The scheduler's decisions (serve/scheduler.py) on their own: no thread,
 no device; the device output is written by hand."""
 
 import numpy as np
 
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.serve.engine import CycleOut
+from flash_dllm_jax.serve.model_runner import ModelRunnerOutput
 from flash_dllm_jax.serve.events import Request
-from flash_dllm_jax.serve.plan import schedule, update
 from flash_dllm_jax.generate import answer_ids
+from flash_dllm_jax.serve.scheduler import (apply, schedule,
+                                            update_from_output)
 from flash_dllm_jax.serve.text import AnswerText
 from flash_dllm_jax.tokenizer import Tokenizer
 from tests.paths import TINY_CHECKPOINT
@@ -51,10 +52,15 @@ def test_update_streams_final_prefixes_and_finishes_answers():
                      [5, 6, EOS, MASK],    # r1: complete (stop), loop on
                      [9, 9, MASK, MASK]],  # r2: max_tokens reached
                     np.int32)
-  out = CycleOut(tokens, np.array([False, False, False]),
-                 np.array([1, 2, 3]), np.array([1, 2, 3]), 3,
-                 np.full((3, 4), -0.5, np.float32))
-  step = update(plan, out, now=1.0)
+  out = ModelRunnerOutput(tokens, np.array([False, False, False]),
+                          np.array([1, 2, 3]), np.array([1, 2, 3]), 3,
+                          np.full((3, 4), -0.5, np.float32))
+  before = {r: r.answer for r in (r0, r1, r2)}
+  step = update_from_output(plan, out, now=1.0)
+  # pure: the requests are as they were until the caller applies the update
+  assert all(r.answer is before[r] and r.first_token_at is None
+             for r in (r0, r1, r2))
+  assert before[r0].ids_sent == 0 and before[r0].sent == ""
   by = {r.decoding["name"]: ev for r, ev in step.events}
   assert by["r0"].new_ids == (5,) and not by["r0"].done
   assert by["r0"].new_logprobs == (-0.5,)
@@ -64,7 +70,9 @@ def test_update_streams_final_prefixes_and_finishes_answers():
       by["r2"].usage["completion_tokens"] == 2
   assert step.finished == (r1, r2) and set(step.running) == {0}
   assert step.release == {1, 2}  # complete before their loops stopped
+  apply(step)
   assert all(r.first_token_at == 1.0 for r in (r0, r1, r2))
+  assert r0.answer.ids_sent == 1 and r0.answer is not before[r0]
 
 
 def test_a_stop_string_cuts_text_ids_and_logprobs_alike_streamed_or_not():
@@ -74,7 +82,7 @@ def test_a_stop_string_cuts_text_ids_and_logprobs_alike_streamed_or_not():
   ids = tok.encode("the answer is Liam and then some more words follow")
   cut = next(k for k in range(len(ids) + 1) if "Liam" in tok.decode(ids[:k]))
   gen = np.array(ids + [EOS] * 4, np.int32)
-  whole = AnswerText(tok, CONFIG, 64, ["Liam"]).update(gen, True)
+  whole, _ = AnswerText(tok, CONFIG, 64, ["Liam"]).update(gen, True)
   assert whole.done and whole.reason == "stop"
   assert whole.delta == tok.decode(ids).split("Liam")[0]
   assert whole.token_ids == ids[:cut] and cut < len(ids)
@@ -82,21 +90,21 @@ def test_a_stop_string_cuts_text_ids_and_logprobs_alike_streamed_or_not():
   answer, sent, text = AnswerText(tok, CONFIG, 64, ["Liam"]), [], ""
   for k in range(len(gen) + 1):
     partial = np.where(np.arange(len(gen)) < k, gen, MASK).astype(np.int32)
-    p = answer.update(partial, k == len(gen))
+    p, answer = answer.update(partial, k == len(gen))
     sent += p.new_ids
     text += p.delta
     if p.done:
       break
     assert text.startswith(tok.decode(sent))  # ids never run ahead
   assert p.done and sent == ids[:cut] and text == whole.delta
-  # through plan.update: usage and logprobs end where the ids do
+  # through update_from_output: usage and logprobs end where the ids do
   r = Request(ids=[1, 2], key=0, seed=0, emit=None,
               answer=AnswerText(tok, CONFIG, 64, ["Liam"]))
   plan = schedule([r], {}, set(), lambda _: [0], now=0.0)
   lp = -np.arange(1, len(gen) + 1, dtype=np.float32)[None] / 10
-  out = CycleOut(gen[None], np.array([True]), np.array([3]), np.array([3]),
-                 3, lp)
-  (_, ev), = update(plan, out, now=1.0).events
+  out = ModelRunnerOutput(gen[None], np.array([True]), np.array([3]),
+                          np.array([3]), 3, lp)
+  (_, ev), = update_from_output(plan, out, now=1.0).events
   assert ev.usage["completion_tokens"] == cut == len(ev.token_ids)
   assert ev.logprobs == [float(x) for x in lp[0, :cut]]
 
@@ -118,7 +126,7 @@ def test_an_editing_sampler_streams_only_the_blocks_it_cannot_edit():
   answer, text = AnswerText(tok, CONFIG, 64, (), bl, n), ""
   settled = []
   for k, gen in enumerate(steps):
-    p = answer.update(gen.astype(np.int32), k == len(steps) - 1)
+    p, answer = answer.update(gen.astype(np.int32), k == len(steps) - 1)
     text += p.delta
     settled.append(len(tok.decode(answer_ids(final, CONFIG))) if p.done
                    else len(text))
@@ -129,5 +137,5 @@ def test_an_editing_sampler_streams_only_the_blocks_it_cannot_edit():
   # without edit_block the same stream sends block 1's first version
   naive = AnswerText(tok, CONFIG, 64)
   for k, gen in enumerate(steps):
-    naive.update(gen.astype(np.int32), k == len(steps) - 1)
+    _, naive = naive.update(gen.astype(np.int32), k == len(steps) - 1)
   assert naive.revised
