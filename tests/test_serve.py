@@ -368,16 +368,21 @@ def test_sigterm_finishes_in_flight_then_exits(server):
   body = {"model": "tiny-random-llada", "prompt": "term"}
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
     background = pool.submit(asyncio.run, burst(server.url, 48, body))
-    for _ in range(200):
-      if server.metrics()["dllm_queue_length"] > 0:
+    for _ in range(500):
+      m = server.metrics()
+      if m["dllm_queue_length"] > 0:
         break
       time.sleep(0.02)
     else:
       pytest.fail("the burst never queued")
+    held = m["dllm_queue_length"] + m["dllm_busy_slots"]
     server.proc.send_signal(signal.SIGTERM)
     replies = background.result()
-  assert [r.status_code for r in replies] == [200] * 48
-  assert len({r.json()["choices"][0]["text"] for r in replies}) == 1
+  codes = [r.status_code for r in replies]
+  # what the server held is answered; what came after SIGTERM is refused
+  assert codes.count(200) >= held and set(codes) <= {200, 503}, codes
+  assert len({r.json()["choices"][0]["text"] for r in replies
+              if r.status_code == 200}) == 1
   assert server.proc.wait(timeout=60) == 0
   with pytest.raises(httpx.TransportError):
     httpx.get(server.url + "/health", timeout=5)
