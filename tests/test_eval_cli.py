@@ -45,7 +45,7 @@ def _error(capsys, argv) -> str:
      "gen_length (10) must be a multiple of block_length (4)"),
     (["gsm8k", "--steps", "0"], "steps must be a positive int, got 0"),
     (["gsm8k", "--temperature", "-1"],
-     "temperature must be a number in [0, 2], got -1.0"),
+     "temperature must be in [0, 2], got -1.0"),
     (["gsm8k", "--remasking", "sometimes"], "remasking must be one of"),
     (["gsm8k", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["gsm8k", "--limit", "-2"], "--limit must be >= 1, got -2"),

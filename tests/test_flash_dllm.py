@@ -123,7 +123,7 @@ def test_answer_end_follows_the_first_eos_batch():
     (dict(block_m=0), "block_m"), (dict(threshold=0.0), "threshold"),
     (dict(track_num=-1), "track_num"), (dict(rank_from_layer=-2),
                                         "rank_from_layer"),
-    (dict(window_rule="best"), "window_rule"), (dict(stop="eot"), "stop"),
+    (dict(window_rule="best"), "window_rule"), (dict(end_rule="eot"), "end_rule"),
     (dict(rank="max"), "rank"),
     (dict(gamma=0.0), "gamma"), (dict(verify=True, block_m=1), "block_m >= 2"),
     (dict(verify=True, recompute_all=True), "cannot be combined"),

@@ -148,7 +148,7 @@ def test_modes_options_and_errors():
     fdj.build_sampler("llada2.1-speed", "llada2", {"editing_threshold": 0.3})
   with pytest.raises(ValueError, match="--steps do not apply"):
     fdj.build_sampler("llada2.1", "llada2", {"steps": 8})
-  with pytest.raises(ValueError, match="invalid LLaDA2.1 sampler arguments: "
+  with pytest.raises(ValueError, match="invalid LLaDA21Sampler arguments: "
                      "max_post_steps must be an int >= 0, got -1"):
     LLaDA21Sampler(max_post_steps=-1)
   with pytest.raises(ValueError, match="decodes llada2 checkpoints"):

@@ -73,7 +73,8 @@ def test_every_sampler_checks_every_float_option():
     assert floats, cls
     for k in floats:
       for v in (math.nan, math.inf, -math.inf):
-        with pytest.raises(ValueError, match=rf"{cls.__name__} arguments: "
+        with pytest.raises(ValueError, match=rf"invalid {cls.__name__} "
+                           rf"arguments: "
                            rf"{k} must be a finite number, got {v!r}$"):
           cls(**{k: v})
 
@@ -211,4 +212,5 @@ def test_draw_settings_have_one_range_everywhere(name):
   parser = argparse.ArgumentParser()
   strategies.add_option_flags(parser)
   flag = next(a for a in parser._actions if a.dest == name)
-  assert flag.help.startswith(setting.help()), flag.help
+  assert flag.help.startswith(setting.spec.meaning), flag.help
+  assert setting.range_text() in flag.help, flag.help

@@ -18,7 +18,8 @@ import threading
 from flash_dllm_jax import quantize
 from flash_dllm_jax.ops import choice
 from flash_dllm_jax.serve.memory_plan import DEFAULT_UTILIZATION
-from flash_dllm_jax.strategies import STRATEGIES, add_option_flags, all_options
+from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
+                                      all_options, options_from_args)
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -163,8 +164,7 @@ def main(args: argparse.Namespace) -> int:
   log.addHandler(handler)
   log.setLevel(logging.INFO)
   log.propagate = False
-  options = {k: getattr(args, k) for k in all_options()
-             if getattr(args, k) is not None}
+  options = options_from_args(args)
   checkpoint = args.checkpoint or default_checkpoint()
   name = args.served_model_name or checkpoint.resolve().name
   api_key = args.api_key if args.api_key is not None else os.environ.get(
