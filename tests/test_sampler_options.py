@@ -214,3 +214,22 @@ def test_draw_settings_have_one_range_everywhere(name):
   flag = next(a for a in parser._actions if a.dest == name)
   assert flag.help.startswith(setting.spec.meaning), flag.help
   assert setting.range_text() in flag.help, flag.help
+
+
+def test_every_option_is_declared_once_with_its_meaning():
+  """Each field of each registered sampler carries its declaration
+  (sampling/options.py); a value out of it is refused by the one check
+  with the option, its range and the value in one line."""
+  from flash_dllm_jax.sampling import options
+  for cls in {s.sampler for s in STRATEGIES.values()}:
+    for name, (typ, default, spec) in options.declared(cls).items():
+      assert spec is not None and spec.meaning, (cls.__name__, name)
+      assert spec.error(name, typ, default) is None, (cls.__name__, name)
+      if typ is str and spec.choices:
+        with pytest.raises(ValueError, match=rf"^invalid {cls.__name__} "
+                           rf"arguments: {name} must be one of "):
+          cls(**{name: "no-such-choice"})
+  with pytest.raises(ValueError, match=r"^invalid FastDLLMSampler "
+                     r"arguments: threshold must be in \(0, 1\], got 1.5; "
+                     r"refresh_every must be None or a positive int, got 0$"):
+    STRATEGIES["fast-dllm-dual"].sampler(threshold=1.5, refresh_every=0)
