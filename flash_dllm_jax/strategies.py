@@ -1,14 +1,18 @@
 """Strategy registry: a CLI name -> a sampler class and the options it fixes.
 
-Data-driven: adding a strategy is one line in STRATEGIES, e.g.
+Data-driven: adding a strategy is one line in SHARED (the strategies that
+decode several families), e.g.
 
   Strategy("fast-dllm-dual", FastDLLMSampler, fixed={"cache": "dual"}),
 
-and every dataclass field of its sampler that some strategy leaves free
-becomes a CLI flag (`--gen-length`, `--threshold`, ...) with the type its
-annotation gives and the help its declaration gives (sampling/options.py);
-a field every strategy of its sampler fixes (`cache`, `verify`) is no flag.
-The sampler checks values against the same declaration.
+or, for a family's own sampler, one line in its folder's strategies.py
+(architectures/<family>/, named by its SPEC's `strategies`): STRATEGIES
+reads every registered family's. Every dataclass field of a sampler that
+some strategy leaves free becomes a CLI flag (`--gen-length`,
+`--threshold`, ...) with the type its annotation gives and the help its
+declaration gives (sampling/options.py); a field every strategy of its
+sampler fixes (`cache`, `verify`) is no flag. The sampler checks values
+against the same declaration.
 """
 
 from __future__ import annotations
@@ -19,37 +23,14 @@ import math
 from typing import Any, Mapping
 
 from flash_dllm_jax import architectures
-from flash_dllm_jax.architectures.diffusion_gemma.sampler import (
-    DiffusionGemmaSampler)
-from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
-                                     LLaDASampler)
-from flash_dllm_jax.sampling import draw_settings, options, row_options
-from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
+from flash_dllm_jax.sampling import (ElasticCacheSampler, FastDLLMSampler,
+                                     draw_settings, options, row_options)
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
-from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
-from flash_dllm_jax.sampling.llada2_flash import LLaDA2FlashSampler
-from flash_dllm_jax.sampling.llada21 import MODES, LLaDA21Sampler
 from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
+from flash_dllm_jax.sampling.strategy import Strategy
 
-
-@dataclasses.dataclass(frozen=True)
-class Strategy:
-  """name: the CLI name; sampler: a frozen sampler dataclass; fixed:
-  options the strategy pins. It decodes the architectures that name its
-  sampler (Architecture.samplers)."""
-
-  name: str
-  sampler: type
-  fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  help: str = ""
-
-
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("llada", LLaDASampler,
-             help="LLaDA's reference sampler (semi-AR blocks, no cache)"),
-    Strategy("dream", DreamSampler,
-             help="Dream's reference sampler (no cache)"),
+SHARED: tuple[Strategy, ...] = (
     Strategy("threshold", FastDLLMSampler, fixed={"cache": "none"},
              help="semi-AR blocks, a commit rule (--rule), no cache"),
     Strategy("fast-dllm-prefix", FastDLLMSampler, fixed={"cache": "prefix"},
@@ -78,28 +59,66 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              fixed={"recompute_all": False},
              help="Elastic-Cache: sliding window, per-layer attention-drift "
                   "refresh (gamma), threshold decoding"),
-    Strategy("llada2", LLaDA2Sampler,
-             help="LLaDA2's block-diffusion sampler (threshold or schedule "
-                  "per block) over an exact cache of finished blocks"),
-    Strategy("llada2.1", LLaDA21Sampler, fixed={"steps": 32},
-             help="LLaDA2.1's decoding: threshold unmasking (M2T) plus "
-                  "editing of committed tokens (T2T), exact block cache"),
-    Strategy("llada2.1-speed", LLaDA21Sampler,
-             fixed={"steps": 32, **MODES["speed"]},
-             help="llada2.1 in LLaDA2.1's speed mode (threshold "
-                  "0.5, editing_threshold 0.0, max_post_steps 16)"),
-    Strategy("llada2.1-quality", LLaDA21Sampler,
-             fixed={"steps": 32, **MODES["quality"]},
-             help="llada2.1 in LLaDA2.1's quality mode (threshold "
-                  "0.7, editing_threshold 0.5, max_post_steps 16)"),
-    Strategy("llada2-flash", LLaDA2FlashSampler,
-             help="LLaDA2 blocks drafted, then Flash-Verify of the rest "
-                  "(gamma; rule threshold or factor), exact block cache"),
-    Strategy("diffusion-gemma", DiffusionGemmaSampler,
-             help="DiffusionGemma's official canvas sampler (self-"
-                  "conditioned denoising, entropy-bound acceptance, early "
-                  "stop), over an exact cache of prompt and canvases"),
-)}
+)
+
+
+class _Registry(dict):
+  """SHARED, then each registered family's own strategies (its folder's),
+  in sync with the architecture registry: a family registered later
+  (architectures.load_folder) adds its strategies at the next lookup."""
+
+  def __init__(self, shared):
+    super().__init__((s.name, s) for s in shared)
+    self._families, self._own = None, ()
+
+  def _sync(self) -> None:
+    families = tuple(architectures.ARCHITECTURES.values())
+    if families == self._families:
+      return
+    for name in self._own:
+      dict.pop(self, name, None)
+    own = [s for spec in families if spec.strategies is not None
+           for s in spec.strategies()]
+    for strategy in own:
+      if dict.__contains__(self, strategy.name):
+        raise ValueError(f"strategy {strategy.name!r} is registered twice")
+      dict.__setitem__(self, strategy.name, strategy)
+    self._families, self._own = families, tuple(s.name for s in own)
+
+  def __getitem__(self, name):
+    self._sync()
+    return dict.__getitem__(self, name)
+
+  def __contains__(self, name):
+    self._sync()
+    return dict.__contains__(self, name)
+
+  def __iter__(self):
+    self._sync()
+    return dict.__iter__(self)
+
+  def __len__(self):
+    self._sync()
+    return dict.__len__(self)
+
+  def get(self, name, default=None):
+    self._sync()
+    return dict.get(self, name, default)
+
+  def keys(self):
+    self._sync()
+    return dict.keys(self)
+
+  def values(self):
+    self._sync()
+    return dict.values(self)
+
+  def items(self):
+    self._sync()
+    return dict.items(self)
+
+
+STRATEGIES: dict[str, Strategy] = _Registry(SHARED)
 
 
 def sampler_options(cls: type) -> dict[str, tuple[type, Any]]:

@@ -12,7 +12,8 @@ import pytest
 from flash_dllm_jax import strategies
 from flash_dllm_jax.eval import cli, report
 from flash_dllm_jax.strategies import Strategy, build_sampler
-from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from tests.paths import TINY_CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]

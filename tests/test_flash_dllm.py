@@ -169,7 +169,8 @@ def test_capped_refills_prefill_only_the_new_rows_and_change_no_answer(verify):
 def test_continuous_batching_needs_a_refillable_sampler():
   """The queue refuses a sampler that cannot reset a slot (generate decodes
   such samplers in fixed chunks instead)."""
-  from flash_dllm_jax.sampling import LLaDASampler, continuous
+  from flash_dllm_jax.sampling import continuous
+  from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
   config, params = tiny("llada")
   ids, valid = left_pad(random_prompts(41, [3, 4, 5]), config.pad_token_id)
   rng_U = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))

@@ -180,8 +180,9 @@ DRAW_CASES = {"temperature": [0, 0.7, 2, -0.1, 2.01, 1e300],
 
 @pytest.mark.parametrize("name", sorted(DRAW_CASES))
 def test_draw_settings_have_one_range_everywhere(name):
-  from flash_dllm_jax.sampling import DreamSampler, draw_settings
-  from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+  from flash_dllm_jax.sampling import draw_settings
+  from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+  from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
   from flash_dllm_jax.sampling.row_sampling import Sampling
   from flash_dllm_jax.serve.body import parse_body
   from flash_dllm_jax.serve.errors import BadRequest

@@ -16,7 +16,7 @@ block ends when no mask is left in it; answers end as in LLaDA2Sampler
 no mask before it). forwards_B counts both passes.
 
 With `editing_threshold` set, the draft pass also edits as LLaDA2.1's
-rule does (llada21.py): every committed answer token of the block whose
+rule does (sampler21.py): every committed answer token of the block whose
 draft differs with confidence > editing_threshold is replaced (that pass is
 the full-block forward the rule reads; the verify pass only re-scores
 mask drafts), and a block with no mask left runs post-edit steps (a draft
@@ -44,9 +44,10 @@ import jax.numpy as jnp
 from flash_dllm_jax.sampling import (checks, commit_rules, flash_verify,
                                      options)
 from flash_dllm_jax.sampling.options import option
-from flash_dllm_jax.sampling import llada2, llada21
+from flash_dllm_jax.architectures.llada2 import sampler as llada2
+from flash_dllm_jax.architectures.llada2 import sampler21 as llada21
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
-from flash_dllm_jax.sampling.llada2 import BlockRows
+from flash_dllm_jax.architectures.llada2.sampler import BlockRows
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 

@@ -37,8 +37,8 @@ import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax.sampling.options import option
-from flash_dllm_jax.sampling import llada2
-from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+from flash_dllm_jax.architectures.llada2 import sampler as llada2
+from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
