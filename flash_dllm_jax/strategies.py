@@ -120,6 +120,20 @@ class _Registry(dict):
 
 STRATEGIES: dict[str, Strategy] = _Registry(SHARED)
 
+# Old option names, refused with their new name: `stop` means stop strings
+# to OpenAI users; Flash-dLLM's rule for the answer's end is end_rule.
+RENAMED = {"stop": "end_rule"}
+
+
+def renamed_error(name: str, flag: bool = True) -> str | None:
+  """The refusal of an old option name, pointing to the new one, or None."""
+  if name not in RENAMED:
+    return None
+  old, new = (_flag(name), _flag(RENAMED[name])) if flag else (
+      name, RENAMED[name])
+  return (f"{old} is now {new} (Flash-dLLM's rule for where the answer "
+          "ends); stop strings are the server's request field `stop`")
+
 
 def sampler_options(cls: type) -> dict[str, tuple[type, Any]]:
   """{field name: (base type, default)} of a sampler dataclass."""
@@ -215,10 +229,8 @@ def build_sampler(name: str, arch: str, given: Mapping[str, Any]):
                      f"{', '.join(strategies_for(arch))}")
   fields = sampler_options(strategy.sampler)
   free = sorted(k for k in fields if takes(strategy, k))
-  if "stop" in given and "stop" not in fields:
-    raise ValueError("--stop (Flash-dLLM's rule for the answer's end) is "
-                     "now --end-rule (end_rule); stop strings are the "
-                     "server's request field `stop`")
+  for old in set(given) & set(RENAMED):
+    raise ValueError(renamed_error(old))
   unknown = sorted(set(given) - set(all_options()))
   if unknown:
     raise ValueError(f"unknown option(s) {', '.join(unknown)} for strategy "
@@ -321,13 +333,14 @@ def add_option_flags(parser, title: str = "strategy options") -> None:
                          action=argparse.BooleanOptionalAction, help=text)
     else:
       group.add_argument(flag, dest=name, type=typ, default=None, help=text)
-  group.add_argument("--stop", dest="stop", default=None,
-                     help=argparse.SUPPRESS)  # refused: now --end-rule
+  for old in RENAMED:  # refused by build_sampler with the new name
+    group.add_argument(_flag(old), dest=old, default=None,
+                       help=argparse.SUPPRESS)
 
 
 def options_from_args(args) -> dict[str, Any]:
   """The strategy options given on a command line parsed with the flags of
-  `add_option_flags` (the old --stop included, for build_sampler to
-  refuse with its new name)."""
-  return {k: getattr(args, k) for k in (*all_options(), "stop")
+  `add_option_flags` (old names included, for build_sampler to refuse
+  with their new name)."""
+  return {k: getattr(args, k) for k in (*all_options(), *RENAMED)
           if getattr(args, k, None) is not None}

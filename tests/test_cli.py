@@ -145,7 +145,7 @@ def test_prompt_file_errors(tmp_path, capsys, content, message):
       "--prompt", "x"], "--threshold has no effect with strategy "
      "'flash-dllm': threshold applies only with rule 'threshold'"),
     (["--stop", "first", "--prompt", "x"],
-     "--stop (Flash-dLLM's rule for the answer's end) is now --end-rule"),
+     "--stop is now --end-rule (Flash-dLLM's rule for where the answer ends)"),
     (["--topp", "0.5", "--prompt", "x"],
      "unknown option(s) --topp 0.5; strategy options: --gen-length"),
     (["--prompt", "ok", "--prompt", "caf\udcc3"],

@@ -234,3 +234,23 @@ def test_every_option_is_declared_once_with_its_meaning():
                      r"arguments: threshold must be in \(0, 1\], got 1.5; "
                      r"refresh_every must be None or a positive int, got 0$"):
     STRATEGIES["fast-dllm-dual"].sampler(threshold=1.5, refresh_every=0)
+
+
+def test_the_old_stop_option_is_refused_with_its_new_name_everywhere():
+  """`stop` means stop strings to OpenAI users: Flash-dLLM's rule is
+  end_rule, and the old name gets one error naming it in model_args, a
+  request's `decoding` and build_sampler (the CLI: tests/test_cli.py)."""
+  from flash_dllm_jax.lm_eval import args
+  from flash_dllm_jax.serve.errors import BadRequest
+  from flash_dllm_jax.serve.protocol import CompletionRequest
+  from flash_dllm_jax.serve.variant_choice import pick
+  new = "is now end_rule (Flash-dLLM's rule for where the answer ends)"
+  with pytest.raises(ValueError, match=re.escape(f"stop {new}")):
+    args.parse({"pretrained": str(TINY_CHECKPOINT), "stop": "first"})
+  sampler = build_sampler("flash-dllm", "llada", {"end_rule": "first"})
+  assert sampler.end_rule == "first"
+  req = CompletionRequest(model="m", prompt="x", decoding={"stop": "first"})
+  with pytest.raises(BadRequest, match=re.escape(f"decoding.stop {new}")):
+    pick(req, [sampler], "flash-dllm")
+  with pytest.raises(ValueError, match=re.escape("--stop is now --end-rule")):
+    build_sampler("flash-dllm", "llada", {"stop": "first"})
