@@ -7,7 +7,7 @@ decode several families), e.g.
 
 or, for a family's own sampler, one line in its folder's strategies.py
 (architectures/<family>/, named by its SPEC's `strategies`): STRATEGIES
-reads every registered family's. Every dataclass field of a sampler that
+holds every registered family's, then the shared ones. Every dataclass field of a sampler that
 some strategy leaves free becomes a CLI flag (`--gen-length`,
 `--threshold`, ...) with the type its annotation gives and the help its
 declaration gives (sampling/options.py); a field every strategy of its
@@ -63,26 +63,28 @@ SHARED: tuple[Strategy, ...] = (
 
 
 class _Registry(dict):
-  """SHARED, then each registered family's own strategies (its folder's),
+  """Each registered family's own strategies (its folder's), then SHARED,
   in sync with the architecture registry: a family registered later
   (architectures.load_folder) adds its strategies at the next lookup."""
 
   def __init__(self, shared):
-    super().__init__((s.name, s) for s in shared)
-    self._families, self._own = None, ()
+    super().__init__()
+    self._shared, self._families, self._own = tuple(shared), None, ()
 
   def _sync(self) -> None:
     families = tuple(architectures.ARCHITECTURES.values())
     if families == self._families:
       return
-    for name in self._own:
-      dict.pop(self, name, None)
+    kept = {n: s for n, s in dict.items(self) if n not in self._own}
     own = [s for spec in families if spec.strategies is not None
            for s in spec.strategies()]
-    for strategy in own:
+    dict.clear(self)
+    for strategy in (*own, *self._shared):
       if dict.__contains__(self, strategy.name):
         raise ValueError(f"strategy {strategy.name!r} is registered twice")
       dict.__setitem__(self, strategy.name, strategy)
+    for name, strategy in kept.items():  # entries added by hand
+      dict.__setitem__(self, name, strategy)
     self._families, self._own = families, tuple(s.name for s in own)
 
   def __getitem__(self, name):
@@ -162,11 +164,17 @@ def takes(strategy: Strategy, option: str) -> bool:
              if k in strategy.fixed and v != options.SET)
 
 
+def _shared_first() -> list[Strategy]:
+  """The registry's strategies, the shared ones first (the flags' order)."""
+  return sorted(STRATEGIES.values(), key=lambda s: s not in SHARED)
+
+
 def all_options() -> dict[str, type]:
   """{option: type} of the sampler fields some registered strategy takes
-  (the flags); a field every strategy fixes is not an option."""
+  (the flags, the shared strategies' first); a field every strategy fixes
+  is not an option."""
   out: dict[str, type] = {}
-  for strategy in STRATEGIES.values():
+  for strategy in _shared_first():
     for name, (typ, _) in sampler_options(strategy.sampler).items():
       if name in strategy.fixed:
         continue
@@ -299,7 +307,7 @@ def option_help(name: str) -> str:
   """A flag's help from its declarations: each distinct one (meaning,
   range or choices) with its defaults and the strategies it holds for."""
   groups: dict[str, dict[str, list[str]]] = {}
-  for strategy in STRATEGIES.values():
+  for strategy in _shared_first():
     if takes(strategy, name):
       typ, default, spec = _declared(strategy, name)
       text = spec.help(typ, default).rsplit("; default ", 1)[0]

@@ -38,7 +38,7 @@ def test_flash_dllm_json_output(capsys):
   doc = json.loads(out)
   assert doc["strategy"] == "flash-dllm" and doc["arch"] == "llada"
   assert [r["prompt"] for r in doc["results"]] == prompts
-  api = generate(load(TINY_CHECKPOINT), prompts, seed=3,
+  api = generate(load(TINY_CHECKPOINT), prompts, seed=3, batch_size=32,
                  sampler=FlashDLLMSampler(gen_length=16, block_m=8,
                                           verify=True),
                  sampling=Sampling(temperature=0.7, top_k=5))

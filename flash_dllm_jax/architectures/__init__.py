@@ -57,7 +57,7 @@ class Architecture:
   samplers: the sampler classes (by name) that decode this family: every
     STRATEGIES entry built on one of them does.
   strategies: None, or () -> the Strategy entries of the family's own
-    samplers (in its folder), which strategies.STRATEGIES adds after the
+    samplers (in its folder), which strategies.STRATEGIES lists before the
     shared ones.
   chat_template: the genuine checkpoint's template.
   likelihood_masks: how lm-eval's log-likelihood noises the continuation
