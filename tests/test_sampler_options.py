@@ -27,7 +27,7 @@ from tests.paths import ROOT, TINY_CHECKPOINT
 def _float_fields(name: str) -> list[str]:
   strategy = STRATEGIES[name]
   return [k for k, (typ, _) in sampler_options(strategy.sampler).items()
-          if typ is float and k not in strategy.fixed]
+          if typ is float and strategies.takes(strategy, k)]
 
 
 def _arch(name: str) -> str:
