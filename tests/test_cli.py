@@ -135,15 +135,6 @@ def test_prompt_file_errors(tmp_path, capsys, content, message):
     (["--strategy", "llada", "--threshold", "0.5", "--prompt", "x"],
      "--threshold do not apply to strategy 'llada' (it takes: block_length, "
      "cfg_scale"),
-    (["--strategy", "llada", "--top-p", "0.5", "--prompt", "x"],
-     "--top-p do not apply to strategy 'llada'"),
-    (["--strategy", "flash-cache", "--gamma", "0.5", "--prompt", "x"],
-     "--gamma do not apply to strategy 'flash-cache'"),
-    (["--strategy", "threshold", "--refresh-every", "2", "--prompt", "x"],
-     "--refresh-every do not apply to strategy 'threshold'"),
-    (["--strategy", "flash-dllm", "--threshold", "0.5", "--rule", "fixed",
-      "--prompt", "x"], "--threshold has no effect with strategy "
-     "'flash-dllm': threshold applies only with rule 'threshold'"),
     (["--stop", "first", "--prompt", "x"],
      "--stop is now --end-rule (Flash-dLLM's rule for where the answer ends)"),
     (["--topp", "0.5", "--prompt", "x"],

@@ -19,6 +19,7 @@ from flash_dllm_jax import generate, load, strategies
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.sampling import commit_rules
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.strategies import (STRATEGIES, archs_of, build_sampler,
                                       sampler_options)
 from tests.paths import ROOT, TINY_CHECKPOINT
@@ -254,3 +255,36 @@ def test_the_old_stop_option_is_refused_with_its_new_name_everywhere():
     pick(req, [sampler], "flash-dllm")
   with pytest.raises(ValueError, match=re.escape("--stop is now --end-rule")):
     build_sampler("flash-dllm", "llada", {"stop": "first"})
+
+
+@pytest.mark.parametrize("name,options,message", [
+    ("llada", {"top_p": 0.5}, "--top-p do not apply to strategy 'llada'"),
+    ("flash-cache", {"gamma": 0.5},
+     "--gamma do not apply to strategy 'flash-cache'"),
+    ("threshold", {"refresh_every": 2},
+     "--refresh-every do not apply to strategy 'threshold'"),
+    ("fast-dllm-dual", {"rule": "factor", "threshold": 0.5},
+     "--threshold has no effect with strategy 'fast-dllm-dual': threshold "
+     "applies only with rule 'threshold', not 'factor'"),
+    ("llada2-flash", {"max_post_steps": 4},
+     "--max-post-steps has no effect with strategy 'llada2-flash': "
+     "max_post_steps applies only with editing_threshold set, not None"),
+])
+def test_an_option_a_strategy_ignores_is_an_error(name, options, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    build_sampler(name, _arch(name), options)
+
+
+def test_generate_flags_sample_every_strategy_that_samples():
+  """temperature / top_p / top_k: the sampler's field where it has one,
+  else every row's Sampling (what the API and the server send)."""
+  sampler, rows = strategies.build("flash-dllm", "llada", {
+      "temperature": 0.7, "top_k": 5, "gamma": 0.5})
+  assert sampler.gamma == 0.5
+  assert rows == Sampling(temperature=0.7, top_k=5)
+  sampler, rows = strategies.build("llada", "llada", {"temperature": 0.7})
+  assert sampler.temperature == 0.7 and rows is None
+  with pytest.raises(ValueError, match="--temperature do not apply to "
+                     "strategy 'diffusion-gemma'"):
+    strategies.build("diffusion-gemma", "diffusion_gemma",
+                     {"temperature": 0.7})
