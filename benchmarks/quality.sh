@@ -8,7 +8,7 @@ source "$(dirname "$0")/common.sh"
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.2
 ckpt=${CHECKPOINT:-}
 groups=("llada threshold fast-dllm-prefix fast-dllm-dual elastic-cache"
-        "flash-cache flash-dllm flash-cache-confident flash-dllm-confident flash-dllm:stop=first flash-dllm:rank=mass")
+        "flash-cache flash-dllm flash-cache-confident flash-dllm-confident flash-dllm:end_rule=first flash-dllm:rank=mass")
 names=(base flash)
 gpu=0
 for len in 192 256; do

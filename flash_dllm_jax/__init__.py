@@ -11,7 +11,8 @@ from flash_dllm_jax.checkpoint import load, save
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.forward import ForwardOutput, logits
 from flash_dllm_jax.generate import GenerateOutput, generate
-from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from flash_dllm_jax.strategies import STRATEGIES, build_sampler
 
 __all__ = ["DreamSampler", "ForwardOutput", "GenerateOutput", "LLaDASampler",

@@ -102,7 +102,10 @@ def _parser() -> argparse.ArgumentParser:
   gen.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                    help="compute dtype (default: the checkpoint's)")
   quantize.add_flags(gen)
-  gen.add_argument("--seed", type=int, default=0)
+  gen.add_argument("--seed", type=int, default=0,
+                   help="random seed of every prompt's draws (sampling, "
+                        "random remasking), an int in [0, 2**32); the same "
+                        "seed gives the same answers (default: 0)")
   choice.add_flags(gen)
   gen.add_argument("--mesh", default=None,
                    help="device mesh: data=D splits the batch, model=M the "
@@ -134,18 +137,18 @@ def _generate(args) -> int:
                                    quantize_head=args.quantize_head,
                                    quantize_embedding=args.quantize_embedding)
   name = args.strategy or config.spec.default_strategy
-  sampler = strategies.build_sampler(name, config.arch,
-                                     strategies.options_from_args(args))
-  progress = cli_io.Progress(len(prompts), args.progress)
+  sampler, sampling = strategies.build(name, config.arch,
+                                       strategies.options_from_args(args))
   t0 = time.perf_counter()
   with compilation.compile_log() as compiled:
+    progress = cli_io.Progress(len(prompts), args.progress, compiled)
     out = generate((params, config, tokenizer), prompts, sampler=sampler,
-                   chat=args.chat, seed=args.seed,
+                   sampling=sampling, chat=args.chat, seed=args.seed,
                    stop_at_eos=args.stop_at_eos, batch_size=batch_size,
                    mesh=mesh, progress=progress, kernels=kernels)
   seconds = time.perf_counter() - t0
   meta = {"checkpoint": str(checkpoint), "arch": config.arch,
-          "strategy": name}
+          "strategy": name, "compile_seconds": round(compiled.spent(), 4)}
   cli_io.write(args.output, prompts, out, config, progress.seconds_B,
                seconds, meta)
   print(f"[{config.arch}, {out.steps} steps, {int(out.forwards_B.max())} "

@@ -86,7 +86,8 @@ def _shown(prompt) -> str:
 def records(prompts: list, out, config, seconds_B) -> list[dict[str, Any]]:
   """One JSON-ready dict per prompt: text, token ids (up to the stop token),
   steps, forwards, tokens/step (generated tokens with the stop token over
-  steps) and seconds (the wall time of the decode call that made it)."""
+  steps) and seconds (the wall time of the decode call that made it,
+  less the time that call spent compiling)."""
   rows = []
   for b, prompt in enumerate(prompts):
     ids = answer_ids(out.tokens_BxG[b], config)
@@ -117,19 +118,24 @@ def write(fmt: str, prompts: list, out, config, seconds_B, seconds: float,
 
 class Progress:
   """generate's progress hook: records each row's seconds (its decode
-  call's wall time) and, once there is more than one call, prints a
+  call's wall time, less what the call spent compiling: `compiled`, a
+  compilation.CompileLog) and, once there is more than one call, prints a
   progress line per call on stderr."""
 
-  def __init__(self, n_rows: int, show: bool):
+  def __init__(self, n_rows: int, show: bool, compiled=None):
     self.seconds_B = np.zeros(n_rows)
     self._show, self._done, self._calls = show, 0, 0
     self._start = self._last = time.perf_counter()
+    self._compiled = compiled
+    self._spent = compiled.spent() if compiled is not None else 0.0
 
   def __call__(self, rows, total: int) -> None:
     now = time.perf_counter()
-    self.seconds_B[rows] = now - self._last
+    spent = self._compiled.spent() if self._compiled is not None else 0.0
+    self.seconds_B[rows] = max(now - self._last - (spent - self._spent), 0.0)
     self._last, self._done, self._calls = now, self._done + len(rows), \
         self._calls + 1
+    self._spent = spent
     if self._show and (self._calls > 1 or self._done < total):
       print(f"[{self._done}/{total} prompts, {now - self._start:.1f} s]",
             file=sys.stderr, flush=True)

@@ -155,6 +155,10 @@ class CompileLog:
       self.compiled += 1
       self.compile_s += duration
 
+  def spent(self) -> float:
+    """Seconds spent so far tracing, compiling and loading programs."""
+    return self.trace_s + self.compile_s + self.load_s
+
   def describe(self, total_s: float, rest: str = "decoding") -> str:
     """'5.07 s: 0.41 s tracing, 3.79 s compiling 4 programs, 0.87 s
     decoding' (or 'loading 4 programs from the compilation cache')."""
@@ -168,7 +172,7 @@ class CompileLog:
                    "compilation cache")
     if not (self.compiled or self.loaded):
       parts.append("no program compiled or loaded")
-    spent = self.trace_s + self.compile_s + self.load_s
+    spent = self.spent()
     parts.append(f"{max(total_s - spent, 0.0):.2f} s {rest}")
     return f"{total_s:.2f} s: " + ", ".join(parts)
 

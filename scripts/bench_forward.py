@@ -25,7 +25,8 @@ import jax.numpy as jnp  # noqa: E402
 from flash_dllm_bench import timing  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import Transformer  # noqa: E402
-from flash_dllm_jax.sampling import LLaDASampler, DreamSampler  # noqa: E402
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler  # noqa: E402,E501
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler  # noqa: E402,E501
 
 
 def weight_bytes(params) -> int:

@@ -1,6 +1,7 @@
 """The architecture registry: lookups, the specs' contents, and that a new
 architecture is one folder (a fourth family from a temp folder alone)."""
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -16,7 +17,9 @@ from flash_dllm_jax.architectures import dream, llada
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import convert_checkpoint, tables
 from flash_dllm_jax.generate import default_sampler
-from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax import roles
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from flash_dllm_jax.sampling.fast_dllm import FastDLLMSampler
 from flash_dllm_jax.tokenizer import build_tiny_tokenizer
 
@@ -208,3 +211,39 @@ def test_a_new_architecture_is_one_folder(toy, tmp_path):
                                 block_length=8, chat=False)
   assert out.tokens_BxG.shape == (1, 8)
   assert jax.tree.leaves(model[0])
+
+
+def test_a_family_s_own_strategies_live_in_its_folder():
+  """A strategy whose sampler decodes one family comes from that family's
+  folder (its SPEC's `strategies`); sampling/ keeps the shared ones."""
+  from flash_dllm_jax import strategies
+  own = {s.name: spec.name for spec in architectures.ARCHITECTURES.values()
+         if spec.strategies for s in spec.strategies()}
+  for strategy in strategies.STRATEGIES.values():
+    families = strategies.archs_of(strategy)
+    module = strategy.sampler.__module__
+    if len(families) == 1:
+      assert own.get(strategy.name) == families[0], strategy.name
+      assert module.startswith(
+          "flash_dllm_jax.architectures." + families[0].replace("-", "_")), module
+    else:
+      assert strategy in strategies.SHARED, strategy.name
+      assert module.startswith("flash_dllm_jax.sampling."), module
+
+
+def test_a_family_registered_later_brings_its_strategies(monkeypatch):
+  """A family with its own sampler is one folder and its SPEC's
+  `strategies`: registering it adds them to the registry."""
+  from flash_dllm_jax.sampling.strategy import Strategy
+  monkeypatch.setattr(architectures, "ARCHITECTURES",
+                      dict(architectures.ARCHITECTURES))
+  own = Strategy("toy-own", LLaDASampler, fixed={"remasking": "random"})
+  architectures.register(dataclasses.replace(
+      llada.SPEC, name="toy-own-arch", hf_model_types=("toy-own-lm",),
+      samplers=("LLaDASampler",), strategies=lambda: (own,)))
+  assert strategies.STRATEGIES["toy-own"] is own
+  assert strategies.strategies_for("toy-own-arch") == ["llada", "toy-own"]
+  assert strategies.build_sampler("toy-own", "toy-own-arch", {}) == \
+      LLaDASampler(remasking="random")
+  monkeypatch.undo()
+  assert "toy-own" not in strategies.STRATEGIES

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from flash_dllm_jax import cli, cli_io, compilation
+from flash_dllm_jax import cli, cli_io, compilation, generate, load
+from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 TINY = ["--checkpoint", str(TINY_CHECKPOINT)]
@@ -25,15 +27,27 @@ def run(capsys, *argv):
 
 
 def test_flash_dllm_json_output(capsys):
-  code, out, err = run(capsys, *TINY, *FLASH, "--prompt", "Hi",
+  """--temperature / --top-k sample flash-dllm's rows as the API's
+  `sampling` does (the same tokens); a prompt's seconds leave compiling
+  out (compile_seconds)."""
+  sampling = ["--temperature", "0.7", "--top-k", "5", "--seed", "3"]
+  prompts = ["Hi", "Name a colour."]
+  code, out, err = run(capsys, *TINY, *FLASH, *sampling, "--prompt", "Hi",
                        "--prompt", "Name a colour.", "--output", "json")
   assert code == 0, err
   doc = json.loads(out)
   assert doc["strategy"] == "flash-dllm" and doc["arch"] == "llada"
-  assert [r["prompt"] for r in doc["results"]] == ["Hi", "Name a colour."]
-  for r in doc["results"]:
+  assert [r["prompt"] for r in doc["results"]] == prompts
+  api = generate(load(TINY_CHECKPOINT), prompts, seed=3, batch_size=32,
+                 sampler=FlashDLLMSampler(gen_length=16, block_m=8,
+                                          verify=True),
+                 sampling=Sampling(temperature=0.7, top_k=5))
+  assert doc["compile_seconds"] > 0
+  for b, r in enumerate(doc["results"]):
     assert set(r) == {"prompt", "text", "token_ids", "steps", "forwards",
                       "tokens_per_step", "seconds"}
+    assert r["text"] == api.texts[b]
+    assert r["seconds"] <= doc["seconds"] - doc["compile_seconds"] + 0.01
     assert 1 <= r["steps"] <= r["forwards"] and r["seconds"] > 0
     assert len(r["token_ids"]) <= 16
     assert r["tokens_per_step"] == round(
@@ -119,6 +133,8 @@ def test_prompt_file_errors(tmp_path, capsys, content, message):
     (["--strategy", "llada", "--threshold", "0.5", "--prompt", "x"],
      "--threshold do not apply to strategy 'llada' (it takes: block_length, "
      "cfg_scale"),
+    (["--stop", "first", "--prompt", "x"],
+     "--stop is now --end-rule (Flash-dLLM's rule for where the answer ends)"),
     (["--topp", "0.5", "--prompt", "x"],
      "unknown option(s) --topp 0.5; strategy options: --gen-length"),
     (["--prompt", "ok", "--prompt", "caf\udcc3"],

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flash_dllm_jax.sampling import (ElasticCacheSampler, FastDLLMSampler,
-                                     LLaDASampler)
+from flash_dllm_jax.sampling import ElasticCacheSampler, FastDLLMSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from flash_dllm_jax.sampling import commit_rules as rules
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from tests import fast_dllm_reference as ref

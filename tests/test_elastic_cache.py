@@ -173,13 +173,13 @@ def test_continuous_batching_equals_each_request_alone():
     (dict(threshold=0.0), "threshold must be in"),
     (dict(rule="fixed", steps=8), r"steps \(8\) commits up to 32 tokens a "
      r"step, more than window \(16\)"),
-    (dict(rule="fixed", steps=0), r"steps must be an int in \[1, gen_length"),
+    (dict(rule="fixed", steps=0), "steps must be None or a positive int"),
     (dict(steps=64), "steps \\(64\\) applies to rule='fixed' only"),
     (dict(rule="factor"), "rule must be one of"),
     (dict(refresh_every=0), "refresh_every must be None or a positive int"),
 ])
 def test_bad_arguments(kwargs, message):
-  with pytest.raises(ValueError, match="invalid Elastic-Cache arguments: "
+  with pytest.raises(ValueError, match="invalid ElasticCacheSampler arguments: "
                      + message):
     ElasticCacheSampler(**kwargs)
 

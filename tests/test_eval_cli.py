@@ -12,7 +12,8 @@ import pytest
 from flash_dllm_jax import strategies
 from flash_dllm_jax.eval import cli, report
 from flash_dllm_jax.strategies import Strategy, build_sampler
-from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from tests.paths import TINY_CHECKPOINT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +46,7 @@ def _error(capsys, argv) -> str:
      "gen_length (10) must be a multiple of block_length (4)"),
     (["gsm8k", "--steps", "0"], "steps must be a positive int, got 0"),
     (["gsm8k", "--temperature", "-1"],
-     "temperature must be a number in [0, 2], got -1.0"),
+     "temperature must be in [0, 2], got -1.0"),
     (["gsm8k", "--remasking", "sometimes"], "remasking must be one of"),
     (["gsm8k", "--batch-size", "0"], "--batch-size must be >= 1, got 0"),
     (["gsm8k", "--limit", "-2"], "--limit must be >= 1, got -2"),

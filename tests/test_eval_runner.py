@@ -12,7 +12,7 @@ from tests.paths import TINY_CHECKPOINT
 from flash_dllm_jax.eval import report, runner
 from flash_dllm_jax.eval.records import RecordStore, open_run
 from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
-from flash_dllm_jax.sampling import LLaDASampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 
 SAMPLER = LLaDASampler(gen_length=16, steps=8, block_length=8)
 SETTINGS = {"task": "gsm8k", "strategy": "llada", "batch_size": 2}

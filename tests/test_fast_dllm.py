@@ -11,7 +11,8 @@ import pytest
 from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model import KVCache, Transformer
-from flash_dllm_jax.sampling import FastDLLMSampler, LLaDASampler
+from flash_dllm_jax.sampling import FastDLLMSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from tests import fast_dllm_reference as ref
 from tests.test_sampling import (NEIGHBOURS, check_compiled_equals_python,

@@ -123,7 +123,7 @@ def test_answer_end_follows_the_first_eos_batch():
     (dict(block_m=0), "block_m"), (dict(threshold=0.0), "threshold"),
     (dict(track_num=-1), "track_num"), (dict(rank_from_layer=-2),
                                         "rank_from_layer"),
-    (dict(window_rule="best"), "window_rule"), (dict(stop="eot"), "stop"),
+    (dict(window_rule="best"), "window_rule"), (dict(end_rule="eot"), "end_rule"),
     (dict(rank="max"), "rank"),
     (dict(gamma=0.0), "gamma"), (dict(verify=True, block_m=1), "block_m >= 2"),
     (dict(verify=True, recompute_all=True), "cannot be combined"),
@@ -169,7 +169,8 @@ def test_capped_refills_prefill_only_the_new_rows_and_change_no_answer(verify):
 def test_continuous_batching_needs_a_refillable_sampler():
   """The queue refuses a sampler that cannot reset a slot (generate decodes
   such samplers in fixed chunks instead)."""
-  from flash_dllm_jax.sampling import LLaDASampler, continuous
+  from flash_dllm_jax.sampling import continuous
+  from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
   config, params = tiny("llada")
   ids, valid = left_pad(random_prompts(41, [3, 4, 5]), config.pad_token_id)
   rng_U = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))

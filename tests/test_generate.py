@@ -7,7 +7,8 @@ import pytest
 
 from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.prompts import left_pad
-from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from tests.test_sampling import random_prompts, tiny
 
 STOPPING = [

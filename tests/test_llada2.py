@@ -17,7 +17,7 @@ from flash_dllm_jax.convert import convert_checkpoint, tables
 from flash_dllm_jax.generate import decode_tokens
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.prompts import left_pad
-from flash_dllm_jax.sampling import LLaDA2Sampler
+from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
 from flash_dllm_jax.sampling.row_sampling import GREEDY, Sampling
 from tests import llada2_fixtures, llada2_numpy, llada2_reference
 from tests.row_sampling_case import (check_rows_equal_own_samplers,

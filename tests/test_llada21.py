@@ -15,8 +15,9 @@ import flash_dllm_jax as fdj
 from flash_dllm_jax import cli
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import answer_ids, generate
-from flash_dllm_jax.sampling import LLaDA21Sampler, LLaDA2FlashSampler
-from flash_dllm_jax.sampling.llada21 import MODES
+from flash_dllm_jax.architectures.llada2.sampler21 import LLaDA21Sampler
+from flash_dllm_jax.architectures.llada2.sampler_flash import LLaDA2FlashSampler
+from flash_dllm_jax.architectures.llada2.sampler21 import MODES
 from tests import llada2_fixtures, llada2_reference
 from tests.paths import ROOT
 from tests.serve_case import Server
@@ -148,7 +149,7 @@ def test_modes_options_and_errors():
     fdj.build_sampler("llada2.1-speed", "llada2", {"editing_threshold": 0.3})
   with pytest.raises(ValueError, match="--steps do not apply"):
     fdj.build_sampler("llada2.1", "llada2", {"steps": 8})
-  with pytest.raises(ValueError, match="invalid LLaDA2.1 sampler arguments: "
+  with pytest.raises(ValueError, match="invalid LLaDA21Sampler arguments: "
                      "max_post_steps must be an int >= 0, got -1"):
     LLaDA21Sampler(max_post_steps=-1)
   with pytest.raises(ValueError, match="decodes llada2 checkpoints"):

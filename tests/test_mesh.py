@@ -18,7 +18,9 @@ from tests.mesh_case import run_script as _run
 STRATEGIES = PRELUDE + r'''
 import sys, time
 from flash_dllm_jax import sampling
-from flash_dllm_jax.sampling import DreamSampler, FastDLLMSampler, LLaDASampler
+from flash_dllm_jax.sampling import FastDLLMSampler
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 meshes = sys.argv[1].split(";")
 flash = dict(gen_length=16, block_m=4, track_num=2, mask_num=2)
@@ -78,7 +80,7 @@ import sys, tempfile
 from pathlib import Path
 from flash_dllm_jax import checkpoint
 from flash_dllm_jax.model import CachedExtras
-from flash_dllm_jax.sampling import LLaDASampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 
 # 1. A cached forward through the Pallas kernels (interpreted) under each
 # mesh: kernels (norms included) per shard via shard_map, caches sharded

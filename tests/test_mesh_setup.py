@@ -40,7 +40,7 @@ def test_eval_shards_problems_across_processes_and_merges(tmp_path):
   from tests.paths import TINY_CHECKPOINT
   from flash_dllm_jax.eval import runner
   from flash_dllm_jax.eval.tasks.gsm8k import GSM8K
-  from flash_dllm_jax.sampling import LLaDASampler
+  from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 
   model = flash_dllm_jax.load(TINY_CHECKPOINT)
   sampler = LLaDASampler(gen_length=16, steps=8, block_length=8)

@@ -6,7 +6,7 @@ import pytest
 
 from flash_dllm_jax import generate, load
 from flash_dllm_jax.prompts import bucket_groups, left_pad, padded_length
-from flash_dllm_jax.sampling import LLaDASampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from tests.paths import TINY_CHECKPOINT
 
 

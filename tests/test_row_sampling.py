@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from flash_dllm_jax.generate import generate
-from flash_dllm_jax.sampling import DreamSampler, LLaDASampler, commit_rules
+from flash_dllm_jax.sampling import commit_rules
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 from flash_dllm_jax.sampling.row_sampling import (GREEDY, RowSampling,
                                                   Sampling, _restrict,
                                                   propose_tokens)

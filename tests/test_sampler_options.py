@@ -19,6 +19,7 @@ from flash_dllm_jax import generate, load, strategies
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.sampling import commit_rules
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.strategies import (STRATEGIES, archs_of, build_sampler,
                                       sampler_options)
 from tests.paths import ROOT, TINY_CHECKPOINT
@@ -27,7 +28,7 @@ from tests.paths import ROOT, TINY_CHECKPOINT
 def _float_fields(name: str) -> list[str]:
   strategy = STRATEGIES[name]
   return [k for k, (typ, _) in sampler_options(strategy.sampler).items()
-          if typ is float and k not in strategy.fixed]
+          if typ is float and strategies.takes(strategy, k)]
 
 
 def _arch(name: str) -> str:
@@ -73,7 +74,8 @@ def test_every_sampler_checks_every_float_option():
     assert floats, cls
     for k in floats:
       for v in (math.nan, math.inf, -math.inf):
-        with pytest.raises(ValueError, match=rf"{cls.__name__} arguments: "
+        with pytest.raises(ValueError, match=rf"invalid {cls.__name__} "
+                           rf"arguments: "
                            rf"{k} must be a finite number, got {v!r}$"):
           cls(**{k: v})
 
@@ -179,8 +181,9 @@ DRAW_CASES = {"temperature": [0, 0.7, 2, -0.1, 2.01, 1e300],
 
 @pytest.mark.parametrize("name", sorted(DRAW_CASES))
 def test_draw_settings_have_one_range_everywhere(name):
-  from flash_dllm_jax.sampling import DreamSampler, draw_settings
-  from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+  from flash_dllm_jax.sampling import draw_settings
+  from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+  from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
   from flash_dllm_jax.sampling.row_sampling import Sampling
   from flash_dllm_jax.serve.body import parse_body
   from flash_dllm_jax.serve.errors import BadRequest
@@ -211,4 +214,77 @@ def test_draw_settings_have_one_range_everywhere(name):
   parser = argparse.ArgumentParser()
   strategies.add_option_flags(parser)
   flag = next(a for a in parser._actions if a.dest == name)
-  assert flag.help.startswith(setting.help()), flag.help
+  assert flag.help.startswith(setting.spec.meaning), flag.help
+  assert setting.range_text() in flag.help, flag.help
+
+
+def test_every_option_is_declared_once_with_its_meaning():
+  """Each field of each registered sampler carries its declaration
+  (sampling/options.py); a value out of it is refused by the one check
+  with the option, its range and the value in one line."""
+  from flash_dllm_jax.sampling import options
+  for cls in {s.sampler for s in STRATEGIES.values()}:
+    for name, (typ, default, spec) in options.declared(cls).items():
+      assert spec is not None and spec.meaning, (cls.__name__, name)
+      assert spec.error(name, typ, default) is None, (cls.__name__, name)
+      if typ is str and spec.choices:
+        with pytest.raises(ValueError, match=rf"^invalid {cls.__name__} "
+                           rf"arguments: {name} must be one of "):
+          cls(**{name: "no-such-choice"})
+  with pytest.raises(ValueError, match=r"^invalid FastDLLMSampler "
+                     r"arguments: threshold must be in \(0, 1\], got 1.5; "
+                     r"refresh_every must be None or a positive int, got 0$"):
+    STRATEGIES["fast-dllm-dual"].sampler(threshold=1.5, refresh_every=0)
+
+
+def test_the_old_stop_option_is_refused_with_its_new_name_everywhere():
+  """`stop` means stop strings to OpenAI users: Flash-dLLM's rule is
+  end_rule, and the old name gets one error naming it in model_args, a
+  request's `decoding` and build_sampler (the CLI: tests/test_cli.py)."""
+  from flash_dllm_jax.lm_eval import args
+  from flash_dllm_jax.serve.errors import BadRequest
+  from flash_dllm_jax.serve.protocol import CompletionRequest
+  from flash_dllm_jax.serve.variant_choice import pick
+  new = "is now end_rule (Flash-dLLM's rule for where the answer ends)"
+  with pytest.raises(ValueError, match=re.escape(f"stop {new}")):
+    args.parse({"pretrained": str(TINY_CHECKPOINT), "stop": "first"})
+  sampler = build_sampler("flash-dllm", "llada", {"end_rule": "first"})
+  assert sampler.end_rule == "first"
+  req = CompletionRequest(model="m", prompt="x", decoding={"stop": "first"})
+  with pytest.raises(BadRequest, match=re.escape(f"decoding.stop {new}")):
+    pick(req, [sampler], "flash-dllm")
+  with pytest.raises(ValueError, match=re.escape("--stop is now --end-rule")):
+    build_sampler("flash-dllm", "llada", {"stop": "first"})
+
+
+@pytest.mark.parametrize("name,options,message", [
+    ("llada", {"top_p": 0.5}, "--top-p do not apply to strategy 'llada'"),
+    ("flash-cache", {"gamma": 0.5},
+     "--gamma do not apply to strategy 'flash-cache'"),
+    ("threshold", {"refresh_every": 2},
+     "--refresh-every do not apply to strategy 'threshold'"),
+    ("fast-dllm-dual", {"rule": "factor", "threshold": 0.5},
+     "--threshold has no effect with strategy 'fast-dllm-dual': threshold "
+     "applies only with rule 'threshold', not 'factor'"),
+    ("llada2-flash", {"max_post_steps": 4},
+     "--max-post-steps has no effect with strategy 'llada2-flash': "
+     "max_post_steps applies only with editing_threshold set, not None"),
+])
+def test_an_option_a_strategy_ignores_is_an_error(name, options, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    build_sampler(name, _arch(name), options)
+
+
+def test_generate_flags_sample_every_strategy_that_samples():
+  """temperature / top_p / top_k: the sampler's field where it has one,
+  else every row's Sampling (what the API and the server send)."""
+  sampler, rows = strategies.build("flash-dllm", "llada", {
+      "temperature": 0.7, "top_k": 5, "gamma": 0.5})
+  assert sampler.gamma == 0.5
+  assert rows == Sampling(temperature=0.7, top_k=5)
+  sampler, rows = strategies.build("llada", "llada", {"temperature": 0.7})
+  assert sampler.temperature == 0.7 and rows is None
+  with pytest.raises(ValueError, match="--temperature do not apply to "
+                     "strategy 'diffusion-gemma'"):
+    strategies.build("diffusion-gemma", "diffusion_gemma",
+                     {"temperature": 0.7})

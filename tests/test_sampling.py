@@ -11,8 +11,9 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import decode_jit, decode_tokens, generate
 from flash_dllm_jax.prompts import PROMPT_BUCKET, left_pad
 from flash_dllm_jax.model import Transformer, init_params
-from flash_dllm_jax.sampling import DreamSampler, LLaDASampler
-from flash_dllm_jax.sampling.dream import torch_linspace_f32
+from flash_dllm_jax.architectures.dream.sampler import DreamSampler
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
+from flash_dllm_jax.architectures.dream.sampler import torch_linspace_f32
 from flash_dllm_jax.sampling.row_sampling import RowSampling, row_settings
 from tests import reference_samplers
 

@@ -56,6 +56,9 @@ class Architecture:
   default_strategy: the strategy `generate` uses when given none;
   samplers: the sampler classes (by name) that decode this family: every
     STRATEGIES entry built on one of them does.
+  strategies: None, or () -> the Strategy entries of the family's own
+    samplers (in its folder), which strategies.STRATEGIES lists before the
+    shared ones.
   chat_template: the genuine checkpoint's template.
   likelihood_masks: how lm-eval's log-likelihood noises the continuation
     (likelihood.py): "count" (exactly x of L tokens, LLaDA's
@@ -88,6 +91,7 @@ class Architecture:
   tiny_tokenizer_config: Mapping[str, Any]
   tiny_bos_is_eos: bool = False
   loader: Callable[[], Any] | None = None
+  strategies: Callable[[], tuple] | None = None
 
   def __post_init__(self):
     if self.likelihood_masks not in LIKELIHOOD_MASKS:

@@ -17,7 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from flash_dllm_jax.strategies import STRATEGIES, all_options, sampler_options
+from flash_dllm_jax.strategies import (STRATEGIES, all_options,
+                                      renamed_error, sampler_options)
 
 _PREFIX = "bad model_args for flash_dllm_jax: "
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's HF models' default when a task sets none
@@ -166,6 +167,9 @@ def parse(kwargs: Mapping[str, Any]) -> tuple[AdapterArgs, dict[str, Any]]:
                       f"got {value!r}")
         continue
     typ = types.get(key) or sampler_types.get(key)
+    if typ is None and (why := renamed_error(key, flag=False)):
+      errors.append(why)
+      continue
     if typ is None:
       hint = (" (model_args are split at commas: write mesh=data=2;model=2)"
               if key == "model" else "")

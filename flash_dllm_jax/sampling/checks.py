@@ -1,34 +1,8 @@
-"""Argument checks shared by the samplers."""
+"""Argument checks shared by the samplers (each option's own range: its
+declaration, sampling/options.py)."""
 
-import dataclasses
-import math
 import numbers
 from typing import Sequence
-
-
-INT32_MAX = 2 ** 31 - 1  # device arrays hold a sampler's ints as int32
-
-
-def check_finite(sampler) -> None:
-  """Raises one ValueError naming every real-valued field of a sampler
-  dataclass that is NaN or infinite, and every int field outside int32
-  (the dtype the compiled loop stores it in). Range checks alone let NaN
-  through (every comparison with it is False), and it then decodes
-  garbage; an int past int32 overflows when the decode stores it."""
-  bad = []
-  for f in dataclasses.fields(sampler):
-    value = getattr(sampler, f.name)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-      continue
-    if isinstance(value, numbers.Integral):
-      if abs(value) > INT32_MAX:
-        bad.append(f"{f.name} must fit int32 (|x| <= {INT32_MAX}), got "
-                   f"{value!r}")
-    elif not math.isfinite(value):
-      bad.append(f"{f.name} must be a finite number, got {value!r}")
-  if bad:
-    raise ValueError(f"invalid {type(sampler).__name__} arguments: "
-                     + "; ".join(bad))
 
 
 def check_fits(prompt_len: int, gen_length: int, max_seq_len: int,
@@ -46,32 +20,18 @@ def check_fits(prompt_len: int, gen_length: int, max_seq_len: int,
                      f"{after} exceeds max_seq_len {max_seq_len}")
 
 
-def optional_positive_errors(sampler, *names: str) -> list[str]:
-  """An error for each named field that is neither None nor a positive
-  int (options such as refresh_every and max_refills)."""
-  return [f"{name} must be None or a positive int, got {value!r}"
-          for name in names if (value := getattr(sampler, name)) is not None
-          and not (isinstance(value, int) and not isinstance(value, bool)
-                   and value > 0)]
-
-
-def block_schedule_errors(gen_length, block_length, steps) -> list[str]:
-  """Errors of a semi-autoregressive schedule: positive ints, gen_length a
-  multiple of block_length, steps a multiple of the number of blocks."""
-  errors = []
-  for name, value in (("gen_length", gen_length),
-                      ("block_length", block_length), ("steps", steps)):
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-      errors.append(f"{name} must be a positive int, got {value!r}")
-  if errors:
-    return errors
+def block_schedule_errors(gen_length: int, block_length: int,
+                          steps: int) -> list[str]:
+  """Errors of a semi-autoregressive schedule of valid positive ints:
+  gen_length a multiple of block_length, steps a multiple of the number
+  of blocks."""
   if gen_length % block_length:
-    errors.append(f"gen_length ({gen_length}) must be a multiple of "
-                  f"block_length ({block_length})")
-  elif steps % (gen_length // block_length):
-    errors.append(f"steps ({steps}) must be a multiple of the number of "
-                  f"blocks ({gen_length // block_length})")
-  return errors
+    return [f"gen_length ({gen_length}) must be a multiple of "
+            f"block_length ({block_length})"]
+  if steps % (gen_length // block_length):
+    return [f"steps ({steps}) must be a multiple of the number of blocks "
+            f"({gen_length // block_length})"]
+  return []
 
 
 def unfit_prompts(lengths: Sequence[int], sampler,

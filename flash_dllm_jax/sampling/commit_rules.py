@@ -205,26 +205,18 @@ class WindowRule:
 
 
 def window_errors(sampler, per_step: tuple[str, int]) -> list[str]:
-  """The rule options' errors of a window sampler: threshold in (0, 1];
-  rule in WINDOW_RULES; `steps` only with rule="fixed", an int in [1,
-  gen_length] committing at most per_step = (name, size) positions a step
-  (checked once gen_length and size are valid)."""
-  positive = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0
+  """The joint rule errors of a window sampler whose fields are each valid
+  (options.check): `steps` only with rule="fixed", at most gen_length,
+  committing at most per_step = (name, size) positions a step."""
   rule, steps, gen_length = sampler.rule, sampler.steps, sampler.gen_length
-  errors = []
-  if not (isinstance(sampler.threshold, (int, float))
-          and 0 < sampler.threshold <= 1):
-    errors.append(f"threshold must be in (0, 1], got {sampler.threshold!r}")
-  if rule not in WINDOW_RULES:
-    errors.append(f"rule must be one of {WINDOW_RULES}, got {rule!r}")
-  elif steps is not None and rule != "fixed":
-    errors.append(f"steps ({steps}) applies to rule='fixed' only, not "
-                  f"{rule!r}")
-  elif steps is not None and positive(gen_length) and positive(per_step[1]):
-    if not (positive(steps) and steps <= gen_length):
-      errors.append(f"steps must be an int in [1, gen_length ({gen_length})]"
-                    f", got {steps!r}")
-    elif -(-gen_length // steps) > per_step[1]:
-      errors.append(f"steps ({steps}) commits up to {-(-gen_length // steps)}"
-                    f" tokens a step, more than {per_step[0]} ({per_step[1]})")
-  return errors
+  if steps is None:
+    return []
+  if rule != "fixed":
+    return [f"steps ({steps}) applies to rule='fixed' only, not {rule!r}"]
+  if steps > gen_length:
+    return [f"steps must be an int in [1, gen_length ({gen_length})], got "
+            f"{steps!r}"]
+  if -(-gen_length // steps) > per_step[1]:
+    return [f"steps ({steps}) commits up to {-(-gen_length // steps)} "
+            f"tokens a step, more than {per_step[0]} ({per_step[1]})"]
+  return []

@@ -34,7 +34,6 @@ maximum).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import ClassVar, NamedTuple
 
 import jax
@@ -42,7 +41,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax.model import KVCache
-from flash_dllm_jax.sampling import checks, commit_rules, elastic_forward
+from flash_dllm_jax.sampling import (checks, commit_rules, elastic_forward,
+                                     options)
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -100,36 +101,38 @@ class ElasticCacheSampler(commit_rules.WindowRule):
   row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
       "temperature", "top_p", "top_k", "threshold", "gamma")
 
-  gen_length: int = 256
-  window: int = 16
-  track_num: int = 1
-  gamma: float = 0.9
-  rule: str = "threshold"
-  threshold: float = 0.9
-  steps: int | None = None
-  block_caching: bool = True
-  refresh_every: int | None = None
-  recompute_all: bool = False
-  max_refills: int | None = None
+  gen_length: int = option(256, "answer tokens decoded", ge=1)
+  window: int = option(16, "positions of the decode window (at most "
+                       "gen_length)", ge=1)
+  track_num: int = option(1, "decoded positions tracked a layer", ge=1)
+  gamma: float = option(0.9, "attention-drift level below which a layer "
+                        "restarts the recomputation (> 1: every step; <= 0: "
+                        "never)")
+  rule: str = option("threshold", "the window's commit rule: confidence "
+                     "threshold, or a fixed schedule of steps",
+                     choices=commit_rules.WINDOW_RULES)
+  threshold: float = option(0.9, "confidence a mask needs to commit (the "
+                            "most confident always does)", gt=0, le=1,
+                            needs={"rule": ("threshold",)})
+  steps: int | None = option(None, "model steps of the fixed schedule (at "
+                             "most gen_length)", ge=1, none="gen_length",
+                             needs={"rule": ("fixed",)})
+  block_caching: bool = option(True, "query only the window's masks (off: "
+                               "every open mask, tracking their attention)")
+  refresh_every: int | None = option(
+      None, "also recompute every layer over the whole sequence every k "
+      "steps", ge=1, none="only at a row's first step")
+  recompute_all: bool = option(False, "an uncached full forward every step "
+                               "(the exactness reference)")
+  max_refills: int | None = option(
+      None, "continuous batching: slots that take a new request per step",
+      ge=1, none="any number")
 
   def __post_init__(self):
-    checks.check_finite(self)
-    errors = []
-    pos_int = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0
-    for name in ("gen_length", "window", "track_num"):
-      if not pos_int(getattr(self, name)):
-        errors.append(f"{name} must be a positive int, got "
-                      f"{getattr(self, name)!r}")
-    if not errors and self.window > self.gen_length:
-      errors.append(f"window ({self.window}) must be <= gen_length "
-                    f"({self.gen_length})")
-    if not isinstance(self.gamma, (int, float)) or math.isnan(self.gamma):
-      errors.append(f"gamma must be a real number, got {self.gamma!r}")
-    errors += commit_rules.window_errors(self, ("window", self.window))
-    errors += checks.optional_positive_errors(self, "refresh_every",
-                                              "max_refills")
-    if errors:
-      raise ValueError("invalid Elastic-Cache arguments: " + "; ".join(errors))
+    options.check(self, lambda: (
+        [f"window ({self.window}) must be <= gen_length ({self.gen_length})"]
+        if self.window > self.gen_length else [])
+        + commit_rules.window_errors(self, ("window", self.window)))
 
   @property
   def num_steps(self) -> int:

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from flash_dllm_jax.sampling import checks, commit_rules
+from flash_dllm_jax.sampling import checks, commit_rules, options
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -66,34 +67,34 @@ class FastDLLMSampler:
   row_fields: ClassVar[tuple[str, ...]] = (  # DecodeState.sampling
       "temperature", "top_p", "top_k", "threshold", "factor")
 
-  gen_length: int = 256
-  block_length: int = 32
-  cache: str = "dual"
-  rule: str = "threshold"
-  threshold: float = 0.9
-  factor: float = 1.0
-  steps: int | None = None
-  refresh_every: int | None = None
+  gen_length: int = option(256, "answer tokens decoded", ge=1)
+  block_length: int = option(32, "tokens per block (divides gen_length)",
+                             ge=1)
+  cache: str = option("dual", "KV cache: none, prefix (the blocks before), "
+                      "dual (before and after)", choices=CACHES)
+  rule: str = option("threshold", "commit rule: confidence threshold, "
+                     "Fast-dLLM's factor rule, or a fixed schedule of steps",
+                     choices=commit_rules.RULES)
+  threshold: float = option(0.9, "confidence a mask needs to commit (rule "
+                            "threshold; the most confident always does)",
+                            gt=0, le=1, needs={"rule": ("threshold",)})
+  factor: float = option(1.0, "Fast-dLLM's factor rule's factor", gt=0,
+                         needs={"rule": ("factor",)})
+  steps: int | None = option(None, "model steps of the fixed schedule over "
+                             "the answer (a multiple of the number of "
+                             "blocks)", ge=1, none="gen_length",
+                             needs={"rule": ("fixed",)})
+  refresh_every: int | None = option(
+      None, "also refresh the cache with a full forward every k steps "
+      "inside a block", ge=1, none="only at a block's start",
+      needs={"cache": ("prefix", "dual")})
 
   def __post_init__(self):
-    checks.check_finite(self)
+    options.check(self)
     if self.steps is None:
       object.__setattr__(self, "steps", self.gen_length)
-    errors = checks.block_schedule_errors(self.gen_length, self.block_length,
-                                          self.steps)
-    if self.cache not in CACHES:
-      errors.append(f"cache must be one of {CACHES}, got {self.cache!r}")
-    if self.rule not in commit_rules.RULES:
-      errors.append(f"rule must be one of {commit_rules.RULES}, got "
-                    f"{self.rule!r}")
-    if not 0 < self.threshold <= 1:
-      errors.append(f"threshold must be in (0, 1], got {self.threshold}")
-    if not self.factor > 0:
-      errors.append(f"factor must be > 0, got {self.factor}")
-    errors += checks.optional_positive_errors(self, "refresh_every")
-    if errors:
-      raise ValueError("invalid Fast-dLLM sampler arguments: "
-                       + "; ".join(errors))
+    options.check(self, lambda: checks.block_schedule_errors(
+        self.gen_length, self.block_length, self.steps))
 
   @property
   def num_blocks(self) -> int:

@@ -12,7 +12,7 @@ largest such position; nothing at or after the end is decoded, and a row is
 finished once no mask remains before it. With `verify`, a second pass checks
 up to block_m // 2 of the remaining window drafts (flash_verify.py, which
 also defines the pass for Dream). The defaults are the reference's rules;
-`window_rule`, `stop` and `rank` name the project's alternatives.
+`window_rule`, `end_rule` and `rank` name the project's alternatives.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import jax
 import jax.numpy as jnp
 
 from flash_dllm_jax.sampling import (checks, commit_rules, flash_budget,
-                                     flash_forward, flash_verify, top_logprobs)
-from flash_dllm_jax.model.cache import kv_cache_dtype_error
+                                     flash_forward, flash_verify, options,
+                                     top_logprobs)
+from flash_dllm_jax.model.cache import KV_CACHE_DTYPES
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.flash_state import FlashCacheAux, StepTrace
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -37,9 +39,9 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   """Flash-Cache decoding; defaults follow the reference (VILA-Lab
   Flash-dLLM `generate_with_Flash_dLLM` and its GSM8K script).
 
-  window_rule / stop / rank: the reference's rules by default; the others
-    are the project's (flash_budget.py): window_rule "confident", stop "first"
-    (the first committed EOS or EOT ends the answer), rank "mass" (softmax
+  window_rule / end_rule / rank: the reference's rules by default; the
+    others are the project's (flash_budget.py): window_rule "confident",
+    end_rule "first" (the first committed EOS or EOT ends the answer), rank "mass" (softmax
     attention mass instead of summed q.k ranks the decoded positions).
   rank_from_layer: layers from this one on add to the rank (the reference's
     `block_idx > 1`).
@@ -75,54 +77,61 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   grows_refills: ClassVar[bool] = True  # any number of fresh rows a step
   records_top: ClassVar[bool] = True  # loop.records_top (top_logprobs.py)
 
-  gen_length: int = 256
-  block_m: int = 16
-  track_num: int = 4
-  mask_num: int = 4
-  rule: str = "threshold"
-  threshold: float = 0.9
-  steps: int | None = None
-  rank_from_layer: int = 2
-  verify: bool = False
-  gamma: float = 0.8
-  eos_tail: bool = False
-  window_rule: str = "leftmost"
-  stop: str = "eos"
-  rank: str = "score"
-  recompute_all: bool = False
-  max_refills: int | None = 4
-  kv_cache_dtype: str = "auto"
+  gen_length: int = option(256, "answer tokens decoded", ge=1)
+  block_m: int = option(16, "positions of the decode window (the budget's "
+                        "unit)", ge=1)
+  track_num: int = option(4, "decoded positions refreshed a step, in units "
+                          "of block_m", ge=0)
+  mask_num: int = option(4, "masks refreshed a step, in units of block_m "
+                         "(the window included)", ge=1)
+  rule: str = option("threshold", "the window's commit rule: confidence "
+                     "threshold, or a fixed schedule of steps",
+                     choices=commit_rules.WINDOW_RULES)
+  threshold: float = option(0.9, "confidence a mask needs to commit (the "
+                            "most confident always does)", gt=0, le=1,
+                            needs={"rule": ("threshold",)})
+  steps: int | None = option(None, "model steps of the fixed schedule (at "
+                             "most gen_length)", ge=1, none="gen_length",
+                             needs={"rule": ("fixed",)})
+  rank_from_layer: int = option(2, "layers from this one on rank the "
+                                "decoded positions to refresh", ge=0)
+  verify: bool = option(False, "Flash-Verify the window's remaining drafts")
+  gamma: float = option(0.8, "Flash-Verify's acceptance level",
+                        gt=0, le=1, needs={"verify": (True,)})
+  eos_tail: bool = option(False, "lay out EOS tokens after the answer as "
+                          "the reference does (reproduces its decodes)")
+  window_rule: str = option("leftmost", "which masks form the window: the "
+                            "leftmost, or the most confident open ones",
+                            choices=flash_budget.WINDOWS)
+  end_rule: str = option("eos", "where the answer ends: eos (after the "
+                         "largest EOS of the first commit batch holding one, "
+                         "the reference) or first (the first committed EOS "
+                         "or EOT)", choices=flash_budget.STOPS)
+  rank: str = option("score", "how decoded positions are ranked for a "
+                     "refresh: summed q.k scores, or softmax attention mass",
+                     choices=("score", "mass"))
+  recompute_all: bool = option(False, "run every position uncached each "
+                               "step (the exactness reference)")
+  max_refills: int | None = option(
+      4, "continuous batching: slots that take a new request per step, and "
+      "fresh rows prefilled together", ge=1, none="any number")
+  kv_cache_dtype: str = option(
+      "auto", "the KV cache's storage: auto (the model's dtype) or an 8-bit "
+      "format with a scale per position and KV head, read by the attention "
+      "kernel", choices=KV_CACHE_DTYPES)
 
   def __post_init__(self):
-    checks.check_finite(self)
-    errors = []
-    for name in ("gen_length", "block_m", "track_num", "mask_num"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value < (0 if name == "track_num" else 1):
-        errors.append(f"{name} must be a positive int, got {value!r}")
-    if not 0 < self.gamma <= 1:
-      errors.append(f"gamma must be in (0, 1], got {self.gamma}")
-    for name, allowed in (("window_rule", flash_budget.WINDOWS),
-                          ("stop", flash_budget.STOPS),
-                          ("rank", ("score", "mass"))):
-      if getattr(self, name) not in allowed:
-        errors.append(f"{name} must be one of {', '.join(allowed)}, got "
-                      f"{getattr(self, name)!r}")
+    options.check(self, self._joint_errors)
+
+  def _joint_errors(self) -> list[str]:
+    errors = commit_rules.window_errors(self, ("block_m", self.block_m))
     if self.verify and self.recompute_all:
       errors.append("recompute_all (the uncached exactness reference) cannot "
                     "be combined with verify, which reads the cache")
-    errors += commit_rules.window_errors(self, ("block_m", self.block_m))
-    errors += checks.optional_positive_errors(self, "max_refills")
-    if why := kv_cache_dtype_error(self.kv_cache_dtype):
-      errors.append(why)
     if self.verify and self.block_m < 2:
       errors.append("verify needs block_m >= 2 (it checks block_m // 2 "
                     "candidates)")
-    if not isinstance(self.rank_from_layer, int) or self.rank_from_layer < 0:
-      errors.append(f"rank_from_layer must be an int >= 0, got "
-                    f"{self.rank_from_layer!r}")
-    if errors:
-      raise ValueError("invalid Flash-dLLM arguments: " + "; ".join(errors))
+    return errors
 
   @property
   def num_steps(self) -> int:
@@ -211,7 +220,7 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     window_BxW = scored_BxR[:, :w]
     real_BxW = window_BxW >= 0
     drafts_BxW = x0_BxR[:, :w].astype(tokens_BxN.dtype)
-    ids = flash_budget.end_tokens(model, self.stop)
+    ids = flash_budget.end_tokens(model, self.end_rule)
     conf_w_BxW = self.window_confidence(window_BxW, drafts_BxW,
                                         conf_BxR[:, :w], real_BxW, end_B,
                                         ids, n)
@@ -222,7 +231,7 @@ class FlashDLLMSampler(commit_rules.WindowRule):
     tokens_BxN = tokens_BxN.at[rows_Bx1, commit_slots_BxW].set(
         drafts_BxW, mode="drop")
     new_end_B = flash_budget.update_end(aux.end_B, n, window_BxW, drafts_BxW,
-                                        commit_BxW, ids, self.stop)
+                                        commit_BxW, ids, self.end_rule)
     drafted_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, commit_slots_BxW].set(
         True, mode="drop")
     logprob_BxN = jnp.zeros((b, n), jnp.float32).at[
@@ -257,7 +266,7 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                                    *v.top, v.drafts_BxC, lp_BxC))
       new_end_B = flash_budget.update_end(new_end_B, n, v.slots_BxC,
                                           v.drafts_BxC, keep_BxC, ids,
-                                          self.stop)
+                                          self.end_rule)
       last_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, verified_BxC].set(
           True, mode="drop")
       forwards_B = forwards_B + (plan.S_B > 0)
@@ -275,10 +284,10 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   def window_confidence(self, window_BxW, drafts_BxW, conf_BxW, real_BxW,
                         end_B, ids, n: int):
     """The window's confidences the commit rule sees: 0 at or past the
-    answer's end, and with stop "first" past the first stop token this
+    answer's end, and with end_rule "first" past the first stop token this
     step predicts."""
     conf_BxW = jnp.where(window_BxW >= end_B[:, None], 0.0, conf_BxW)
-    if self.stop == "first":
+    if self.end_rule == "first":
       stop_BxW = flash_budget.is_stop(drafts_BxW, ids) & real_BxW
       first_B = jnp.min(jnp.where(stop_BxW, window_BxW, n), axis=1)
       conf_BxW = jnp.where(window_BxW > first_B[:, None], 0.0, conf_BxW)

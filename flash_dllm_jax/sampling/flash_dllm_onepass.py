@@ -46,6 +46,7 @@ from flax import struct
 from flash_dllm_jax.sampling import commit_rules, flash_budget, flash_verify
 from flash_dllm_jax.sampling import select
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.flash_state import FlashCacheAux, StepTrace
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -70,15 +71,18 @@ class FlashDLLMOnePassSampler(FlashDLLMSampler):
 
   records_top: ClassVar[bool] = False  # its steps return no alternatives
 
-  verify: bool = True
-  skip_drafts: bool = True
+  verify: bool = option(True, "always on: the verify rows ride in the "
+                        "next step's forward")
+  skip_drafts: bool = option(True, "take the window and extra masks past "
+                             "the drafts being verified (off: re-draft them "
+                             "beside their verification)")
 
-  def __post_init__(self):
-    super().__post_init__()
+  def _joint_errors(self) -> list[str]:
+    errors = super()._joint_errors()
     if not self.verify or self.recompute_all:
-      raise ValueError("invalid Flash-dLLM one-pass arguments: it always "
-                       "verifies (verify=True) and reads the cache "
-                       "(recompute_all=False)")
+      errors.append("one-pass always verifies (verify=True) and reads the "
+                    "cache (recompute_all=False)")
+    return errors
 
   @property
   def candidates(self) -> int:
@@ -147,9 +151,9 @@ class FlashDLLMOnePassSampler(FlashDLLMSampler):
         draft_BxC.astype(tokens_BxN.dtype), mode="drop")
     logprob_BxN = jnp.zeros((b, n), jnp.float32).at[rows_Bx1, kept_BxC].set(
         jnp.log(p_BxC), mode="drop")
-    ids = flash_budget.end_tokens(model, self.stop)
+    ids = flash_budget.end_tokens(model, self.end_rule)
     end_B = flash_budget.update_end(end_B, n, cand_BxC, draft_BxC, keep_BxC,
-                                    ids, self.stop)
+                                    ids, self.end_rule)
 
     # 3. commit the window's rule over the positions not accepted
     scored_BxR = slots_BxQ[:, :self._scored]
@@ -172,7 +176,7 @@ class FlashDLLMOnePassSampler(FlashDLLMSampler):
     logprob_BxN = logprob_BxN.at[rows_Bx1, commit_slots_BxW].set(
         lp_BxR[:, :w], mode="drop")
     new_end_B = flash_budget.update_end(end_B, n, window_BxW, drafts_BxW,
-                                        commit_BxW, ids, self.stop)
+                                        commit_BxW, ids, self.end_rule)
     last_BxN = jnp.zeros((b, n), bool).at[rows_Bx1, commit_slots_BxW].set(
         True, mode="drop").at[rows_Bx1, kept_BxC].set(True, mode="drop")
 

@@ -28,7 +28,8 @@ from flash_dllm_jax.sampling.row_sampling import row_fields
 from flash_dllm_jax.serve import MAX_BODY_BYTES, memory_plan
 from flash_dllm_jax.serve.memory_plan import DEFAULT_UTILIZATION
 from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
-                                       all_options, build_sampler, decodes)
+                                       all_options, build_sampler, decodes,
+                                       options_from_args)
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -162,8 +163,7 @@ def main(args: argparse.Namespace) -> int:
   log.addHandler(handler)
   log.setLevel(logging.INFO)
   log.propagate = False
-  options = {k: getattr(args, k) for k in all_options()
-             if getattr(args, k) is not None}
+  options = options_from_args(args)
   checkpoint = args.checkpoint or default_checkpoint()
   name = args.served_model_name or checkpoint.resolve().name
   api_key = args.api_key if args.api_key is not None else os.environ.get(

@@ -11,7 +11,8 @@ import math
 from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.serve.errors import BadRequest
-from flash_dllm_jax.strategies import option_type_error, sampler_options
+from flash_dllm_jax.strategies import (option_type_error, renamed_error,
+                                      sampler_options)
 
 # Request fields that pick a variant besides `decoding`, where the sampler
 # does not take them per row (`row_fields`; LLaDA's top_p / top_k): (field,
@@ -41,6 +42,8 @@ def pick(req, samplers, strategy: str) -> int:
   names = dataclasses.asdict(samplers[0])
   types = sampler_options(type(samplers[0]))  # the CLI flags' types
   for name, value in (req.decoding or {}).items():
+    if name not in names and (why := renamed_error(name, flag=False)):
+      raise BadRequest(f"decoding.{why}", f"decoding.{name}")
     if name not in names and name in _REQUEST_FIELDS:
       raise BadRequest(f"{name} is a request field, not a decoding "
                        f"option: send it as the request's {name}",

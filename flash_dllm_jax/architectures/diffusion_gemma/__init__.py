@@ -35,13 +35,19 @@ def loader():
   return checkpoint
 
 
+def _strategies():
+  from flash_dllm_jax.architectures.diffusion_gemma.strategies import STRATEGIES
+  return STRATEGIES
+
+
 SPEC = Architecture(
     name=ARCH, hf_model_types=("diffusion_gemma",),
     label="DiffusionGemma (google-deepmind)",
     read_hf_config=read_hf_config, name_table=_name_table,
     attention=AttentionSpec(qk_norm=True, mask="full"),
     logits_shift=0, default_strategy="diffusion-gemma",
-    samplers=("DiffusionGemmaSampler",), chat_template=CHAT_TEMPLATE,
+    samplers=("DiffusionGemmaSampler",), strategies=_strategies,
+    chat_template=CHAT_TEMPLATE,
     likelihood_masks="count", presets={}, tiny_changes={},
     tiny_special_tokens=("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>"),
     tiny_tokenizer_config=dict(

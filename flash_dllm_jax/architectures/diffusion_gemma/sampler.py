@@ -43,7 +43,8 @@ from flax import struct
 
 from flash_dllm_jax.architectures.diffusion_gemma import model as dg
 from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
-from flash_dllm_jax.sampling import checks
+from flash_dllm_jax.sampling import checks, options
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.state import DecodeState, where_keys
 
 
@@ -100,46 +101,46 @@ class DiffusionGemmaSampler:
   new request (and prefill) per loop step (None: any number).
   """
 
-  canvas_length: int = 256
-  max_denoising_steps: int = 48
-  entropy_bound: float = 0.1
-  max_temperature: float = 0.8
-  min_temperature: float = 0.4
-  exponent: float = 1.0
-  early_stop: str = "chained"
-  stop_tokens: TokenIds | None = None
-  max_out_length: int = 2048
-  max_refills: int | None = None
+  canvas_length: int = option(256, "tokens per canvas", ge=1)
+  max_denoising_steps: int = option(48, "denoising steps a canvas may take",
+                                    ge=1)
+  entropy_bound: float = option(0.1, "SampleFromPredictions' entropy bound "
+                                "on accepting tokens")
+  max_temperature: float = option(0.8, "the annealing's first temperature "
+                                  "(>= min_temperature)")
+  min_temperature: float = option(0.4, "the annealing's last temperature",
+                                  ge=1e-12)  # the official _MIN_TEMP
+  exponent: float = option(1.0, "the annealing's exponent")
+  early_stop: str = option(
+      "chained", "when a canvas stops denoising: chained (token stability "
+      f"and mean entropy <= {st.CHAINED_ENTROPY}), token_stability, "
+      "entropy:<bound> or none")
+  stop_tokens: TokenIds | None = option(
+      None, "token ids that also end the answer (e.g. 20,21)", none="none")
+  max_out_length: int = option(2048, "answer tokens at most", ge=1)
+  max_refills: int | None = option(
+      None, "continuous batching: slots that take a new request (and "
+      "prefill) per loop step", ge=1, none="any number")
   # Each answer token's log-probability: under the unshaped logits of the
   # denoising step that drew it (its canvas's last), as vLLM reports one.
   reports_logprobs = True
 
   def __post_init__(self):
-    checks.check_finite(self)
+    options.check(self, self._joint_errors)
+    object.__setattr__(self, "stop_tokens", TokenIds(self.stop_tokens or ()))
+
+  def _joint_errors(self) -> list[str]:
     errors = []
-    for name in ("canvas_length", "max_denoising_steps", "max_out_length"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        errors.append(f"{name} must be a positive int, got {value!r}")
-    errors += checks.optional_positive_errors(self, "max_refills")
-    if self.min_temperature < 1e-12:  # the official _MIN_TEMP
-      errors.append(f"min_temperature must be >= 1e-12, got "
-                    f"{self.min_temperature}")
     if self.max_temperature < self.min_temperature:
       errors.append(f"max_temperature ({self.max_temperature}) must be >= "
                     f"min_temperature ({self.min_temperature})")
-    try:
-      st.parse_early_stop(self.early_stop)
-    except ValueError as e:
-      errors.append(str(e))
-    try:
-      object.__setattr__(self, "stop_tokens",
-                         TokenIds(self.stop_tokens or ()))
-    except ValueError as e:
-      errors.append(str(e))
-    if errors:
-      raise ValueError("invalid DiffusionGemma sampler arguments: "
-                       + "; ".join(errors))
+    for check in (lambda: st.parse_early_stop(self.early_stop),
+                  lambda: TokenIds(self.stop_tokens or ())):
+      try:
+        check()
+      except ValueError as e:
+        errors.append(str(e))
+    return errors
 
   @property
   def gen_length(self) -> int:

@@ -41,6 +41,11 @@ def _name_table():
   return TABLE
 
 
+def _strategies():
+  from flash_dllm_jax.architectures.dream.strategies import STRATEGIES
+  return STRATEGIES
+
+
 SPEC = Architecture(
     name="dream", hf_model_types=("dream",), label="Dream-v0",
     read_hf_config=read_hf_config, name_table=_name_table,
@@ -48,7 +53,7 @@ SPEC = Architecture(
     logits_shift=1, default_strategy="dream",
     samplers=("DreamSampler", "FastDLLMSampler", "FlashDLLMSampler",
               "FlashDLLMOnePassSampler",
-              "ElasticCacheSampler"),
+              "ElasticCacheSampler"), strategies=_strategies,
     chat_template=CHAT_TEMPLATE, likelihood_masks="rate",
     presets={"dream-7b": dict(
         vocab_size=152064, d_model=3584, n_layers=28, n_heads=28,

@@ -44,6 +44,11 @@ def _name_table():
   return TABLE
 
 
+def _strategies():
+  from flash_dllm_jax.architectures.llada.strategies import STRATEGIES
+  return STRATEGIES
+
+
 SPEC = Architecture(
     name="llada", hf_model_types=("llada",), label="LLaDA-8B, LLaDA-1.5",
     read_hf_config=read_hf_config, name_table=_name_table,
@@ -51,7 +56,7 @@ SPEC = Architecture(
     logits_shift=0, default_strategy="llada",
     samplers=("LLaDASampler", "FastDLLMSampler", "FlashDLLMSampler",
               "FlashDLLMOnePassSampler",
-              "ElasticCacheSampler"),
+              "ElasticCacheSampler"), strategies=_strategies,
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
     presets={"llada-8b": dict(
         vocab_size=126464, d_model=4096, n_layers=32, n_heads=32,

@@ -92,14 +92,20 @@ _MINI = dict(
                   first_dense_layers=1, n_groups=8, topk_groups=4,
                   routed_scaling=2.5))
 
+def _strategies():
+  from flash_dllm_jax.architectures.llada2.strategies import STRATEGIES
+  return STRATEGIES
+
+
 SPEC = Architecture(
     name="llada2", hf_model_types=("llada2_moe",),
     label="LLaDA2.0 / LLaDA2.1 mini and flash",
     read_hf_config=read_hf_config, name_table=_name_table,
     attention=AttentionSpec(qk_norm=True, rope_in_float32=False,
                             mask="block_causal"),
-    logits_shift=0, default_strategy="llada2", samplers=("LLaDA2Sampler", "LLaDA21Sampler",
-                                     "LLaDA2FlashSampler"),
+    logits_shift=0, default_strategy="llada2",
+    samplers=("LLaDA2Sampler", "LLaDA21Sampler", "LLaDA2FlashSampler"),
+    strategies=_strategies,
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
     presets={"llada2-mini": _MINI,
              "llada2.1-mini": {**_MINI, "max_seq_len": 32768}},

@@ -60,6 +60,11 @@ def _name_table():
   return TABLE
 
 
+def _strategies():
+  from flash_dllm_jax.architectures.sdar.strategies import STRATEGIES
+  return STRATEGIES
+
+
 def _preset(d_model: int, mlp_hidden: int) -> dict[str, Any]:
   return dict(vocab_size=151936, d_model=d_model, n_layers=36, n_heads=32,
               n_kv_heads=8, head_dim=128, mlp_hidden=mlp_hidden,
@@ -75,7 +80,7 @@ SPEC = Architecture(
     attention=AttentionSpec(qk_norm=True, rope_in_float32=False,
                             mask="block_causal"),
     logits_shift=0, default_strategy="sdar",
-    samplers=("SDARSampler", "LLaDA2FlashSampler"),
+    samplers=("SDARSampler", "LLaDA2FlashSampler"), strategies=_strategies,
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
     presets={"sdar-4b": _preset(2560, 9728), "sdar-8b": _preset(4096, 12288)},
     tiny_changes={"rms_norm_eps": 1e-6, "rope_theta": 1e6},

@@ -48,9 +48,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.sampling import checks, commit_rules, draw_settings, select
-from flash_dllm_jax.sampling import llada2
-from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+from flash_dllm_jax.architectures.llada2 import sampler as llada2
+from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
+from flash_dllm_jax.sampling import commit_rules, draw_settings, options, select
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -69,39 +70,33 @@ class SDARSampler:
 
   row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k")
 
-  gen_length: int = 128
-  block_length: int = 4
-  denoising_steps: int = 4
-  remasking_strategy: str = "low_confidence_dynamic"
-  confidence_threshold: float = 0.85
-  eb_threshold: float = 0.35
-  temperature: float = 0.0
-  top_k: int | None = None
-  top_p: float | None = None
-  block_cache: bool = True
-  max_refills: int | None = None
+  gen_length: int = option(128, "answer tokens decoded", ge=1)
+  block_length: int = option(4, "tokens per block (blocks counted from the "
+                             "prompt's first token)", ge=1)
+  denoising_steps: int = option(4, "steps a block is scheduled over", ge=1)
+  remasking_strategy: str = option(
+      "low_confidence_dynamic", "which masks a step commits: the scheduled "
+      "count of the most confident (static), also every one above "
+      "confidence_threshold (dynamic), or as many as keep the summed entropy "
+      "under eb_threshold (entropy_bounded)", choices=REMASKING)
+  confidence_threshold: float = option(
+      0.85, "the dynamic rule's confidence threshold", ge=0, le=1,
+      needs={"remasking_strategy": ("low_confidence_dynamic",)})
+  eb_threshold: float = option(
+      0.35, "the entropy-bounded rule's bound on a step's summed entropy",
+      gt=0, needs={"remasking_strategy": ("entropy_bounded",)})
+  temperature: float = draw_settings.TEMPERATURE.field(0.0)
+  top_k: int | None = draw_settings.TOP_K.field()
+  top_p: float | None = draw_settings.TOP_P.field()
+  block_cache: bool = option(True, "run the current block against the "
+                             "cached finished blocks (off: the whole window "
+                             "each step, as the reference)")
+  max_refills: int | None = option(
+      None, "continuous batching: slots that take a new request per step",
+      ge=1, none="any number")
 
   def __post_init__(self):
-    checks.check_finite(self)
-    errors = []
-    for name in ("gen_length", "block_length", "denoising_steps"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        errors.append(f"{name} must be a positive int, got {value!r}")
-    if self.remasking_strategy not in REMASKING:
-      errors.append(f"remasking_strategy must be one of {REMASKING}, got "
-                    f"{self.remasking_strategy!r}")
-    if not 0 <= self.confidence_threshold <= 1:
-      errors.append(f"confidence_threshold must be in [0, 1], got "
-                    f"{self.confidence_threshold}")
-    if not self.eb_threshold > 0:
-      errors.append(f"eb_threshold must be > 0, got {self.eb_threshold}")
-    errors += draw_settings.errors(self)
-    errors += checks.optional_positive_errors(self, "max_refills")
-    if not isinstance(self.block_cache, bool):
-      errors.append(f"block_cache must be a bool, got {self.block_cache!r}")
-    if errors:
-      raise ValueError("invalid SDAR sampler arguments: " + "; ".join(errors))
+    options.check(self)
 
   # LLaDA2Sampler's blocks, draws, cache and row handling, under SDAR's
   # names: its `steps` is denoising_steps, its `threshold` the dynamic

@@ -23,7 +23,8 @@ import numpy as np
 from flash_dllm_jax import ops
 
 from flash_dllm_jax.sampling import (checks, commit_rules, draw_settings,
-                                     row_draws, select)
+                                     options, row_draws, select)
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.loop import Uncached
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -40,29 +41,29 @@ class LLaDASampler(Uncached):
 
   row_fields: ClassVar[tuple[str, ...]] = ("temperature",)
 
-  gen_length: int = 128
-  steps: int = 128
-  block_length: int | None = None
-  temperature: float = 0.0
-  cfg_scale: float = 0.0
-  remasking: str = "low_confidence"
-  logits_eos_inf: bool = False
-  confidence_eos_eot_inf: bool = False
+  gen_length: int = option(128, "answer tokens decoded", ge=1)
+  steps: int = option(128, "model steps over the whole answer (a multiple "
+                      "of the number of blocks)", ge=1)
+  block_length: int | None = option(
+      None, "tokens per block (divides gen_length)",
+      ge=1, none="the whole answer (gen_length)")
+  temperature: float = draw_settings.TEMPERATURE.field(0.0)
+  cfg_scale: float = option(0.0, "classifier-free guidance scale (0: off; "
+                            "above 0 a second, unprompted forward a step)",
+                            ge=0)
+  remasking: str = option("low_confidence", "which masks a step commits: "
+                          "the most confident, or a random choice",
+                          choices=REMASKING)
+  logits_eos_inf: bool = option(False, "never draw EOS (its logit -inf)")
+  confidence_eos_eot_inf: bool = option(
+      False, "EOS and EOT never win on confidence")
 
   def __post_init__(self):
-    checks.check_finite(self)
+    options.check(self)
     if self.block_length is None:
       object.__setattr__(self, "block_length", self.gen_length)
-    errors = checks.block_schedule_errors(self.gen_length, self.block_length,
-                                          self.steps)
-    errors += draw_settings.errors(self)
-    if self.cfg_scale < 0:
-      errors.append(f"cfg_scale must be >= 0, got {self.cfg_scale}")
-    if self.remasking not in REMASKING:
-      errors.append(f"remasking must be one of {REMASKING}, "
-                    f"got {self.remasking!r}")
-    if errors:
-      raise ValueError("invalid LLaDA sampler arguments: " + "; ".join(errors))
+    options.check(self, lambda: checks.block_schedule_errors(
+        self.gen_length, self.block_length, self.steps))
 
   @property
   def num_blocks(self) -> int:

@@ -46,7 +46,8 @@ from flax import struct
 
 from flash_dllm_jax import ops
 from flash_dllm_jax.sampling import (checks, commit_rules, draw_settings,
-                                     row_draws, select)
+                                     options, row_draws, select)
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -81,36 +82,29 @@ class LLaDA2Sampler:
   row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k",
                                            "threshold")
 
-  gen_length: int = 128
-  block_length: int = 32
-  steps: int = 32
-  threshold: float | None = 0.95
-  eos_early_stop: bool = False
-  temperature: float = 0.0
-  top_k: int | None = None
-  top_p: float | None = None
-  block_cache: bool = True
-  max_refills: int | None = None
+  gen_length: int = option(128, "answer tokens decoded", ge=1)
+  block_length: int = option(32, "tokens per block (blocks counted from "
+                             "the prompt's first token)", ge=1)
+  steps: int = option(32, "steps a block is scheduled over (each commits "
+                      "its share at least)", ge=1)
+  threshold: float | None = option(
+      0.95, "confidence above which every mask of the block commits (if "
+      "at least the step's share do)", ge=0, le=1,
+      none="always the scheduled count")
+  eos_early_stop: bool = option(False, "end the answer at a committed EOS "
+                                "with no mask before it")
+  temperature: float = draw_settings.TEMPERATURE.field(0.0)
+  top_k: int | None = draw_settings.TOP_K.field()
+  top_p: float | None = draw_settings.TOP_P.field()
+  block_cache: bool = option(True, "run the current block against the "
+                             "cached finished blocks (off: the whole "
+                             "window each step, as the reference)")
+  max_refills: int | None = option(
+      None, "continuous batching: slots that take a new request per step",
+      ge=1, none="any number")
 
   def __post_init__(self):
-    checks.check_finite(self)
-    errors = []
-    for name in ("gen_length", "block_length", "steps"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        errors.append(f"{name} must be a positive int, got {value!r}")
-    if self.threshold is not None and not 0 <= self.threshold <= 1:
-      errors.append(f"threshold must be None or in [0, 1], got "
-                    f"{self.threshold}")
-    errors += draw_settings.errors(self)
-    errors += checks.optional_positive_errors(self, "max_refills")
-    for name in ("eos_early_stop", "block_cache"):
-      if not isinstance(getattr(self, name), bool):
-        errors.append(f"{name} must be a bool, got "
-                      f"{getattr(self, name)!r}")
-    if errors:
-      raise ValueError("invalid LLaDA2 sampler arguments: "
-                       + "; ".join(errors))
+    options.check(self)
 
   @property
   def tail_length(self) -> int:

@@ -21,7 +21,9 @@ import numpy as np
 
 from flash_dllm_jax import ops
 from flash_dllm_jax.sampling import (checks, commit_rules, draw_settings,
+                                     options,
                                      row_draws, select)
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.loop import Uncached
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -54,31 +56,21 @@ class DreamSampler(Uncached):
 
   row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k")
 
-  gen_length: int = 512
-  steps: int = 512
-  eps: float = 1e-3
-  alg: str = "origin"
-  temperature: float = 0.0
-  top_p: float | None = None
-  top_k: int | None = None
-  alg_temp: float | None = None
+  gen_length: int = option(512, "answer tokens decoded", ge=1)
+  steps: int = option(512, "model steps over the whole answer", ge=1)
+  eps: float = option(1e-3, "the last timestep of the schedule 1 -> eps",
+                      gt=0, lt=1)
+  alg: str = option("origin", "which masks a step reveals: random "
+                    "(origin) or by a confidence measure", choices=ALGS)
+  temperature: float = draw_settings.TEMPERATURE.field(0.0)
+  top_p: float | None = draw_settings.TOP_P.field()
+  top_k: int | None = draw_settings.TOP_K.field()
+  alg_temp: float | None = option(
+      None, "temperature of the draw among the confidences (the "
+      "confidence algorithms)", ge=0, none="take the most confident")
 
   def __post_init__(self):
-    checks.check_finite(self)
-    errors = []
-    for name in ("gen_length", "steps"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or value <= 0:
-        errors.append(f"{name} must be a positive int, got {value!r}")
-    if not 0 < self.eps < 1:
-      errors.append(f"eps must be in (0, 1), got {self.eps}")
-    if self.alg not in ALGS:
-      errors.append(f"alg must be one of {ALGS}, got {self.alg!r}")
-    errors += draw_settings.errors(self)
-    if self.alg_temp is not None and self.alg_temp < 0:
-      errors.append(f"alg_temp must be >= 0, got {self.alg_temp}")
-    if errors:
-      raise ValueError("invalid Dream sampler arguments: " + "; ".join(errors))
+    options.check(self)
 
   @property
   def forwards_per_step(self) -> int:

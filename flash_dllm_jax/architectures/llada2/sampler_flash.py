@@ -16,7 +16,7 @@ block ends when no mask is left in it; answers end as in LLaDA2Sampler
 no mask before it). forwards_B counts both passes.
 
 With `editing_threshold` set, the draft pass also edits as LLaDA2.1's
-rule does (llada21.py): every committed answer token of the block whose
+rule does (sampler21.py): every committed answer token of the block whose
 draft differs with confidence > editing_threshold is replaced (that pass is
 the full-block forward the rule reads; the verify pass only re-scores
 mask drafts), and a block with no mask left runs post-edit steps (a draft
@@ -41,10 +41,13 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.sampling import checks, commit_rules, flash_verify
-from flash_dllm_jax.sampling import llada2, llada21
+from flash_dllm_jax.sampling import (checks, commit_rules, flash_verify,
+                                     options)
+from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.architectures.llada2 import sampler as llada2
+from flash_dllm_jax.architectures.llada2 import sampler21 as llada21
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
-from flash_dllm_jax.sampling.llada2 import BlockRows
+from flash_dllm_jax.architectures.llada2.sampler import BlockRows
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -70,49 +73,36 @@ class LLaDA2FlashSampler:
   row_fields: ClassVar[tuple[str, ...]] = (
       "temperature", "top_p", "top_k", "threshold", "factor", "gamma")
 
-  gen_length: int = 128
-  block_length: int = 32
-  rule: str = "threshold"
-  threshold: float = 0.9
-  factor: float = 1.0
-  gamma: float = 0.8
-  eos_early_stop: bool = False
-  editing_threshold: float | None = None
-  max_post_steps: int = 16
-  block_cache: bool = True
-  max_refills: int | None = None
+  gen_length: int = option(128, "answer tokens decoded", ge=1)
+  block_length: int = option(32, "tokens per block (blocks counted from "
+                             "the prompt's first token; the verify checks "
+                             "half of one)", ge=2)
+  rule: str = option("threshold", "the draft's commit rule: confidence "
+                     "threshold or Fast-dLLM's factor rule", choices=RULES)
+  threshold: float = option(0.9, "confidence a draft needs to commit (the "
+                            "most confident always does)", gt=0, le=1,
+                            needs={"rule": ("threshold",)})
+  factor: float = option(1.0, "Fast-dLLM's factor rule's factor", gt=0,
+                         needs={"rule": ("factor",)})
+  gamma: float = option(0.8, "Flash-Verify's acceptance level", gt=0, le=1)
+  eos_early_stop: bool = option(False, "end the answer at a committed EOS "
+                                "with no mask before it")
+  editing_threshold: float | None = option(
+      None, "LLaDA2.1's editing in the draft pass: confidence above which a "
+      "committed token whose draft differs is replaced", ge=-1, le=1,
+      none="no edits")
+  max_post_steps: int = option(16, "post-edit steps a block may run once "
+                               "it has no mask", ge=0,
+                               needs={"editing_threshold": options.SET})
+  block_cache: bool = option(True, "run the current block against the "
+                             "cached finished blocks (off: the whole "
+                             "window each step, the exactness reference)")
+  max_refills: int | None = option(
+      None, "continuous batching: slots that take a new request per step",
+      ge=1, none="any number")
 
   def __post_init__(self):
-    checks.check_finite(self)
-    errors = []
-    for name in ("gen_length", "block_length"):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        errors.append(f"{name} must be a positive int, got {value!r}")
-    if self.rule not in RULES:
-      errors.append(f"rule must be one of {RULES}, got {self.rule!r}")
-    if not 0 < self.threshold <= 1:
-      errors.append(f"threshold must be in (0, 1], got {self.threshold}")
-    if not self.factor > 0:
-      errors.append(f"factor must be > 0, got {self.factor}")
-    if not 0 < self.gamma <= 1:
-      errors.append(f"gamma must be in (0, 1], got {self.gamma}")
-    if isinstance(self.block_length, int) and self.block_length < 2:
-      errors.append("block_length must be >= 2 (the verify checks "
-                    "block_length // 2 drafts)")
-    for name in ("eos_early_stop", "block_cache"):
-      if not isinstance(getattr(self, name), bool):
-        errors.append(f"{name} must be a bool, got {getattr(self, name)!r}")
-    errors += checks.optional_positive_errors(self, "max_refills")
-    e = self.editing_threshold
-    if e is not None and (isinstance(e, bool) or not -1 <= e <= 1):
-      errors.append(f"editing_threshold must be None or in [-1, 1], got {e}")
-    m = self.max_post_steps
-    if not isinstance(m, int) or isinstance(m, bool) or m < 0:
-      errors.append(f"max_post_steps must be an int >= 0, got {m!r}")
-    if errors:
-      raise ValueError("invalid LLaDA2 Flash-Verify sampler arguments: "
-                       + "; ".join(errors))
+    options.check(self)
 
   @property
   def tail_length(self) -> int:

@@ -36,9 +36,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.sampling import checks
-from flash_dllm_jax.sampling import llada2
-from flash_dllm_jax.sampling.llada2 import LLaDA2Sampler
+from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.architectures.llada2 import sampler as llada2
+from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -58,23 +58,13 @@ class LLaDA21Sampler(LLaDA2Sampler):
   arguments (its defaults): editing_threshold (None: no T2T edits),
   max_post_steps, num_to_transfer (M2T's minimum per step)."""
 
-  editing_threshold: float | None = 0.9
-  max_post_steps: int = 16
-  num_to_transfer: int = 1
-
-  def __post_init__(self):
-    super().__post_init__()
-    errors = []
-    e = self.editing_threshold
-    if e is not None and (isinstance(e, bool) or not -1 <= e <= 1):
-      errors.append(f"editing_threshold must be None or in [-1, 1], got {e}")
-    for name, low in (("max_post_steps", 0), ("num_to_transfer", 1)):
-      value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        errors.append(f"{name} must be an int >= {low}, got {value!r}")
-    if errors:
-      raise ValueError("invalid LLaDA2.1 sampler arguments: "
-                       + "; ".join(errors))
+  editing_threshold: float | None = option(
+      0.9, "confidence above which a committed token whose draw differs is "
+      "replaced (T2T)", ge=-1, le=1, none="no edits")
+  max_post_steps: int = option(16, "post-edit steps a block may run once "
+                               "it has no mask", ge=0)
+  num_to_transfer: int = option(1, "masks a step commits at least (M2T)",
+                                ge=1)
 
   @property
   def num_steps(self) -> int:
