@@ -26,6 +26,7 @@ from flash_dllm_jax import architectures
 from flash_dllm_jax.sampling import (ElasticCacheSampler, FastDLLMSampler,
                                      draw_settings, options, row_options)
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
+from flash_dllm_jax.sampling.block_flash import LLaDA2FlashSampler
 from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
 from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.sampling.strategy import Strategy
@@ -59,6 +60,10 @@ SHARED: tuple[Strategy, ...] = (
              fixed={"recompute_all": False},
              help="Elastic-Cache: sliding window, per-layer attention-drift "
                   "refresh (gamma), threshold decoding"),
+    Strategy("llada2-flash", LLaDA2FlashSampler,
+             help="block diffusion (LLaDA2, SDAR) drafted, then "
+                  "Flash-Verify of the rest (gamma; rule threshold or "
+                  "factor), exact block cache"),
 )
 
 

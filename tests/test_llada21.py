@@ -16,7 +16,7 @@ from flash_dllm_jax import cli
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.architectures.llada2.sampler21 import LLaDA21Sampler
-from flash_dllm_jax.architectures.llada2.sampler_flash import LLaDA2FlashSampler
+from flash_dllm_jax.sampling.block_flash import LLaDA2FlashSampler
 from flash_dllm_jax.architectures.llada2.sampler21 import MODES
 from tests import llada2_fixtures, llada2_reference
 from tests.paths import ROOT

@@ -17,7 +17,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import generate
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.prompts import left_pad
-from flash_dllm_jax.architectures.llada2.sampler_flash import LLaDA2FlashSampler
+from flash_dllm_jax.sampling.block_flash import LLaDA2FlashSampler
 from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.row_sampling import GREEDY, Sampling

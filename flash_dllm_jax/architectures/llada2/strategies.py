@@ -1,12 +1,10 @@
 """LLaDA2.x's own strategies: its block sampler (sampler.py), LLaDA2.1's
-editing (sampler21.py) and Flash-Verify inside its blocks
-(sampler_flash.py)."""
+editing (sampler21.py). Its Flash-Verify inside blocks, llada2-flash,
+also decodes SDAR: sampling/block_flash.py."""
 
 from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
 from flash_dllm_jax.architectures.llada2.sampler21 import (MODES,
                                                            LLaDA21Sampler)
-from flash_dllm_jax.architectures.llada2.sampler_flash import (
-    LLaDA2FlashSampler)
 from flash_dllm_jax.sampling.strategy import Strategy
 
 STRATEGIES = (
@@ -24,7 +22,4 @@ STRATEGIES = (
              fixed={"steps": 32, **MODES["quality"]},
              help="llada2.1 in LLaDA2.1's quality mode (threshold "
                   "0.7, editing_threshold 0.5, max_post_steps 16)"),
-    Strategy("llada2-flash", LLaDA2FlashSampler,
-             help="LLaDA2 blocks drafted, then Flash-Verify of the rest "
-                  "(gamma; rule threshold or factor), exact block cache"),
 )

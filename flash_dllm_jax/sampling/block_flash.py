@@ -1,4 +1,5 @@
-"""Flash-Verify inside LLaDA2.x's blocks (strategy llada2-flash).
+"""Flash-Verify inside the blocks of a block-diffusion family (LLaDA2.x,
+SDAR; strategy llada2-flash).
 
 Each step drafts the row's current block with one forward against the
 exact cache of finished blocks (block_cache.py), commits the drafts its
