@@ -23,6 +23,8 @@ from typing import Any, Mapping
 from flash_dllm_jax import architectures
 from flash_dllm_jax.architectures.diffusion_gemma.sampler import (
     DiffusionGemmaSampler)
+from flash_dllm_jax.architectures.fast_dllm_v2.sampler import (
+    FastDLLMV2Sampler)
 from flash_dllm_jax.architectures.sdar.sampler import SDARSampler
 from flash_dllm_jax.sampling import (DreamSampler, ElasticCacheSampler,
                                      LLaDASampler)
@@ -105,6 +107,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              help="SDAR's block diffusion (remasking_strategy: static or "
                   "dynamic low-confidence, entropy-bounded) over an exact "
                   "cache of finished blocks"),
+    Strategy("fast-dllm-v2", FastDLLMV2Sampler,
+             help="Fast-dLLM v2's decoding (sub-blocks, confidence "
+                  "threshold, optional sub-block cache) over an exact cache "
+                  "of finished blocks"),
 )}
 
 

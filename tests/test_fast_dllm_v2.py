@@ -15,7 +15,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import convert_checkpoint, tables
 from flash_dllm_jax.model import init_params
 from tests import fast_dllm_v2_fixtures as fixtures
-from tests import sdar_fixtures
+from tests import fast_dllm_v2_reference, sdar_fixtures
 
 BL = 4
 
@@ -115,3 +115,28 @@ def test_the_published_config_and_tensor_names():
       lambda: init_params(config, jax.random.key(0))), sep="/")
   assert shapes == {p: a.shape for p, a in init.items()}
   assert 2 * config.num_params() == index["metadata"]["total_size"]
+
+
+@pytest.mark.parametrize("threshold", [0.6, 1.0])
+def test_generate_equals_the_reference_loop(model, oracle, threshold):
+  """Each row of a batch of four prompt lengths (mid-block and on a block
+  boundary) gives the reference's answer (to its first stop id) and model
+  calls for that prompt alone; threshold 1.0: one token a step."""
+  config = model[1]
+  opts = dict(gen_length=16, block_length=BL, small_block_length=2,
+              threshold=threshold)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 290, n).tolist() for n in (5, 11, 8, 14)]
+  out = fdj.generate(model, prompts, strategy="fast-dllm-v2", chat=False,
+                     temperature=0.0, **opts)
+  logits_fn = lambda x: sdar_fixtures.torch_logits(oracle, x, BL)
+  stops = config.stop_token_ids
+  for i, prompt in enumerate(prompts):
+    ref = fast_dllm_v2_reference.generate(
+        logits_fn, prompt, config.mask_token_id, stops, **opts)
+    hit = np.flatnonzero(np.isin(ref.x, stops))
+    end = hit[0] + 1 if len(hit) else len(ref.x)
+    assert out.tokens_BxG[i][:end].tolist() == ref.x[:end].tolist(), i
+    boundary = len(prompt) % BL == 0
+    assert out.forwards_B[i] == (ref.denoise + ref.store
+                                 + ref.prefill * boundary), i
