@@ -115,13 +115,19 @@ def random_weights(config: dict, seed: int = 0) -> dict[str, np.ndarray]:
   return out
 
 
-def write_fast_dllm_v2(path: str | Path, seed: int = 0, n_layers: int = 2):
-  """Writes the tiny directory; returns (path, weights, config)."""
+def write_fast_dllm_v2(path: str | Path, seed: int = 0, n_layers: int = 2,
+                       stop_like: int | None = None):
+  """Writes the tiny directory; returns (path, weights, config). stop_like:
+  a token whose head row, times 1.05, becomes the stop id's (<|im_end|>), so
+  that answers end where that token would be drawn."""
   path = Path(path)
   path.mkdir(parents=True)
   tok, ids = build_tokenizer()
   config = tiny_config(ids, n_layers)
   weights = random_weights(config, seed)
+  if stop_like is not None:
+    head = weights["lm_head.weight"]
+    head[ids["eos_token_id"]] = 1.05 * head[stop_like]
   llada2_fixtures.write_shards(path, weights, 2, seed)
   dump = lambda name, data: (path / name).write_text(
       json.dumps(data, indent=2) + "\n")
