@@ -11,11 +11,13 @@ from flax import traverse_util
 
 import flash_dllm_jax as fdj
 from flash_dllm_jax import architectures
+from flash_dllm_jax.architectures.fast_dllm_v2.sampler import FastDLLMV2Sampler
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import convert_checkpoint, tables
 from flash_dllm_jax.model import init_params
 from tests import fast_dllm_v2_fixtures as fixtures
 from tests import fast_dllm_v2_reference, sdar_fixtures
+from tests.test_sampling import check_continuous_equals_alone
 
 BL = 4
 
@@ -142,3 +144,14 @@ def test_generate_equals_the_reference_loop(model, oracle, threshold):
                                  + ref.prefill * boundary), i
     ended += ref.trailing == 0
   assert 0 < ended < len(prompts)  # answers ending at a stop id, and not
+
+
+def test_continuous_batching_equals_each_request_alone():
+  """Four requests through two slots in one compiled loop (a refilled slot
+  runs its window again), with the sub-block cache at temperature 0.8:
+  every answer, model call count and step count equals that request
+  alone."""
+  sampler = FastDLLMV2Sampler(gen_length=8, block_length=BL,
+                              small_block_length=2, threshold=0.5,
+                              sub_block_cache=True, temperature=0.8)
+  check_continuous_equals_alone("fast_dllm_v2", sampler, 1.2, [4, 19, 9, 6])
