@@ -25,6 +25,7 @@ import numpy as np
 
 from flash_dllm_jax.architectures.dream.chat import CHAT_TEMPLATE
 from tests import llada2_fixtures
+from tests.sdar_fixtures import block_mask
 
 TOKENIZER_SIZE = 300
 VOCAB = 320
@@ -162,3 +163,38 @@ def torch_model(weights: dict, config: dict):
   model = Qwen2ForCausalLM(qwen).eval()
   model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
   return model
+
+
+def torch_window(model, ids: np.ndarray, block_length: int):
+  """(logits [N, V], [(K, V)] per layer [1, kv heads, N, head dim]) of one
+  row ids [N] at positions arange(N) under the block-causal mask."""
+  import torch
+  n = len(ids)
+  allowed = torch.from_numpy(block_mask(n, block_length))
+  bias = torch.zeros(n, n).masked_fill(~allowed, torch.finfo(torch.float32)
+                                       .min)[None, None]
+  with torch.no_grad():
+    out = model(torch.from_numpy(np.asarray(ids, np.int64))[None],
+                attention_mask=bias, position_ids=torch.arange(n)[None],
+                use_cache=True)
+  return out.logits[0].numpy(), list(out.past_key_values.to_legacy_cache())
+
+
+def torch_sub_block(model, kv, sub_ids, first: int):
+  """(logits [S, V], [(K, V)] of the sub-block) of tokens sub_ids [S] at
+  positions first.. attending to every cached key of kv (per layer (K, V)
+  [1, kv heads, C, head dim]) and to each other: the remote code's
+  sub-block forward against its block cache."""
+  import torch
+  from transformers import DynamicCache
+  s, c = len(sub_ids), kv[0][0].shape[2]
+  cache = DynamicCache.from_legacy_cache(tuple(kv))
+  with torch.no_grad():
+    out = model(torch.from_numpy(np.asarray(sub_ids, np.int64))[None],
+                attention_mask=torch.zeros(1, 1, s, c + s),
+                position_ids=torch.arange(first, first + s)[None],
+                past_key_values=cache, use_cache=True)
+  new = [(k[:, :, c:], v[:, :, c:])
+         for k, v in out.past_key_values.to_legacy_cache()]
+  return out.logits[0].numpy(), new
+

@@ -4,7 +4,12 @@ logits callback, for tests only; greedy (temperature 0, the reference's
 default), whole-block forwards (use_block_cache=False).
 
 logits_fn(x [1, W]) -> logits [1, W, V] must apply the block-causal mask
-over positions arange(W) (sdar_fixtures.torch_logits). The reference keeps
+over positions arange(W) (sdar_fixtures.torch_logits). With
+use_block_cache, window_fn(x [W]) -> (logits [W, V], per-layer K/V of the
+W positions) and sub_fn(K/V, tokens [S], first position) -> (logits [S, V],
+the tokens' K/V) give the remote code's block cache: the K/V of the block's
+last whole-block forward, a sub-block's entries replaced by each sub-block
+forward (fast_dllm_v2_fixtures.torch_window / torch_sub_block). The reference keeps
 the K/V of the prompt's whole blocks (one prefill forward) and of each
 finished block (one store forward, whose last row's argmax is the next
 block's first token); with a block-causal mask those K/V are the ones a
@@ -32,6 +37,11 @@ class Generation:
   trailing: int
 
 
+def torch_cat(*parts):
+  import torch
+  return torch.cat(parts, dim=2)
+
+
 def _softmax(z):
   z = z - z.max(-1, keepdims=True)
   e = np.exp(z)
@@ -40,7 +50,8 @@ def _softmax(z):
 
 def generate(logits_fn, prompt, mask_id: int, stop_ids, gen_length: int,
              block_length: int, small_block_length: int,
-             threshold: float) -> Generation:
+             threshold: float, use_block_cache: bool = False,
+             window_fn=None, sub_fn=None) -> Generation:
   p, bl, sbl = len(prompt), block_length, small_block_length
   assert p != bl, "the reference drops a prompt of exactly one block"
   x = list(prompt)
@@ -54,12 +65,33 @@ def generate(logits_fn, prompt, mask_id: int, stop_ids, gen_length: int,
   for blk in range(first, first + n):
     lo, hi = blk * bl, (blk + 1) * bl
     x += [mask_id] * (hi - len(x))
+    block_kv = None  # the remote code's block_past_key_values
     for s in range(bl // sbl):
       a, b = lo + s * sbl, lo + (s + 1) * sbl
       while any(t == mask_id for t in x[a:b]):
-        logits = logits_fn(np.array([x[:hi]]))[0, lo:hi].astype(np.float64)
-        shifted = np.concatenate([logits[:1], logits[:-1]])[s * sbl:
-                                                            (s + 1) * sbl]
+        if not use_block_cache:
+          logits = logits_fn(np.array([x[:hi]]))[0, lo:hi]
+          shifted = np.concatenate([logits[:1], logits[:-1]])[s * sbl:
+                                                              (s + 1) * sbl]
+        elif block_kv is None or x[a] == mask_id:
+          logits, kv = window_fn(np.array(x[:hi]))
+          prefix = [(k[:, :, :lo], v[:, :, :lo]) for k, v in kv]
+          block_kv = [[k[:, :, lo:hi].clone(), v[:, :, lo:hi].clone()]
+                      for k, v in kv]
+          logits = logits[lo:hi]
+          shifted = np.concatenate([logits[:1], logits[:-1]])[s * sbl:
+                                                              (s + 1) * sbl]
+        else:  # keys: the prefix, then the block's without the sub-block
+          o, e = a - lo, b - lo
+          keep = [(torch_cat(pk, bk[:, :, :o], bk[:, :, e:]),
+                   torch_cat(pv, bv[:, :, :o], bv[:, :, e:]))
+                  for (pk, pv), (bk, bv) in zip(prefix, block_kv)]
+          logits, new = sub_fn(keep, x[a:b], a)
+          for layer, (k, v) in enumerate(new):  # in place, as there
+            block_kv[layer][0][:, :, o:e] = k
+            block_kv[layer][1][:, :, o:e] = v
+          shifted = np.concatenate([logits[:1], logits[:-1]])
+        shifted = shifted.astype(np.float64)
         x1 = shifted.argmax(-1)
         x1_p = _softmax(shifted)[np.arange(sbl), x1]
         masked = np.array([t == mask_id for t in x[a:b]])

@@ -146,6 +146,34 @@ def test_generate_equals_the_reference_loop(model, oracle, threshold):
   assert 0 < ended < len(prompts)  # answers ending at a stop id, and not
 
 
+def test_sub_block_cache_equals_the_reference_loop(model, oracle):
+  """With the sub-block cache (use_block_cache) each row gives the
+  reference's answer and model calls: sub-block forwards attend to the
+  block's K/V of its last whole-block forward, as there."""
+  config = model[1]
+  opts = dict(gen_length=16, block_length=BL, small_block_length=2,
+              threshold=0.3)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 290, n).tolist() for n in (5, 11, 8, 14)]
+  out = fdj.generate(model, prompts, strategy="fast-dllm-v2", chat=False,
+                     temperature=0.0, sub_block_cache=True, **opts)
+  plain = fdj.generate(model, prompts, strategy="fast-dllm-v2", chat=False,
+                       temperature=0.0, **opts)
+  for i, prompt in enumerate(prompts):
+    ref = fast_dllm_v2_reference.generate(
+        lambda x: sdar_fixtures.torch_logits(oracle, x, BL), prompt,
+        config.mask_token_id, config.stop_token_ids, **opts,
+        use_block_cache=True,
+        window_fn=lambda x: fixtures.torch_window(oracle, x, BL),
+        sub_fn=lambda kv, ids, first: fixtures.torch_sub_block(
+            oracle, kv, ids, first))
+    assert out.tokens_BxG[i][:len(ref.x)].tolist() == ref.x.tolist(), i
+    boundary = len(prompt) % BL == 0
+    assert out.forwards_B[i] == (ref.denoise + ref.store
+                                 + ref.prefill * boundary), i
+  assert (out.tokens_BxG != plain.tokens_BxG).any()  # the cache is stale
+
+
 def test_continuous_batching_equals_each_request_alone():
   """Four requests through two slots in one compiled loop (a refilled slot
   runs its window again), with the sub-block cache at temperature 0.8:
