@@ -69,7 +69,7 @@ def _name_table():
 
 SPEC = Architecture(
     name="fast_dllm_v2", hf_model_types=("fast_dllm_qwen",),
-    label="Fast-dLLM-v2-7B", read_hf_config=read_hf_config,
+    label="Fast_dLLM_v2_7B", read_hf_config=read_hf_config,
     name_table=_name_table,
     attention=AttentionSpec(qkv_bias=True, rope_in_float32=False,
                             mask="block_causal"),
