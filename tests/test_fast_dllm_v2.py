@@ -183,3 +183,15 @@ def test_continuous_batching_equals_each_request_alone():
                               small_block_length=2, threshold=0.5,
                               sub_block_cache=True, temperature=0.8)
   check_continuous_equals_alone("fast_dllm_v2", sampler, 1.2, [4, 19, 9, 6])
+
+
+def test_bad_options_get_one_clear_error():
+  with pytest.raises(ValueError, match=r"gen_length \(18\) must be a "
+                     r"multiple of block_length \(4\)"):
+    FastDLLMV2Sampler(gen_length=18, block_length=4)
+  with pytest.raises(ValueError, match=r"block_length \(4\) must be a "
+                     r"multiple of small_block_length \(3\)"):
+    FastDLLMV2Sampler(gen_length=16, block_length=4, small_block_length=3)
+  with pytest.raises(ValueError, match="decodes fast_dllm_v2 checkpoints, "
+                     "not 'sdar'"):
+    fdj.build_sampler("fast-dllm-v2", "sdar", {})
