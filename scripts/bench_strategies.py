@@ -24,7 +24,10 @@ several --prompt lengths, the attention's cache read rate between them
 strategies run (LLaDA-8B: the list below; SDAR: `sdar` with the static
 rule over its block cache, and `sdar-uncached`, the reference's whole-window
 forward each step, at batches up to --baseline-max-batch: the baseline the
-cached rows are compared with).
+cached rows are compared with; Fast-dLLM-v2-7B: `fast-dllm-v2`, a
+sub-block of --per-step tokens a step (threshold 0) with whole-block
+forwards, and `fast-dllm-v2-subblock`, the same with the sub-block cache,
+compared with the former).
 """
 
 from __future__ import annotations
@@ -93,9 +96,15 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32,
     fixed = {"sdar": (sdar, [lambda p: block]),
              "sdar-uncached": ({**sdar, "block_cache": False},
                                [lambda p: p + gen + block - 1])}
+  if arch == "fast_dllm_v2":  # threshold 0: each step commits a sub-block
+    v2 = dict(block_length=block, small_block_length=min(k, block),
+              threshold=0.0, temperature=0.0)
+    fixed = {"fast-dllm-v2": (v2, [lambda p: block]),
+             "fast-dllm-v2-subblock": ({**v2, "sub_block_cache": True},
+                                       [lambda p: min(k, block)])}
   kv = {} if kv_cache_dtype == "auto" else {"kv_cache_dtype": kv_cache_dtype}
   build = lambda name, options, queries: (build_sampler(
-      name.removesuffix("-uncached"), arch,
+      name.removesuffix("-uncached").removesuffix("-subblock"), arch,
       {"gen_length": gen, **options, **kv}), *queries)
   # built on demand: a fixed schedule may not suit every sampler
   return {name: functools.partial(build, name, *spec)
@@ -131,20 +140,24 @@ def read_rates(rows: list[dict], copy_Bps: float) -> list[str]:
 
 
 def baseline_ratios(rows: list[dict]) -> list[str]:
-  """Each row's ms/step against its `-uncached` baseline row of the same
-  batch, prompt, gen and kernels measured in this run."""
+  """Each row's ms/step against its baseline row of the same batch, prompt,
+  gen and kernels measured in this run: `X-uncached` for X, and X for
+  `X-subblock` (Fast-dLLM v2's sub-block cache against whole-block steps)."""
   key = lambda r, name: (name, r["kernels"], r["batch"], r["prompt"],
                          r["gen"])
   base = {key(r, r["strategy"]): r for r in rows}
   out = []
   for r in rows:
-    b = base.get(key(r, r["strategy"] + "-uncached"))
+    name = r["strategy"]
+    b = base.get(key(r, name + "-uncached"))
+    if b is None and name.endswith("-subblock"):
+      b = base.get(key(r, name.removesuffix("-subblock")))
     if b is not None:
       out.append(f"{r['strategy']} batch {r['batch']} (prompt {r['prompt']}, "
                  f"gen {r['gen']}): {r['ms_step']:.2f} ms/step (weight-read "
                  f"floor {r['read_floor_ms']:.2f}, peak "
                  f"{r['peak_gb'] or 0:.2f} GB) vs {b['ms_step']:.2f} "
-                 f"uncached: speedup {b['ms_step'] / r['ms_step']:.2f}x")
+                 f"{b['strategy']}: speedup {b['ms_step'] / r['ms_step']:.2f}x")
   return out
 
 
@@ -161,7 +174,8 @@ def main(argv=None):
   ap.add_argument("--only", nargs="*", default=None, help="strategy names")
   ap.add_argument("--reps", type=int, default=2)
   ap.add_argument("--model", default="llada-8b",
-                  choices=("llada-8b", "sdar-4b", "sdar-8b"),
+                  choices=("llada-8b", "sdar-4b", "sdar-8b",
+                           "fast-dllm-v2-7b"),
                   help="published shapes (random weights); its family's "
                   "strategies run")
   ap.add_argument("--baseline-max-batch", type=int, default=1,
