@@ -28,8 +28,8 @@ from flash_dllm_jax.sampling.row_sampling import row_fields
 from flash_dllm_jax.serve import MAX_BODY_BYTES, memory_plan
 from flash_dllm_jax.serve.memory_plan import DEFAULT_UTILIZATION
 from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
-                                       all_options, build_sampler, decodes,
-                                       options_from_args)
+                                       all_options, build, build_sampler,
+                                       decodes, options_from_args)
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -198,9 +198,11 @@ def main(args: argparse.Namespace) -> int:
                                      quantize_embedding=(
                                          args.quantize_embedding))
     strategy = args.strategy or default_strategy(config.arch)
-    sampler = build_sampler(strategy, config.arch, options)
-    variants = [build_sampler(strategy, config.arch,
-                              {**options, **parse_variant(v, i + 1)})
+    # --temperature/--top-p/--top-k of a strategy that samples per row: the
+    # defaults of requests that do not set them
+    sampler, row_defaults = build(strategy, config.arch, options)
+    variants = [build(strategy, config.arch,
+                      {**options, **parse_variant(v, i + 1)})[0]
                 for i, v in enumerate(args.variant)]
     for i, v in enumerate(variants):
       if v in [sampler, *variants[:i]]:
@@ -240,7 +242,8 @@ def main(args: argparse.Namespace) -> int:
                         max_queue=args.max_queue,
                         request_timeout=args.request_timeout,
                         kernels=choice.kernels_from_args(args),
-                        slot_plan=slot_plan.as_dict())
+                        slot_plan=slot_plan.as_dict(),
+                        sampling=row_defaults)
     for v in (sampler, *variants):  # the slot plan fits, before the port
       check_pool(settings, v, config)
   except (ValueError, FileNotFoundError, TypeError) as e:

@@ -145,7 +145,8 @@ class InputProcessor:
       raise BadRequest("stop takes at most 4 non-empty strings", "stop")
     sampling = None
     if self.row_data:
-      own = getattr(sampler, "own_sampling", Sampling)()
+      own = (sampler.own_sampling() if hasattr(sampler, "own_sampling")
+             else self.settings.sampling or Sampling())
       sampling = Sampling(
           temperature=float(own.temperature if req.temperature is None
                             else req.temperature),

@@ -12,6 +12,7 @@ import time
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.prompts import PROMPT_BUCKET, padded_length
 from flash_dllm_jax.ops import Kernels, choice
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.serve.engine_core import EngineCore
 from flash_dllm_jax.serve.input_processor import InputProcessor
 from flash_dllm_jax.serve.metrics import Metrics
@@ -38,6 +39,9 @@ class Settings:
   stop_at_eos: bool = True  # False: decode every position (benchmarks)
   kernels: Kernels | None = None  # kernel choice (generate(kernels=))
   slot_plan: dict | None = None  # memory_plan.SlotPlan.as_dict(): /health
+  # the draw settings of a request that sets none, for a strategy that
+  # samples per row (serve --temperature/--top-p/--top-k); None: greedy
+  sampling: Sampling | None = None
 
   def __post_init__(self):
     for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
