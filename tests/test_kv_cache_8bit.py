@@ -1,7 +1,6 @@
 """The decode with an 8-bit KV cache (FlashDLLMSampler.kv_cache_dtype):
 the cache it carries is 8-bit, a row's tokens do not depend on its batch,
-and the shipped model still solves held-out problems as with its own
-bfloat16 cache."""
+and the shipped model still gives held-out problems' right answers."""
 
 import json
 
@@ -66,20 +65,17 @@ def test_8bit_decode_is_batch_invariant(tiny):
 
 def test_shipped_model_answers_with_an_8bit_cache():
   """Held-out problems 0, 1 and 4 (one prompt bucket, as in
-  test_shipped_model): flash-dllm with a float8 cache gives the final
-  answers it gives with the model's own bfloat16 cache, and they are
-  right."""
+  test_shipped_model): flash-dllm with a float8 cache gives their right
+  final answers (one compiled program; the bfloat16 cache's decode of the
+  shipped model is checked in test_shipped_model and test_readme)."""
   rows = [json.loads(line) for line in TEST_SPLIT.read_text().splitlines()]
   problems = [rows[i] for i in (0, 1, 4)]
   model = flash_dllm_jax.load(cli.DEFAULT_CHECKPOINT)
-  answers = {}
-  for fmt in ("auto", "float8_e4m3fn"):
-    out = flash_dllm_jax.generate(
-        model, [p["question"] for p in problems], chat=True,
-        strategy="flash-dllm", gen_length=128, kv_cache_dtype=fmt)
-    answers[fmt] = [extract_answer(t) for t in out.texts]
-  assert answers["float8_e4m3fn"] == answers["auto"]
-  assert answers["auto"] == [target_of(p["answer"]) for p in problems]
+  out = flash_dllm_jax.generate(
+      model, [p["question"] for p in problems], chat=True,
+      strategy="flash-dllm", gen_length=128, kv_cache_dtype="float8_e4m3fn")
+  assert [extract_answer(t) for t in out.texts] == [
+      target_of(p["answer"]) for p in problems]
 
 
 def test_server_plans_and_serves_an_8bit_cache(tmp_path):

@@ -41,19 +41,20 @@ cases.append(("dream", FlashDLLMOnePassSampler(**flash, threshold=0.9,
                                                gamma=0.4)))
 prompts = random_prompts(50, [4, 13, 9, 30, 6])  # 5 rows: padded to 6 or 8
 models = {arch: tiny4(arch) for arch in ("llada", "dream")}
-# Every case runs on data=2,model=2 (rows, a padding row and weights split);
-# one case per sampler class (ONE_PER_CLASS) also on model=4, and the first
-# also on pure data parallelism (data=4): the samplers' state is split by
-# rows only (no sampler code reads the mesh), and every forward is bitwise
-# one device's under model=4 (tests/test_mesh_exact.py).
-ONE_PER_CLASS = {0, 2, 5, 7, 8, 9}
+# Every case runs on data=2,model=2 (rows, a padding row and weights split,
+# so every sampler class runs on a split model); an uncached case and the
+# cached verify case (MODEL_FOUR) also on model=4, and the first also on
+# pure data parallelism (data=4): the samplers' state is split by rows only
+# (no sampler code reads the mesh), and the uncached, cached and verify
+# forwards are bitwise one device's under model=4 (tests/test_mesh_exact.py).
+MODEL_FOUR = {0, 7}
 DATA_ONLY = {0}
 for i, (arch, sampler) in enumerate(cases):
   t0 = time.time()
   config, params = models[arch]
   one = generate(params, prompts, config=config, sampler=sampler, seed=5)
   for spec in meshes:
-    if (spec == "data=1,model=4" and i not in ONE_PER_CLASS
+    if (spec == "data=1,model=4" and i not in MODEL_FOUR
         or spec == "data=4,model=1" and i not in DATA_ONLY):
       continue
     out = generate(params, prompts, config=config, sampler=sampler, seed=5,
@@ -69,8 +70,9 @@ print("MESH-OK", len(cases))
 
 
 def test_every_strategy_gives_the_one_device_tokens_on_every_mesh():
-  """Each sampler configuration on data=2,model=2, one per sampler class
-  also on model=4, and LLaDA's also on pure data parallelism (data=4)."""
+  """Each sampler configuration on data=2,model=2, an uncached and the
+  cached verify one also on model=4, and LLaDA's also on pure data
+  parallelism (data=4)."""
   out = _run(STRATEGIES, ";".join(MESHES))
   assert "MESH-OK 10" in out, out
 

@@ -11,14 +11,28 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("script", ["bench_forward.py", "bench_strategies.py"])
-def test_bench_script_smoke(script, tmp_path):
+def test_bench_forward_smoke(tmp_path):
   out = tmp_path / "result.json"
   result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / script), "--smoke", "--json",
-       str(out)], capture_output=True, text=True, timeout=600)
+      [sys.executable, str(ROOT / "scripts" / "bench_forward.py"), "--smoke",
+       "--json", str(out)], capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "| " in result.stdout and out.exists()
+
+
+def bench_strategies():
+  """scripts/bench_strategies.py imported: its smoke runs here in-process
+  share their compiled decode programs (same tiny model and shapes)."""
+  sys.path.insert(0, str(ROOT / "scripts"))
+  import bench_strategies
+  return bench_strategies
+
+
+def test_bench_strategies_smoke(tmp_path, capsys):
+  out = tmp_path / "result.json"
+  bench_strategies().main(["--smoke", "--json", str(out)])
+  assert "| " in capsys.readouterr().out
+  assert json.loads(out.read_text())["rows"]
 
 
 def test_bench_loglikelihood_smoke_compares_batch_sizes(tmp_path):
@@ -42,11 +56,8 @@ def test_bench_strategies_steady_step_is_measured(tmp_path):
   """--steady decodes a second schedule (twice the tokens per step) and
   reports the time per extra step, without the first step's prefill."""
   out = tmp_path / "steady.json"
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "bench_strategies.py"),
-       "--smoke", "--steady", "--only", "flash-dllm", "--json", str(out)],
-      capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-2000:]
+  bench_strategies().main(["--smoke", "--steady", "--only", "flash-dllm",
+                           "--json", str(out)])
   (row,) = json.loads(out.read_text())["rows"]
   assert row["steady_ms_step"] > 0 and row["steps"] == 8
 
@@ -78,20 +89,19 @@ def test_bench_strategies_fails_when_a_variant_gives_no_row(tmp_path,
   """A variant that raises (an out-of-memory on a GPU, here injected: the
   CPU has no such failure to provoke) leaves the other variants' rows in
   the table and the JSON, and the run exits non-zero naming it."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  import bench_strategies
-  real = bench_strategies.timing.time_decode
+  bench = bench_strategies()
+  real = bench.timing.time_decode
 
   def time_decode(*args, implementation=None, **kw):
     if implementation.attention.group_target is not None:  # split=auto
       raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
     return real(*args, implementation=implementation, **kw)
 
-  monkeypatch.setattr(bench_strategies.timing, "time_decode", time_decode)
+  monkeypatch.setattr(bench.timing, "time_decode", time_decode)
   out = tmp_path / "rows.json"
   with pytest.raises(SystemExit, match="flash-dllm batch 2 split=auto"):
-    bench_strategies.main(["--smoke", "--only", "flash-dllm", "--variants",
-                           "split=32", "split=auto", "--json", str(out)])
+    bench.main(["--smoke", "--only", "flash-dllm", "--variants",
+                "split=32", "split=auto", "--json", str(out)])
   (row,) = json.loads(out.read_text())["rows"]
   assert row["kernels"] == "split=32" and row["ms_step"] > 0
 
@@ -99,21 +109,20 @@ def test_bench_strategies_fails_when_a_variant_gives_no_row(tmp_path,
 def test_bench_strategies_gpu_option_reaches_the_decode_options():
   """--gpu-option adds typed entries to generate.GPU_COMPILER_OPTIONS (the
   dict the decode loops compile with) and rejects anything but xla_gpu_*."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  import bench_strategies
+  bench = bench_strategies()
   from flash_dllm_jax.generate import GPU_COMPILER_OPTIONS as options
   saved = dict(options)
   try:
-    bench_strategies.main(["--smoke", "--only", "none", "--gpu-option",
-                           "xla_gpu_enable_cublaslt=true", "--gpu-option",
-                           "xla_gpu_autotune_level=0"])
+    bench.main(["--smoke", "--only", "none", "--gpu-option",
+                "xla_gpu_enable_cublaslt=true", "--gpu-option",
+                "xla_gpu_autotune_level=0"])
     assert options["xla_gpu_enable_cublaslt"] is True
     assert options["xla_gpu_autotune_level"] == 0
   finally:
     options.clear()
     options.update(saved)
   with pytest.raises(SystemExit):
-    bench_strategies.main(["--smoke", "--gpu-option", "cublaslt=1"])
+    bench.main(["--smoke", "--gpu-option", "cublaslt=1"])
 
 
 def test_bench_kernels_smoke_with_tuning(tmp_path):
