@@ -198,3 +198,15 @@ def test_refillable_strategy_uses_continuous_batching(monkeypatch, tmp_path):
     assert rec["token_ids"] == static[pid]["token_ids"]
     assert rec["steps"] == static[pid]["steps"] >= 1
   assert len({rec["steps"] for rec in slots.values()}) > 1  # staggered refills
+  # --temperature / --top-k sample flash-cache's rows (it has no such
+  # fields): the same programs, the same answers through slots or one batch
+  sample = ["--temperature", "1.5", "--top-k", "50"]
+  assert cli.main(common + sample + ["--batch-size", "2", "--run-name",
+                                     "sampled-slots"]) == 0
+  assert cli.main(common + sample + ["--batch-size", "8", "--run-name",
+                                     "sampled-static"]) == 0
+  a, b = read("sampled-slots"), read("sampled-static")
+  assert all(a[k]["token_ids"] == b[k]["token_ids"] for k in a)
+  assert any(a[k]["token_ids"] != slots[k]["token_ids"] for k in a)
+  run = json.loads((tmp_path / "sampled-slots" / "run.json").read_text())
+  assert run["sampling"]["temperature"] == 1.5

@@ -32,7 +32,7 @@ from flash_dllm_jax.eval.executor import Limits
 from flash_dllm_jax.eval.tasks.gsm8k import DEFAULT_DATA, GSM8K
 from flash_dllm_jax.eval.tasks.humaneval import HumanEval
 from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
-                                       build_sampler, options_from_args)
+                                       build, options_from_args)
 
 
 def _add_common(ap: argparse.ArgumentParser) -> None:
@@ -121,13 +121,16 @@ def _evaluate(args) -> int:
   options = options_from_args(args)
   config = load_config(args.checkpoint)
   strategy = args.strategy or config.spec.default_strategy
-  sampler = build_sampler(strategy, config.arch, options)
+  # temperature / top_p / top_k of a strategy without such fields: per row
+  sampler, sampling = build(strategy, config.arch, options)
   task = _make_task(args)
   settings = {"task": task.name, "checkpoint": str(args.checkpoint.absolute()),
               "arch": config.arch, "dtype": args.dtype or config.dtype,
               "strategy": strategy, "sampler": dataclasses.asdict(sampler),
               "batch_size": args.batch_size, "seed": args.seed,
               "stop_at_eos": args.stop_at_eos, **task.settings()}
+  if sampling is not None:
+    settings["sampling"] = dataclasses.asdict(sampling)
   out_dir = args.out_dir or Path("runs") / "eval" / task.name
   run_dir = out_dir / (args.run_name or runner.run_name(strategy, settings))
   start_compile_cache(args)
@@ -137,7 +140,8 @@ def _evaluate(args) -> int:
     summary = runner.run_eval(task, model, sampler, run_dir, settings,
                               batch_size=args.batch_size, limit=args.limit,
                               seed=args.seed, stop_at_eos=args.stop_at_eos,
-                              progress=args.progress, mesh=mesh)
+                              progress=args.progress, mesh=mesh,
+                              sampling=sampling)
   except KeyboardInterrupt:
     print(f"\ninterrupted: finished problems are saved in {run_dir}; rerun "
           "the same command to resume", file=sys.stderr)

@@ -120,7 +120,8 @@ def run_eval(task, model, sampler, run_dir: str | Path,
              limit: int | None = None, seed: int = 0, stop_at_eos: bool = True,
              progress: bool = True, mesh=None,
              on_batch: Callable[[int], None] | None = None,
-             process: tuple[int, int] | None = None) -> dict[str, Any] | None:
+             process: tuple[int, int] | None = None,
+             sampling=None) -> dict[str, Any] | None:
   """Evaluates task's first `limit` problems (all if None), resuming from
   run_dir/records.jsonl; writes run_dir/summary.json and returns it.
 
@@ -129,7 +130,8 @@ def run_eval(task, model, sampler, run_dir: str | Path,
   after batch i is saved (tests use it to simulate an interruption).
   process: (index, count) of this process (default: JAX's); with count > 1
   this process decodes its share, and only process 0 merges and returns the
-  summary (the others return None).
+  summary (the others return None). sampling: every row's draw settings
+  (a Sampling) for a strategy that samples per row (None: its own).
   """
   if not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f"batch size must be a positive int, got {batch_size!r}")
@@ -192,7 +194,7 @@ def run_eval(task, model, sampler, run_dir: str | Path,
       out = generate(model, [p.prompt for p in rows], sampler=sampler,
                      chat=False,  # the task rendered the prompt
                      seed=[seed + p.index for p in rows],
-                     stop_at_eos=stop_at_eos, mesh=mesh,
+                     stop_at_eos=stop_at_eos, mesh=mesh, sampling=sampling,
                      batch_size=batch_size if refill else None)
       wall = time.perf_counter() - t0
       compile_s = min(compiled[0] - before, wall)
