@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from flash_dllm_jax import (architectures, cli_io, compilation, quantize,
-                            strategies)
+                            strategies, strategy_flags)
 from flash_dllm_jax.checkpoint import load
 from flash_dllm_jax.cli_flags import (CHECKPOINT_ENV,  # noqa: F401
                                       DEFAULT_CHECKPOINT, add_checkpoint_flag,
@@ -116,7 +116,7 @@ def _parser() -> argparse.ArgumentParser:
   gen.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress lines on stderr")
   add_compile_cache_flags(gen)
-  strategies.add_option_flags(gen)
+  strategy_flags.add_option_flags(gen)
   serve_cli.add_parser(sub)
   return ap
 
@@ -138,7 +138,7 @@ def _generate(args) -> int:
                                    quantize_embedding=args.quantize_embedding)
   name = args.strategy or config.spec.default_strategy
   sampler, sampling = strategies.build(name, config.arch,
-                                       strategies.options_from_args(args))
+                                       strategy_flags.options_from_args(args))
   t0 = time.perf_counter()
   with compilation.compile_log() as compiled:
     progress = cli_io.Progress(len(prompts), args.progress, compiled)

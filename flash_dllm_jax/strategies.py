@@ -17,8 +17,6 @@ against the same declaration.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import math
 from typing import Any, Mapping
 
@@ -61,7 +59,7 @@ SHARED: tuple[Strategy, ...] = (
              help="Elastic-Cache: sliding window, per-layer attention-drift "
                   "refresh (gamma), threshold decoding"),
     Strategy("llada2-flash", LLaDA2FlashSampler,
-             help="block diffusion (LLaDA2, SDAR) drafted, then "
+             help="a block-diffusion family's blocks drafted, then "
                   "Flash-Verify of the rest (gamma; rule threshold or "
                   "factor), exact block cache"),
 )
@@ -136,7 +134,7 @@ def renamed_error(name: str, flag: bool = True) -> str | None:
   """The refusal of an old option name, pointing to the new one, or None."""
   if name not in RENAMED:
     return None
-  old, new = (_flag(name), _flag(RENAMED[name])) if flag else (
+  old, new = (flag_name(name), flag_name(RENAMED[name])) if flag else (
       name, RENAMED[name])
   return (f"{old} is now {new} (Flash-dLLM's rule for where the answer "
           "ends); stop strings are the server's request field `stop`")
@@ -169,7 +167,7 @@ def takes(strategy: Strategy, option: str) -> bool:
              if k in strategy.fixed and v != options.SET)
 
 
-def _shared_first() -> list[Strategy]:
+def shared_first() -> list[Strategy]:
   """The registry's strategies, the shared ones first (the flags' order)."""
   return sorted(STRATEGIES.values(), key=lambda s: s not in SHARED)
 
@@ -179,7 +177,7 @@ def all_options() -> dict[str, type]:
   (the flags, the shared strategies' first); a field every strategy fixes
   is not an option."""
   out: dict[str, type] = {}
-  for strategy in _shared_first():
+  for strategy in shared_first():
     for name, (typ, _) in sampler_options(strategy.sampler).items():
       if name in strategy.fixed:
         continue
@@ -215,7 +213,7 @@ def strategies_for(arch: str) -> list[str]:
   return [s.name for s in STRATEGIES.values() if decodes(s, arch)]
 
 
-def _flag(name: str) -> str:
+def flag_name(name: str) -> str:
   return "--" + name.replace("_", "-")
 
 
@@ -262,7 +260,7 @@ def build_sampler(name: str, arch: str, given: Mapping[str, Any]):
     hint = (f"; it samples {', '.join(per_row)} per row: the generate "
             "command's flags, the API's `sampling`, a request's fields"
             if per_row else "")
-    raise ValueError(f"option(s) {', '.join(map(_flag, foreign))} do not "
+    raise ValueError(f"option(s) {', '.join(map(flag_name, foreign))} do not "
                      f"apply to strategy {name!r} (it takes: "
                      f"{', '.join(free)}){hint}")
   sampler = strategy.sampler(**{**strategy.fixed, **given})
@@ -271,7 +269,7 @@ def build_sampler(name: str, arch: str, given: Mapping[str, Any]):
     if why is None and key in row_options.options(sampler):
       why = row_options.off_reason(sampler, key)
     if why:
-      raise ValueError(f"{_flag(key)} has no effect with strategy "
+      raise ValueError(f"{flag_name(key)} has no effect with strategy "
                        f"{name!r}: {why}")
   return sampler
 
@@ -291,77 +289,3 @@ def option_type_error(value, typ: type) -> str | None:
   what = {float: "a finite number", int: "an int"}.get(
       typ, f"a {typ.__name__}")
   return None if ok else f"must be {what}, got {value!r}"
-
-
-def _declared(strategy: Strategy, name: str) -> tuple[type, Any, Any]:
-  """(type, default, Spec) of option `name` as `strategy` takes it; a row
-  draw setting as a sampler field declares it (default: off)."""
-  if name in row_draws(strategy):
-    setting = draw_settings.SETTINGS[name]
-    default = setting.default if name == "temperature" else None
-    field = setting.field(default)
-    return setting.type, default, field.metadata["option"]
-  typ, default, spec = options.declared(strategy.sampler)[name]
-  flags = all_options()  # needs on options no flag sets go unsaid
-  return typ, default, dataclasses.replace(spec, needs={
-      k: v for k, v in spec.needs.items() if k in flags})
-
-
-def _names(names: list[str]) -> str:
-  rest = [n for n in STRATEGIES if n not in names]
-  if not rest:
-    return "every strategy"
-  if len(rest) <= 3 and len(names) > len(rest):
-    return f"every strategy but {', '.join(rest)}"
-  return ", ".join(names)
-
-
-def option_help(name: str) -> str:
-  """A flag's help from its declarations: each distinct one (meaning,
-  range or choices) with its defaults and the strategies it holds for."""
-  groups: dict[str, dict[str, list[str]]] = {}
-  for strategy in _shared_first():
-    if takes(strategy, name):
-      typ, default, spec = _declared(strategy, name)
-      text = spec.help(typ, default).rsplit("; default ", 1)[0]
-      groups.setdefault(text, {}).setdefault(repr(default), []).append(
-          strategy.name)
-  out = []
-  for text, defaults in groups.items():
-    names = [n for ns in defaults.values() for n in ns]
-    if len(defaults) == 1:
-      default = f"default {next(iter(defaults))}"
-    else:
-      default = "default " + ", ".join(f"{d} ({_names(ns)})"
-                                       for d, ns in defaults.items())
-    out.append(f"{text}; {default} [{_names(names)}]")
-  return " | ".join(out)
-
-
-def add_option_flags(parser, title: str = "strategy options") -> None:
-  """Adds every option of `all_options` as a flag (`--gen-length`,
-  `--threshold`, ...; booleans as --x / --no-x), default None (the
-  sampler's own), help from the options' declarations (what each does,
-  its range or choices, its default, the strategies that take it)."""
-  group = parser.add_argument_group(
-      title, "sampler options, each: what it does; range or choices; "
-      "default [the strategies it holds for]; an option a strategy does "
-      "not take, or that has no effect with the others, is an error")
-  for name, typ in all_options().items():
-    flag, text = _flag(name), option_help(name).replace("%", "%%")
-    if typ is bool:
-      group.add_argument(flag, dest=name, default=None,
-                         action=argparse.BooleanOptionalAction, help=text)
-    else:
-      group.add_argument(flag, dest=name, type=typ, default=None, help=text)
-  for old in RENAMED:  # refused by build_sampler with the new name
-    group.add_argument(_flag(old), dest=old, default=None,
-                       help=argparse.SUPPRESS)
-
-
-def options_from_args(args) -> dict[str, Any]:
-  """The strategy options given on a command line parsed with the flags of
-  `add_option_flags` (old names included, for build_sampler to refuse
-  with their new name)."""
-  return {k: getattr(args, k) for k in (*all_options(), *RENAMED)
-          if getattr(args, k, None) is not None}

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from flash_dllm_jax import generate, load, strategies
+from flash_dllm_jax import generate, load, strategies, strategy_flags
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.sampling import commit_rules
@@ -212,7 +212,7 @@ def test_draw_settings_have_one_range_everywhere(name):
     assert all(v == ok for v in got.values()), (value, ok, got)
   assert verdicts == {True, False}
   parser = argparse.ArgumentParser()
-  strategies.add_option_flags(parser)
+  strategy_flags.add_option_flags(parser)
   flag = next(a for a in parser._actions if a.dest == name)
   assert flag.help.startswith(setting.spec.meaning), flag.help
   assert setting.range_text() in flag.help, flag.help

@@ -31,8 +31,8 @@ from flash_dllm_jax.eval import report, runner, sandbox
 from flash_dllm_jax.eval.executor import Limits
 from flash_dllm_jax.eval.tasks.gsm8k import DEFAULT_DATA, GSM8K
 from flash_dllm_jax.eval.tasks.humaneval import HumanEval
-from flash_dllm_jax.strategies import (STRATEGIES, add_option_flags,
-                                       build, options_from_args)
+from flash_dllm_jax.strategies import STRATEGIES, build
+from flash_dllm_jax.strategy_flags import add_option_flags, options_from_args
 
 
 def _add_common(ap: argparse.ArgumentParser) -> None:
