@@ -199,5 +199,6 @@ def plain():
 def strict():
   return run_parts({"bitwise llada float32": _bitwise("llada", "float32"),
                     "bitwise dream float32": _bitwise("dream", "float32"),
+                    "bitwise sdar float32": _bitwise("sdar", "float32"),
                     "bitwise joined qkv": _bitwise("dream", "float32", True)},
                    xla_flags=STRICT_CPU)
