@@ -204,8 +204,8 @@ def test_bad_flags_exit_with_one_error():
            (["--request-timeout", "nan"], "--request-timeout must be a "
             "finite number > 0, got nan"),
            (["--max-prompt-tokens", "100000"], "exceeds max_seq_len"),
-           (["--strategy", "flash-cache", "--gamma", "0.5"], "--gamma has no "
-            "effect with strategy 'flash-cache'")]
+           (["--strategy", "flash-cache", "--gamma", "0.5"], "option(s) "
+            "--gamma do not apply to strategy 'flash-cache'")]
   for flags, needle in cases:
     r = subprocess.run(
         [sys.executable, "-m", "flash_dllm_jax", "serve", "--checkpoint",
