@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from flash_dllm_jax.sampling import (checks, commit_rules, flash_verify,
                                      options)
-from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.architectures.llada2 import sampler as llada2
 from flash_dllm_jax.architectures.llada2 import sampler21 as llada21
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
@@ -98,9 +98,7 @@ class LLaDA2FlashSampler:
   block_cache: bool = option(True, "run the current block against the "
                              "cached finished blocks (off: the whole "
                              "window each step, the exactness reference)")
-  max_refills: int | None = option(
-      None, "continuous batching: slots that take a new request per step",
-      ge=1, none="any number")
+  max_refills: int | None = max_refills()
 
   def __post_init__(self):
     options.check(self)

@@ -43,7 +43,7 @@ from flax import struct
 from flash_dllm_jax.model import KVCache
 from flash_dllm_jax.sampling import (checks, commit_rules, elastic_forward,
                                      options)
-from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -124,9 +124,7 @@ class ElasticCacheSampler(commit_rules.WindowRule):
       "steps", ge=1, none="only at a row's first step")
   recompute_all: bool = option(False, "an uncached full forward every step "
                                "(the exactness reference)")
-  max_refills: int | None = option(
-      None, "continuous batching: slots that take a new request per step",
-      ge=1, none="any number")
+  max_refills: int | None = max_refills()
 
   def __post_init__(self):
     options.check(self, lambda: (

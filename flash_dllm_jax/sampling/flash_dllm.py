@@ -26,7 +26,7 @@ from flash_dllm_jax.sampling import (checks, commit_rules, flash_budget,
                                      flash_forward, flash_verify, options,
                                      top_logprobs)
 from flash_dllm_jax.model.cache import KV_CACHE_DTYPES
-from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.flash_state import FlashCacheAux, StepTrace
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -112,9 +112,8 @@ class FlashDLLMSampler(commit_rules.WindowRule):
                      choices=("score", "mass"))
   recompute_all: bool = option(False, "run every position uncached each "
                                "step (the exactness reference)")
-  max_refills: int | None = option(
-      4, "continuous batching: slots that take a new request per step, and "
-      "fresh rows prefilled together", ge=1, none="any number")
+  max_refills: int | None = max_refills(
+      4, ", and fresh rows prefilled together")
   kv_cache_dtype: str = option(
       "auto", "the KV cache's storage: auto (the model's dtype) or an 8-bit "
       "format with a scale per position and KV head, read by the attention "

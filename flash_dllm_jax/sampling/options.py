@@ -122,6 +122,13 @@ def option(default, meaning: str, **spec) -> Any:
                            metadata={"option": Spec(meaning, **spec)})
 
 
+def max_refills(default: int | None = None, also: str = "") -> Any:
+  """The one declaration of `max_refills`, which every refillable sampler
+  takes (`also`: what more the sampler does with it)."""
+  return option(default, "continuous batching: slots that take a new "
+                f"request per step{also}", ge=1, none="any number")
+
+
 def spec_of(field: dataclasses.Field) -> Spec | None:
   return field.metadata.get("option")
 

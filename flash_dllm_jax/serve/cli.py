@@ -27,8 +27,7 @@ from flash_dllm_jax.sampling.row_options import ROW_OPTIONS
 from flash_dllm_jax.sampling.row_sampling import row_fields
 from flash_dllm_jax.serve import MAX_BODY_BYTES, memory_plan
 from flash_dllm_jax.serve.memory_plan import DEFAULT_UTILIZATION
-from flash_dllm_jax.strategies import (STRATEGIES, all_options, build,
-                                       build_sampler, decodes)
+from flash_dllm_jax.strategies import STRATEGIES, all_options, build, decodes
 from flash_dllm_jax.strategy_flags import add_option_flags, options_from_args
 
 log = logging.getLogger("flash_dllm_jax.serve")

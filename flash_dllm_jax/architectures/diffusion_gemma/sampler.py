@@ -44,7 +44,7 @@ from flax import struct
 from flash_dllm_jax.architectures.diffusion_gemma import model as dg
 from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
 from flash_dllm_jax.sampling import checks, options
-from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.state import DecodeState, where_keys
 
 
@@ -118,9 +118,7 @@ class DiffusionGemmaSampler:
   stop_tokens: TokenIds | None = option(
       None, "token ids that also end the answer (e.g. 20,21)", none="none")
   max_out_length: int = option(2048, "answer tokens at most", ge=1)
-  max_refills: int | None = option(
-      None, "continuous batching: slots that take a new request (and "
-      "prefill) per loop step", ge=1, none="any number")
+  max_refills: int | None = max_refills(None, " (and prefill)")
   # Each answer token's log-probability: under the unshaped logits of the
   # denoising step that drew it (its canvas's last), as vLLM reports one.
   reports_logprobs = True

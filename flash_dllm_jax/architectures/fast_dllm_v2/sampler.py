@@ -58,7 +58,7 @@ from flash_dllm_jax.architectures.llada2.sampler import (LLaDA2Sampler,
                                                          current_block)
 from flash_dllm_jax.sampling import checks, draw_settings, options, select
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
-from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -104,9 +104,7 @@ class FastDLLMV2Sampler:
   top_p: float | None = dataclasses.field(default=0.95, metadata={
       "option": dataclasses.replace(draw_settings.TOP_P.spec,
                                     none="off (1.0)")})
-  max_refills: int | None = option(
-      None, "continuous batching: slots that take a new request per step",
-      ge=1, none="any number")
+  max_refills: int | None = max_refills()
 
   def __post_init__(self):
     options.check(self, self._joint_errors)

@@ -47,7 +47,7 @@ from flax import struct
 from flash_dllm_jax import ops
 from flash_dllm_jax.sampling import (checks, commit_rules, draw_settings,
                                      options, row_draws, select)
-from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
@@ -99,9 +99,7 @@ class LLaDA2Sampler:
   block_cache: bool = option(True, "run the current block against the "
                              "cached finished blocks (off: the whole "
                              "window each step, as the reference)")
-  max_refills: int | None = option(
-      None, "continuous batching: slots that take a new request per step",
-      ge=1, none="any number")
+  max_refills: int | None = max_refills()
 
   def __post_init__(self):
     options.check(self)

@@ -51,7 +51,7 @@ import numpy as np
 from flash_dllm_jax.architectures.llada2 import sampler as llada2
 from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
 from flash_dllm_jax.sampling import commit_rules, draw_settings, options, select
-from flash_dllm_jax.sampling.options import option
+from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -91,9 +91,7 @@ class SDARSampler:
   block_cache: bool = option(True, "run the current block against the "
                              "cached finished blocks (off: the whole window "
                              "each step, as the reference)")
-  max_refills: int | None = option(
-      None, "continuous batching: slots that take a new request per step",
-      ge=1, none="any number")
+  max_refills: int | None = max_refills()
 
   def __post_init__(self):
     options.check(self)
