@@ -93,6 +93,7 @@ def test_generate_equals_the_reference_loop(model, hf):
      r"layers \[1, 3\], not in one run"),
     (dict(mlp_only_layers=[1]), r"in layers \[0, 2, 3\], not in one run"),
     (dict(decoder_sparse_step=0), "decoder_sparse_step=0 \\(a positive"),
+    (dict(mlp_only_layers=1), "mlp_only_layers=1 \\(a list of layer"),
     (dict(num_experts_per_tok=1),
      "norm_topk_prob=True with num_experts_per_tok=1"),
 ])

@@ -76,6 +76,10 @@ def read_moe(hf: dict[str, Any]) -> MoEConfig | None:
   if not isinstance(step, int) or isinstance(step, bool) or step <= 0:
     raise ValueError(f"unsupported SDAR config values: decoder_sparse_step="
                      f"{step!r} (a positive int)")
+  if only is not None and not (isinstance(only, list) and all(
+      isinstance(i, int) and not isinstance(i, bool) for i in only)):
+    raise ValueError(f"unsupported SDAR config values: mlp_only_layers="
+                     f"{only!r} (a list of layer indices)")
   n, n_experts = hf["num_hidden_layers"], hf["num_experts"]
   moe_layers = [i for i in range(n) if i not in (only or ())
                 and n_experts > 0 and (i + 1) % step == 0]
