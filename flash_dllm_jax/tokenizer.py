@@ -57,11 +57,16 @@ class Tokenizer:
   @classmethod
   def from_dir(cls, path: str | Path) -> "Tokenizer":
     """Reads tokenizer.json, or else vocab.json + merges.txt (Qwen2 style),
-    plus tokenizer_config.json and special_tokens_map.json."""
+    plus tokenizer_config.json, special_tokens_map.json and
+    chat_template.jinja (as in transformers, the file's template wins over
+    the config's: SDAR-30B-A3B-Chat's is there only)."""
     path = Path(path)
     config = _read_json(path / "tokenizer_config.json")
     for key, value in _read_json(path / "special_tokens_map.json").items():
       config[key] = value  # as in transformers, the map wins
+    if (path / "chat_template.jinja").exists():
+      config["chat_template"] = (path / "chat_template.jinja").read_text(
+          encoding="utf-8")
     if (path / "tokenizer.json").exists():
       backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
     elif (path / "vocab.json").exists() and (path / "merges.txt").exists():

@@ -10,6 +10,8 @@ modeling_sdar.py's SDARForCausalLM is Qwen3ForCausalLM's layers (QK-norm
 on each head before RoPE, no biases) run with the block-causal 4-D mask its
 generate.py builds; transformers' Qwen3ForCausalLM given that mask computes
 it (modeling_sdar.py itself needs flash-attn, not installed here).
+SDAR-30B-A3B-Chat's directory (write_sdar_moe) is Qwen3-MoE's, its oracle
+transformers' Qwen3MoeForCausalLM under the same mask.
 """
 
 from __future__ import annotations
@@ -115,23 +117,88 @@ def write_sdar(path: str | Path, seed: int = 0, n_layers: int = 2):
   config = tiny_config(ids, n_layers)
   weights = random_weights(config, seed)
   llada2_fixtures.write_shards(path, weights, 2, seed)
-  dump = lambda name, data: (path / name).write_text(
-      json.dumps(data, indent=2) + "\n")
-  dump("config.json", config)
-  dump("generation_config.json", {
+  _write_json(path / "config.json", config)
+  write_tokenizer_files(path, tok, ids)
+  return path, weights, config
+
+
+def _write_json(path: Path, data):
+  path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def write_tokenizer_files(path: Path, tok, ids, template_file=False):
+  """generation_config.json and the tokenizer of the genuine directories;
+  `template_file`: the chat template in chat_template.jinja (as
+  SDAR-30B-A3B-Chat ships it), not in tokenizer_config.json."""
+  _write_json(path / "generation_config.json", {
       "bos_token_id": ids["eos_token_id"], "do_sample": True,
       "eos_token_id": [ids["eot_token_id"], ids["eos_token_id"]],
       "pad_token_id": ids["eos_token_id"], "temperature": 0.6,
       "top_k": 20, "top_p": 0.95})
   tok.save(str(path / "tokenizer.json"))
-  dump("tokenizer_config.json", {
+  config = {
       "add_bos_token": False, "add_prefix_space": False,
       "additional_special_tokens": list(SPECIALS[1:]), "bos_token": None,
       "chat_template": CHAT_TEMPLATE, "clean_up_tokenization_spaces": False,
       "eos_token": "<|endoftext|>", "mask_token": "<|MASK|>",
       "model_max_length": 131072, "pad_token": "<|endoftext|>",
-      "tokenizer_class": "Qwen2Tokenizer", "unk_token": None})
-  return path, weights, config
+      "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}
+  if template_file:
+    (path / "chat_template.jinja").write_text(config.pop("chat_template"))
+  _write_json(path / "tokenizer_config.json", config)
+
+
+def tiny_moe_config(ids: dict[str, int]) -> dict:
+  """SDAR-30B-A3B-Chat's config.json keys (no mask_token_id: the tokenizer
+  names it) at tiny sizes: 2 layers, layer 0 dense (mlp_only_layers), 8
+  experts of width 16, top 2."""
+  here = Path(__file__).parent / "reference" / "sdar" / "sdar-30b-a3b-chat"
+  config = json.loads((here / "config.json").read_text())
+  config.update(
+      hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+      max_window_layers=2, max_position_embeddings=512, vocab_size=VOCAB,
+      moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+      mlp_only_layers=[0], bos_token_id=ids["eos_token_id"],
+      eos_token_id=ids["eos_token_id"], torch_dtype="float32")
+  return config
+
+
+def write_sdar_moe(path: str | Path, seed: int = 0):
+  """The tiny SDAR-30B-A3B-Chat directory: transformers' Qwen3MoeForCausalLM
+  (the genuine modeling_sdar_moe.py's layers: Qwen3-MoE of transformers
+  4.52) holding random_weights' draws (router rows N(0, 1/fan_in)), saved
+  by save_pretrained in shards, with the genuine config.json key set.
+  Returns (path, the torch model (float32, eager), config.json dict)."""
+  import torch
+  from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+  path = Path(path)
+  tok, ids = build_tokenizer()
+  config = tiny_moe_config(ids)
+  keys = ("vocab_size", "hidden_size", "intermediate_size",
+          "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+          "tie_word_embeddings", "attention_bias", "decoder_sparse_step",
+          "moe_intermediate_size", "num_experts", "num_experts_per_tok",
+          "norm_topk_prob", "mlp_only_layers")
+  model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
+      **{k: config[k] for k in keys}, attn_implementation="eager")).eval()
+  rng = np.random.default_rng(seed)
+  state = {}
+  for name, t in model.state_dict().items():
+    shape, noise = tuple(t.shape), rng.standard_normal(tuple(t.shape))
+    if name == "model.embed_tokens.weight":
+      v = noise
+    elif len(shape) == 2:
+      v = noise * shape[1] ** -0.5 * (4.0 if name == "lm_head.weight" else 1)
+    else:
+      v = 1.0 + 0.2 * noise
+    state[name] = torch.from_numpy(v.astype(np.float32))
+  model.load_state_dict(state)
+  model.save_pretrained(path, max_shard_size="40KB")
+  _write_json(path / "config.json", config)
+  write_tokenizer_files(path, tok, ids, template_file=True)
+  return path, model, config
 
 
 def block_mask(n: int, block_length: int | None):

@@ -3,7 +3,8 @@
 Under a mesh each device holds X / M experts of every MoE layer and runs
 them on its rows; each (token, slot) pair keeps its one device's value and
 gets -0.0 from the others, so the psum over "model" is exact. Checked on
-LLaDA2's uncached block-causal forward (float32, bfloat16, 8-bit experts),
+LLaDA2's uncached block-causal forward (float32, bfloat16, 8-bit experts)
+and SDAR-30B-A3B's routing (softmax, no bias, no shared expert; float32),
 the compiled program's collectives, a whole strategy-llada2 decode, and
 the Hugging Face load onto a mesh.
 """
@@ -48,11 +49,18 @@ def collectives(text):
 rng = np.random.default_rng(0)
 tokens = jnp.asarray(rng.integers(0, 300, (4, 24)), jnp.int32)
 valid = jnp.arange(24)[None, :] >= jnp.array([0, 5, 11, 2])[:, None]
-cases = [("float32", None, "model=4;data=2,model=2;data=4"),
-         ("bfloat16", None, "data=2,model=2"),
-         ("bfloat16", "int8", "model=4;data=2,model=2")]
-for dtype, fmt, specs in cases:
-  config, params = tiny4("llada2", dtype=dtype)
+# SDAR-30B-A3B's routing: softmax, no expert bias, no shared expert.
+from flash_dllm_jax.moe_config import MoEConfig
+SDAR_MOE = dict(moe=MoEConfig(n_experts=8, top_k=2, hidden=32, n_shared=0,
+                              first_dense_layers=1, score="softmax",
+                              expert_bias=False))
+cases = [("llada2", "float32", None, "model=4;data=2,model=2;data=4"),
+         ("llada2", "bfloat16", None, "data=2,model=2"),
+         ("llada2", "bfloat16", "int8", "model=4;data=2,model=2"),
+         ("sdar", "float32", None, "model=2;data=2,model=2")]
+for arch, dtype, fmt, specs in cases:
+  config, params = tiny4(arch, dtype=dtype,
+                         **(SDAR_MOE if arch == "sdar" else {}))
   if fmt:
     config = config.replace(quantize=fmt)
     params = quantize.quantize_params(params, config)
@@ -67,12 +75,12 @@ for dtype, fmt, specs in cases:
       compiled = jax.jit(forward(config)).lower(sharded, tokens,
                                                 valid).compile()
     got = compiled(sharded, tokens, valid)
-    np.testing.assert_array_equal(got, one, f"{dtype} {fmt} {spec}")
-    if (dtype, spec) == ("float32", "data=2,model=2"):
+    np.testing.assert_array_equal(got, one, f"{arch} {dtype} {fmt} {spec}")
+    if (arch, dtype, spec) == ("llada2", "float32", "data=2,model=2"):
       report["collectives"] = collectives(compiled.as_text())
       report["weights"] = sorted({tuple(x.shape)
                                   for x in jax.tree.leaves(params)})
-  print(dtype, fmt, "equal on", specs, flush=True)
+  print(arch, dtype, fmt, "equal on", specs, flush=True)
 
 # 2. A whole decode with strategy llada2: tokens and model calls.
 config, params = tiny4("llada2")
@@ -104,7 +112,8 @@ print("EXPERTS-OK", json.dumps(report))
 
 def test_expert_parallel_forward_decode_and_load_are_one_devices():
   """Forwards equal one device's bits on model=4 (2 experts a device),
-  data=2,model=2 and data=4, with float32, bfloat16 and 8-bit experts; the
+  data=2,model=2 and data=4, with float32, bfloat16 and 8-bit experts
+  (and SDAR-MoE's softmax routing on model=2 and data=2,model=2); the
   expert stacks stay sharded: the compiled forward gathers no weight and
   all-reduces only the embedding lookup and, per MoE layer, the experts'
   outputs of each data shard's (token, slot) pairs; a strategy-llada2

@@ -3,6 +3,7 @@ transformers' Qwen3 under SDAR's block-causal mask, strategy `sdar` against
 the plain-Python restatement of generate.py (tests/sdar_reference.py), and
 its rows independent of the batch and of continuous batching."""
 
+import gzip
 import json
 
 import jax
@@ -101,9 +102,16 @@ def test_generate_equals_the_reference_loop(model, oracle, case):
   """Each row of a batch of four prompt lengths gives the reference's
   canvas (to its first stop id) and denoising forwards for that prompt
   alone."""
+  check_generate_equals_the_reference_loop(model, oracle, CASES[case])
+
+
+def check_generate_equals_the_reference_loop(model, oracle, case: dict):
+  """`generate` with strategy sdar on four prompts against
+  sdar_reference.generate over the oracle's logits, row by row (shared
+  with tests/test_sdar_moe.py)."""
   config = model[1]
   opts = {"gen_length": 16, "block_length": BL, "denoising_steps": BL,
-          "temperature": 0.0, **CASES[case]}
+          "temperature": 0.0, **case}
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 290, n).tolist() for n in (5, 11, 8, 14)]
   out = fdj.generate(model, prompts, strategy="sdar", chat=False, **opts)
@@ -179,17 +187,31 @@ def test_bad_options_and_configs_get_one_clear_error(hf):
     ModelConfig.from_hf_config({**hf[2], "tie_word_embeddings": True})
 
 
-@pytest.mark.parametrize("size,preset", [("4b", "sdar-4b"),
-                                         ("8b", "sdar-8b")])
-def test_the_published_configs_and_tensor_names(size, preset):
+@pytest.mark.parametrize("name,preset", [("sdar-4b-chat", "sdar-4b"),
+                                         ("sdar-8b-chat", "sdar-8b"),
+                                         ("sdar-30b-a3b-chat", "sdar-30b-a3b")])
+def test_the_published_configs_and_tensor_names(name, preset):
   """The published configs read as the presets (their EOT from the
-  tokenizer), and the 399 tensor names of each index map one-to-one onto
-  the model's parameters; the bf16 size is two bytes a parameter."""
-  here = REFERENCE / f"sdar-{size}-chat"
+  tokenizer; SDAR-30B-A3B's mask token too), and the tensor names of each
+  index (399 dense, 18,867 with the experts) map one-to-one onto the
+  model's parameters; the bf16 size is two bytes a parameter."""
+  here = REFERENCE / name
+  special = {}
+  if (here / "tokenizer_config.json").exists():
+    tok = json.loads((here / "tokenizer_config.json").read_text())
+    special["mask_token_id"] = next(
+        int(i) for i, t in tok["added_tokens_decoder"].items()
+        if t["content"] == tok["mask_token"])
   config = ModelConfig.from_hf_config(here / "config.json",
-                                      eot_token_id=151645)
+                                      eot_token_id=151645,
+                                      special_ids=special)
   assert config == ModelConfig.preset(preset)
-  index = json.loads((here / "model.safetensors.index.json").read_text())
+  index_path = here / "model.safetensors.index.json"
+  if not index_path.exists():
+    index = json.loads(gzip.decompress((here / (index_path.name + ".gz"))
+                                       .read_bytes()))
+  else:
+    index = json.loads(index_path.read_text())
   names = sorted(index["weight_map"])
   table = architectures.get("sdar").name_table()
   assert names == sorted(tables.expected_names(table, config))

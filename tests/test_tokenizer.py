@@ -142,6 +142,21 @@ def test_saved_tokenizer_matches_transformers(tiny, tmp_path):
                                  add_generation_prompt=True))
 
 
+def test_chat_template_file_wins_as_in_transformers(tmp_path):
+  """A directory's chat_template.jinja (where SDAR-30B-A3B-Chat keeps its
+  template) overrides tokenizer_config.json's, as transformers reads it."""
+  tok, _ = build_tiny_tokenizer("llada", 384)
+  tok.save(tmp_path)
+  (tmp_path / "chat_template.jinja").write_text(
+      "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n"
+      "{% endfor %}")
+  fast = transformers.PreTrainedTokenizerFast.from_pretrained(tmp_path)
+  messages = CONVERSATIONS[1]
+  want = fast.apply_chat_template(messages, tokenize=False)
+  assert want.startswith("[system] Be brief.\n")
+  assert Tokenizer.from_dir(tmp_path).apply_chat_template(messages) == want
+
+
 def test_qwen2_vocab_merges_match_slow_tokenizer(tmp_path):
   tok, _ = build_tiny_tokenizer("dream")
   write_qwen2_tokenizer_files(tok, tmp_path)

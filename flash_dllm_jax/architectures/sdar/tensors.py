@@ -1,8 +1,10 @@
 """SDAR's Hugging Face tensor names (Qwen3's `model.layers.*`, QK-norm, no
-biases) -> ours."""
+biases; SDAR-30B-A3B's MoE layers Qwen3-MoE's `mlp.gate` router and
+`mlp.experts.X.*`) -> ours. Each layer's experts stack into [X, ...]
+parameters."""
 
-from flash_dllm_jax.convert.tables import (D, E, E_F, E_Q, F_E, KV_E, Q_E,
-                                           V_E, rules)
+from flash_dllm_jax.convert.tables import (D, E, E_F, E_M, E_Q, F_E, KV_E,
+                                           M_E, Q_E, V_E, X_E, rules)
 
 _L = "layers_{layer}/"
 
@@ -19,7 +21,16 @@ TABLE = rules("", [
     ("self_attn.k_norm.weight", _L + "k_norm/scale", "identity", D),
     ("self_attn.o_proj.weight", _L + "attn_out/kernel", "transpose", E_Q),
     ("post_attention_layernorm.weight", _L + "mlp_norm/scale", "identity", E),
-    ("mlp.gate_proj.weight", _L + "gate_proj/kernel", "transpose", F_E),
-    ("mlp.up_proj.weight", _L + "up_proj/kernel", "transpose", F_E),
-    ("mlp.down_proj.weight", _L + "down_proj/kernel", "transpose", E_F),
-])
+]) + rules("model.layers.{layer}.mlp.", [
+    ("gate_proj.weight", _L + "gate_proj/kernel", "transpose", F_E),
+    ("up_proj.weight", _L + "up_proj/kernel", "transpose", F_E),
+    ("down_proj.weight", _L + "down_proj/kernel", "transpose", E_F),
+], layers="dense") + rules("model.layers.{layer}.mlp.", [
+    ("gate.weight", _L + "moe/router", "transpose", X_E),
+    ("experts.{expert}.gate_proj.weight", _L + "moe/experts_gate/kernel",
+     "transpose", M_E),
+    ("experts.{expert}.up_proj.weight", _L + "moe/experts_up/kernel",
+     "transpose", M_E),
+    ("experts.{expert}.down_proj.weight", _L + "moe/experts_down/kernel",
+     "transpose", E_M),
+], layers="moe")

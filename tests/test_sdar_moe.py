@@ -1,0 +1,115 @@
+"""SDAR-30B-A3B (model_type sdar_moe) on the engine's MoE: a tiny directory
+in the genuine format (transformers' Qwen3-MoE saved by save_pretrained,
+the genuine config.json key set, the chat template in chat_template.jinja)
+loads and converts (8-bit too), its forward equals transformers'
+Qwen3MoeForCausalLM under SDAR's block-causal mask, and strategy `sdar`
+decodes it as the plain-Python restatement of generate.py does. Expert
+parallelism: tests/test_mesh_experts.py."""
+
+import numpy as np
+import pytest
+
+import flash_dllm_jax as fdj
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.convert import convert_checkpoint
+from tests import sdar_fixtures
+from tests.test_sdar import BL, check_generate_equals_the_reference_loop
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+  """(HF directory, the transformers model holding its weights, its
+  config.json dict)."""
+  return sdar_fixtures.write_sdar_moe(
+      tmp_path_factory.mktemp("sdar-moe") / "hf", seed=1)
+
+
+@pytest.fixture(scope="module")
+def model(hf):
+  return fdj.load(hf[0], dtype="float32")
+
+
+def test_config_tokens_and_chat_come_from_the_genuine_files(model):
+  params, config, tok = model
+  moe = config.moe
+  assert (config.arch, moe.n_experts, moe.top_k, moe.hidden) == ("sdar", 8,
+                                                                  2, 16)
+  assert (moe.score, moe.norm_topk, moe.n_shared, moe.expert_bias,
+          moe.first_dense_layers) == ("softmax", True, 0, False, 1)
+  assert config.mask_token_id == tok.token_to_id("<|MASK|>")  # tokenizer's
+  assert config.stop_token_ids == (tok.token_to_id("<|endoftext|>"),
+                                   tok.token_to_id("<|im_end|>"))
+  assert "up_proj" in params["layers_0"] and "moe" not in params["layers_0"]
+  assert params["layers_1"]["moe"]["experts_up"]["kernel"].shape == (8, 32,
+                                                                     16)
+  assert params["layers_1"]["moe"]["router"].shape == (32, 8)
+  text = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+  assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("block_length", [None, BL])
+def test_forward_matches_transformers_qwen3moe_under_the_mask(
+    model, hf, block_length):
+  ids = np.random.default_rng(0).integers(0, 290, (2, 13))
+  want = sdar_fixtures.torch_logits(hf[1], ids, block_length)
+  got = fdj.logits(model, ids, block_length=block_length).logits_BxNxV
+  np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=3e-5)
+  padded = np.concatenate([np.zeros((2, 3), np.int64), ids], axis=1)
+  valid = np.arange(16)[None].repeat(2, 0) >= 3
+  got = fdj.logits(model, padded, valid=valid,
+                   block_length=block_length).logits_BxNxV
+  np.testing.assert_allclose(np.asarray(got)[:, 3:], want, rtol=0, atol=3e-5)
+
+
+def test_converted_and_8bit_checkpoints(hf, model, tmp_path):
+  convert_checkpoint(hf[0], tmp_path / "f32", dtype="float32", progress=False)
+  convert_checkpoint(hf[0], tmp_path / "int8", dtype="float32",
+                     quantize="int8", progress=False)
+  ids = np.random.default_rng(2).integers(0, 290, (2, 12))
+  ref = np.asarray(fdj.logits(model, ids, block_length=BL).logits_BxNxV)
+  got = fdj.logits(fdj.load(tmp_path / "f32"), ids, block_length=BL)
+  np.testing.assert_array_equal(np.asarray(got.logits_BxNxV), ref)
+  params, config, _ = fdj.load(tmp_path / "int8")
+  assert config.quantize == "int8" and config.moe == model[1].moe
+  stack = params["layers_1"]["moe"]["experts_gate"]
+  assert stack["kernel_q"].shape == (8, 16, 32)
+  assert stack["kernel_q"].dtype == np.int8
+  got = np.asarray(fdj.logits((params, config, None), ids,
+                              block_length=BL).logits_BxNxV)
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.05
+
+
+def test_generate_equals_the_reference_loop(model, hf):
+  """Dynamic low-confidence remasking, the reference's canvas and model
+  calls row by row (the dense family's check)."""
+  check_generate_equals_the_reference_loop(
+      model, hf[1], dict(remasking_strategy="low_confidence_dynamic",
+                         confidence_threshold=0.6))
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(decoder_sparse_step=2, mlp_only_layers=[]),
+     r"decoder_sparse_step=2, mlp_only_layers=\[\] put the experts in "
+     r"layers \[1, 3\], not in one run"),
+    (dict(mlp_only_layers=[1]), r"in layers \[0, 2, 3\], not in one run"),
+    (dict(decoder_sparse_step=0), "decoder_sparse_step=0 \\(a positive"),
+    (dict(mlp_only_layers=1), "mlp_only_layers=1 \\(a list of layer"),
+    (dict(num_experts_per_tok=1),
+     "norm_topk_prob=True with num_experts_per_tok=1"),
+])
+def test_unsupported_layouts_get_one_clear_error(hf, changes, message):
+  config = {**hf[2], "num_hidden_layers": 4, "mask_token_id": 5, **changes}
+  with pytest.raises(ValueError, match="unsupported SDAR config values: "
+                     ".*" + message):
+    ModelConfig.from_hf_config(config)
+
+
+def test_expert_layout_as_the_genuine_code_builds_it(hf):
+  """Layers from the first MoE one to the last: first_dense_layers; no MoE
+  layer (every layer MLP-only): a dense model."""
+  base = {**hf[2], "num_hidden_layers": 4, "mask_token_id": 5}
+  read = lambda **c: ModelConfig.from_hf_config({**base, **c}).moe
+  assert read(mlp_only_layers=[0, 1]).first_dense_layers == 2
+  assert read(mlp_only_layers=[]).first_dense_layers == 0
+  assert read(mlp_only_layers=[0, 1, 2, 3]) is None
+  assert read(norm_topk_prob=False).norm_topk is False
