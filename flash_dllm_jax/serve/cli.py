@@ -23,7 +23,7 @@ from flash_dllm_jax.cli_flags import (add_checkpoint_flag,
                                       start_compile_cache)
 from flash_dllm_jax.ops import choice
 from flash_dllm_jax.sampling.loop import tail_length
-from flash_dllm_jax.serve import MAX_BODY_BYTES, memory_plan
+from flash_dllm_jax.serve import MAX_BODY_BYTES, MAX_LOGPROBS, memory_plan
 from flash_dllm_jax.serve.memory_plan import DEFAULT_UTILIZATION
 from flash_dllm_jax.serve.cli_variants import build_variants, default_strategy
 from flash_dllm_jax.strategies import STRATEGIES, build
@@ -73,6 +73,11 @@ def add_parser(sub) -> None:
                   help="decoding steps the compiled loop runs at most before "
                        "returning to the host (it also returns when a slot "
                        "finishes)")
+  ap.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
+                  help="most alternatives per token a request may ask for "
+                       "(top_logprobs; completions' logprobs); a strategy "
+                       "that records them compiles that program at start "
+                       "(0: none)")
   ap.add_argument("--max-queue", type=int, default=256,
                   help="waiting requests before 429")
   ap.add_argument("--request-timeout", type=float, default=600.0,
@@ -192,7 +197,8 @@ def main(args: argparse.Namespace) -> int:
                         request_timeout=args.request_timeout,
                         kernels=choice.kernels_from_args(args),
                         slot_plan=slot_plan.as_dict(),
-                        sampling=row_defaults)
+                        sampling=row_defaults,
+                        max_logprobs=args.max_logprobs)
     for v in (sampler, *variants):  # the slot plan fits, before the port
       check_pool(settings, v, config)
   except (ValueError, FileNotFoundError, TypeError) as e:
