@@ -16,9 +16,8 @@ from flash_dllm_jax.generate import answer_ids, generate  # noqa: E402
 from flash_dllm_jax import likelihood  # noqa: E402
 from flash_dllm_jax.lm_eval import FlashDLLMJax, task_manager  # noqa: E402
 from flash_dllm_jax.lm_eval.model import cut_at_until, padded_rows  # noqa: E402
-from flash_dllm_jax.sampling.row_sampling import Sampling  # noqa: E402
 from flash_dllm_jax.model.transformer import init_params  # noqa: E402
-from flash_dllm_jax.strategies import build, build_sampler  # noqa: E402
+from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 from tests import independent_forward  # noqa: E402
 from tests.paths import TINY_CHECKPOINT  # noqa: E402
 
@@ -65,35 +64,6 @@ def test_simple_evaluate_on_a_local_task():
   assert gen["requests"] == 3 and gen["steps"] > 0 and gen["forwards"] > 0
   assert 0 < gen["tokens"] <= 3 * 32
   assert info["samplers_by_max_gen_toks"]["256"]["gen_length"] == 32
-
-
-def test_simple_evaluate_samples_a_strategy_that_draws_per_row():
-  """temperature / top_k in model_args sample threshold's rows (it has no
-  such fields), as `generate(sampling=)` does: the CLI's and the server's
-  path (strategies.build). Two rows, one batch: one compiled program."""
-  args = {"checkpoint": TINY, "strategy": "threshold", "gen_length": 32,
-          "batch_size": 2, "temperature": 1.5, "top_k": 50}
-  results = lm_eval.simple_evaluate(
-      model="flash_dllm_jax", model_args=args, tasks=["synthetic_gsm"],
-      task_manager=local_tasks(), limit=2, log_samples=True)
-  samples = sorted((s for s in results["samples"]["synthetic_gsm"]
-                    if s["filter"] == "strict-match"),
-                   key=lambda s: s["doc_id"])
-  prompts = [s["arguments"][0][0] for s in samples]
-  until = samples[0]["arguments"][0][1]["until"]
-  sampler, sampling = build("threshold", "llada", {
-      "gen_length": 32, "temperature": 1.5, "top_k": 50})
-  assert sampling == Sampling(temperature=1.5, top_k=50)
-  out = generate(load(TINY), prompts, sampler=sampler, seed=[0, 1],
-                 sampling=sampling, chat=False)
-  assert [s["resps"][0][0] for s in samples] == [
-      cut_at_until(t, until) for t in out.texts]
-  greedy = generate(load(TINY), prompts, sampler=sampler, seed=[0, 1],
-                    chat=False)
-  assert out.tokens_BxG.tolist() != greedy.tokens_BxG.tolist()
-  info = results["config"]["flash_dllm_jax"]
-  assert info["sampling"]["temperature"] == 1.5
-  assert info["sampling"]["top_k"] == 50
 
 
 def test_gen_length_follows_max_gen_toks(tiny_lm):
