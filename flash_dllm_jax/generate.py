@@ -4,25 +4,23 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax import (architectures, ops, parallel, prompts, quantize,
                             strategies)
 from flash_dllm_jax.compilation import (CPU_COMPILER_OPTIONS,  # noqa: F401
                                         GPU_COMPILER_OPTIONS,
-                                        _BatchInvariantJit, compiler_options)
+                                        compiler_options)
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.prompts import bucket_groups, left_pad
-from flash_dllm_jax.sampling import (Sampler, make_step, run_compiled,
-                                     run_python)
-from flash_dllm_jax.sampling import checks, continuous, row_options, slots
+# decode_jit / decode_tokens: also imported from here (benchmarks, tools)
+from flash_dllm_jax.decode import (decode_jit, decode_rows,  # noqa: F401
+                                   decode_tokens)
+from flash_dllm_jax.prompts import bucket_groups
+from flash_dllm_jax.sampling import Sampler
+from flash_dllm_jax.sampling import checks, row_options
 from flash_dllm_jax.sampling.loop import Refillable, tail_length
-from flash_dllm_jax.sampling.row_sampling import (RowSampling, Sampling,
-                                                  row_settings)
-from flash_dllm_jax.sampling.sequence_model import SequenceModel
-from flash_dllm_jax.sampling.state import fill_after_stop
+from flash_dllm_jax.sampling.row_sampling import Sampling, row_settings
+
 
 class GenerateOutput(NamedTuple):
   """texts[b]: the answer up to its first stop token, special tokens removed.
@@ -68,87 +66,6 @@ def _pick_sampler(config: ModelConfig, strategy, sampler,
     raise ValueError(f"options {sorted(options)} given together with "
                      "sampler= (or a sampler object as strategy=)")
   return chosen
-
-
-def _decode_rows(params, rows, seeds, sampling, *, config: ModelConfig,
-                 sampler: Sampler, stop_at_eos: bool, batch_size: int | None,
-                 mesh, kernels: ops.Kernels | None = None,
-                 logprobs: bool = False):
-  """(gen_BxG, forwards_B, steps_B, loop steps, logprob_BxG or None) of one
-  padded batch, through
-  continuous batching when batch_size < len(rows), over the mesh if any."""
-  ids, valid = left_pad(rows, config.pad_token_id,
-                        room=config.max_seq_len - sampler.gen_length
-                        - tail_length(sampler))
-  n_rows = len(rows)
-  if mesh is not None:
-    if batch_size is not None and batch_size < n_rows:
-      raise ValueError("mesh= and continuous batching (batch_size=) cannot be "
-                       "combined yet")
-    pad = -n_rows % parallel.data_size(mesh)
-    ids, valid = (np.concatenate([a, np.repeat(a[-1:], pad, 0)])
-                  for a in (ids, valid))
-    seeds = list(seeds) + [seeds[-1]] * pad
-    if sampling is not None:
-      sampling = list(sampling) + [sampling[-1]] * pad
-  rng_B = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
-  if sampling is not None:
-    sampling = RowSampling.of(sampling)
-  ids, valid = jnp.asarray(ids), jnp.asarray(valid)
-  if mesh is not None:
-    ids, valid, rng_B = (parallel.shard_rows(mesh, a)
-                         for a in (ids, valid, rng_B))
-    sampling = jax.tree.map(lambda a: parallel.shard_rows(mesh, a), sampling)
-  if batch_size is not None and batch_size < n_rows:
-    gen, forwards, steps_b, steps, *lp = _queue_jit(
-        params, ids, valid, rng_B, sampling, config=config,
-        sampler=sampler, batch_size=batch_size, stop_at_eos=stop_at_eos,
-        implementation=kernels, logprobs=logprobs)
-  else:
-    with parallel.use(mesh):
-      gen, forwards, steps, steps_b, *lp = decode_jit(
-          params, ids, valid, rng_B, sampling, config=config, sampler=sampler,
-          stop_at_eos=stop_at_eos, implementation=kernels, logprobs=logprobs)
-  gen, forwards, steps_b = (np.asarray(a)[:n_rows]
-                            for a in (gen, forwards, steps_b))
-  lp = np.asarray(lp[0])[:n_rows] if lp else None
-  return gen, forwards, steps_b, int(steps), lp
-
-
-def decode_tokens(params, prompt_BxP: jax.Array, valid_BxP: jax.Array,
-                  rng_B: jax.Array, sampling: RowSampling | None = None, *,
-                  config: ModelConfig, sampler: Sampler,
-                  stop_at_eos: bool = True, compiled: bool = True,
-                  implementation: str | None = None, logprobs: bool = False):
-  """The decode as a pure function of device arrays (jit it with config,
-  sampler, stop_at_eos, compiled and implementation static; under a mesh,
-  trace it inside `parallel.use(mesh)`). Returns (gen_BxG, forwards_B,
-  steps, steps_B[, logprob_BxG with logprobs]). sampling: per-row settings
-  (None: greedy);
-  implementation: kernel choice (flash_dllm_jax/ops/)."""
-  p, g = prompt_BxP.shape[1], sampler.gen_length
-  stop_ids = config.stop_token_ids if stop_at_eos else ()
-  model_for = lambda valid_BxN: SequenceModel.for_batch(
-      config, params, valid_BxN, implementation, stop_ids=stop_ids)
-  held = slots.start(sampler, model_for, prompt_BxP, valid_BxP,
-                     g + tail_length(sampler), config.mask_token_id, rng_B,
-                     sampling)
-  step_fn = make_step(sampler, model_for(held.valid_BxN), p, stop_ids)
-  state = held.decode
-  run = run_compiled if compiled else run_python
-  state = run(step_fn, state, sampler.num_steps)
-  gen_BxG = fill_after_stop(state.tokens_BxN[:, p:p + g],
-                            config.mask_token_id, config.pad_token_id)
-  out = gen_BxG, state.forwards_B, state.step, state.steps_B
-  return (*out, state.logprob_BxN[:, p:p + g]) if logprobs else out
-
-
-decode_jit = _BatchInvariantJit(decode_tokens, static_argnames=(
-    "config", "sampler", "stop_at_eos", "compiled", "implementation",
-    "logprobs"))
-_queue_jit = _BatchInvariantJit(continuous.decode_queue, static_argnames=(
-    "config", "sampler", "batch_size", "stop_at_eos", "implementation",
-    "logprobs"))
 
 
 def unpack_model(model, config: ModelConfig | None = None, tokenizer=None):
@@ -258,7 +175,7 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
   room = config.max_seq_len - sampler.gen_length - tail_length(sampler)
   for chunk, n_slots in _chunks(bucket_groups(rows, room=room), sampler,
                               batch_size):
-    out = _decode_rows(params, [rows[i] for i in chunk],
+    out = decode_rows(params, [rows[i] for i in chunk],
                        [seeds[i] for i in chunk],
                        None if row_sampling is None
                        else [row_sampling[i] for i in chunk], config=config,

@@ -32,7 +32,8 @@ def free_port() -> int:
 
 class Server:
   """A `python -m flash_dllm_jax serve` process and its URL (strategy
-None: the server's default).
+None: the server's default). It starts with `--max-logprobs 0` (no
+alternatives' program to compile) unless the flags set it.
 
   The port is a free one picked just before the start; when another process
   takes it in between (tests run in parallel), the server starts again on
@@ -44,6 +45,8 @@ None: the server's default).
     self.args = [sys.executable, "-m", "flash_dllm_jax", "serve",
                  "--checkpoint", str(checkpoint), "--host", "127.0.0.1",
                  *(["--strategy", strategy] if strategy else []), *flags]
+    if "--max-logprobs" not in flags:
+      self.args += ["--max-logprobs", "0"]
     for k, v in options.items():
       self.args += ["--" + k.replace("_", "-"), str(v)]
     self.env = {**os.environ, "JAX_DEFAULT_MATMUL_PRECISION": "highest",

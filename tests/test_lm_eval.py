@@ -178,6 +178,8 @@ def test_loglikelihood_rolling_is_refused(tiny_lm):
      ["/nowhere", "'model'", "mesh=data=2;model=2", "batch_size"]),
     (f"checkpoint={TINY},strategy=warp", ["strategy='warp'"]),
     (f"checkpoint={TINY},strategy=llada,threshold=0.9", ["--threshold"]),
+    (f"checkpoint={TINY},strategy=flash-cache,temperature=-1",
+     ["temperature must be in [0, 2]"]),
     (f"checkpoint={TINY},steps=1.5,mc_num=48", ["steps=1.5",
                                                  "mc_num (48)"]),
 ])

@@ -3,6 +3,7 @@
 for a bad value) and the batched Monte-Carlo likelihood: a request's score
 is the same at every batch size and whatever shares its forwards."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -15,6 +16,7 @@ from lm_eval.loggers.evaluation_tracker import \
 from lm_eval.utils import sanitize_model_name  # noqa: E402
 
 from flash_dllm_jax.checkpoint import load  # noqa: E402
+from flash_dllm_jax.generate import generate  # noqa: E402
 from flash_dllm_jax import likelihood  # noqa: E402
 from flash_dllm_jax.prompts import padded_length  # noqa: E402
 from flash_dllm_jax.lm_eval import FlashDLLMJax  # noqa: E402
@@ -22,6 +24,9 @@ from flash_dllm_jax.lm_eval.__main__ import main, \
     model_args_as_pretrained  # noqa: E402
 from flash_dllm_jax.lm_eval.args import AUTO_BATCH_SIZE, ModelArgsError, \
     parse  # noqa: E402
+from flash_dllm_jax.lm_eval.model import cut_at_until  # noqa: E402
+from flash_dllm_jax.sampling.row_sampling import Sampling  # noqa: E402
+from flash_dllm_jax.strategies import build  # noqa: E402
 from tests.paths import TINY_CHECKPOINT  # noqa: E402
 
 TINY = str(TINY_CHECKPOINT)
@@ -177,6 +182,35 @@ def test_a_huge_batch_size_is_bounded_by_the_requests():
              if s["filter"] == "strict-match"]
   assert len(samples) == 2
   assert all(isinstance(s["resps"][0][0], str) for s in samples)
+
+
+@pytest.mark.slow
+def test_temperature_samples_a_strategy_that_draws_per_row():
+  """model_args temperature / top_k sample threshold's rows (no such
+  fields), as generate(sampling=) does (strategies.build: the CLI's and the
+  server's path); greedy rows as in the test above (its program)."""
+  from flash_dllm_jax.lm_eval import task_manager
+  options = {"gen_length": 16, "block_length": 16, "temperature": 1.5,
+             "top_k": 50}
+  results = lm_eval.simple_evaluate(
+      model="flash_dllm_jax", model_args={
+          "checkpoint": TINY, "strategy": "threshold", "batch_size": 2,
+          **options}, tasks=["synthetic_gsm"], limit=2, log_samples=True,
+      task_manager=task_manager(include_defaults=False))
+  samples = sorted((s for s in results["samples"]["synthetic_gsm"]
+                    if s["filter"] == "strict-match"),
+                   key=lambda s: s["doc_id"])
+  prompts = [s["arguments"][0][0] for s in samples]
+  sampler, sampling = build("threshold", "llada", options)
+  assert sampling == Sampling(temperature=1.5, top_k=50)
+  out, greedy = (generate(load(TINY), prompts, sampler=sampler, seed=[0, 1],
+                          sampling=x, chat=False) for x in (sampling, None))
+  until = samples[0]["arguments"][0][1]["until"]
+  assert [s["resps"][0][0] for s in samples] == [
+      cut_at_until(t, until) for t in out.texts]
+  assert out.tokens_BxG.tolist() != greedy.tokens_BxG.tolist()
+  assert results["config"]["flash_dllm_jax"]["sampling"] == dataclasses.asdict(
+      sampling)
 
 
 def test_batch_sizes_are_bounded_by_the_memory(caplog):

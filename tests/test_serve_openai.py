@@ -30,7 +30,7 @@ def model():
 def server(tmp_path_factory):
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
                "--batch-size", "4", "--max-prompt-tokens", "64",
-               "--steps-per-call", "4",
+               "--steps-per-call", "4", "--max-logprobs", "20",
                log_path=tmp_path_factory.mktemp("serve") / "server.log")
   try:
     srv.wait_ready()

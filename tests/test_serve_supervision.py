@@ -54,7 +54,8 @@ def served():
   lost = threading.Event()
   service = Service(params, config, tok, sampler,
                     Settings(MODEL, "flash-dllm", slots=2,
-                             max_prompt_tokens=64, steps_per_call=1),
+                             max_prompt_tokens=64, steps_per_call=1,
+                             max_logprobs=0),
                     on_fatal=lost.set)
   port = free_port()
   server = uvicorn.Server(uvicorn.Config(build_app(lambda: service, MODEL),

@@ -18,7 +18,7 @@ import pytest
 from flash_dllm_jax import generate, load
 from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.sampling.row_sampling import Sampling
-from flash_dllm_jax.serve.cli import parse_variant
+from flash_dllm_jax.serve.cli_variants import parse_variant
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import ROOT, TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server, stream_raw

@@ -22,8 +22,9 @@ sampler's block_length (32 for samplers without one), with the answer cut
 to max_gen_toks tokens; LLaDA's and Dream's samplers then also take
 steps = gen length unless steps is given. diffusion-gemma, whose answers
 end at any length, takes max_out_length = max_gen_toks (unless model_args
-give it). The task's do_sample/temperature
-are not used: sampling settings are sampler options.
+give it). The task's do_sample/temperature are not used: model_args
+temperature / top_p / top_k sample, per row for a strategy without such
+fields (strategies.build, as the CLI and the server take them).
 
 loglikelihood: likelihood.py (LLaDA's / Dream's Monte-Carlo estimate), the
 noisy copies of all requests batch_size rows per forward; request i draws
@@ -43,24 +44,21 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 from flash_dllm_jax import architectures, parallel
-from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.checkpoint import load, load_config
-from flash_dllm_jax.generate import answer_ids, generate
-from flash_dllm_jax.prompts import bucket_groups, padded_length
-from flash_dllm_jax import likelihood
-from flash_dllm_jax.sampling import Refillable
-from flash_dllm_jax.lm_eval.args import ModelArgsError, parse
-from flash_dllm_jax.lm_eval.memory import BatchBound
 from flash_dllm_jax.compilation import compile_clock
+from flash_dllm_jax.generate import answer_ids, generate
+from flash_dllm_jax.lm_eval.args import ModelArgsError, parse
+from flash_dllm_jax.lm_eval.loglikelihood import Loglikelihood
+from flash_dllm_jax.lm_eval.memory import BatchBound
 from flash_dllm_jax.lm_eval.stats import Throughput
-from flash_dllm_jax.strategies import STRATEGIES, build_sampler, \
-    sampler_options
+from flash_dllm_jax.prompts import bucket_groups, padded_length
+from flash_dllm_jax.sampling import Refillable
+from flash_dllm_jax.strategies import STRATEGIES, build, sampler_options
 
 INSTANCES: list["FlashDLLMJax"] = []  # for __main__'s throughput file
 # The answer-length option of the canvas sampler (diffusion-gemma), which
@@ -69,7 +67,7 @@ ANSWER_LENGTH = "max_out_length"
 
 
 @register_model("flash_dllm_jax")
-class FlashDLLMJax(LM):
+class FlashDLLMJax(Loglikelihood, LM):
   """See the module docstring; keywords as in args.AdapterArgs plus the
   strategy's sampler options."""
 
@@ -85,6 +83,7 @@ class FlashDLLMJax(LM):
         self.arch if self.arch in STRATEGIES
         else architectures.get(self.arch).default_strategy)
     self._sampler_cache: dict[int, tuple[Any, int | None]] = {}
+    self.sampling = None  # every row's Sampling (strategies.build), or None
     self.sampler_for(self.args.max_gen_toks)  # bad sampler options fail now
     self.mesh = parallel.parse_mesh(self.args.mesh_spec)
     self.params, self.config, self.tokenizer = load(
@@ -127,8 +126,8 @@ class FlashDLLMJax(LM):
         if "steps" in fields and isinstance(fields["steps"][1], int):
           options.setdefault("steps", options["gen_length"])
         cut = max_gen_toks
-      try:
-        sampler = build_sampler(self.strategy, self.arch, options)
+      try:  # temperature / top_p / top_k: per row where no field takes them
+        sampler, self.sampling = build(self.strategy, self.arch, options)
       except (ValueError, TypeError) as e:
         raise ModelArgsError(f"bad model_args for flash_dllm_jax: {e}"
                              ) from None
@@ -188,7 +187,7 @@ class FlashDLLMJax(LM):
         with compile_clock() as compiled:
           t0 = time.perf_counter()
           res = generate((self.params, self.config, self.tokenizer), ids,
-                         sampler=sampler, seed=seeds,
+                         sampler=sampler, seed=seeds, sampling=self.sampling,
                          stop_at_eos=self.args.stop_at_eos, mesh=self.mesh,
                          batch_size=b if refill else None)
           wall = time.perf_counter() - t0
@@ -204,85 +203,6 @@ class FlashDLLMJax(LM):
                            forwards=int(res.forwards_B[:n].sum()),
                            wall_s=wall, compile_s=compiled[0])
         bar.update(n)
-
-  # loglikelihood --------------------------------------------------------------
-  def _encode_pair(self, context: str, continuation: str):
-    """lm-eval's rule: trailing spaces of the context move to the
-    continuation; the continuation's ids are what encoding the joined text
-    adds after the context's ids. An empty context becomes BOS (EOS)."""
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces:
-      continuation, context = context[-n_spaces:] + continuation, \
-          context[:-n_spaces]
-    whole = self.tokenizer.encode(context + continuation)
-    prefix = self.tokenizer.encode(context)
-    target = whole[len(prefix):]
-    if not prefix:
-      start = self.config.bos_token_id
-      prefix = [self.config.eos_token_id if start is None else start]
-    return prefix, target
-
-  def loglikelihood(self, requests, disable_tqdm: bool = False):
-    if not isinstance(self.config, ModelConfig):
-      raise NotImplementedError(
-          f"flash_dllm_jax: loglikelihood is not supported for the "
-          f"{self.arch} family (its likelihood estimate is not defined "
-          "here); use generate_until tasks")
-    items = []
-    for i, request in enumerate(requests):
-      prefix, target = self._encode_pair(*request.args)
-      if not target:
-        raise ValueError(f"request {i}: the continuation "
-                         f"{request.args[1]!r} encodes to no tokens")
-      if len(prefix) + len(target) > self.config.max_seq_len:
-        raise ValueError(f"request {i}: {len(prefix)} + {len(target)} "
-                         f"tokens exceed max_seq_len {self.config.max_seq_len}")
-      items.append(likelihood.Request(prefix, target,
-                                      *self.draw_masks(i, len(target))))
-    bar = tqdm(total=len(items) * self.args.mc_num, unit="copy",
-               disable=disable_tqdm, desc="flash_dllm_jax likelihood")
-    with bar, compile_clock() as compiled:
-      t0 = time.perf_counter()
-      values, forwards = likelihood.estimate_many(
-          self.params, self.config, items,
-          batch_size=self.bound.rows(
-              "loglikelihood",
-              min(self.args.batch_size, len(items) * self.args.mc_num),
-              max(padded_length(len(r.prefix) + len(r.target))
-                  for r in items), copies=2 if self.args.cfg > 0 else 1),
-          cfg=self.args.cfg, block_length=self.likelihood_blocks(),
-          progress=bar.update)
-      self.scored.add(requests=len(items), forwards=int(forwards.sum()),
-                      wall_s=time.perf_counter() - t0, compile_s=compiled[0])
-    return [(float(v), False) for v in values]
-
-  def likelihood_blocks(self) -> int | None:
-    """A block-causal family's attention block for the likelihood forward:
-    model_args block_length, else the strategy's default; None for full
-    attention."""
-    if self.config.spec.attention.mask != "block_causal":
-      return None
-    fields = sampler_options(STRATEGIES[self.strategy].sampler)
-    default = fields["block_length"][1] if "block_length" in fields else None
-    block = self.options.get("block_length") or default
-    if not isinstance(block, int):
-      raise ModelArgsError(f"{self.config.arch} scores with its block-causal "
-                           "mask: give model_args block_length")
-    return block
-
-  def draw_masks(self, index: int, target_len: int):
-    """The masks of request `index` (its own NumPy generator)."""
-    rng = np.random.default_rng((self.args.seed, index))
-    return likelihood.draw_masks(rng, target_len, self.args.mc_num,
-                                 self.args.group,
-                                 self.config.spec.likelihood_masks,
-                                 self.args.sampling_eps)
-
-  def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-    raise NotImplementedError(
-        "flash_dllm_jax: loglikelihood_rolling (perplexity tasks) is not "
-        "supported; a masked-diffusion model has no left-to-right token "
-        "likelihood, only the Monte-Carlo bound of loglikelihood")
 
   # Chat templates and run info --------------------------------------------------
   def apply_chat_template(self, chat_history, add_generation_prompt=True):
@@ -303,7 +223,8 @@ class FlashDLLMJax(LM):
     return {"flash_dllm_jax": {
         "checkpoint": str(self.args.checkpoint), "arch": self.config.arch,
         "strategy": self.strategy, "adapter": dataclasses.asdict(self.args),
-        "samplers_by_max_gen_toks": samplers,
+        "samplers_by_max_gen_toks": samplers, "sampling": None
+        if self.sampling is None else dataclasses.asdict(self.sampling),
         "device": jax.devices()[0].device_kind, "jax": jax.__version__,
         "throughput": self.throughput()}}
 

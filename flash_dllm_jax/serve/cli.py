@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from flash_dllm_jax import architectures, parallel, quantize
+from flash_dllm_jax import parallel, quantize
 from flash_dllm_jax.checkpoint import load
 from flash_dllm_jax.cli_flags import (add_checkpoint_flag,
                                       add_compile_cache_flags,
@@ -23,11 +23,10 @@ from flash_dllm_jax.cli_flags import (add_checkpoint_flag,
                                       start_compile_cache)
 from flash_dllm_jax.ops import choice
 from flash_dllm_jax.sampling.loop import tail_length
-from flash_dllm_jax.sampling.row_options import ROW_OPTIONS
-from flash_dllm_jax.sampling.row_sampling import row_fields
-from flash_dllm_jax.serve import MAX_BODY_BYTES, memory_plan
+from flash_dllm_jax.serve import MAX_BODY_BYTES, MAX_LOGPROBS, memory_plan
 from flash_dllm_jax.serve.memory_plan import DEFAULT_UTILIZATION
-from flash_dllm_jax.strategies import STRATEGIES, all_options, build, decodes
+from flash_dllm_jax.serve.cli_variants import build_variants, default_strategy
+from flash_dllm_jax.strategies import STRATEGIES, build
 from flash_dllm_jax.strategy_flags import add_option_flags, options_from_args
 
 log = logging.getLogger("flash_dllm_jax.serve")
@@ -74,6 +73,11 @@ def add_parser(sub) -> None:
                   help="decoding steps the compiled loop runs at most before "
                        "returning to the host (it also returns when a slot "
                        "finishes)")
+  ap.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
+                  help="most alternatives per token a request may ask for "
+                       "(top_logprobs; completions' logprobs); a strategy "
+                       "that records them compiles that program at start "
+                       "(0: none)")
   ap.add_argument("--max-queue", type=int, default=256,
                   help="waiting requests before 429")
   ap.add_argument("--request-timeout", type=float, default=600.0,
@@ -109,40 +113,6 @@ def add_parser(sub) -> None:
                        "headers before it is closed (default: %(default)s)")
   add_compile_cache_flags(ap)
   add_option_flags(ap, "sampler options")
-
-
-def default_strategy(arch: str) -> str:
-  """flash-dllm (continuous batching) where it decodes `arch`, else the
-  family's own strategy (what `generate` picks)."""
-  if decodes(STRATEGIES["flash-dllm"], arch):
-    return "flash-dllm"
-  return architectures.get(arch).default_strategy
-
-
-def parse_variant(spec: str, index: int) -> dict:
-  """'temperature=0.7,threshold=0.8' -> {'temperature': 0.7, ...}, typed by
-  the strategy registry; ValueError naming the variant and key."""
-  types, out = all_options(), {}
-  for item in spec.split(","):
-    key, sep, value = item.strip().partition("=")
-    key = key.strip().replace("-", "_")
-    where = f"--variant #{index} ({spec!r})"
-    if not sep or not key:
-      raise ValueError(f"{where}: expected KEY=VALUE, got {item!r}")
-    if key not in types:
-      raise ValueError(f"{where}: unknown sampler option {key!r}")
-    typ = types[key]
-    try:
-      if typ is bool:
-        if value.lower() not in ("true", "false"):
-          raise ValueError(value)
-        out[key] = value.lower() == "true"
-      else:
-        out[key] = typ(value)
-    except ValueError:
-      raise ValueError(f"{where}: {key} takes a {typ.__name__}, got "
-                       f"{value!r}") from None
-  return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -200,23 +170,8 @@ def main(args: argparse.Namespace) -> int:
     # --temperature/--top-p/--top-k of a strategy that samples per row: the
     # defaults of requests that do not set them
     sampler, row_defaults = build(strategy, config.arch, options)
-    variants = [build(strategy, config.arch,
-                      {**options, **parse_variant(v, i + 1)})[0]
-                for i, v in enumerate(args.variant)]
-    for i, v in enumerate(variants):
-      if v in [sampler, *variants[:i]]:
-        raise ValueError(f"--variant #{i + 1} ({args.variant[i]!r}) decodes "
-                         "with the same options as an earlier sampler")
-      changed = {k for k in vars(sampler) if getattr(v, k) != getattr(
-          sampler, k)}
-      if changed <= set(row_fields(sampler)):
-        fields = ", ".join(f"decoding.{k}" if k in ROW_OPTIONS
-                           else f"the request's {k}" for k in sorted(changed))
-        raise ValueError(
-            f"--variant #{i + 1} ({args.variant[i]!r}): "
-            f"{', '.join(sorted(changed))} is a per-request setting "
-            f"({fields}); --variant is for options that change the "
-            "compiled program")
+    variants = build_variants(strategy, config.arch, options, sampler,
+                              args.variant)
     mesh = parallel.parse_mesh(args.mesh)
     if mesh is not None:
       parallel.check_config(config, mesh)
@@ -242,7 +197,8 @@ def main(args: argparse.Namespace) -> int:
                         request_timeout=args.request_timeout,
                         kernels=choice.kernels_from_args(args),
                         slot_plan=slot_plan.as_dict(),
-                        sampling=row_defaults)
+                        sampling=row_defaults,
+                        max_logprobs=args.max_logprobs)
     for v in (sampler, *variants):  # the slot plan fits, before the port
       check_pool(settings, v, config)
   except (ValueError, FileNotFoundError, TypeError) as e:

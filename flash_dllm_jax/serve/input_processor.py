@@ -78,6 +78,9 @@ class InputProcessor:
           "logprobs"
     if top > MAX_LOGPROBS:
       raise BadRequest(f"{param} {top}: at most {MAX_LOGPROBS}", param)
+    if top > self.settings.max_logprobs:
+      raise BadRequest(f"{param} {top}: this server gives at most "
+                       f"{self.settings.max_logprobs} (--max-logprobs)", param)
     if want and not (self.row_data
                      or getattr(self.sampler, "reports_logprobs", False)):
       raise BadRequest(f"strategy {self.settings.strategy!r} does not report "

@@ -69,12 +69,17 @@ class ModelRunner:
   prompts.PROMPT_BUCKET), left-padded to it. mesh (a jax
   Mesh, parallel.parse_mesh): the slots split over its `data` axis and the
   weights over `model`, as `generate(mesh=)` does. implementation: the
-  kernel choice, a name or an ops.Kernels (`generate(kernels=)`)."""
+  kernel choice, a name or an ops.Kernels (`generate(kernels=)`).
+  top_logprobs: alternatives per token a call may record (--max-logprobs;
+  0: none); for a sampler that records them, that program compiles here."""
 
   def __init__(self, params, config: ModelConfig, sampler, *,
                prompt_len: int, slots: int, steps_per_call: int,
                stop_at_eos: bool = True, implementation=None,
-               mesh=None):
+               mesh=None, top_logprobs: int = 0):
+    if not 0 <= top_logprobs <= MAX_LOGPROBS:
+      raise ValueError(f"top_logprobs {top_logprobs}: not in [0, "
+                       f"{MAX_LOGPROBS}]")
     if prompt_len % PROMPT_BUCKET:
       raise ValueError(f"prompt_len ({prompt_len}) must be a multiple of "
                        f"{PROMPT_BUCKET}: the padding a slot adds to a "
@@ -93,14 +98,13 @@ class ModelRunner:
     self.stop_ids = config.stop_token_ids if stop_at_eos else ()
     self.implementation = implementation
     self.row_data = row_options.takes_rows(sampler)  # RowSampling
-    # the top-logprobs buffer's width (0: the sampler records none)
-    self.top_k = MAX_LOGPROBS if records_top(sampler) else 0
+    self.top_k = top_logprobs if records_top(sampler) else 0  # buffer width
     self._mesh = mesh
     self._state = self._place(self._initial_state())
     self._busy_B = np.zeros(self.b, bool)  # rows whose loop has not stopped
     self._uncollected = False
     self._compiled = self._compile(record_top=False)
-    self._compiled_top = None  # compiled by the first call that records
+    self._compiled_top = self._compile(True) if self.top_k else None
 
   def _compile(self, record_top: bool):
     """The call's program, ahead of time; record_top: the variant that
@@ -240,8 +244,8 @@ class ModelRunner:
     the top-logprobs of what this call commits (a row that wants them needs
     every call from its admission on to record)."""
     if top and not self.top_k:
-      raise ValueError(f"{type(self.sampler).__name__} records no top "
-                       "logprobs")
+      raise ValueError(f"this runner records no top logprobs "
+                       f"({type(self.sampler).__name__}, top_logprobs 0)")
     if self._uncollected:
       raise RuntimeError("the last dispatched call was not collected")
     admit = admit or {}
@@ -265,8 +269,6 @@ class ModelRunner:
       rows += [(slot, sampling[0])] if sampling else []
     if rows and not self.row_data and any(r != GREEDY for _, r in rows):
       raise ValueError(f"{type(self.sampler).__name__} takes no row data")
-    if top and self._compiled_top is None:
-      self._compiled_top = self._compile(record_top=True)
     program = self._compiled_top if top else self._compiled
     self._state, gen, logp, iters, *top_out = program(
         self.params, self._state, release_B, load_B, prompt_BxP, valid_BxP,

@@ -47,9 +47,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from flash_dllm_jax.sampling.draw_settings import TEMPERATURE, TOP_K, TOP_P
+from flash_dllm_jax.serve import MAX_LOGPROBS
 
 MAX_N = 16  # choices per request
-MAX_LOGPROBS = 20  # alternatives a token may ask for (vLLM's --max-logprobs)
 
 
 STRICT = ConfigDict(extra="forbid", strict=True)

@@ -17,6 +17,7 @@ from flash_dllm_jax.serve.engine_core import EngineCore
 from flash_dllm_jax.serve.input_processor import InputProcessor
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.model_runner import ModelRunner
+from flash_dllm_jax.serve.protocol import MAX_LOGPROBS
 
 log = logging.getLogger("flash_dllm_jax.serve")
 
@@ -42,12 +43,20 @@ class Settings:
   # the draw settings of a request that sets none, for a strategy that
   # samples per row (serve --temperature/--top-p/--top-k); None: greedy
   sampling: Sampling | None = None
+  # alternatives per token a request may ask for (--max-logprobs, vLLM's
+  # flag); a strategy that records them compiles that program at start
+  max_logprobs: int = MAX_LOGPROBS
 
   def __post_init__(self):
     for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
       value = getattr(self, name)  # the compiled loop holds them as int32
       if not (isinstance(value, int) and 1 <= value < 2**31):
         raise ValueError(f"{name} must be an int in [1, 2**31), got {value}")
+    if isinstance(self.max_logprobs, bool) or not (
+        isinstance(self.max_logprobs, int)
+        and 0 <= self.max_logprobs <= MAX_LOGPROBS):
+      raise ValueError(f"max_logprobs (--max-logprobs) must be an int in "
+                       f"[0, {MAX_LOGPROBS}], got {self.max_logprobs}")
     if not (math.isfinite(self.request_timeout)
             and self.request_timeout > 0):
       raise ValueError(f"request_timeout must be > 0, got "
@@ -109,7 +118,8 @@ class Service(InputProcessor):
                                slots=settings.slots,
                                steps_per_call=settings.steps_per_call,
                                stop_at_eos=settings.stop_at_eos, mesh=mesh,
-                               implementation=settings.kernels)
+                               implementation=settings.kernels,
+                               top_logprobs=settings.max_logprobs)
       log.info("compiled variant %d (%d slots of %d prompt positions) in "
                "%.1f s", i, settings.slots, settings.prompt_len,
                time.perf_counter() - t0)

@@ -25,7 +25,6 @@ import numpy as np
 
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import answer_ids
-from flash_dllm_jax.sampling.state import fill_after_stop
 
 
 class Progress(NamedTuple):
@@ -117,9 +116,8 @@ class AnswerText:
     """(what to send, the state after it). gen_G: the slot's generation
     region now; row_done: its loop stopped."""
     mask_id = self.config.mask_token_id
-    if row_done:
-      gen_G = np.asarray(fill_after_stop(gen_G, mask_id,
-                                         self.config.pad_token_id))
+    if row_done:  # fill_after_stop's rule, on the host: no device op here
+      gen_G = np.where(gen_G == mask_id, self.config.pad_token_id, gen_G)
     final_G = gen_G[:self._settled(gen_G, row_done)]
     ids = answer_ids(final_G, self.config)
     stop_token = len(ids) < len(final_G)  # a final stop token ends the answer
