@@ -42,13 +42,11 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.sampling import (checks, commit_rules, flash_verify,
-                                     options)
+from flash_dllm_jax.sampling import (blocks, checks, commit_rules,
+                                     flash_verify, options)
+from flash_dllm_jax.sampling.block_cache import block_logits
+from flash_dllm_jax.sampling.blocks import BlockRows
 from flash_dllm_jax.sampling.options import max_refills, option
-from flash_dllm_jax.architectures.llada2 import sampler as llada2
-from flash_dllm_jax.architectures.llada2 import sampler21 as llada21
-from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
-from flash_dllm_jax.architectures.llada2.sampler import BlockRows
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -125,24 +123,21 @@ class LLaDA2FlashSampler:
                       tail=self.tail_length)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array) -> BlockRows:
-    p = tokens_BxN.shape[1] - self.gen_length - self.tail_length
-    prompt_B = jnp.sum(model.valid_BxN[:, :p], axis=1, dtype=jnp.int32)
-    zeros = jnp.zeros_like(prompt_B)
-    return BlockRows(prompt_B // self.block_length, zeros, zeros > 0,
-                     BlockCache.empty(model))
+    return blocks.first_rows(model, tokens_BxN, self.gen_length,
+                             self.tail_length, self.block_length)
 
   def finished(self, model, tokens_BxN, aux: BlockRows, prompt_len):
     return aux.stop_B
 
   def reset_rows(self, aux: BlockRows, rows_B: jax.Array) -> BlockRows:
-    return llada2.reset_rows(aux, rows_B)
+    return blocks.reset_rows(aux, rows_B)
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
     cfg, l = model.config, self.block_length
     tokens_BxN = state.tokens_BxN
     rows_Bx1 = jnp.arange(tokens_BxN.shape[0])[:, None]
-    aux, prompt_B, start_B = llada2.current_block(model, state.aux,
+    aux, prompt_B, start_B = blocks.current_block(model, state.aux,
                                                   prompt_len, l)
     pos_BxL = start_B[:, None] + jnp.arange(l)
     active_B = ~state.done_B
@@ -156,8 +151,8 @@ class LLaDA2FlashSampler:
     masked_BxL = block_BxL == cfg.mask_token_id
     commit_BxL = commit_rules.row_rule(self.commit_rule, state).commit(
         conf_BxL, masked_BxL)
-    edit_BxL = llada21.edits(pos_BxL, block_BxL, x0_BxL, conf_BxL,
-                             masked_BxL, prompt_len, self.editing_threshold)
+    edit_BxL = blocks.edits(pos_BxL, block_BxL, x0_BxL, conf_BxL,
+                            masked_BxL, prompt_len, self.editing_threshold)
     block_BxL = jnp.where(commit_BxL | edit_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     v = self.verify_block(model, tokens_BxN, bc.cache, pos_BxL, start_B,
@@ -171,11 +166,11 @@ class LLaDA2FlashSampler:
     eos_B = jnp.any((commit_BxL | keep_BxL) & (x0_BxL == cfg.eos_token_id),
                     axis=1)
     if self.editing_threshold is None:
-      rows = llada2.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
+      rows = blocks.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
                               start_B, prompt_B, prompt_len, self.gen_length,
                               l, l, self.eos_early_stop)
     else:
-      rows = llada21.next_block(
+      rows = blocks.next_edit_block(
           model, aux, tokens_BxN, masked_BxL, block_BxL, edit_BxL, start_B,
           prompt_B, prompt_len, self.gen_length, l, self.max_post_steps,
           eos_block_stop=True,
