@@ -1,5 +1,5 @@
 """Flash-Verify inside the blocks of a block-diffusion family (LLaDA2.x,
-SDAR; strategy llada2-flash).
+SDAR, Fast-dLLM v2; strategy llada2-flash).
 
 Each step drafts the row's current block with one forward against the
 exact cache of finished blocks (block_cache.py), commits the drafts its
@@ -23,6 +23,14 @@ the full-block forward the rule reads; the verify pass only re-scores
 mask drafts), and a block with no mask left runs post-edit steps (a draft
 pass, no verify) until one edits nothing or `max_post_steps` have run.
 None (the default): no edit, a block ends with its last mask.
+
+A family whose logits row i predicts position i + 1 (config.logits_shift,
+Fast-dLLM v2) drafts block position j from row j - 1 of the block forward,
+the block's first position from the previous block's last row
+(block_logits' shift), and its verify pass reads each candidate's
+probability from a predictor row at the slot before it
+(flash_verify.plan); a predictor row before the block sees only the
+cache, as the block-causal mask has it.
 
 Drafts are greedy, or drawn per row from `DecodeState.sampling` as
 Flash-dLLM draws them (row_sampling.propose_tokens: temperature, top_k,
@@ -143,7 +151,7 @@ class LLaDA2FlashSampler:
     active_B = ~state.done_B
     bc = aux.cache if self.block_cache else aux.cache.reset_rows(active_B)
     logits_BxLxV, bc = block_logits(model, tokens_BxN, bc, start_B, active_B,
-                                    l)
+                                    l, cfg.logits_shift)
     x0_BxL, conf_BxL, lp_BxL = commit_rules.proposal(
         logits_BxLxV, state, rng_B, cfg.mask_token_id)
     x0_BxL = x0_BxL.astype(tokens_BxN.dtype)
@@ -198,7 +206,12 @@ class LLaDA2FlashSampler:
         rows_Bx1, jnp.where(real_BxC, slots_BxC, n)].set(True, mode="drop")
     recent_BxN = jnp.where(block_BxN & ~cand_BxN, 0.0, -jnp.inf)
     plan = flash_verify.plan(tokens_BxN, recent_BxN, slots_BxC, drafts_BxC,
-                             n_cand_B, l, model.config.mask_token_id)
+                             n_cand_B, l, model.config.mask_token_id,
+                             model.config.logits_shift)
+    # A predictor row before the block (shift: the first position's) sees
+    # none of the block, as the block-causal mask has it.
+    plan = plan._replace(inq_BxQxQ=plan.inq_BxQxQ & (
+        plan.slots_BxQ >= start_B[:, None])[:, :, None])
     # The cache is final before the block; the block's own slots are stale.
     hidden_BxS = plan.exclude_BxS | (idx_N >= start_B[:, None])
     p_BxC = flash_verify.run_pass(model, plan, cache, drafts_BxC, hidden_BxS)
