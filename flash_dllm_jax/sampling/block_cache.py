@@ -13,6 +13,12 @@ the same keys in the same shapes as there):
           final tokens, so its K/V become final) and the current one;
   block   the other rows: the current block alone.
 A row takes one model call a step, as the uncached loop does.
+
+With shift = 1 (families whose logits row i predicts position i + 1,
+config.logits_shift) a block position reads the row one slot before it,
+the first one the previous block's last row: the block forward then starts
+one slot earlier (that slot's K/V, final already, are written again with
+the same values).
 """
 
 from __future__ import annotations
@@ -44,11 +50,11 @@ class BlockCache:
 
 
 def block_logits(model: SequenceModel, tokens_BxN: jax.Array, bc: BlockCache,
-                 start_B: jax.Array, active_B: jax.Array, block_length: int
-                 ) -> tuple[jax.Array, BlockCache]:
-  """(logits_BxLxV of each active row's block at start_B, the cache with
-  everything before start_B final); inactive rows get zeros and keep
-  their cache."""
+                 start_B: jax.Array, active_B: jax.Array, block_length: int,
+                 shift: int = 0) -> tuple[jax.Array, BlockCache]:
+  """(logits_BxLxV predicting each active row's block at start_B, the
+  cache with everything before start_B final); inactive rows get zeros and
+  keep their cache. shift: the rows read sit that many slots earlier."""
   b, n = tokens_BxN.shape
   l, rows = block_length, jnp.arange(b)[:, None]
   window_B = active_B & (bc.final_B < 0)
@@ -59,16 +65,18 @@ def block_logits(model: SequenceModel, tokens_BxN: jax.Array, bc: BlockCache,
 
   def window(cache):
     slots_BxN = jnp.where(window_B[:, None], jnp.arange(n), -1)
-    return model.block_cached(tokens_BxN, slots_BxN, cache,
-                              start_B[:, None] + jnp.arange(l), l)
+    rows_BxL = jnp.maximum(start_B[:, None] - shift + jnp.arange(l), 0)
+    return model.block_cached(tokens_BxN, slots_BxN, cache, rows_BxL, l)
 
   def span(first_B, width, mine_B):
-    """A forward of slots [first, first + width), logits of the last L."""
+    """A forward of slots [first, first + width), logits of the L rows
+    before its last `shift`."""
     def run(cache):
       slots_BxQ = first_B[:, None] + jnp.arange(width)
       tokens_BxQ = tokens_BxN[rows, jnp.clip(slots_BxQ, 0, n - 1)]
       slots_BxQ = jnp.where(mine_B[:, None] & (slots_BxQ >= 0), slots_BxQ, -1)
-      logit_rows = jnp.broadcast_to(width - l + jnp.arange(l), (b, l))
+      logit_rows = jnp.broadcast_to(width - l - shift + jnp.arange(l),
+                                    (b, l))
       return model.block_cached(tokens_BxQ, slots_BxQ, cache, logit_rows, l)
     return run
 
@@ -78,7 +86,8 @@ def block_logits(model: SequenceModel, tokens_BxN: jax.Array, bc: BlockCache,
                                    span(start_B - l, 2 * l, pair_B), skip,
                                    cache)
   blk_BxLxV, cache = jax.lax.cond(jnp.any(block_B),
-                                  span(start_B, l, block_B), skip, cache)
+                                  span(start_B - shift, l + shift, block_B),
+                                  skip, cache)
   pick = lambda m_B, a, b_: jnp.where(m_B[:, None, None], a, b_)
   logits_BxLxV = pick(window_B, win_BxLxV,
                       pick(pair_B, pair_BxLxV, blk_BxLxV))

@@ -1,5 +1,5 @@
 """Flash-Verify inside the blocks of a block-diffusion family (LLaDA2.x,
-SDAR; strategy llada2-flash).
+SDAR, Fast-dLLM v2; strategy llada2-flash).
 
 Each step drafts the row's current block with one forward against the
 exact cache of finished blocks (block_cache.py), commits the drafts its
@@ -24,6 +24,14 @@ mask drafts), and a block with no mask left runs post-edit steps (a draft
 pass, no verify) until one edits nothing or `max_post_steps` have run.
 None (the default): no edit, a block ends with its last mask.
 
+A family whose logits row i predicts position i + 1 (config.logits_shift,
+Fast-dLLM v2) drafts block position j from row j - 1 of the block forward,
+the block's first position from the previous block's last row
+(block_logits' shift), and its verify pass reads each candidate's
+probability from a predictor row at the slot before it
+(flash_verify.plan); a predictor row before the block sees only the
+cache, as the block-causal mask has it.
+
 Drafts are greedy, or drawn per row from `DecodeState.sampling` as
 Flash-dLLM draws them (row_sampling.propose_tokens: temperature, top_k,
 then top_p); a row's own threshold, factor and gamma replace the
@@ -42,13 +50,11 @@ from typing import ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.sampling import (checks, commit_rules, flash_verify,
-                                     options)
+from flash_dllm_jax.sampling import (blocks, checks, commit_rules,
+                                     flash_verify, options)
+from flash_dllm_jax.sampling.block_cache import block_logits
+from flash_dllm_jax.sampling.blocks import BlockRows
 from flash_dllm_jax.sampling.options import max_refills, option
-from flash_dllm_jax.architectures.llada2 import sampler as llada2
-from flash_dllm_jax.architectures.llada2 import sampler21 as llada21
-from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
-from flash_dllm_jax.architectures.llada2.sampler import BlockRows
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -125,30 +131,27 @@ class LLaDA2FlashSampler:
                       tail=self.tail_length)
 
   def init_aux(self, model: SequenceModel, tokens_BxN: jax.Array) -> BlockRows:
-    p = tokens_BxN.shape[1] - self.gen_length - self.tail_length
-    prompt_B = jnp.sum(model.valid_BxN[:, :p], axis=1, dtype=jnp.int32)
-    zeros = jnp.zeros_like(prompt_B)
-    return BlockRows(prompt_B // self.block_length, zeros, zeros > 0,
-                     BlockCache.empty(model))
+    return blocks.first_rows(model, tokens_BxN, self.gen_length,
+                             self.tail_length, self.block_length)
 
   def finished(self, model, tokens_BxN, aux: BlockRows, prompt_len):
     return aux.stop_B
 
   def reset_rows(self, aux: BlockRows, rows_B: jax.Array) -> BlockRows:
-    return llada2.reset_rows(aux, rows_B)
+    return blocks.reset_rows(aux, rows_B)
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
     cfg, l = model.config, self.block_length
     tokens_BxN = state.tokens_BxN
     rows_Bx1 = jnp.arange(tokens_BxN.shape[0])[:, None]
-    aux, prompt_B, start_B = llada2.current_block(model, state.aux,
+    aux, prompt_B, start_B = blocks.current_block(model, state.aux,
                                                   prompt_len, l)
     pos_BxL = start_B[:, None] + jnp.arange(l)
     active_B = ~state.done_B
     bc = aux.cache if self.block_cache else aux.cache.reset_rows(active_B)
     logits_BxLxV, bc = block_logits(model, tokens_BxN, bc, start_B, active_B,
-                                    l)
+                                    l, cfg.logits_shift)
     x0_BxL, conf_BxL, lp_BxL = commit_rules.proposal(
         logits_BxLxV, state, rng_B, cfg.mask_token_id)
     x0_BxL = x0_BxL.astype(tokens_BxN.dtype)
@@ -156,8 +159,8 @@ class LLaDA2FlashSampler:
     masked_BxL = block_BxL == cfg.mask_token_id
     commit_BxL = commit_rules.row_rule(self.commit_rule, state).commit(
         conf_BxL, masked_BxL)
-    edit_BxL = llada21.edits(pos_BxL, block_BxL, x0_BxL, conf_BxL,
-                             masked_BxL, prompt_len, self.editing_threshold)
+    edit_BxL = blocks.edits(pos_BxL, block_BxL, x0_BxL, conf_BxL,
+                            masked_BxL, prompt_len, self.editing_threshold)
     block_BxL = jnp.where(commit_BxL | edit_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     v = self.verify_block(model, tokens_BxN, bc.cache, pos_BxL, start_B,
@@ -171,11 +174,11 @@ class LLaDA2FlashSampler:
     eos_B = jnp.any((commit_BxL | keep_BxL) & (x0_BxL == cfg.eos_token_id),
                     axis=1)
     if self.editing_threshold is None:
-      rows = llada2.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
+      rows = blocks.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
                               start_B, prompt_B, prompt_len, self.gen_length,
                               l, l, self.eos_early_stop)
     else:
-      rows = llada21.next_block(
+      rows = blocks.next_edit_block(
           model, aux, tokens_BxN, masked_BxL, block_BxL, edit_BxL, start_B,
           prompt_B, prompt_len, self.gen_length, l, self.max_post_steps,
           eos_block_stop=True,
@@ -203,7 +206,12 @@ class LLaDA2FlashSampler:
         rows_Bx1, jnp.where(real_BxC, slots_BxC, n)].set(True, mode="drop")
     recent_BxN = jnp.where(block_BxN & ~cand_BxN, 0.0, -jnp.inf)
     plan = flash_verify.plan(tokens_BxN, recent_BxN, slots_BxC, drafts_BxC,
-                             n_cand_B, l, model.config.mask_token_id)
+                             n_cand_B, l, model.config.mask_token_id,
+                             model.config.logits_shift)
+    # A predictor row before the block (shift: the first position's) sees
+    # none of the block, as the block-causal mask has it.
+    plan = plan._replace(inq_BxQxQ=plan.inq_BxQxQ & (
+        plan.slots_BxQ >= start_B[:, None])[:, :, None])
     # The cache is final before the block; the block's own slots are stale.
     hidden_BxS = plan.exclude_BxS | (idx_N >= start_B[:, None])
     p_BxC = flash_verify.run_pass(model, plan, cache, drafts_BxC, hidden_BxS)

@@ -79,7 +79,8 @@ SPEC = Architecture(
     attention=AttentionSpec(qkv_bias=True, rope_in_float32=False,
                             mask="block_causal"),
     logits_shift=1, default_strategy="fast-dllm-v2",
-    samplers=("FastDLLMV2Sampler",), strategies=_strategies,
+    samplers=("FastDLLMV2Sampler", "LLaDA2FlashSampler"),
+    strategies=_strategies,
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
     presets={"fast-dllm-v2-7b": dict(
         vocab_size=152064, d_model=3584, n_layers=28, n_heads=28,

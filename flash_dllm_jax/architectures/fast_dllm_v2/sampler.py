@@ -54,10 +54,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from flash_dllm_jax import ops
-from flash_dllm_jax.architectures.llada2.sampler import (LLaDA2Sampler,
-                                                         current_block)
 from flash_dllm_jax.sampling import checks, draw_settings, options, select
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
+from flash_dllm_jax.sampling.block_steps import BlockSteps
+from flash_dllm_jax.sampling.blocks import current_block
 from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -120,8 +120,8 @@ class FastDLLMV2Sampler:
     return errors
 
   tail_length = 0  # the last block ends at most gen_length past the prompt
-  own_sampling = LLaDA2Sampler.own_sampling
-  _draw = LLaDA2Sampler._draw
+  own_sampling = BlockSteps.own_sampling
+  _draw = BlockSteps._draw
 
   @property
   def num_steps(self) -> int:

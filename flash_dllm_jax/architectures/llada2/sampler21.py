@@ -36,9 +36,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.sampling.options import option
-from flash_dllm_jax.architectures.llada2 import sampler as llada2
 from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
+from flash_dllm_jax.sampling import blocks
+from flash_dllm_jax.sampling.options import option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
 
@@ -70,8 +70,8 @@ class LLaDA21Sampler(LLaDA2Sampler):
   def num_steps(self) -> int:
     """A block takes at most block_length unmasking steps (each commits a
     mask) and max_post_steps post-edit steps."""
-    blocks = math.ceil(self.gen_length / self.block_length) + 1
-    return blocks * (self.block_length + self.max_post_steps)
+    n_blocks = math.ceil(self.gen_length / self.block_length) + 1
+    return n_blocks * (self.block_length + self.max_post_steps)
 
   def propose(self, model: SequenceModel, state: DecodeState,
               rng_B: jax.Array, prompt_len: int):
@@ -83,42 +83,13 @@ class LLaDA21Sampler(LLaDA2Sampler):
     change_BxL = commit_BxL | edit_BxL
     block_BxL = jnp.where(change_BxL, d.x0_BxL, d.block_BxL)
     tokens_BxN = d.write(block_BxL)
-    rows = next_block(model, d.aux, tokens_BxN, d.active_BxL, block_BxL,
-                      edit_BxL, d.start_B, d.prompt_B, prompt_len,
-                      self.gen_length, self.block_length, self.max_post_steps,
-                      eos_block_stop=self.eos_early_stop)
+    rows = blocks.next_edit_block(
+        model, d.aux, tokens_BxN, d.active_BxL, block_BxL, edit_BxL,
+        d.start_B, d.prompt_B, prompt_len, self.gen_length, self.block_length,
+        self.max_post_steps, eos_block_stop=self.eos_early_stop)
     return tokens_BxN, rows.replace(cache=d.cache), 1, d.logprobs()
 
-  def edits(self, d: llada2.BlockDraw, prompt_len: int) -> jax.Array:
-    return edits(d.rows_BxL, d.block_BxL, d.x0_BxL, d.p_BxL, d.active_BxL,
-                 prompt_len, self.editing_threshold)
+  def edits(self, d: blocks.BlockDraw, prompt_len: int) -> jax.Array:
+    return blocks.edits(d.rows_BxL, d.block_BxL, d.x0_BxL, d.p_BxL,
+                        d.active_BxL, prompt_len, self.editing_threshold)
 
-
-def edits(rows_BxL, block_BxL, x0_BxL, p_BxL, active_BxL, prompt_len: int,
-          editing_threshold: float | None) -> jax.Array:
-  """[B, L] T2T: the block's committed answer tokens (slots rows_BxL,
-  tokens block_BxL, masks active_BxL) whose draw x0_BxL differs, with
-  confidence p_BxL > editing_threshold (None: none)."""
-  if editing_threshold is None:
-    return jnp.zeros_like(active_BxL)
-  return (~active_BxL & (rows_BxL >= prompt_len) & (x0_BxL != block_BxL)
-          & (p_BxL > editing_threshold))
-
-
-def next_block(model, aux: llada2.BlockRows, tokens_BxN, active_BxL,
-               block_BxL, edit_BxL, start_B, prompt_B, prompt_len: int,
-               gen_length: int, block_length: int, max_post_steps: int,
-               eos_block_stop: bool, early_eos_B=None) -> llada2.BlockRows:
-  """The rows' next block after a step that began with masks active_BxL
-  and left block_BxL (aux.step_B counts the post-edit steps entered in the
-  block): it ends after a post-edit step without an edit, or when the next
-  step would be post-edit step max_post_steps + 1. Stops as in
-  llada2.end_rows."""
-  mask_id = model.config.mask_token_id
-  quiet_B = ~jnp.any(active_BxL, axis=1) & ~jnp.any(edit_BxL, axis=1)
-  next_post_B = aux.step_B + ~jnp.any(block_BxL == mask_id, axis=1)
-  done_B = quiet_B | (next_post_B > max_post_steps)
-  return llada2.end_rows(model, aux, tokens_BxN, done_B, next_post_B,
-                         start_B, prompt_B, prompt_len, gen_length,
-                         block_length, eos_block_stop=eos_block_stop,
-                         early_eos_B=early_eos_B)

@@ -1,6 +1,6 @@
 """LLaDA2.x's own strategies: its block sampler (sampler.py), LLaDA2.1's
-editing (sampler21.py). Its Flash-Verify inside blocks, llada2-flash,
-also decodes SDAR: sampling/block_flash.py."""
+editing (sampler21.py). Flash-Verify inside blocks, llada2-flash, decodes
+the other block-causal families too: sampling/block_flash.py."""
 
 from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
 from flash_dllm_jax.architectures.llada2.sampler21 import (MODES,

@@ -48,9 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flash_dllm_jax.architectures.llada2 import sampler as llada2
-from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
-from flash_dllm_jax.sampling import commit_rules, draw_settings, options, select
+from flash_dllm_jax.sampling import (blocks, commit_rules, draw_settings,
+                                     options, select)
+from flash_dllm_jax.sampling.block_steps import BlockSteps
 from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState
@@ -96,7 +96,7 @@ class SDARSampler:
   def __post_init__(self):
     options.check(self)
 
-  # LLaDA2Sampler's blocks, draws, cache and row handling, under SDAR's
+  # The block samplers' blocks, draws, cache and row handling, under SDAR's
   # names: its `steps` is denoising_steps, its `threshold` the dynamic
   # rule's confidence_threshold (None: the static rule's top-k alone).
   @property
@@ -113,17 +113,17 @@ class SDARSampler:
       return self.confidence_threshold
     return None
 
-  tail_length = LLaDA2Sampler.tail_length
-  num_steps = LLaDA2Sampler.num_steps
-  own_sampling = LLaDA2Sampler.own_sampling
-  check_prompt = LLaDA2Sampler.check_prompt
-  init_aux = LLaDA2Sampler.init_aux
-  finished = LLaDA2Sampler.finished
-  reset_rows = LLaDA2Sampler.reset_rows
-  draw_block = LLaDA2Sampler.draw_block
-  unmask = LLaDA2Sampler.unmask
-  _draw = LLaDA2Sampler._draw
-  _thresholds = LLaDA2Sampler._thresholds
+  tail_length = BlockSteps.tail_length
+  num_steps = BlockSteps.num_steps
+  own_sampling = BlockSteps.own_sampling
+  check_prompt = BlockSteps.check_prompt
+  init_aux = BlockSteps.init_aux
+  finished = BlockSteps.finished
+  reset_rows = BlockSteps.reset_rows
+  draw_block = BlockSteps.draw_block
+  unmask = BlockSteps.unmask
+  _draw = BlockSteps._draw
+  _thresholds = BlockSteps._thresholds
 
   def schedule(self) -> np.ndarray:
     """[denoising_steps] masks each step commits (get_num_transfer_tokens)."""
@@ -143,7 +143,7 @@ class SDARSampler:
     block_BxL = jnp.where(chosen_BxL, d.x0_BxL, d.block_BxL)
     tokens_BxN = d.write(block_BxL)
     no_eos_B = jnp.zeros_like(d.aux.stop_B)
-    rows = llada2.next_rows(model, d.aux, tokens_BxN, block_BxL, no_eos_B,
+    rows = blocks.next_rows(model, d.aux, tokens_BxN, block_BxL, no_eos_B,
                             d.start_B, d.prompt_B, prompt_len,
                             self.gen_length, self.block_length,
                             self.block_steps, eos_early_stop=False)
@@ -151,7 +151,7 @@ class SDARSampler:
         model, d, tokens_BxN, block_BxL, prompt_len))
     return tokens_BxN, rows.replace(cache=d.cache), 1, d.logprobs()
 
-  def _stopped(self, model, d: llada2.BlockDraw, tokens_BxN, block_BxL,
+  def _stopped(self, model, d: blocks.BlockDraw, tokens_BxN, block_BxL,
                prompt_len: int) -> jax.Array:
     """[B] the block is finished and the answer so far holds a stop id (the
     reference's stopping_criteria_idx: generation_config's EOS ids)."""
@@ -166,7 +166,7 @@ class SDARSampler:
     stop_BxN = jnp.isin(tokens_BxN, jnp.asarray(model.stop_ids))
     return done_B & jnp.any(answer_BxN & stop_BxN, axis=1)
 
-  def _entropy_bounded(self, d: llada2.BlockDraw, logits_BxLxV: jax.Array,
+  def _entropy_bounded(self, d: blocks.BlockDraw, logits_BxLxV: jax.Array,
                        rows) -> jax.Array:
     """[B, L] JetEngine's entropy-bounded choice among the block's masks."""
     t = (jnp.full((logits_BxLxV.shape[0],), self.temperature, jnp.float32)
