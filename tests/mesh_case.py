@@ -47,8 +47,9 @@ jax.config.update("jax_default_matmul_precision", "highest")
 assert len(jax.devices()) == 4, jax.devices()
 from flash_dllm_jax import compilation, parallel
 # The test run's compilation cache (tests/conftest.py): the scripts share
-# what they compile with each other and with the test processes.
-compilation.enable_persistent_cache(os.environ.get("FLASH_DLLM_JAX_CACHE_DIR"))
+# what they compile with each other and with the test processes
+# ($FLASH_DLLM_JAX_CACHE_DIR=off: none).
+compilation.enable_persistent_cache(compilation.default_cache_dir())
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import generate
 from flash_dllm_jax.model import KVCache, Transformer, init_params

@@ -9,8 +9,7 @@ SCRIPT = r'''
 import jax, numpy as np
 assert len(jax.devices()) == 2, jax.devices()
 from flash_dllm_jax import checkpoint, compilation
-import os
-compilation.enable_persistent_cache(os.environ.get("FLASH_DLLM_JAX_CACHE_DIR"))
+compilation.enable_persistent_cache(compilation.default_cache_dir())
 from flash_dllm_jax.generate import generate
 from tests.diffusion_gemma_case import PROMPTS, SEEDS, SETTINGS, TINY
 model = checkpoint.load(TINY, dtype="float32")

@@ -104,14 +104,13 @@ def test_a_fitted_schedule_continues_across_invocations(setup, tmp_path,
 
 
 DATA_PARALLEL = r'''
-import os
 import jax, numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
 assert len(jax.devices()) == 4
 from flash_dllm_jax import compilation
 # The test run's compilation cache (tests/conftest.py): the resumed runs
 # load what the first data=2 run compiled.
-compilation.enable_persistent_cache(os.environ.get("FLASH_DLLM_JAX_CACHE_DIR"))
+compilation.enable_persistent_cache(compilation.default_cache_dir())
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_data import synthetic_gsm as sg
 from flash_dllm_data.tokenizer_builder import build_tokenizer, corpus_texts
