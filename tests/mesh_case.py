@@ -24,13 +24,29 @@ STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
     else "")
 
 
+# Added to every script's XLA flags unless it asks for XLA's defaults: the
+# scripts' tiny programs run for milliseconds, and LLVM's optimisation passes
+# took about half of a decode's compile (a Flash-dLLM verify decode: 8.1 CPU
+# seconds at the default level, 4.3 at 0). Every comparison a script makes
+# is between programs compiled under the same flags.
+QUICK_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def script_env(devices: int = 4, xla_flags: str = "",
+               quick: bool = True) -> dict:
+  """The environment of a fresh Python on `devices` forced host CPU devices
+  (QUICK_COMPILE unless `quick` is False)."""
+  flags = f"--xla_force_host_platform_device_count={devices} {xla_flags}"
+  return dict(os.environ, XLA_FLAGS=flags + (f" {QUICK_COMPILE}" if quick
+                                             else ""),
+              JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+
+
 def run_script(script: str, *args: str, devices: int = 4, timeout: int = 600,
-               xla_flags: str = ""):
-  """Runs `script` in a fresh Python on `devices` forced host CPU devices;
-  returns its stdout (a failure shows its output)."""
-  env = dict(os.environ, XLA_FLAGS=(
-      f"--xla_force_host_platform_device_count={devices} {xla_flags}"),
-             JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+               xla_flags: str = "", quick: bool = True):
+  """Runs `script` in a fresh Python on `devices` forced host CPU devices
+  (script_env); returns its stdout (a failure shows its output)."""
+  env = script_env(devices, xla_flags, quick)
   result = subprocess.run([sys.executable, "-c", script, *args], env=env,
                           cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)

@@ -151,17 +151,9 @@ print("DP-OK")
 
 
 def test_data_parallel_training_equals_one_device(tmp_path):
-  import os
-  import subprocess
-  import sys
-  from tests.paths import ROOT
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  from tests.mesh_case import run_script
   script = f"DIR = {str(tmp_path)!r}\n" + DATA_PARALLEL
-  result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "DP-OK" in result.stdout
+  assert "DP-OK" in run_script(script)
 
 
 def test_train_tiny_script_pauses_and_continues(tmp_path, capsys):
