@@ -28,7 +28,8 @@ STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
 # scripts' tiny programs run for milliseconds, and LLVM's optimisation passes
 # took about half of a decode's compile (a Flash-dLLM verify decode: 8.1 CPU
 # seconds at the default level, 4.3 at 0). Every comparison a script makes
-# is between programs compiled under the same flags.
+# is between programs compiled under the same flags; a claim about XLA's
+# default flags asks for them (quick=False).
 QUICK_COMPILE = "--xla_backend_optimization_level=0"
 
 
@@ -116,7 +117,8 @@ for _name, _source in _PARTS.items():
 
 
 def run_parts(parts: dict[str, str], *args: str, devices: int = 4,
-              xla_flags: str = "", timeout: int = 600) -> dict[str, str]:
+              xla_flags: str = "", timeout: int = 600,
+              quick: bool = True) -> dict[str, str]:
   """Runs the scripts `parts` (name -> source, PRELUDE's names in scope,
   sys.argv[1:] = `args`) one after another in one fresh Python, each in its
   own namespace: one interpreter start and JAX import for all (seconds
@@ -126,7 +128,7 @@ def run_parts(parts: dict[str, str], *args: str, devices: int = 4,
   script = (PRELUDE + "\nimport sys\n_PARTS = " + repr(parts) + "\n"
             + _PARTS)
   out = run_script(script, *args, devices=devices, xla_flags=xla_flags,
-                   timeout=timeout * len(parts))
+                   timeout=timeout * len(parts), quick=quick)
   found = {}
   for chunk in out.split("@@PART ")[1:]:
     name, _, text = chunk.partition("\n")
