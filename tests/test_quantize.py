@@ -142,12 +142,10 @@ def test_bench_strategies_and_quant_error_take_quantize(tmp_path):
   import json
   import subprocess
   import sys
-  from tests.mesh_case import script_env
   from tests.paths import ROOT
   out = tmp_path / "bench.json"
   run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True,
-                                  text=True, timeout=600, cwd=ROOT,
-                                  env=script_env(devices=1))
+                                  text=True, timeout=600, cwd=ROOT)
   bench = run("scripts/bench_strategies.py", "--smoke", "--quantize", "fp8",
               "--only", "flash-dllm", "--json", str(out))
   assert bench.returncode == 0, bench.stderr[-2000:]

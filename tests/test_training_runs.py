@@ -153,7 +153,9 @@ print("DP-OK")
 def test_data_parallel_training_equals_one_device(tmp_path):
   from tests.mesh_case import run_script
   script = f"DIR = {str(tmp_path)!r}\n" + DATA_PARALLEL
-  assert "DP-OK" in run_script(script)
+  # XLA's default optimisation level: training steps compute enough that
+  # level 0 cost more running than it saved compiling.
+  assert "DP-OK" in run_script(script, quick=False)
 
 
 def _train_tiny():
