@@ -59,7 +59,7 @@ def main(argv=None):
   n = args.devices
   if args.smoke:
     cfg = ModelConfig.tiny("llada", dtype="bfloat16")
-    args.dp_batch, args.tp_batch, args.gen, args.prompt = 2, [1, 4], 32, 16
+    args.dp_batch, args.tp_batch, args.gen, args.prompt = 2, [2, 4], 32, 16
     args.block, args.block_m, args.reps = 16, 8, 1
   else:
     cfg = ModelConfig.preset("llada-8b")
@@ -89,20 +89,21 @@ def main(argv=None):
     row["tokens_equal_1gpu"] = float(np.mean(
         row["tokens"] == base["tokens"][:row["batch"]]))
 
-  rows, big, dp_ratio = [], None, None
+  rows, dp_ratio = [], None
+  alone = {}  # batch -> its 1-GPU decode, made once
   if not args.skip_data:
     # (a) data parallel: the same rows per GPU, n times the batch.
-    dp1 = decode(one, args.dp_batch)
+    dp1 = alone[args.dp_batch] = decode(one, args.dp_batch)
     dpn = decode(f"data={n}", n * args.dp_batch)
-    big = decode(one, n * args.dp_batch)  # the 1-GPU tokens of all rows
+    # the 1-GPU tokens of all rows
+    big = alone[n * args.dp_batch] = decode(one, n * args.dp_batch)
     same(dpn, big)
     rows += [dict(dp1, kind="data", gpus=1), dict(dpn, kind="data", gpus=n)]
     dp_ratio = dpn["tokens_per_s"] / dp1["tokens_per_s"]
   # (b) tensor parallel: one batch on 1 GPU and split over n GPUs.
   tp = {}
   for b in args.tp_batch:
-    base = (big if big is not None and b == n * args.dp_batch
-            else decode(one, b))
+    base = alone[b] if b in alone else decode(one, b)
     split = decode(f"model={n}", b)
     same(split, base)
     rows += [dict(base, kind="model", gpus=1),

@@ -17,15 +17,15 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # by test count, which queued these few-test modules last): starting them
 # first leaves the many short modules to even out the two workers' ends.
 SLOW_MODULES = (
-    "test_llada21.py", "test_scripts.py", "test_sdar.py", "test_mesh.py",
+    "test_llada21.py", "test_scripts.py", "test_sdar.py", "test_mesh_exact.py",
     "test_kv_cache_8bit.py", "test_diffusion_gemma_entry.py",
     "test_serve_diffusion_gemma.py", "test_readme.py",
     "test_sdar_entry_points.py",
-    "test_flash_dllm.py", "test_mesh_exact.py", "test_shipped_llada2.py",
+    "test_flash_dllm.py", "test_mesh.py", "test_shipped_llada2.py",
     "test_llada2.py", "test_llada2_cache.py", "test_shipped_model.py",
     "test_training_runs.py", "test_sampler_options.py",
-    "test_serve_shipped.py", "test_serve_variants.py", "test_mesh_experts.py",
-    "test_serve_bench.py", "test_eval_quality.py", "test_mesh_setup.py",
+    "test_serve_shipped.py", "test_serve_variants.py",
+    "test_serve_bench.py", "test_eval_quality.py",
     "test_elastic_cache_drift.py", "test_lm_eval_tasks.py",
     "test_mesh_diffusion_gemma.py", "test_kernel_attention_kv8.py")
 

@@ -24,13 +24,30 @@ STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
     else "")
 
 
+# Added to every script's XLA flags unless it asks for XLA's defaults: the
+# scripts' tiny programs run for milliseconds, and LLVM's optimisation passes
+# took about half of a decode's compile (a Flash-dLLM verify decode: 8.1 CPU
+# seconds at the default level, 4.3 at 0). Every comparison a script makes
+# is between programs compiled under the same flags; a claim about XLA's
+# default flags asks for them (quick=False).
+QUICK_COMPILE = "--xla_backend_optimization_level=0"
+
+
+def script_env(devices: int = 4, xla_flags: str = "",
+               quick: bool = True) -> dict:
+  """The environment of a fresh Python on `devices` forced host CPU devices
+  (QUICK_COMPILE unless `quick` is False)."""
+  flags = f"--xla_force_host_platform_device_count={devices} {xla_flags}"
+  return dict(os.environ, XLA_FLAGS=flags + (f" {QUICK_COMPILE}" if quick
+                                             else ""),
+              JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+
+
 def run_script(script: str, *args: str, devices: int = 4, timeout: int = 600,
-               xla_flags: str = ""):
-  """Runs `script` in a fresh Python on `devices` forced host CPU devices;
-  returns its stdout (a failure shows its output)."""
-  env = dict(os.environ, XLA_FLAGS=(
-      f"--xla_force_host_platform_device_count={devices} {xla_flags}"),
-             JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+               xla_flags: str = "", quick: bool = True):
+  """Runs `script` in a fresh Python on `devices` forced host CPU devices
+  (script_env); returns its stdout (a failure shows its output)."""
+  env = script_env(devices, xla_flags, quick)
   result = subprocess.run([sys.executable, "-c", script, *args], env=env,
                           cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
@@ -47,8 +64,9 @@ jax.config.update("jax_default_matmul_precision", "highest")
 assert len(jax.devices()) == 4, jax.devices()
 from flash_dllm_jax import compilation, parallel
 # The test run's compilation cache (tests/conftest.py): the scripts share
-# what they compile with each other and with the test processes.
-compilation.enable_persistent_cache(os.environ.get("FLASH_DLLM_JAX_CACHE_DIR"))
+# what they compile with each other and with the test processes
+# ($FLASH_DLLM_JAX_CACHE_DIR=off: none).
+compilation.enable_persistent_cache(compilation.default_cache_dir())
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import generate
 from flash_dllm_jax.model import KVCache, Transformer, init_params
@@ -99,7 +117,8 @@ for _name, _source in _PARTS.items():
 
 
 def run_parts(parts: dict[str, str], *args: str, devices: int = 4,
-              xla_flags: str = "", timeout: int = 600) -> dict[str, str]:
+              xla_flags: str = "", timeout: int = 600,
+              quick: bool = True) -> dict[str, str]:
   """Runs the scripts `parts` (name -> source, PRELUDE's names in scope,
   sys.argv[1:] = `args`) one after another in one fresh Python, each in its
   own namespace: one interpreter start and JAX import for all (seconds
@@ -109,7 +128,7 @@ def run_parts(parts: dict[str, str], *args: str, devices: int = 4,
   script = (PRELUDE + "\nimport sys\n_PARTS = " + repr(parts) + "\n"
             + _PARTS)
   out = run_script(script, *args, devices=devices, xla_flags=xla_flags,
-                   timeout=timeout * len(parts))
+                   timeout=timeout * len(parts), quick=quick)
   found = {}
   for chunk in out.split("@@PART ")[1:]:
     name, _, text = chunk.partition("\n")

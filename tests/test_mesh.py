@@ -11,11 +11,10 @@ run under STRICT_CPU.
 
 import pytest
 
-from tests.mesh_case import MESHES, PRELUDE, STRICT_CPU, run_parts
-from tests.mesh_case import run_script as _run
+from tests.mesh_case import MESHES, STRICT_CPU, run_parts
 
 
-STRATEGIES = PRELUDE + r'''
+STRATEGIES = r'''
 import sys, time
 from flash_dllm_jax import sampling
 from flash_dllm_jax.sampling import FastDLLMSampler
@@ -69,20 +68,17 @@ print("MESH-OK", len(cases))
 '''
 
 
-def test_every_strategy_gives_the_one_device_tokens_on_every_mesh():
+def test_every_strategy_gives_the_one_device_tokens_on_every_mesh(strict):
   """Each sampler configuration on data=2,model=2, an uncached and the
   cached verify one also on model=4, and LLaDA's also on pure data
   parallelism (data=4)."""
-  out = _run(STRATEGIES, ";".join(MESHES))
-  assert "MESH-OK 10" in out, out
+  out = strict["strategies"]
+  assert out.endswith("PASSED") and "MESH-OK 10" in out, out
 
 
-KERNELS_AND_LOADING = r'''
-import sys, tempfile
-from pathlib import Path
-from flash_dllm_jax import checkpoint
+KERNELS = r'''
+import sys
 from flash_dllm_jax.model import CachedExtras
-from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 
 # 1. A cached forward through the Pallas kernels (interpreted) under each
 # mesh: kernels (norms included) per shard via shard_map, caches sharded
@@ -124,10 +120,19 @@ for spec in sys.argv[1].split(";"):
         mesh, parallel.CACHE_SPEC), a.ndim), (spec, a.sharding)
 parallel.shard_map = real_map
 print("KERNELS-OK")
+'''
+
+
+LOADING = r'''
+import tempfile
+from pathlib import Path
+from flash_dllm_jax import checkpoint
+from flash_dllm_jax.architectures.llada.sampler import LLaDASampler
 
 # 2. Loading straight onto shards: every host-to-device transfer carries one
 # shard, never a whole sharded weight, and decoding the loaded model gives
-# the tokens of the unsharded load.
+# the tokens of the unsharded load (the first strategies case's sampler and
+# prompts: its programs, compiled by that part, run here).
 config, params = tiny4("llada")
 tmp = Path(tempfile.mkdtemp()) / "ckpt"
 checkpoint.save(tmp, params, config)
@@ -139,7 +144,7 @@ def spy(x, *a, **k):
   puts.append(np.array(x))
   return real_put(x, *a, **k)
 sampler = LLaDASampler(gen_length=16, steps=8, block_length=8)
-prompts = random_prompts(3, [5, 9, 17, 3])
+prompts = random_prompts(50, [4, 13, 9, 30, 6])
 base = generate(checkpoint.load(tmp)[0], prompts, config=config,
                 sampler=sampler)
 for spec in ["data=1,model=4", "data=2,model=2"]:
@@ -186,9 +191,11 @@ print("ERRORS-OK")
 
 
 def test_kernels_per_shard_and_loading_onto_shards(strict):
-  out = strict["kernels and loading"]
+  out = strict["kernels"]
+  assert out.endswith("PASSED") and "KERNELS-OK" in out, out
+  out = strict["loading"]
   assert out.endswith("PASSED"), out
-  for tag in ("KERNELS-OK", "LOADING-OK", "ERRORS-OK"):
+  for tag in ("LOADING-OK", "ERRORS-OK"):
     assert tag in out, out
 
 
@@ -260,12 +267,16 @@ print("ok")
 '''
 
 
-# One interpreter for the short scripts (a Python with JAX imported costs
-# seconds), under STRICT_CPU for the bitwise forwards; the jaxpr check comes
-# last: it fakes a GPU backend (and traces only, so the flags do not matter).
+# One interpreter for the module's scripts (a Python with JAX imported costs
+# seconds), under STRICT_CPU for the bitwise forwards (the decodes compare
+# tokens, which these flags only make more certain); loading decodes the
+# programs the strategies part compiled; the jaxpr check comes last: it
+# fakes a GPU backend (and traces only, so the flags do not matter).
 @pytest.fixture(scope="module")
 def strict():
-  return run_parts({"fused attention": FUSED_ATTENTION,
-                    "kernels and loading": KERNELS_AND_LOADING,
+  return run_parts({"strategies": STRATEGIES,
+                    "fused attention": FUSED_ATTENTION,
+                    "kernels": KERNELS,
+                    "loading": LOADING,
                     "linear": LINEAR}, ";".join(MESHES),
                    xla_flags=STRICT_CPU)

@@ -185,14 +185,15 @@ def _bitwise(arch, dtype, fused=False):
 
 # Two interpreters for the module's scripts (a Python with JAX imported costs
 # seconds): bfloat16 forwards and the collectives under XLA:CPU's default
-# flags, float32 forwards under STRICT_CPU (DTYPE_FLAGS).
+# flags (its default optimisation level too: quick=False), float32 forwards
+# under STRICT_CPU (DTYPE_FLAGS).
 @pytest.fixture(scope="module")
 def plain():
   return run_parts({
       "bitwise llada bfloat16": _bitwise("llada", "bfloat16"),
       "bitwise dream bfloat16": _bitwise("dream", "bfloat16"),
       **{f"collectives {impl}": f"ARGS = {impl!r}\n" + COLLECTIVES
-         for impl in ("pallas_interpret", "reference")}})
+         for impl in ("pallas_interpret", "reference")}}, quick=False)
 
 
 @pytest.fixture(scope="module")

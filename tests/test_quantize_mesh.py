@@ -6,7 +6,7 @@ quantize_embedding) is sharded along the vocabulary like a bf16 one."""
 
 import pytest
 
-from tests.mesh_case import STRICT_CPU, run_parts, run_script
+from tests.mesh_case import STRICT_CPU, run_parts
 
 SCRIPT = r'''
 from flash_dllm_jax import quantize
@@ -59,9 +59,11 @@ CASES = [("fp8", "llada", "pallas_interpret", "bfloat16", True),
 
 @pytest.fixture(scope="module")
 def outputs():
-  """Every case's output from one interpreter (one JAX import, not four)."""
-  return run_parts({str(case): f"ARGS = {case!r}\n" + SCRIPT
-                    for case in CASES}, xla_flags=STRICT_CPU)
+  """Every case's output, and the load's, from one interpreter (one JAX
+  import, not five)."""
+  return run_parts({**{str(case): f"ARGS = {case!r}\n" + SCRIPT
+                       for case in CASES}, "load": LOAD},
+                   xla_flags=STRICT_CPU)
 
 
 @pytest.mark.slow
@@ -110,9 +112,11 @@ print("LOAD-OK")
 
 
 @pytest.mark.slow
-def test_load_quantize_onto_a_mesh_shards_kernel_q_and_scale_by_columns():
+def test_load_quantize_onto_a_mesh_shards_kernel_q_and_scale_by_columns(
+    outputs):
   """load(mesh='model=2', quantize=) of an HF dir and of an orbax copy:
   kernel_q and scale sharded along their rows (the output columns), the
   quantized LM head replicated, the quantized embedding sharded along the
   vocabulary, the bits those of one device's load."""
-  assert "LOAD-OK" in run_script(LOAD, devices=2)
+  out = outputs["load"]
+  assert out.endswith("PASSED") and "LOAD-OK" in out, out

@@ -104,14 +104,13 @@ def test_a_fitted_schedule_continues_across_invocations(setup, tmp_path,
 
 
 DATA_PARALLEL = r'''
-import os
 import jax, numpy as np
 jax.config.update("jax_default_matmul_precision", "highest")
 assert len(jax.devices()) == 4
 from flash_dllm_jax import compilation
 # The test run's compilation cache (tests/conftest.py): the resumed runs
 # load what the first data=2 run compiled.
-compilation.enable_persistent_cache(os.environ.get("FLASH_DLLM_JAX_CACHE_DIR"))
+compilation.enable_persistent_cache(compilation.default_cache_dir())
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_data import synthetic_gsm as sg
 from flash_dllm_data.tokenizer_builder import build_tokenizer, corpus_texts
@@ -152,37 +151,55 @@ print("DP-OK")
 
 
 def test_data_parallel_training_equals_one_device(tmp_path):
-  import os
-  import subprocess
-  import sys
-  from tests.paths import ROOT
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT),
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  from tests.mesh_case import run_script
   script = f"DIR = {str(tmp_path)!r}\n" + DATA_PARALLEL
-  result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "DP-OK" in result.stdout
+  # XLA's default optimisation level: training steps compute enough that
+  # level 0 cost more running than it saved compiling.
+  assert "DP-OK" in run_script(script, quick=False)
 
 
-def test_train_tiny_script_pauses_and_continues(tmp_path, capsys):
-  """scripts/train_tiny.py --stop-after-minutes pauses without exporting a
-  model; the same command again finishes the run and exports it."""
+def _train_tiny():
+  """scripts/train_tiny.py as a module (its main runs in this process)."""
   import importlib.util
   from tests.paths import ROOT
   spec = importlib.util.spec_from_file_location(
       "train_tiny", ROOT / "scripts" / "train_tiny.py")
   script = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(script)
-  out = tmp_path / "run"
-  args = ["--smoke", "--out", str(out), "--eval-problems", "0"]
-  script.main(args + ["--stop-after-minutes", "0"])
-  assert "paused at step 1 of 6" in capsys.readouterr().out
-  assert not (out / "model").exists()
-  script.main(args)
-  printed = capsys.readouterr().out
-  assert "resuming" in printed and "trained to step 6" in printed
-  assert fdj.load(out / "model")[1].n_layers == 2
+  return script
+
+
+SMOKE = ["--smoke", "--eval-problems", "0"]
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+  """scripts/train_tiny.py --smoke paused after its first step, then the
+  same command again: {"out": its directory, "printed": what each run
+  printed, "model_after_pause": whether the pause exported a model}. The
+  warm-start test below starts from the model it exports."""
+  import contextlib
+  import io
+  script = _train_tiny()
+  out = tmp_path_factory.mktemp("tiny") / "run"
+  run = {"out": out, "printed": []}
+  for extra in (["--stop-after-minutes", "0"], []):
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+      script.main(SMOKE + ["--out", str(out)] + extra)
+    run["printed"].append(text.getvalue())
+    run.setdefault("model_after_pause", (out / "model").exists())
+  return run
+
+
+def test_train_tiny_script_pauses_and_continues(smoke_run):
+  """scripts/train_tiny.py --stop-after-minutes pauses without exporting a
+  model; the same command again finishes the run and exports it."""
+  paused, finished = smoke_run["printed"]
+  assert "paused at step 1 of 6" in paused
+  assert not smoke_run["model_after_pause"]
+  assert "resuming" in finished and "trained to step 6" in finished
+  assert fdj.load(smoke_run["out"] / "model")[1].n_layers == 2
 
 
 def test_warm_start_begins_at_the_given_weights(setup, tmp_path):
@@ -206,30 +223,24 @@ def test_warm_start_begins_at_the_given_weights(setup, tmp_path):
   assert "down_proj" in str(err.value)
 
 
-def test_train_tiny_script_warm_starts_from_a_model_dir(tmp_path, capsys,
-                                                        monkeypatch):
+def test_train_tiny_script_warm_starts_from_a_model_dir(
+    smoke_run, tmp_path, capsys, monkeypatch):
   """--init-from trains (and exports) the layout training builds, unfused,
   even where load() would join q/k/v (a GPU)."""
-  import importlib.util
   from flash_dllm_jax.checkpoint import load_config
   from flash_dllm_jax.model import fuse
-  from tests.paths import ROOT
-  spec = importlib.util.spec_from_file_location(
-      "train_tiny", ROOT / "scripts" / "train_tiny.py")
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
-  base = ["--smoke", "--eval-problems", "0"]
-  script.main(base + ["--out", str(tmp_path / "a")])
+  script = _train_tiny()
+  given = smoke_run["out"] / "model"
   monkeypatch.setattr(fuse, "joins_by_default", lambda: True)
-  script.main(base + ["--out", str(tmp_path / "b"), "--init-from",
-                      str(tmp_path / "a" / "model")])
+  script.main(SMOKE + ["--out", str(tmp_path / "b"), "--init-from",
+                       str(given)])
   assert "starting from the given weights" in capsys.readouterr().out
   config = load_config(tmp_path / "b" / "model")
   assert not config.fused_qkv
-  assert config == load_config(tmp_path / "a" / "model")
+  assert config == load_config(given)
   with pytest.raises(SystemExit):
-    script.main(base + ["--out", str(tmp_path / "c"), "--layers", "3",
-                        "--init-from", str(tmp_path / "a" / "model")])
+    script.main(SMOKE + ["--out", str(tmp_path / "c"), "--layers", "3",
+                         "--init-from", str(given)])
   assert "drop --layers" in capsys.readouterr().err
 
 
