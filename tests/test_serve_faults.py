@@ -32,7 +32,8 @@ SLACK = 30.0  # what a socket waits beyond HEADER_TIMEOUT before failing
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-  # The same engines as test_serve.py's server: compiled once per run.
+  # The same engines as test_serve_openai.py's and test_serve_hostile.py's
+  # servers: compiled once per run.
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
                "--batch-size", "4", "--max-prompt-tokens", "64",
                "--steps-per-call", "2", "--max-body-bytes", str(LIMIT),

@@ -90,7 +90,7 @@ def test_concurrent_variants_equal_offline_generate(server, model):
   _, config, _ = model
   rng = np.random.default_rng(1)
   jobs = []
-  for i in range(64):
+  for i in range(24):  # six rounds of the server's 4 slots
     v = i % 3
     ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
                                         int(rng.integers(1, 33)))]
@@ -115,7 +115,7 @@ def test_concurrent_variants_equal_offline_generate(server, model):
         extra_body={"decoding": job["decoding"]} if job["decoding"] else None)
     return c.choices[0].token_ids, c.decoding
 
-  with concurrent.futures.ThreadPoolExecutor(64) as pool:
+  with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
     got = list(pool.map(run, jobs))
   for v in range(3):
     mine = [i for i, j in enumerate(jobs) if j["variant"] == v]
@@ -135,7 +135,7 @@ def test_concurrent_variants_equal_offline_generate(server, model):
                 sampler)
         assert decoding["sampling"]["gamma"] == jobs[i]["decoding"].get(
             "gamma")
-  assert sum(d is None for _, d in got) == 13  # streamed
+  assert sum(d is None for _, d in got) == 5  # streamed
 
 
 @pytest.mark.slow
