@@ -134,34 +134,3 @@ async def burst(url, n, body):
     return await asyncio.gather(*(client.post(url + "/v1/completions",
                                               json=body) for _ in range(n)))
 
-
-# Runs each argv through `python -m flash_dllm_jax`'s entry (cli.main) in
-# one interpreter: a refusal costs its checks, not a fresh Python and a JAX
-# import each.
-_REFUSALS = r'''
-import contextlib, io, json, sys
-from flash_dllm_jax.cli import main
-out = []
-for argv in json.loads(sys.stdin.read()):
-  err = io.StringIO()
-  with contextlib.redirect_stderr(err):
-    try:
-      code = main(argv)
-    except SystemExit as e:
-      code = e.code
-  out.append([code, err.getvalue()])
-print(json.dumps(out))
-'''
-
-
-def refusals(argvs: list[list[str]], env: dict | None = None
-             ) -> list[tuple[int, str]]:
-  """(exit status, stderr) of `python -m flash_dllm_jax ARGV` for each argv,
-  all run in one fresh Python (cli.main, the module's entry, per argv)."""
-  r = subprocess.run([sys.executable, "-c", _REFUSALS],
-                     input=json.dumps(argvs), cwd=ROOT, capture_output=True,
-                     text=True, timeout=600,
-                     env={**os.environ, "JAX_PLATFORMS": "cpu",
-                          **(env or {})})
-  assert r.returncode == 0, r.stderr[-3000:]
-  return [tuple(x) for x in json.loads(r.stdout.strip().splitlines()[-1])]
