@@ -17,8 +17,8 @@ import openai
 import pytest
 
 from flash_dllm_jax.serve.security import ShutdownAnswers, is_loopback
-from tests.paths import TINY_CHECKPOINT
 from tests.entry_case import refusals
+from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server
 
 pytestmark = pytest.mark.slow  # one server start (compilation) per module

@@ -18,8 +18,8 @@ from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.serve.cli import parse_variant
 from flash_dllm_jax.strategies import build_sampler
-from tests.paths import TINY_CHECKPOINT
 from tests.entry_case import refusals
+from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server, stream_raw
 
 VARIANTS = {1: {"block_m": 4}, 2: {"gen_length": 8}}
