@@ -235,6 +235,12 @@ def test_every_option_is_declared_once_with_its_meaning():
                      r"arguments: threshold must be in \(0, 1\], got 1.5; "
                      r"refresh_every must be None or a positive int, got 0$"):
     STRATEGIES["fast-dllm-dual"].sampler(threshold=1.5, refresh_every=0)
+  # declared answers once per class (the flags ask it thousands of times),
+  # each call a dict of its own: what a caller changes stays its own
+  cls = STRATEGIES["flash-dllm"].sampler
+  mine = options.declared(cls)
+  mine.clear()
+  assert options.declared(cls) and options.declared(cls) is not mine
 
 
 def test_the_old_stop_option_is_refused_with_its_new_name_everywhere():
