@@ -81,7 +81,7 @@ def measured(paths) -> set[tuple[str, str]]:
           for r in json.loads(Path(p).read_text())["rows"]}
 
 
-def main():
+def main(argv=None):
   ints = lambda s: [int(v) for v in s.split(",")]
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("out", help="results JSON path")
@@ -116,7 +116,7 @@ def main():
                   help="the 8-bit-weight matmul table instead of --ops")
   ap.add_argument("--markdown", default=None,
                   help="--qmatmul's markdown table (default OUT with .md)")
-  args = ap.parse_args()
+  args = ap.parse_args(argv)
   if args.qmatmul:
     from flash_dllm_bench import qmatmul_bench
     qmatmul_bench.run(args)

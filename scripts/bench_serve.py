@@ -297,7 +297,7 @@ def main(argv=None):
     ap.error("--out is required")
   if args.smoke:
     args.model, args.slots, args.gen_length, args.requests = ("shipped", 4,
-                                                             16, 12)
+                                                             16, 8)
     args.max_prompt_tokens, args.rates = 64, "8,inf"
   if args.compile_only:
     print(json.dumps(compile_only(args)))

@@ -136,3 +136,4 @@ async def burst(url, n, body):
   async with httpx.AsyncClient(timeout=300) as client:
     return await asyncio.gather(*(client.post(url + "/v1/completions",
                                               json=body) for _ in range(n)))
+

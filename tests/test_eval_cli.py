@@ -3,7 +3,7 @@ registry (a new strategy is one entry, its options become flags), and the
 report over several runs."""
 
 import json
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -152,17 +152,18 @@ def _summary(name, strategy, score, tok_s, metric="accuracy", peak=None):
                        "sampler": {"gen_length": 256, "steps": 256}}}
 
 
-def test_report_over_several_runs(tmp_path):
+def test_report_over_several_runs(tmp_path, monkeypatch, capsys):
   for s in [_summary("a", "llada", 0.5, 100.0, peak=3 * 2**30),
             _summary("b", "fast", 0.45, 400.0)]:
     (tmp_path / s["run_name"]).mkdir()
     report.write_summary(tmp_path / s["run_name"] / "summary.json", s)
-  result = subprocess.run([sys.executable, str(ROOT / "scripts" /
-                                               "eval_report.py"),
-                           str(tmp_path)], capture_output=True, text=True)
-  assert result.returncode == 0, result.stderr
+  script = ROOT / "scripts" / "eval_report.py"  # as `python SCRIPT DIR`
+  monkeypatch.setattr(sys, "argv", [str(script), str(tmp_path)])
+  with pytest.raises(SystemExit) as done:
+    runpy.run_path(str(script), run_name="__main__")
+  assert done.value.code == 0
   table = (tmp_path / report.TABLE).read_text()
-  assert result.stdout.strip() == table.strip()
+  assert capsys.readouterr().out.strip() == table.strip()
   assert "| gsm8k | a | llada | 10 | 50.0% | 100.0 | 1.000 | 2.00 | 3.00 GiB" \
       in table
   assert "| gsm8k | b | fast | 10 | 45.0% | 400.0 |" in table

@@ -3,8 +3,6 @@
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -87,7 +85,9 @@ def test_strategy_variants_carry_options_and_find_their_twin():
 STRATEGIES = ("llada", "threshold", "flash-cache", "flash-dllm")
 
 
-def test_script_end_to_end_on_the_tiny_checkpoint(tmp_path):
+def test_script_end_to_end_on_the_tiny_checkpoint(tmp_path, capsys):
+  """The script's main in this process (its eval runs' programs go to and
+  come from the run's persistent compilation cache)."""
   data = tmp_path / "data"
   data.mkdir()
   rows = [{"question": "Tom has 3 apples and buys 4 more. How many now?",
@@ -96,14 +96,12 @@ def test_script_end_to_end_on_the_tiny_checkpoint(tmp_path):
            "answer": "6*2 = <<6*2=12>>12\n#### 12"}]
   (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   out = tmp_path / "out"
-  result = subprocess.run(
-      [sys.executable, str(SCRIPT), "--checkpoint", str(TINY_CHECKPOINT),
-       "--data", str(data), "--gen-lengths", "16", "32", "--batch-size", "2",
-       "--strategies", *STRATEGIES, "--out-dir", str(out), "--no-progress"],
-      capture_output=True, text=True, timeout=600, cwd=tmp_path)
-  assert result.returncode == 0, result.stderr[-3000:]
+  assert _module().main([
+      "--checkpoint", str(TINY_CHECKPOINT), "--data", str(data),
+      "--gen-lengths", "16", "32", "--batch-size", "2", "--strategies",
+      *STRATEGIES, "--out-dir", str(out), "--no-progress"]) == 0
   table = (out / "quality.md").read_text()
-  assert table in result.stdout
+  assert table in capsys.readouterr().out
   strategies = STRATEGIES
   for length in (16, 32):
     for name in strategies:

@@ -6,8 +6,6 @@ import argparse
 import json
 import math
 import re
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -22,6 +20,7 @@ from flash_dllm_jax.sampling import commit_rules
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.strategies import (STRATEGIES, archs_of, build_sampler,
                                       sampler_options)
+from tests.entry_case import run_in_one_python
 from tests.paths import ROOT, TINY_CHECKPOINT
 
 
@@ -148,26 +147,27 @@ def test_options_either_refused_or_decode_to_the_end(models, case):
   assert (out.steps_B <= sampler.num_steps).all()
 
 
-@pytest.mark.parametrize("argv", [
+ENTRY_POINTS = [
     ["-m", "flash_dllm_jax", "generate", "--temperature", "nan"],
     ["-m", "flash_dllm_jax", "generate", "--cfg-scale=-inf"],
     [str(ROOT / "scripts" / "eval_gsm8k.py"), "--temperature", "inf",
      "--limit", "1"],
     [str(ROOT / "scripts" / "eval_humaneval.py"), "--strategy",
      "fast-dllm-dual", "--threshold", "nan", "--limit", "1"],
-])
-def test_entry_points_refuse_non_finite_options(argv, tmp_path):
-  cmd = [sys.executable, *argv, "--checkpoint", str(TINY_CHECKPOINT)]
-  if argv[0] == "-m":
-    cmd += ["--prompt", "hi"]
-  else:
-    cmd += ["--out-dir", str(tmp_path / "out")]
-  result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-  assert result.returncode != 0
-  lines = result.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith("error: invalid "), lines
-  assert re.search(r"(temperature|cfg_scale|threshold) must be a finite "
-                   r"number, got (nan|inf|-inf)$", lines[0]), lines
+]
+
+
+def test_entry_points_refuse_non_finite_options(tmp_path):
+  """Each entry point as `python ARGV` (all in one fresh Python)."""
+  cmds = [[*argv, "--checkpoint", str(TINY_CHECKPOINT),
+           *(["--prompt", "hi"] if argv[0] == "-m" else
+             ["--out-dir", str(tmp_path / "out")])] for argv in ENTRY_POINTS]
+  for argv, (code, err) in zip(ENTRY_POINTS, run_in_one_python(cmds)):
+    assert code != 0, argv
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: invalid "), lines
+    assert re.search(r"(temperature|cfg_scale|threshold) must be a finite "
+                     r"number, got (nan|inf|-inf)$", lines[0]), lines
   assert not (tmp_path / "out").exists() or not any(
       (tmp_path / "out").rglob("records*.jsonl"))
 
@@ -235,6 +235,12 @@ def test_every_option_is_declared_once_with_its_meaning():
                      r"arguments: threshold must be in \(0, 1\], got 1.5; "
                      r"refresh_every must be None or a positive int, got 0$"):
     STRATEGIES["fast-dllm-dual"].sampler(threshold=1.5, refresh_every=0)
+  # declared answers once per class (the flags ask it thousands of times),
+  # each call a dict of its own: what a caller changes stays its own
+  cls = STRATEGIES["flash-dllm"].sampler
+  mine = options.declared(cls)
+  mine.clear()
+  assert options.declared(cls) and options.declared(cls) is not mine
 
 
 def test_the_old_stop_option_is_refused_with_its_new_name_everywhere():

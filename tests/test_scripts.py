@@ -1,7 +1,11 @@
-"""The benchmark scripts run end to end on a tiny model (no timing claims)."""
+"""The benchmark scripts run end to end on a tiny model (no timing claims).
 
+Each script's `main` runs in this process: no fresh Python and JAX import
+per run, and the programs one run compiles (the tiny model's, the copy and
+matmul ceilings) serve the next."""
+
+import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,21 +15,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_forward_smoke(tmp_path):
-  out = tmp_path / "result.json"
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "bench_forward.py"), "--smoke",
-       "--json", str(out)], capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert "| " in result.stdout and out.exists()
+def script(name: str):
+  """scripts/`name`.py imported (its smoke runs in this process share
+  their compiled programs: same tiny model and shapes)."""
+  if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+  return importlib.import_module(name)
 
 
 def bench_strategies():
-  """scripts/bench_strategies.py imported: its smoke runs here in-process
-  share their compiled decode programs (same tiny model and shapes)."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  import bench_strategies
-  return bench_strategies
+  return script("bench_strategies")
+
+
+def test_bench_forward_smoke(tmp_path, capsys):
+  out = tmp_path / "result.json"
+  script("bench_forward").main(["--smoke", "--json", str(out)])
+  assert "| " in capsys.readouterr().out and out.exists()
 
 
 def test_bench_strategies_smoke(tmp_path, capsys):
@@ -35,21 +40,18 @@ def test_bench_strategies_smoke(tmp_path, capsys):
   assert json.loads(out.read_text())["rows"]
 
 
-def test_bench_loglikelihood_smoke_compares_batch_sizes(tmp_path):
+def test_bench_loglikelihood_smoke_compares_batch_sizes(tmp_path, capsys):
   """ms per request and per copy at two batch sizes, and the same scores
   at both (a row's loss does not depend on its batch on the CPU)."""
   out = tmp_path / "ll.json"
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "bench_loglikelihood.py"),
-       "--smoke", "--json", str(out)], capture_output=True, text=True,
-      timeout=600)
-  assert result.returncode == 0, result.stderr[-2000:]
+  script("bench_loglikelihood").main(["--smoke", "--json", str(out)])
+  stdout = capsys.readouterr().out
   rows = json.loads(out.read_text())["rows"]
   assert [r["batch"] for r in rows] == [1, 4]
   assert [r["forwards"] for r in rows] == [24, 6]
   assert all(r["ms_request"] > 0 and r["ms_copy"] > 0 for r in rows)
   assert [r["max_abs_diff"] for r in rows] == [0.0, 0.0]
-  assert "| batch | ms/request |" in result.stdout
+  assert "| batch | ms/request |" in stdout
 
 
 def test_bench_strategies_steady_step_is_measured(tmp_path):
@@ -62,23 +64,22 @@ def test_bench_strategies_steady_step_is_measured(tmp_path):
   assert row["steady_ms_step"] > 0 and row["steps"] == 8
 
 
-def test_bench_moe_smoke_times_both_expert_paths_and_the_step(tmp_path):
+def test_bench_moe_smoke_times_both_expert_paths_and_the_step(tmp_path,
+                                                              capsys):
   """The MoE layer by the grouped kernel (interpret mode here) at two
   tilings and by the dense path, and strategy-llada2 and llada2.1 steps,
   each with its floor, their ratio printed."""
   out = tmp_path / "moe.json"
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "bench_moe.py"), "--smoke",
-       "--json", str(out), "--tilings", "16,16,16", "32,32,32,2,1",
-       "--strategies", "llada2", "llada2.1"],
-      capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-2000:]
+  script("bench_moe").main(["--smoke", "--json", str(out), "--tilings",
+                            "16,16,16", "32,32,32,2,1", "--strategies",
+                            "llada2", "llada2.1"])
+  stdout = capsys.readouterr().out
   rows = json.loads(out.read_text())["rows"]
   assert [r["kind"] for r in rows] == [
       "moe layer grouped m16 n16 k16 w4 s3",
       "moe layer grouped m32 n32 k32 w2 s1", "moe layer dense", "llada2 step",
       "llada2.1 step"]
-  assert "llada2.1 / llada2 ms per step, batch 2: " in result.stdout
+  assert "llada2.1 / llada2 ms per step, batch 2: " in stdout
   for r in rows:
     assert "error" not in r, r
     assert r["ms"] > 0 and r["floor_ms"] > 0
@@ -128,13 +129,9 @@ def test_bench_strategies_gpu_option_reaches_the_decode_options():
 def test_bench_kernels_smoke_with_tuning(tmp_path):
   """Rows carry the roofline columns; --tune times 2 tilings per kernel
   shape (interpret mode) and records default and best."""
-  import json
   out = tmp_path / "kernels.json"
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "bench_kernels.py"), str(out),
-       "--smoke", "--tune", "--tune-limit", "2"],
-      capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-2000:]
+  script("bench_kernels").main([str(out), "--smoke", "--tune",
+                                "--tune-limit", "2"])
   data = json.loads(out.read_text())
   assert data["matmul_tflop_s"] > 0
   for r in data["rows"]:
@@ -150,18 +147,14 @@ def test_bench_kernels_smoke_with_tuning(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_kernels_qmatmul_smoke_writes_the_table(tmp_path):
+def test_bench_kernels_qmatmul_smoke_writes_the_table(tmp_path, capsys):
   """--qmatmul --smoke: every shape has the bf16 baseline and each 8-bit
   format and path, each row against the run's ceilings and bf16's time,
   within bf16 error of its reference; the markdown table has every row."""
-  import json
   from flash_dllm_bench.qmatmul_bench import VARIANTS
   out, md = tmp_path / "q.json", tmp_path / "q.md"
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "bench_kernels.py"), str(out),
-       "--smoke", "--qmatmul", "--markdown", str(md)],
-      capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-2000:]
+  script("bench_kernels").main([str(out), "--smoke", "--qmatmul",
+                                "--markdown", str(md)])
   data = json.loads(out.read_text())
   assert all(v > 0 for v in data["ceilings"].values())
   rows = data["rows"]
@@ -208,9 +201,7 @@ def test_bench_params_match_init_params_in_shape_dtype_and_scale():
 def test_bench_report_tallies_the_targets(tmp_path):
   """bench_report counts >= 1.5x and >= 70% of copy bandwidth (memory-bound
   rows only) per op; a shape measured twice keeps its first row."""
-  import json
-  sys.path.insert(0, str(ROOT / "scripts"))
-  from bench_report import report
+  report = script("bench_report").report
 
   def row(op, shape, speedup, frac, bound="mem"):
     return dict(op=op, shape=shape, kernel_us=10.0, xla_us=10.0 * speedup,
@@ -231,20 +222,17 @@ def test_bench_report_tallies_the_targets(tmp_path):
   assert "| s1 | 10.0 | 20.0 | 2.00 |" in text and "| 5.0 |" not in text
 
 
-def test_bench_kernels_skip_done_lists_only_unmeasured_shapes(tmp_path):
-  import json
+def test_bench_kernels_skip_done_lists_only_unmeasured_shapes(tmp_path,
+                                                             capsys):
   out = tmp_path / "cache.json"
-  run = lambda *a: subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "bench_kernels.py"), *a],
-      capture_output=True, text=True, timeout=600)
-  first = run(str(out), "--smoke", "--ops", "cache")
-  assert first.returncode == 0, first.stderr[-2000:]
+  bench = script("bench_kernels")
+  bench.main([str(out), "--smoke", "--ops", "cache"])
   rows = json.loads(out.read_text())["rows"]
   assert len(rows) == 2 and {r["op"] for r in rows} == {"rope_cache_write"}
-  listed = run(str(tmp_path / "x.json"), "--smoke", "--ops", "cache,matmul",
-               "--list", "--skip-done", str(out))
-  assert listed.returncode == 0, listed.stderr[-2000:]
-  lines = listed.stdout.strip().splitlines()
+  capsys.readouterr()
+  bench.main([str(tmp_path / "x.json"), "--smoke", "--ops", "cache,matmul",
+              "--list", "--skip-done", str(out)])
+  lines = capsys.readouterr().out.strip().splitlines()
   assert lines and all(line.startswith("matmul ") for line in lines)
 
 
@@ -253,20 +241,16 @@ def test_bench_continuous_runs_and_checks_the_answers(tmp_path):
   same answers; the continuous run is one generate call. Five problems whose
   chat prompts share one prompt bucket on the tiny tokenizer, so every way
   decodes them all through its slots (one program per batch shape)."""
-  import json
   from tests.paths import TINY_CHECKPOINT
   out = tmp_path / "continuous.json"
   lines = (ROOT / "data" / "synthetic_gsm" / "test.jsonl").read_text(
       ).splitlines()
   data = tmp_path / "problems.jsonl"
   data.write_text("".join(lines[i] + "\n" for i in (0, 2, 3, 4, 5)))
-  result = subprocess.run(
-      [sys.executable, str(ROOT / "scripts" / "bench_continuous.py"),
-       "--checkpoint", str(TINY_CHECKPOINT), "--data", str(data),
-       "--problems", "5", "--slots", "2", "--gen-length", "16",
-       "--max-refills", "1", "--json", str(out)],
-      capture_output=True, text=True, timeout=600)
-  assert result.returncode == 0, result.stderr[-2000:]
+  script("bench_continuous").main([
+      "--checkpoint", str(TINY_CHECKPOINT), "--data", str(data),
+      "--problems", "5", "--slots", "2", "--gen-length", "16",
+      "--max-refills", "1", "--json", str(out)])
   data = json.loads(out.read_text())
   ways = data["ways"]
   assert data["same_answers"] and ways["continuous"]["calls"] == 1
@@ -277,8 +261,7 @@ def test_bench_continuous_runs_and_checks_the_answers(tmp_path):
 
 def test_compare_runs_reports_identical_and_differing_answers(tmp_path,
                                                               capsys):
-  sys.path.insert(0, str(ROOT / "scripts"))
-  import compare_runs
+  compare_runs = script("compare_runs")
   for side, outs in (("a", ["x", "y", "z"]), ("b", ["x", "Y", "z"])):
     run = tmp_path / side / "flash-dllm"
     run.mkdir(parents=True)
@@ -294,8 +277,7 @@ def test_compare_runs_reports_identical_and_differing_answers(tmp_path,
 def test_compare_runs_fields_compare_the_whole_decode(tmp_path, capsys):
   """Same text, another step count: equal by default, different under
   --fields output steps; a missing field is one clear error."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  import compare_runs
+  compare_runs = script("compare_runs")
   for side, steps in (("a", [3, 4]), ("b", [3, 5])):
     run = tmp_path / side / "flash-cache"
     run.mkdir(parents=True)
@@ -314,8 +296,7 @@ def test_compare_runs_pairs_runs_of_other_settings_by_strategy(tmp_path,
                                                                capsys):
   """--limit 64 against --limit 128: other settings hashes, the same
   strategies; the problems in both runs are compared."""
-  sys.path.insert(0, str(ROOT / "scripts"))
-  import compare_runs
+  compare_runs = script("compare_runs")
   for side, name, n in (("a", "llada-d3c4b276", 4), ("b", "llada-d1b7bfc5", 2),
                         ("a", "flash-dllm-fce5543f", 4),
                         ("b", "flash-dllm-4a990630", 2)):

@@ -9,18 +9,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 
 import httpx
 import openai
 import pytest
 
 from flash_dllm_jax.serve.security import ShutdownAnswers, is_loopback
-from tests.paths import ROOT, TINY_CHECKPOINT
+from tests.entry_case import refusals
+from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server
 
 pytestmark = pytest.mark.slow  # one server start (compilation) per module
@@ -35,7 +33,8 @@ SLACK = 30.0  # what a socket waits beyond HEADER_TIMEOUT before failing
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-  # The same engines as test_serve.py's server: compiled once per run.
+  # The same engines as test_serve_openai.py's and test_serve_hostile.py's
+  # servers: compiled once per run.
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
                "--batch-size", "4", "--max-prompt-tokens", "64",
                "--steps-per-call", "2", "--max-body-bytes", str(LIMIT),
@@ -206,13 +205,11 @@ def test_bad_flags_exit_with_one_error():
            (["--max-prompt-tokens", "100000"], "exceeds max_seq_len"),
            (["--strategy", "flash-cache", "--gamma", "0.5"], "option(s) "
             "--gamma do not apply to strategy 'flash-cache'")]
-  for flags, needle in cases:
-    r = subprocess.run(
-        [sys.executable, "-m", "flash_dllm_jax", "serve", "--checkpoint",
-         str(TINY_CHECKPOINT), *flags], cwd=ROOT, capture_output=True,
-        text=True, timeout=300, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    assert r.returncode == 1 and needle in r.stderr, (flags, r.stderr)
-    assert "Traceback" not in r.stderr
+  got = refusals([["serve", "--checkpoint", str(TINY_CHECKPOINT), *flags]
+                  for flags, _ in cases])
+  for (flags, needle), (code, err) in zip(cases, got):
+    assert code == 1 and needle in err, (flags, err)
+    assert "Traceback" not in err
 
 
 def test_loopback_hosts():

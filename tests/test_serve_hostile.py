@@ -24,8 +24,10 @@ TIMEOUT = 60.0  # an answer slower than this is a hang
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+  # test_serve_faults.py's engines: compiled once per run.
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
-               "--batch-size", "2", "--max-prompt-tokens", "64",
+               "--batch-size", "4", "--max-prompt-tokens", "64",
+               "--steps-per-call", "2",
                log_path=tmp_path_factory.mktemp("serve") / "server.log")
   try:
     srv.wait_ready()

@@ -28,9 +28,10 @@ def model():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+  # test_serve_faults.py's engines: compiled once per run.
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
                "--batch-size", "4", "--max-prompt-tokens", "64",
-               "--steps-per-call", "4", "--max-logprobs", "20",
+               "--steps-per-call", "2", "--max-logprobs", "20",
                log_path=tmp_path_factory.mktemp("serve") / "server.log")
   try:
     srv.wait_ready()
