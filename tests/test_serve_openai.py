@@ -28,7 +28,8 @@ def model():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-  # test_serve_faults.py's engines: compiled once per run.
+  # test_serve_faults.py's engine settings (its plain program is compiled
+  # once per run); the alternatives' program on top.
   srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
                "--batch-size", "4", "--max-prompt-tokens", "64",
                "--steps-per-call", "2", "--max-logprobs", "20",
