@@ -168,8 +168,8 @@ memory-large)
 kv8|kv8-fp8)
   # a process per row group (peaks never go down in a process): the
   # baseline (bf16 cache, batch 32), then the float8 cache at batch 128 of
-  # flash-dllm and flash-cache (steady steps), then both at batch 64 (step
-  # with its prefill share: a compile each, to stay in one device call);
+  # flash-dllm and flash-cache, then both at batch 64 (each step with its
+  # share of the prefill: a compile each, to stay in one device call);
   # JAX's default memory settings (75% of the card, 63.8 GB on an H100)
   # but at batch 128, which may use 95% of the card (the bf16 weights and
   # the 8-bit cache alone are 59.6 GB); then the table of ratios to the
@@ -179,10 +179,10 @@ kv8|kv8-fp8)
   M="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 \
 --gen 512 --reps 1 --per-step 16 $W"
   F8="--kv-cache-dtype float8_e4m3fn"
-  timeout 130 $M --steady --only flash-dllm --batch 32 \
+  timeout 130 $M --only flash-dllm --batch 32 \
       --json "$OUT/$PART-base.json" | grep -E "$ROWS"
   for s in flash-dllm flash-cache; do
-    timeout 140 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 $M --steady \
+    timeout 140 env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 $M \
         --only $s --batch 128 $F8 \
         --json "$OUT/$PART-$s-b128.json" | grep -E "$ROWS"
   done
