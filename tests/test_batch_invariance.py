@@ -1,6 +1,6 @@
 """A row's tokens must not depend on how many rows share its batch, also past
 the sizes where XLA:CPU would switch a reduction to another implementation
-(a YNNPACK fusion from about 4096 rows; see generate.CPU_COMPILER_OPTIONS).
+(a YNNPACK fusion from about 4096 rows; see compilation.CPU_COMPILER_OPTIONS).
 
 The other batch-invariance tests run a handful of rows, below that size.
 """
@@ -77,7 +77,7 @@ def test_decode_loops_compile_with_their_backends_options(monkeypatch,
   (GPU: cuBLAS GEMMs without autotuning, which gave a row the same bits at
   every probed row count on the H200 where XLA's defaults did not, and no
   dot merger, whose choice depended on the row count)."""
-  gen = importlib.import_module("flash_dllm_jax.generate")  # not the function
+  gen = importlib.import_module("flash_dllm_jax.compilation")
   seen = {}
 
   def fake_jit(fn, static_argnames, compiler_options):
