@@ -82,7 +82,7 @@ class FastDLLMV2Sampler:
   block_length; block_size / small_block_size: block_length /
   small_block_length; use_block_cache: sub_block_cache) with the defaults of
   the published chatbot (threshold 0.9, sub-blocks of 8). top_k None: off
-  (the reference has none). max_refills as LLaDA2Sampler's. temperature /
+  (the reference has none). max_refills: options.max_refills. temperature /
   top_k / top_p are also per row (`DecodeState.sampling`)."""
 
   row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k")

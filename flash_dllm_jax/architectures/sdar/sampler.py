@@ -65,7 +65,8 @@ class SDARSampler:
   """The reference generate.py's arguments and command-line defaults, but
   temperature 0 (greedy, the engine's default draw and the setting SDAR's
   evaluation reports; the reference's is 1.0). top_k / top_p None: off
-  (the reference's 0 / 1.0). block_cache / max_refills as LLaDA2Sampler's.
+  (the reference's 0 / 1.0). block_cache: the exact cache of finished
+  blocks (sampling/block_cache.py); max_refills: options.max_refills.
   temperature / top_k / top_p are also per row (`DecodeState.sampling`)."""
 
   row_fields: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "top_k")
