@@ -3,6 +3,8 @@ the sizes where XLA:CPU would switch a reduction to another implementation
 (a YNNPACK fusion from about 4096 rows; see compilation.CPU_COMPILER_OPTIONS).
 
 The other batch-invariance tests run a handful of rows, below that size.
+The two checks of that switch run at XLA's default flags, as users compile
+(a fresh Python: the suite compiles at optimisation level 0).
 """
 
 import importlib
@@ -18,6 +20,7 @@ from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.model.transformer import init_params
 from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from flash_dllm_jax.sampling.row_sampling import RowSampling, row_settings
+from tests.mesh_case import run_script
 from tests.test_sampling import random_prompts
 
 # Flash-dLLM with verification, as in test_flash_dllm.SMALL_VERIFY.
@@ -33,7 +36,22 @@ def _bf16_tiny():
   return config, init_params(config, jax.random.key(7), head_init_scale=8.0)
 
 
-def test_large_batch_equals_small_batches():
+DEFAULT_FLAGS_SCRIPT = r"""
+import jax
+jax.config.update("jax_default_matmul_precision", "highest")
+from tests import test_batch_invariance as t
+t.large_batch_equals_small_batches()
+t.cpu_decode_has_no_ynnpack_fusion()
+print("DEFAULT-FLAGS-OK")
+"""
+
+
+def test_large_batch_and_its_program_at_default_flags():
+  assert "DEFAULT-FLAGS-OK" in run_script(DEFAULT_FLAGS_SCRIPT, devices=1,
+                                          quick=False)
+
+
+def large_batch_equals_small_batches():
   """96 prompts of one prompt-length bucket in one batch give every row the
   tokens, forwards and steps it gets in batches of 8 (before the fix row 31
   differed: its prefill ran through a YNNPACK RMSNorm in the large batch)."""
@@ -51,8 +69,7 @@ def test_large_batch_equals_small_batches():
     np.testing.assert_array_equal(big.steps_B[i:i + CHUNK], small.steps_B)
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU only")
-def test_cpu_decode_has_no_ynnpack_fusion():
+def cpu_decode_has_no_ynnpack_fusion():
   """The compiled decode loop keeps every reduction in XLA's own loops at a
   batch size that would otherwise get YNNPACK fusions. Lowered with the
   arguments generate passes: the program of the 96-row batch above, which
