@@ -241,3 +241,40 @@ def torch_logits(model, ids: np.ndarray, block_length: int | None
                 attention_mask=bias.expand(ids.shape[0], 1, n, n),
                 position_ids=torch.arange(n)[None].expand(ids.shape[0], n))
   return out.logits.numpy()
+
+
+def check_forward(model, oracle, block_length) -> None:
+  """The model's logits equal `oracle`'s (torch_logits) under the block mask
+  (float32), also with left padding: positions and blocks count from a
+  row's first token."""
+  import flash_dllm_jax as fdj
+  ids = np.random.default_rng(0).integers(0, 290, (2, 13))
+  want = torch_logits(oracle, ids, block_length)
+  got = fdj.logits(model, ids, block_length=block_length).logits_BxNxV
+  np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=3e-5)
+  padded = np.concatenate([np.zeros((2, 3), np.int64), ids], axis=1)
+  valid = np.arange(16)[None].repeat(2, 0) >= 3
+  got = fdj.logits(model, padded, valid=valid,
+                   block_length=block_length).logits_BxNxV
+  np.testing.assert_allclose(np.asarray(got)[:, 3:], want, rtol=0, atol=3e-5)
+
+
+def check_conversions(hf_dir, model, tmp_path, block_length):
+  """An HF directory converts bit for bit (float32) and to int8 weights
+  within 5% of the logits; returns the int8 (params, config)."""
+  import flash_dllm_jax as fdj
+  from flash_dllm_jax.convert import convert_checkpoint
+  convert_checkpoint(hf_dir, tmp_path / "f32", dtype="float32", progress=False)
+  convert_checkpoint(hf_dir, tmp_path / "int8", dtype="float32",
+                     quantize="int8", progress=False)
+  ids = np.random.default_rng(2).integers(0, 290, (2, 12))
+  bl = block_length
+  ref = np.asarray(fdj.logits(model, ids, block_length=bl).logits_BxNxV)
+  got = fdj.logits(fdj.load(tmp_path / "f32"), ids, block_length=bl)
+  np.testing.assert_array_equal(np.asarray(got.logits_BxNxV), ref)
+  params, config, _ = fdj.load(tmp_path / "int8")
+  assert config.quantize == "int8"
+  got = np.asarray(fdj.logits((params, config, None), ids,
+                              block_length=bl).logits_BxNxV)
+  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.05
+  return params, config

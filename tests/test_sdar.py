@@ -15,7 +15,7 @@ import flash_dllm_jax as fdj
 from flash_dllm_jax import architectures
 from flash_dllm_jax.architectures.sdar.sampler import SDARSampler
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.convert import convert_checkpoint, tables
+from flash_dllm_jax.convert import tables
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from tests import sdar_fixtures, sdar_reference
@@ -58,31 +58,11 @@ def test_config_tokens_and_chat_come_from_the_genuine_files(model):
 @pytest.mark.parametrize("block_length", [None, BL])
 def test_forward_matches_transformers_qwen3_under_the_mask(model, oracle,
                                                            block_length):
-  ids = np.random.default_rng(0).integers(0, 290, (2, 13))
-  want = sdar_fixtures.torch_logits(oracle, ids, block_length)
-  got = fdj.logits(model, ids, block_length=block_length).logits_BxNxV
-  np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=3e-5)
-  # Left padding: positions and blocks count from a row's first token.
-  padded = np.concatenate([np.zeros((2, 3), np.int64), ids], axis=1)
-  valid = np.arange(16)[None].repeat(2, 0) >= 3
-  got = fdj.logits(model, padded, valid=valid,
-                   block_length=block_length).logits_BxNxV
-  np.testing.assert_allclose(np.asarray(got)[:, 3:], want, rtol=0, atol=3e-5)
+  sdar_fixtures.check_forward(model, oracle, block_length)
 
 
 def test_converted_and_8bit_checkpoints(hf, model, tmp_path):
-  convert_checkpoint(hf[0], tmp_path / "f32", dtype="float32", progress=False)
-  convert_checkpoint(hf[0], tmp_path / "int8", dtype="float32",
-                     quantize="int8", progress=False)
-  ids = np.random.default_rng(2).integers(0, 290, (2, 12))
-  ref = np.asarray(fdj.logits(model, ids, block_length=BL).logits_BxNxV)
-  got = fdj.logits(fdj.load(tmp_path / "f32"), ids, block_length=BL)
-  np.testing.assert_array_equal(np.asarray(got.logits_BxNxV), ref)
-  params, config, _ = fdj.load(tmp_path / "int8")
-  assert config.quantize == "int8"
-  got = np.asarray(fdj.logits((params, config, None), ids,
-                              block_length=BL).logits_BxNxV)
-  assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.05
+  sdar_fixtures.check_conversions(hf[0], model, tmp_path, BL)
 
 
 # denoising_steps < block_length only under entropy_bounded (where a block
