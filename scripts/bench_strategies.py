@@ -171,9 +171,11 @@ def baseline_ratios(rows: list[dict]) -> list[str]:
     if b is not None:
       out.append(f"{r['strategy']} batch {r['batch']} (prompt {r['prompt']}, "
                  f"gen {r['gen']}): {r['ms_step']:.2f} ms/step (weight-read "
-                 f"floor {r['read_floor_ms']:.2f}, peak "
-                 f"{r['peak_gb'] or 0:.2f} GB) vs {b['ms_step']:.2f} "
-                 f"{b['strategy']}: speedup {b['ms_step'] / r['ms_step']:.2f}x")
+                 f"floor {r['read_floor_ms']:.2f}, roofline "
+                 f"{r['floor_ms']:.2f}, peak {r['peak_gb'] or 0:.2f} GB) vs "
+                 f"{b['ms_step']:.2f} {b['strategy']} (roofline "
+                 f"{b['floor_ms']:.2f}): speedup "
+                 f"{b['ms_step'] / r['ms_step']:.2f}x")
   return out
 
 
