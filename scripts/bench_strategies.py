@@ -25,10 +25,12 @@ several --prompt lengths, the attention's cache read rate between them
 strategies run (LLaDA-8B: the list below; SDAR: `sdar` with the static
 rule over its block cache, and `sdar-uncached`, the reference's whole-window
 forward each step, at batches up to --baseline-max-batch: the baseline the
-cached rows are compared with; Fast-dLLM-v2-7B: `fast-dllm-v2`, a
-sub-block of --per-step tokens a step (threshold 0) with whole-block
-forwards, and `fast-dllm-v2-subblock`, the same with the sub-block cache,
-compared with the former).
+cached rows are compared with; Fast-dLLM-v2-7B: `fast-dllm-v2`, sub-blocks
+of --small-block, one token a step (threshold 1 over tied confidences:
+flash_dllm_bench/v2_schedule.py), whole-block forwards, and
+`fast-dllm-v2-subblock`, the same steps with the sub-block cache, compared
+with the former; their floor counts the whole-block and sub-block forwards
+the schedule runs, and --steady takes the second schedule at half the gen).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 from flash_dllm_bench import qmatmul_bench, timing, tuning  # noqa: E402
+from flash_dllm_bench import v2_schedule  # noqa: E402
 from flash_dllm_jax import quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import cache as model_cache  # noqa: E402
@@ -65,11 +68,16 @@ def memory_limit() -> int | None:
 
 
 def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32,
-               arch: str = "llada", kv_cache_dtype: str = "auto"):
-  """name -> a function building (sampler, query tokens of the step's main
-  pass as a function of the prompt length[, query tokens of its second
-  (verify) pass]). kv_cache_dtype other than "auto" goes to the sampler
-  (the Flash-Cache samplers take it; the others refuse it by name).
+               arch: str = "llada", kv_cache_dtype: str = "auto",
+               small_block: int = 8):
+  """name -> a function building (sampler, passes): passes(prompt, steps,
+  forwards) -> [(query tokens, forwards a step)] of the decode's passes, and
+  the answer tokens a step. kv_cache_dtype other than "auto" goes to the
+  sampler (the Flash-Cache samplers take it; the others refuse it by name).
+  A fixed-rule row's main pass runs each step, its second (verify) pass, or
+  the main one again, forwards - steps times; Fast-dLLM v2's rows run the
+  whole-block and sub-block forwards of v2_schedule.forward_kinds (the
+  decode's steps must match it).
 
   Elastic-Cache's count is its query budget (tracked + new + window); the
   layers after a drift restart run the whole sequence, as often as the
@@ -97,16 +105,23 @@ def strategies(gen: int, k: int, block: int, block_m: int, layers: int = 32,
     fixed = {"sdar": (sdar, [lambda p: block]),
              "sdar-uncached": ({**sdar, "block_cache": False},
                                [lambda p: p + gen + block - 1])}
-  if arch == "fast_dllm_v2":  # threshold 0: each step commits a sub-block
-    v2 = dict(block_length=block, small_block_length=min(k, block),
-              threshold=0.0, temperature=0.0)
-    fixed = {"fast-dllm-v2": (v2, [lambda p: block]),
-             "fast-dllm-v2-subblock": ({**v2, "sub_block_cache": True},
-                                       [lambda p: min(k, block)])}
   kv = {} if kv_cache_dtype == "auto" else {"kv_cache_dtype": kv_cache_dtype}
-  build = lambda name, options, queries: (build_sampler(
-      name.removesuffix("-uncached").removesuffix("-subblock"), arch,
-      {"gen_length": gen, **options, **kv}), *queries)
+
+  def build(name, options, queries):
+    sampler = build_sampler(
+        name.removesuffix("-uncached").removesuffix("-subblock"), arch,
+        {"gen_length": gen, **options, **kv})
+
+    def passes(p, steps, forwards):
+      extra = (forwards - steps) / steps
+      return [(queries[0](p), 1.0), (queries[-1](p), extra)], k
+    return sampler, passes
+
+  if arch == "fast_dllm_v2":
+    return {name: functools.partial(v2_schedule.row, gen, block, small_block,
+                                    cached, kv)
+            for name, cached in (("fast-dllm-v2", False),
+                                 ("fast-dllm-v2-subblock", True))}
   # built on demand: a fixed schedule may not suit every sampler
   return {name: functools.partial(build, name, *spec)
           for name, spec in fixed.items()}
@@ -156,9 +171,11 @@ def baseline_ratios(rows: list[dict]) -> list[str]:
     if b is not None:
       out.append(f"{r['strategy']} batch {r['batch']} (prompt {r['prompt']}, "
                  f"gen {r['gen']}): {r['ms_step']:.2f} ms/step (weight-read "
-                 f"floor {r['read_floor_ms']:.2f}, peak "
-                 f"{r['peak_gb'] or 0:.2f} GB) vs {b['ms_step']:.2f} "
-                 f"{b['strategy']}: speedup {b['ms_step'] / r['ms_step']:.2f}x")
+                 f"floor {r['read_floor_ms']:.2f}, roofline "
+                 f"{r['floor_ms']:.2f}, peak {r['peak_gb'] or 0:.2f} GB) vs "
+                 f"{b['ms_step']:.2f} {b['strategy']} (roofline "
+                 f"{b['floor_ms']:.2f}): speedup "
+                 f"{b['ms_step'] / r['ms_step']:.2f}x")
   return out
 
 
@@ -168,9 +185,12 @@ def main(argv=None):
   ap.add_argument("--gen", type=int, nargs="+", default=[256, 512])
   ap.add_argument("--prompt", type=int, nargs="+", default=[768],
                   help="prompt lengths (several: the long-context rows)")
-  ap.add_argument("--per-step", type=int, default=4,
-                  help="tokens committed per step (the fixed rule)")
+  ap.add_argument("--per-step", type=int, default=None,
+                  help="tokens committed per step (the fixed rule; default "
+                  "4; Fast-dLLM v2's rows commit one)")
   ap.add_argument("--block", type=int, default=32)
+  ap.add_argument("--small-block", type=int, default=8,
+                  help="Fast-dLLM v2's sub-block (the reference's default)")
   ap.add_argument("--block-m", type=int, default=16)
   ap.add_argument("--only", nargs="*", default=None, help="strategy names")
   ap.add_argument("--reps", type=int, default=2)
@@ -198,6 +218,10 @@ def main(argv=None):
   choices = tuning.variants(ap, args, kernels)
   t_start = time.perf_counter()  # progress lines: where a cut run was
   arch = ModelConfig.preset(args.model).arch
+  if arch == "fast_dllm_v2" and args.per_step not in (None, 1):
+    ap.error("--per-step: Fast-dLLM v2's rows commit one token a step "
+             "(threshold 1 over tied confidences); set --small-block instead")
+  args.per_step = args.per_step or (1 if arch == "fast_dllm_v2" else 4)
   if args.smoke:
     # d_model 128: a whole group of 128 inputs for int8-g128
     cfg = ModelConfig.tiny(arch, dtype="bfloat16", **(
@@ -209,6 +233,7 @@ def main(argv=None):
                    else [max(8, p // 64) for p in args.prompt])
     args.block, args.block_m = 16, 8
     args.per_step = min(args.per_step, 4)  # gen 32 in blocks of 16
+    args.small_block = min(args.small_block, 4)
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
     cfg = ModelConfig.preset(args.model)
@@ -222,6 +247,8 @@ def main(argv=None):
     cfg = cfg.replace(quantize=args.quantize,
                       quantize_head=args.quantize_head,
                       quantize_embedding=args.quantize_embedding)
+  if arch == "fast_dllm_v2":
+    params = v2_schedule.tied_params(params)
   wbytes = quantize.weight_bytes(params)
   mm_kind = "bf16"
   if cfg.quantize and quantize.activations(cfg.quantize) == "fp8":
@@ -237,22 +264,29 @@ def main(argv=None):
   print(f"[{time.perf_counter() - t_start:.0f} s] "
         f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, {mm_kind} matmul {mm / 1e12:.0f} TFLOP/s; "
-        f"{args.per_step} tokens per step; KV cache {args.kv_cache_dtype}")
+        f"{args.per_step} tokens per step"
+        f"{f', sub-blocks of {args.small_block}' if arch == 'fast_dllm_v2' else ''}"
+        f"; KV cache {args.kv_cache_dtype}")
   rows, failed = [], []
   limit = memory_limit()
   for gen, prompt in itertools.product(args.gen, args.prompt):
     # the steady step's second schedule: twice the tokens a step, or half
     # where twice would pass the Flash-Cache budget (block_m)
+    # (Fast-dLLM v2: the same schedule over half the gen, whole blocks)
     k2 = (2 * args.per_step if 2 * args.per_step <= args.block_m
           else max(1, args.per_step // 2))
-    doubled = strategies(gen, k2, args.block, args.block_m,
-                         cfg.n_layers, arch, args.kv_cache_dtype)
+    gen2 = gen // 2 // args.block * args.block
+    doubled = (strategies(gen2, 1, args.block, args.block_m, cfg.n_layers,
+                          arch, args.kv_cache_dtype, args.small_block)
+               if arch == "fast_dllm_v2" else
+               strategies(gen, k2, args.block, args.block_m,
+                          cfg.n_layers, arch, args.kv_cache_dtype))
     for name, build in strategies(
         gen, args.per_step, args.block, args.block_m, cfg.n_layers, arch,
-        args.kv_cache_dtype).items():
+        args.kv_cache_dtype, args.small_block).items():
       if args.only and name not in args.only:
         continue
-      sampler, *queries = build()
+      sampler, passes = build()
       for b, (label, kernels) in itertools.product(args.batch, choices):
         if name.endswith("-uncached") and b > args.baseline_max_batch:
           continue
@@ -274,7 +308,8 @@ def main(argv=None):
               cfg, params, sampler, b, prompt, args.reps,
               implementation=kernels)
           steady_ms = None
-          if args.steady:
+          kinds, tokens_step = passes(prompt, steps, forwards)
+          if args.steady and (arch != "fast_dllm_v2" or gen2 >= args.block):
             ms2, _, steps2, _ = timing.time_decode(
                 cfg, params, doubled[name]()[0], b, prompt, args.reps,
                 implementation=kernels)
@@ -285,23 +320,25 @@ def main(argv=None):
           print(f"FAILED {failed[-1]}: {type(e).__name__}: {str(e)[:2000]}",
                 flush=True)
           continue
-        # Each pass reads every weight once: a floor per pass, the second
-        # pass counted as often as it ran (forwards - steps of the busiest row).
+        # Each pass reads every weight once: a floor per pass, counted as
+        # often as it ran a step (the busiest row's forwards).
         read_s = wbytes / bw
-        flop_s = [timing.forward_flops(cfg, b, q(prompt), n) / mm
-                  for q in queries]
-        pass_floor = [max(read_s, f) for f in flop_s]
-        floor = pass_floor[0] + pass_floor[-1] * (forwards - steps) / steps
+        flop_s = [timing.forward_flops(cfg, b, q, n) / mm for q, _ in kinds]
+        floor = sum(max(read_s, f) * c for f, (_, c) in zip(flop_s, kinds))
+        bound = "/".join(dict.fromkeys(  # the kinds of the passes that ran
+            "compute" if f > read_s else "weights"
+            for f, (_, c) in zip(flop_s, kinds) if c > 0))
         step_ms = steady_ms or ms_step * 1e3
         rows.append(dict(strategy=name, kernels=label, batch=b,
                          kv_cache_dtype=args.kv_cache_dtype,
                          prompt=prompt, gen=gen, steps=steps,
                          forwards=forwards, ms_step=ms_step * 1e3,
+                         # [query tokens, forwards of the row] a pass kind
+                         passes=[[q, round(c * steps)] for q, c in kinds],
                          steady_ms_step=steady_ms,
                          floor_ms=floor * 1e3, read_floor_ms=read_s * 1e3,
                          compile_s=compile_s,
-                         bound="compute" if flop_s[0] > read_s else "weights",
-                         tokens_s=b * args.per_step / step_ms * 1e3,
+                         bound=bound, tokens_s=b * tokens_step / step_ms * 1e3,
                          cache_gb=cache / 1e9,
                          peak_gb=None if (peak := timing.peak_memory_bytes())
                          is None else peak / 1e9))  # None: no memory stats

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flash_dllm_jax.architectures.dream.chat import CHAT_TEMPLATE
+from flash_dllm_jax.architectures.qwen2_chat import CHAT_TEMPLATE
 from tests import llada2_fixtures
 from tests.sdar_fixtures import block_mask
 

@@ -43,6 +43,22 @@ def test_inference_never_imports_training_data_or_benchmarks():
     pytest.fail("\n".join(bad), pytrace=False)
 
 
+def test_no_family_folder_imports_another():
+  """A family folder (architectures/<family>/) imports no other family's
+  folder: what several families share lives beside them (qwen2_chat.py,
+  qwen2_tensors.py) or in the shared packages."""
+  base = "flash_dllm_jax.architectures."
+  folders = {p.name for p in (ROOT / "flash_dllm_jax" / "architectures")
+             .iterdir() if (p / "__init__.py").exists()}
+  family = lambda module: (module.removeprefix(base).split(".")[0]
+                           if module.startswith(base) else None)
+  bad = [f"{e.source}:{e.line} imports {e.target}" for e in EDGES
+         if family(e.source) in folders and family(e.target) in folders
+         and family(e.source) != family(e.target)]
+  if bad:
+    pytest.fail("\n".join(bad), pytrace=False)
+
+
 def test_the_package_and_its_commands_load_without_optional_extras():
   """`import flash_dllm_jax` and `python -m flash_dllm_jax` load only the
   standard library and pyproject's dependencies (jax's ml_dtypes with it):

@@ -308,3 +308,62 @@ def test_compare_runs_pairs_runs_of_other_settings_by_strategy(tmp_path,
   out = capsys.readouterr().out
   assert "llada-d3c4b276 ~ llada-d1b7bfc5: 2/2 identical" in out
   assert "flash-dllm-fce5543f ~ flash-dllm-4a990630: 2/2 identical" in out
+
+
+def _reference_forward_kinds(prompt, gen, block, sub_block, cached):
+  """(whole, sub) forwards of the restated reference loop
+  (tests/fast_dllm_v2_reference.py) over all-zero logits, counted by kind:
+  its whole-block denoise forwards, stores and a boundary prompt's prefill
+  (the sampler's first step) whole; its sub-block forwards sub."""
+  import torch
+
+  from tests.fast_dllm_v2_reference import generate
+  calls = {"window": 0, "sub": 0}
+  zeros = lambda w: np.zeros((w, 8), np.float32)
+
+  def window_fn(x):
+    calls["window"] += 1
+    return zeros(len(x)), [(torch.zeros(1, 1, len(x), 1),) * 2]
+
+  def sub_fn(kv, ids, first):
+    calls["sub"] += 1
+    return zeros(len(ids)), [(torch.zeros(1, 1, len(ids), 1),) * 2]
+
+  out = generate(lambda x: np.zeros((*x.shape, 8), np.float32), [1] * prompt,
+                 100, (), gen, block, sub_block, 1.0, cached, window_fn,
+                 sub_fn)  # mask id 100: outside the 8 logits
+  if cached:
+    assert out.denoise == calls["window"] + calls["sub"]
+  denoise = calls["window"] if cached else out.denoise
+  return (denoise + out.store + (prompt % block == 0), calls["sub"])
+
+
+@pytest.mark.parametrize("prompt", [32, 37])
+@pytest.mark.parametrize("cached", [False, True])
+def test_v2_tie_schedule_is_the_reference_loops(prompt, cached):
+  """The Fast-dLLM v2 bench rows' floor counts (v2_schedule.forward_kinds:
+  tied confidences, one mask a step) are the forwards the reference's
+  loop runs, whole-block and sub-block, at a prompt ending on a block
+  boundary and mid-block."""
+  from flash_dllm_bench import v2_schedule
+  f = v2_schedule.forward_kinds(prompt, 48, 16, 4, cached)
+  assert (f.whole, f.sub) == _reference_forward_kinds(prompt, 48, 16, 4,
+                                                      cached)
+  assert f.sub > 0 if cached else f.sub == 0
+
+
+def test_bench_strategies_v2_subblock_row_runs_sub_block_forwards(tmp_path):
+  """The sub-block cache row of --model fast-dllm-v2-7b decodes the tie
+  schedule (the bench checks its steps) and its floor counts the
+  schedule's whole-block and sub-block forwards."""
+  from flash_dllm_bench import v2_schedule
+  out = tmp_path / "v2.json"
+  bench_strategies().main(["--smoke", "--model", "fast-dllm-v2-7b", "--only",
+                           "fast-dllm-v2-subblock", "--json", str(out)])
+  data = json.loads(out.read_text())
+  (row,) = data["rows"]
+  f = v2_schedule.forward_kinds(16, 32, 16, 4, True)
+  assert row["steps"] == row["forwards"] == f.steps
+  assert row["passes"] == [[16, f.whole], [4, f.sub]] and f.sub > f.whole
+  read = data["weight_bytes"] / data["copy_Bps"] * 1e3
+  assert row["floor_ms"] >= read and row["read_floor_ms"] == read

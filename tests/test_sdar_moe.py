@@ -3,15 +3,22 @@ in the genuine format (transformers' Qwen3-MoE saved by save_pretrained,
 the genuine config.json key set, the chat template in chat_template.jinja)
 loads and converts (8-bit too), its forward equals transformers'
 Qwen3MoeForCausalLM under SDAR's block-causal mask, and strategy `sdar`
-decodes it as the plain-Python restatement of generate.py does. Expert
-parallelism: tests/test_mesh_experts.py."""
+decodes it as the plain-Python restatement of generate.py does; the
+command line, continuous batching, lm-eval's simple_evaluate and the server
+(official client) answer as offline generate. Expert parallelism:
+tests/test_mesh_experts.py."""
+
+import json
 
 import numpy as np
 import pytest
 
 import flash_dllm_jax as fdj
+from flash_dllm_jax import cli
 from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.generate import answer_ids
 from tests import sdar_fixtures
+from tests.serve_case import Server
 from tests.test_sdar import BL, check_generate_equals_the_reference_loop
 
 
@@ -94,3 +101,92 @@ def test_expert_layout_as_the_genuine_code_builds_it(hf):
   assert read(mlp_only_layers=[]).first_dense_layers == 0
   assert read(mlp_only_layers=[0, 1, 2, 3]) is None
   assert read(norm_topk_prob=False).norm_topk is False
+
+
+# The entry points on the MoE checkpoint: one sampler setting (the reference
+# test's), so the CLI's decode reuses offline generate's program.
+ENTRY = dict(gen_length=16, block_length=BL, denoising_steps=BL,
+             temperature=0.0, remasking_strategy="low_confidence_dynamic",
+             confidence_threshold=0.6)
+PROMPT = "The quick brown fox"
+
+
+def offline(model, prompts, chat: bool, **kw):
+  return fdj.generate(model, prompts, strategy="sdar", chat=chat, **ENTRY,
+                      **kw)
+
+
+def test_command_line_answers_as_generate(hf, model, capsys):
+  flags = [f"--{k.replace('_', '-')}={v}" for k, v in ENTRY.items()]
+  code = cli.main(["generate", "--checkpoint", str(hf[0]), "--dtype",
+                   "float32", *flags, "--no-chat", "--prompt", PROMPT,
+                   "--output", "json"])
+  out = capsys.readouterr()
+  assert code == 0, out.err  # strategy: the family's default, sdar
+  [result] = json.loads(out.out)["results"]
+  want = offline(model, [PROMPT], chat=False)
+  assert result["token_ids"] == answer_ids(want.tokens_BxG[0], model[1])
+
+
+def test_continuous_batching_equals_each_request_alone(model):
+  """Four prompts through two slots in one compiled loop: every answer,
+  model call count and step count equals that request alone, and the
+  refilled slots take fewer loop steps than the requests one by one."""
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 290, n).tolist() for n in (5, 11, 8, 14)]
+  queued = offline(model, prompts, chat=False, batch_size=2)
+  total = 0
+  for i, p in enumerate(prompts):
+    alone = offline(model, [p], chat=False)
+    assert queued.tokens_BxG[i].tolist() == alone.tokens_BxG[0].tolist(), i
+    assert queued.forwards_B[i] == alone.forwards_B[0]
+    assert queued.steps_B[i] == alone.steps_B[0] == alone.steps
+    total += int(alone.steps)
+  assert total / 2 <= queued.steps < total
+
+
+def test_lm_eval_simple_evaluate_generates_as_generate(hf, model):
+  """lm-eval's simple_evaluate on a local generate_until task: the adapter
+  picks sdar for the checkpoint, renders the context with SDAR's chat
+  template and answers what generate answers."""
+  lm_eval = pytest.importorskip("lm_eval")
+  from flash_dllm_jax.lm_eval import task_manager
+  from flash_dllm_jax.lm_eval.model import cut_at_until
+  results = lm_eval.simple_evaluate(
+      model="flash_dllm_jax", model_args={
+          "checkpoint": str(hf[0]), "dtype": "float32", "batch_size": 2,
+          "chat": True, **ENTRY},
+      tasks=["synthetic_gsm"], task_manager=task_manager(
+          include_defaults=False), limit=1, log_samples=True)
+  [sample] = [s for s in results["samples"]["synthetic_gsm"]
+              if s["filter"] == "strict-match"]
+  context, args = sample["arguments"][0]
+  want = offline(model, [[{"role": "user", "content": context}]], chat=True,
+                 batch_size=2)
+  assert sample["resps"][0][0] == cut_at_until(want.texts[0], args["until"])
+  assert results["config"]["flash_dllm_jax"]["strategy"] == "sdar"
+
+
+def test_server_answers_equal_offline_generate(hf, model, tmp_path):
+  """The server with the official client: completions and chat equal
+  offline generate."""
+  server = Server(hf[0], "sdar", ENTRY, "--dtype", "float32",
+                  "--batch-size", "2", "--max-prompt-tokens", "96",
+                  log_path=tmp_path / "server.log")
+  try:
+    assert server.wait_ready()["strategy"] == "sdar"
+    client = server.client()
+    name = client.models.list().data[0].id
+    got = client.completions.create(model=name, prompt=PROMPT, max_tokens=16,
+                                    temperature=0)
+    want = offline(model, [PROMPT], chat=False)
+    assert got.choices[0].token_ids == answer_ids(want.tokens_BxG[0],
+                                                  model[1])
+    chat = [{"role": "user", "content": PROMPT}]
+    got = client.chat.completions.create(model=name, messages=chat,
+                                         temperature=0)
+    want = offline(model, [chat], chat=True)
+    assert got.choices[0].token_ids == answer_ids(want.tokens_BxG[0],
+                                                  model[1])
+  finally:
+    server.close()

@@ -13,7 +13,8 @@ full attention. The mask token is not in config.json: it is the
 tokenizer's `mask_token` where named, else 151665 (`|<MASK>|`, the constant
 of the remote code's generate and forward). Answers end at config.json's
 eos_token_id, 151645 (`<|im_end|>`, the remote code's stop_token; the
-tokenizer's EOS). The chat template is Qwen2.5's, the same text as Dream's.
+tokenizer's EOS). The chat template and tensor names are Qwen2.5's
+(architectures/qwen2_chat.py, qwen2_tensors.py, shared with Dream).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from flash_dllm_jax.architectures import Architecture, AttentionSpec
-from flash_dllm_jax.architectures.dream.chat import CHAT_TEMPLATE
+from flash_dllm_jax.architectures.qwen2_chat import CHAT_TEMPLATE
 
 MASK_ID = 151665  # modeling.py's generate(mask_id=151665)
 
@@ -67,8 +68,7 @@ def _strategies():
 
 
 def _name_table():
-  # Qwen2's tensor names, the same as Dream's.
-  from flash_dllm_jax.architectures.dream.tensors import TABLE
+  from flash_dllm_jax.architectures.qwen2_tensors import TABLE
   return TABLE
 
 
