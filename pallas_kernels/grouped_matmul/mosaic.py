@@ -14,7 +14,8 @@ step: its zero accumulators give zeros.
 
 Row tiles: tile_m is 64 or 128 (rows_per_tile picks it per call from the
 routed rows, more rows an expert on average taking 128: half the weight
-reads); block_n follows from the accumulators' register budget.
+reads); block_n is 64 for the fused SwiGLU, else 128 (default_block_n),
+so that 128 rows' float32 accumulators fit one warpgroup's registers.
 
 Row invariance: whatever tile_m, Mosaic issues one m64 wgmma per 64-row
 slice of a tile per 16 inputs, each [64, 16] x [16, block_n], in the same
@@ -105,9 +106,10 @@ def _depth(tm, bn, bk, n_weights):
   return min(4, stages)
 
 
-def default_block_n(tm: int, swiglu: bool) -> int:
-  """The widest block_n (128 at most) whose accumulators fit ACC_ELEMENTS."""
-  return min(128, ACC_ELEMENTS // (tm * (1 + swiglu)))
+def default_block_n(o: int, swiglu: bool) -> int:
+  """block_n from O and the options alone: 64 for the fused SwiGLU (two
+  accumulators of up to 128 rows), else 128 where it divides O, else 64."""
+  return 128 if not swiglu and o % 128 == 0 else 64
 
 
 def check(x_PxI, weight, up=None, *, tile_m: int, block_n=None,
@@ -126,9 +128,9 @@ def check(x_PxI, weight, up=None, *, tile_m: int, block_n=None,
   if tile_m not in ROW_TILES:
     raise NotImplementedError(f"tile_m {tile_m}: one of {ROW_TILES}")
   o = weight[0].shape[2]
-  bn = default_block_n(tile_m, up is not None) if block_n is None else block_n
-  if bn % 64 or block_k % 64 or bn * tile_m * (1 + (up is not None)) > (
-      ACC_ELEMENTS):
+  swiglu = up is not None
+  bn = default_block_n(o, swiglu) if block_n is None else block_n
+  if bn % 64 or block_k % 64 or bn * tile_m * (1 + swiglu) > ACC_ELEMENTS:
     raise NotImplementedError(
         f"block_n {bn} and block_k {block_k} must be multiples of 64 with "
         f"tile_m x block_n accumulators of at most {ACC_ELEMENTS} elements")
