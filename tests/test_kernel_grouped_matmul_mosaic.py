@@ -1,6 +1,7 @@
 """The Mosaic GPU grouped GEMM (pallas_kernels/grouped_matmul/mosaic.py) in
 Mosaic GPU's interpret mode on the CPU against the plain-JAX reference
-(group patterns with empty tiles, SwiGLU, 64- and 128-row tiles), a
+(group patterns with empty tiles, SwiGLU, 64- and 128-row tiles, int8 and
+e4m3 stacks), a
 token's bits independent of the tokens routed beside it, what it does not
 take falling through to Triton, and its lowering for CUDA at LLaDA2.0-mini's
 expert shapes on the CPU. GPU-marked tests run the compiled kernel
@@ -16,7 +17,7 @@ import pytest
 
 from flash_dllm_jax import ops
 from pallas_kernels.grouped_matmul import api, layout, mosaic, reference
-from pallas_kernels.qmatmul.reference import quantize
+from pallas_kernels.qmatmul.reference import FP8, quantize
 from tests.kernel_case import assert_close, f32, gpu_only, normal, rng
 
 BF16 = jnp.bfloat16
@@ -29,8 +30,16 @@ def _fresh_interpreter():
   yield
 
 
-def _stack(r, x, i, o):
-  return (normal(r, (x, i, o), BF16, i ** -0.5),)
+FORMATS = {"bf16": None, "int8": jnp.int8, "fp8": FP8}
+
+
+def _stack(r, x, i, o, fmt="bf16", group=None):
+  """(kernel [X, I, O],) bf16, or 8-bit (kernel_q [X, O, I], scale)."""
+  if fmt == "bf16":
+    return (normal(r, (x, i, o), BF16, i ** -0.5),)
+  qs = [quantize(normal(r, (o, i), jnp.float32, i ** -0.5), FORMATS[fmt],
+                 group) for _ in range(x)]
+  return jnp.stack([q for q, _ in qs]), jnp.stack([s for _, s in qs])
 
 
 def _bits(y):
@@ -57,6 +66,21 @@ def test_matches_reference(request, groups, swiglu):
   empty = np.repeat(np.asarray(te) < 0, tm)
   assert (f32(got)[empty] == 0).all() and np.isfinite(f32(got)).all()
   assert_close(got, want, BF16)
+
+
+@pytest.mark.parametrize("fmt,swiglu", [("int8", True), ("fp8", False)])
+def test_8bit_stacks_match_reference(request, fmt, swiglu):
+  """Converted to bf16 in shared memory, scaled per channel after the sum;
+  an empty tile stays zeros."""
+  r = rng(request)
+  te = jnp.asarray(GROUPS["mixed"], jnp.int32)
+  x = normal(r, (te.shape[0] * 64, 128), BF16)
+  w = _stack(r, 3, 128, 64, fmt)
+  up = _stack(r, 3, 128, 64, fmt) if swiglu else None
+  got = mosaic.grouped_matmul(x, te, w, up=up, tile_m=64, interpret=True)
+  assert (f32(got)[64:128] == 0).all()
+  assert_close(got, reference.grouped_matmul(x, te, w, up=up, tile_m=64),
+               BF16)
 
 
 def test_128_row_tiles_and_wide_blocks(request):
@@ -103,23 +127,21 @@ def test_rows_per_tile_follows_the_routed_rows():
 
 
 def test_what_it_cannot_take_falls_through_to_triton(request):
-  """int8 stacks and float32 rows: NotImplementedError from the kernel,
-  the Triton kernel's bits through the api (grouped_matmul and
-  expert_mlp)."""
+  """Per-group scales and float32 rows: NotImplementedError from the
+  kernel, the Triton kernel's bits through the api."""
   r = rng(request)
   te = jnp.asarray([0, 1], jnp.int32)
   x = normal(r, (32, 64), BF16)
-  q, s = quantize(normal(r, (64, 64), jnp.float32, 0.125), jnp.int8, None)
-  int8 = (jnp.stack([q, q]), jnp.stack([s, s]))
-  with pytest.raises(NotImplementedError, match="8-bit"):
-    mosaic.grouped_matmul(x, te, int8, tile_m=64, interpret=True)
+  grouped = _stack(r, 2, 64, 64, "int8", group=32)
+  with pytest.raises(NotImplementedError, match="per-group"):
+    mosaic.grouped_matmul(x, te, grouped, tile_m=64, interpret=True)
   with pytest.raises(NotImplementedError, match="bfloat16 only"):
     mosaic.grouped_matmul(x.astype(jnp.float32), te,
                           _stack(r, 2, 64, 64), tile_m=64, interpret=True)
   np.testing.assert_array_equal(
-      _bits(api.grouped_matmul(x, te, int8, tile_m=16,
+      _bits(api.grouped_matmul(x, te, grouped, tile_m=16,
                                implementation="mosaic_interpret")),
-      _bits(api.grouped_matmul(x, te, int8, tile_m=16,
+      _bits(api.grouped_matmul(x, te, grouped, tile_m=16,
                                implementation="pallas_interpret")))
 
 
@@ -151,11 +173,20 @@ def _custom_calls(fn, *args):
   return re.findall(r"custom_call @([\w$.]+)", text)
 
 
+def _shapes(fmt, x, i, o):
+  """A stack's ShapeDtypeStructs in format fmt (per-channel scales)."""
+  if fmt == "bf16":
+    return (S((x, i, o), BF16),)
+  return S((x, o, i), FORMATS[fmt]), S((x, o, 1), jnp.float32)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("tile_m", mosaic.ROW_TILES)
-def test_lowers_for_cuda_at_llada2_mini_expert_shapes(tile_m):
+def test_lowers_for_cuda_at_llada2_mini_expert_shapes(tile_m, fmt):
   """Gate/up fused and down (256 experts, 2048 wide, 512 an expert) over
-  412 row tiles: Mosaic GPU's lowering (wgmma operand swizzles, TMA tiles,
-  register layouts) on the CPU, one mosaic_gpu custom call each."""
+  412 row tiles: Mosaic GPU's lowering (wgmma operand swizzles and
+  transposes, TMA tiles, register layouts) on the CPU, one mosaic_gpu
+  custom call each."""
   p, x, e, m = 412 * 64, 256, 2048, 512
 
   def run(rows, te, gate, up, down):
@@ -163,7 +194,7 @@ def test_lowers_for_cuda_at_llada2_mini_expert_shapes(tile_m):
     return mosaic.grouped_matmul(h, te, down, tile_m=tile_m)
 
   args = (S((p, e), BF16), S((p // tile_m,), jnp.int32),
-          (S((x, e, m), BF16),), (S((x, e, m), BF16),), (S((x, m, e), BF16),))
+          _shapes(fmt, x, e, m), _shapes(fmt, x, e, m), _shapes(fmt, x, m, e))
   assert _custom_calls(run, *args) == ["mosaic_gpu_v2"] * 2
 
 
@@ -181,14 +212,16 @@ def test_kernels_experts_backend_mosaic_runs_the_mosaic_kernel():
 
 
 @gpu_only
+@pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("tile_m", mosaic.ROW_TILES)
-def test_gpu_matches_reference_at_expert_shapes(request, tile_m):
+def test_gpu_matches_reference_at_expert_shapes(request, tile_m, fmt):
   r = rng(request)
   n_experts, e, m, n_tiles = 8, 2048, 512, 12
   te = jnp.asarray(r.integers(-1, n_experts, n_tiles), jnp.int32)
   x = normal(r, (n_tiles * tile_m, e), BF16)
-  gate, up = _stack(r, n_experts, e, m), _stack(r, n_experts, e, m)
-  down = _stack(r, n_experts, m, e)
+  gate = _stack(r, n_experts, e, m, fmt)
+  up = _stack(r, n_experts, e, m, fmt)
+  down = _stack(r, n_experts, m, e, fmt)
   h = mosaic.grouped_matmul(x, te, gate, up=up, tile_m=tile_m)
   assert_close(h, reference.grouped_matmul(x, te, gate, up=up,
                                            tile_m=tile_m), BF16)
@@ -209,7 +242,9 @@ def _mlp(x, ids, stacks, tile_m):
 
 
 @gpu_only
-def test_gpu_rows_do_not_depend_on_the_rows_beside_them_or_the_tile(request):
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_gpu_rows_do_not_depend_on_the_rows_beside_them_or_the_tile(
+    request, fmt):
   """A token alone and among 300 others, at 64- and 128-row tiles: the
   same bits (rows_per_tile may pick either for a batch)."""
   r = rng(request)
@@ -217,7 +252,7 @@ def test_gpu_rows_do_not_depend_on_the_rows_beside_them_or_the_tile(request):
   x = normal(r, (t, e), BF16)
   ids = jnp.asarray(np.stack([r.permutation(n_experts)[:k]
                               for _ in range(t)]), jnp.int32)
-  stacks = tuple(_stack(r, n_experts, i, o)
+  stacks = tuple(_stack(r, n_experts, i, o, fmt)
                  for i, o in ((e, m), (e, m), (m, e)))
   run = jax.jit(_mlp, static_argnums=3)
   full = _bits(run(x, ids, stacks, 64))

@@ -5,8 +5,9 @@ implementation:
   'pallas' / 'pallas_interpret'  the Triton kernel (kernel.py).
   'mosaic' / 'mosaic_interpret'  the Mosaic GPU (Hopper: TMA, wgmma)
       kernel (mosaic.py), run in Mosaic GPU's interpret mode by
-      'mosaic_interpret'; bf16 rows and stacks. expert_mlp tiles its rows
-      as mosaic.rows_per_tile picks from the routed rows; what it does not
+      'mosaic_interpret'; bf16 rows, bf16 or 8-bit stacks with
+      per-channel scales. expert_mlp tiles its rows as
+      mosaic.rows_per_tile picks from the routed rows; what it does not
       take runs 'pallas' / 'pallas_interpret' (with the Tiling given).
       Not the default: no measured table has it win yet.
   'reference'  reference.py.
