@@ -134,6 +134,9 @@ def main(argv=None):
                   choices=[n for n, _ in LAYER_PATHS],
                   help="the MoE layer's routed-expert paths to time (none: "
                   "the decode steps only)")
+  ap.add_argument("--experts-backend", choices=ops.choice.GPU_BACKENDS,
+                  default="triton", help="the decode steps' grouped expert "
+                  "kernel (default: %(default)s)")
   ap.add_argument("--layer-tokens", nargs="+", default=["window"],
                   choices=["window", "block"],
                   help="the MoE layer's token counts: the whole window's "
@@ -215,7 +218,8 @@ def main(argv=None):
       s_step, compile_s, steps, forwards = timing.time_decode(
           cfg, params, sampler, b, args.prompt,
           args.reps if name != "llada2-flash" else 1,
-          implementation=ops.Kernels(experts=args.tilings[0]))
+          implementation=ops.Kernels(experts=args.tilings[0],
+                                     experts_backend=args.experts_backend))
       n = args.prompt + args.gen + args.block - 1
       # A cached step runs at least one block's queries, which touch at
       # most b * block * top_k of each layer's experts.
