@@ -11,8 +11,9 @@
 #   bash benchmarks/moe.sh OUT_DIR cached  # llada2 block-cache steps
 #   bash benchmarks/moe.sh OUT_DIR dense   # the LLaDA-8B reference
 #   bash benchmarks/moe.sh OUT_DIR mosaic  # Mosaic GPU's grouped kernel:
-#       its GPU tests, then one MoE layer by it beside Triton (window and
-#       block-cache token counts, batch 1 and 32)
+#       its GPU tests, then one MoE layer by it beside Triton and the
+#       grouped GEMMs alone (bf16 and int8 stacks; window and block-cache
+#       token counts, batch 1 and 32)
 #   bash benchmarks/moe.sh OUT_DIR         # all six
 source "$(dirname "$0")/common.sh"
 PART=${2:-all}
@@ -50,8 +51,9 @@ if part mosaic; then
   JAX_PLATFORMS=cuda timeout 240 python -m pytest -q -m gpu \
       -p no:cacheprovider tests/test_kernel_grouped_matmul_mosaic.py \
       > "$OUT/mosaic-tests.log" 2>&1; tail -n 3 "$OUT/mosaic-tests.log"
-  timeout 300 python scripts/bench_moe.py --batch 1 32 --layer-only \
+  timeout 330 python scripts/bench_moe.py --batch 1 32 --layer-only \
       --layer-paths grouped mosaic --layer-tokens window block \
-      --json "$OUT/moe-mosaic.json" > "$OUT/moe-mosaic.log" 2>&1
-  grep -h "^|\|device\|Mosaic GPU ms" "$OUT/moe-mosaic.log"
+      --gemm bf16 int8 --json "$OUT/moe-mosaic.json" \
+      > "$OUT/moe-mosaic.log" 2>&1
+  grep -h "^|\|device\|Triton" "$OUT/moe-mosaic.log"
 fi

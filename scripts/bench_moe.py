@@ -26,6 +26,8 @@ window's tokens, and with `--layer-tokens block` at a block-cache step's
   python scripts/bench_moe.py --smoke          # tiny model, any backend
   python scripts/bench_moe.py --layer-only --layer-paths grouped mosaic \
       --layer-tokens window block             # Triton beside Mosaic GPU
+  python scripts/bench_moe.py --layer-only --layer-paths --gemm bf16 int8
+      # the grouped GEMMs alone, Triton beside Mosaic GPU
 
 With --window the step's floor counts the whole window's queries and every
 expert; a block-cache step's floor counts one block's queries and at most
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from flash_dllm_bench import timing  # noqa: E402
+from flash_dllm_bench import grouped_bench, timing  # noqa: E402
 from flash_dllm_jax import ops, quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import moe  # noqa: E402
@@ -137,6 +139,12 @@ def main(argv=None):
   ap.add_argument("--experts-backend", choices=ops.choice.GPU_BACKENDS,
                   default="triton", help="the decode steps' grouped expert "
                   "kernel (default: %(default)s)")
+  ap.add_argument("--gemm", nargs="*", default=[],
+                  choices=list(grouped_bench.FORMATS),
+                  help="also the routed experts' grouped GEMMs alone in these "
+                  "stack formats, Triton beside Mosaic GPU "
+                  "(flash_dllm_bench/grouped_bench.py), at the layer's "
+                  "token counts")
   ap.add_argument("--layer-tokens", nargs="+", default=["window"],
                   choices=["window", "block"],
                   help="the MoE layer's token counts: the whole window's "
@@ -189,6 +197,10 @@ def main(argv=None):
             for path, impl in LAYER_PATHS if path == "grouped"
             for t in args.tilings]
     runs += [(path, impl) for path, impl in LAYER_PATHS if path != "grouped"]
+    for fmt in args.gemm:
+      rows += [dict(r, batch=b) for r in grouped_bench.rows(
+          m, cfg.d_model, tokens, fmt, bw, mm, args.reps + 1,
+          args.tilings[0], interpret=not on_gpu())]
     for name, impl in runs:
       if name.split()[0] not in args.layer_paths:
         continue
@@ -257,6 +269,11 @@ def main(argv=None):
           f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms']:.0%} | {tok_s} | "
           f"{peak} |")
   for r in rows:
+    if "triton_over_this" in r:
+      print(f"{r['kind']}: Triton ms / its ms, batch {r['batch']}, "
+            f"{r['tokens']} tokens, tile_m {r['tile_m']}: "
+            f"{r['triton_over_this']:.3f} (floor / its ms "
+            f"{r['floor_ms'] / r['ms']:.0%})")
     if "triton_over_mosaic" in r:
       print(f"moe layer Triton ({tiling_name(args.tilings[0])}) ms / Mosaic "
             f"GPU ms, batch {r['batch']}, {r['tokens']} tokens: "

@@ -95,6 +95,20 @@ def test_128_row_tiles_and_wide_blocks(request):
   assert_close(got, reference.grouped_matmul(x, te, w, tile_m=128), BF16)
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_overlap_gives_the_same_bits(request, fmt):
+  """overlap (a step's wgmmas run on into the next, slots held a step
+  longer, 8-bit tiles converted into two alternating buffers): the same
+  products in the same order."""
+  r = rng(request)
+  te = jnp.asarray(GROUPS["mixed"], jnp.int32)
+  x = normal(r, (te.shape[0] * 64, 256), BF16)
+  w, up = _stack(r, 3, 256, 64, fmt), _stack(r, 3, 256, 64, fmt)
+  run = lambda overlap: _bits(mosaic.grouped_matmul(
+      x, te, w, up=up, tile_m=64, overlap=overlap, interpret=True))
+  np.testing.assert_array_equal(run(True), run(False))
+
+
 def _tokens(request, t, k=2, n_experts=4, e=128, m=64):
   """x [T, E], expert ids [T, K] (distinct per token), gate/up/down."""
   r = rng(request)
@@ -180,9 +194,10 @@ def _shapes(fmt, x, i, o):
   return S((x, o, i), FORMATS[fmt]), S((x, o, 1), jnp.float32)
 
 
-@pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("tile_m", mosaic.ROW_TILES)
-def test_lowers_for_cuda_at_llada2_mini_expert_shapes(tile_m, fmt):
+@pytest.mark.parametrize("tile_m,fmt,overlap", [
+    (64, "bf16", False), (128, "bf16", True), (64, "int8", True),
+    (128, "int8", False), (64, "fp8", False), (128, "fp8", True)])
+def test_lowers_for_cuda_at_llada2_mini_expert_shapes(tile_m, fmt, overlap):
   """Gate/up fused and down (256 experts, 2048 wide, 512 an expert) over
   412 row tiles: Mosaic GPU's lowering (wgmma operand swizzles and
   transposes, TMA tiles, register layouts) on the CPU, one mosaic_gpu
@@ -190,8 +205,9 @@ def test_lowers_for_cuda_at_llada2_mini_expert_shapes(tile_m, fmt):
   p, x, e, m = 412 * 64, 256, 2048, 512
 
   def run(rows, te, gate, up, down):
-    h = mosaic.grouped_matmul(rows, te, gate, up=up, tile_m=tile_m)
-    return mosaic.grouped_matmul(h, te, down, tile_m=tile_m)
+    h = mosaic.grouped_matmul(rows, te, gate, up=up, tile_m=tile_m,
+                              overlap=overlap)
+    return mosaic.grouped_matmul(h, te, down, tile_m=tile_m, overlap=overlap)
 
   args = (S((p, e), BF16), S((p // tile_m,), jnp.int32),
           _shapes(fmt, x, e, m), _shapes(fmt, x, e, m), _shapes(fmt, x, m, e))
@@ -212,9 +228,11 @@ def test_kernels_experts_backend_mosaic_runs_the_mosaic_kernel():
 
 
 @gpu_only
+@pytest.mark.parametrize("overlap", [False, True], ids=["wait", "overlap"])
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("tile_m", mosaic.ROW_TILES)
-def test_gpu_matches_reference_at_expert_shapes(request, tile_m, fmt):
+def test_gpu_matches_reference_at_expert_shapes(request, tile_m, fmt,
+                                                overlap):
   r = rng(request)
   n_experts, e, m, n_tiles = 8, 2048, 512, 12
   te = jnp.asarray(r.integers(-1, n_experts, n_tiles), jnp.int32)
@@ -222,31 +240,34 @@ def test_gpu_matches_reference_at_expert_shapes(request, tile_m, fmt):
   gate = _stack(r, n_experts, e, m, fmt)
   up = _stack(r, n_experts, e, m, fmt)
   down = _stack(r, n_experts, m, e, fmt)
-  h = mosaic.grouped_matmul(x, te, gate, up=up, tile_m=tile_m)
+  h = mosaic.grouped_matmul(x, te, gate, up=up, tile_m=tile_m,
+                            overlap=overlap)
   assert_close(h, reference.grouped_matmul(x, te, gate, up=up,
                                            tile_m=tile_m), BF16)
-  y = mosaic.grouped_matmul(h, te, down, tile_m=tile_m)
+  y = mosaic.grouped_matmul(h, te, down, tile_m=tile_m, overlap=overlap)
   assert_close(y, reference.grouped_matmul(h, te, down, tile_m=tile_m), BF16)
+  assert (f32(y)[np.repeat(np.asarray(te) < 0, tile_m)] == 0).all()
 
 
-def _mlp(x, ids, stacks, tile_m):
+def _mlp(x, ids, stacks, tile_m, overlap=False):
   """expert_mlp's sort, products and scatter at a given tile_m."""
   dest, tiles = layout.sort_pairs(ids.reshape(-1), stacks[0][0].shape[0],
                                   tile_m)
   p = tiles.shape[0] * tile_m
   rows = layout.gather_rows(x, dest, ids.shape[1], p)
   h = mosaic.grouped_matmul(rows, tiles, stacks[0], up=stacks[1],
-                            tile_m=tile_m)
-  return layout.scatter_back(mosaic.grouped_matmul(h, tiles, stacks[2],
-                                                   tile_m=tile_m), dest)
+                            tile_m=tile_m, overlap=overlap)
+  return layout.scatter_back(mosaic.grouped_matmul(
+      h, tiles, stacks[2], tile_m=tile_m, overlap=overlap), dest)
 
 
 @gpu_only
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_gpu_rows_do_not_depend_on_the_rows_beside_them_or_the_tile(
     request, fmt):
-  """A token alone and among 300 others, at 64- and 128-row tiles: the
-  same bits (rows_per_tile may pick either for a batch)."""
+  """A token alone and among 300 others, at 64- and 128-row tiles, with
+  and without the overlap: the same bits (rows_per_tile may pick either
+  tile for a batch)."""
   r = rng(request)
   t, k, e, m, n_experts = 300, 8, 2048, 512, 64
   x = normal(r, (t, e), BF16)
@@ -254,9 +275,10 @@ def test_gpu_rows_do_not_depend_on_the_rows_beside_them_or_the_tile(
                               for _ in range(t)]), jnp.int32)
   stacks = tuple(_stack(r, n_experts, i, o, fmt)
                  for i, o in ((e, m), (e, m), (m, e)))
-  run = jax.jit(_mlp, static_argnums=3)
+  run = jax.jit(_mlp, static_argnums=(3, 4))
   full = _bits(run(x, ids, stacks, 64))
   np.testing.assert_array_equal(_bits(run(x, ids, stacks, 128)), full)
+  np.testing.assert_array_equal(_bits(run(x, ids, stacks, 128, True)), full)
   for row in (0, 137, 299):
     np.testing.assert_array_equal(
         _bits(run(x[row:row + 1], ids[row:row + 1], stacks, 64)),

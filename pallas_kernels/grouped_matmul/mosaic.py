@@ -72,10 +72,11 @@ def _swizzled(minor: int, dtype=jnp.bfloat16):
 
 
 def _kernel(te_gmem, x_gmem, *refs, tm, bn, bk, steps, depth, swiglu,
-            quantized, interpret):
+            quantized, overlap, interpret):
   """One [tm, bn] output tile (module docstring). 8-bit: refs hold each
   stack's (kernel_q [X, O, I], scale [X, O]), and the scratch its
-  converted bf16 tile [bn, bk], its scale slice [bn] and a barrier."""
+  converted bf16 tile [bn, bk] (two with overlap), its scale slice [bn]
+  and a barrier."""
   n = 1 + swiglu
   per = 2 if quantized else 1
   stacks = [refs[w * per:(w + 1) * per] for w in range(n)]
@@ -93,7 +94,7 @@ def _kernel(te_gmem, x_gmem, *refs, tm, bn, bk, steps, depth, swiglu,
   def with_accumulators(*accs):
     @pl.when(ex >= 0)
     def _stream():
-      def step(_, x_smem, *w_smems):
+      def step(idx, x_smem, *w_smems):
         for w, (acc, w_smem) in enumerate(zip(accs, w_smems)):
           if not quantized:
             plgpu.wgmma(acc, x_smem, w_smem)
@@ -104,19 +105,23 @@ def _kernel(te_gmem, x_gmem, *refs, tm, bn, bk, steps, depth, swiglu,
           q = q.astype(jnp.bfloat16)  # exact
           # Interpret mode runs no transposed operand: it transposes the
           # values (its tile is [bk, bn]), the GPU the wgmma's view.
-          wb_smems[w][...] = q.T if interpret else q
+          wb = wb_smems[w].at[lax.rem(idx[0], 2)] if overlap else wb_smems[w]
+          wb[...] = q.T if interpret else q
           plgpu.commit_smem()
-          plgpu.wgmma(acc, x_smem, wb_smems[w] if interpret
-                      else wb_smems[w].transpose((1, 0)))
-        plgpu.wgmma_wait(0)  # the slots and converted tiles are reused
+          plgpu.wgmma(acc, x_smem, wb if interpret else wb.transpose((1, 0)))
+        # The slots (and converted tiles) are reused: this step's products
+        # may run on (overlap) while the pipeline holds its slots a step
+        # longer, the previous step's must be done.
+        plgpu.wgmma_wait(n if overlap else 0)
 
+      hold = dict(delay_release=1) if overlap else {}
       x_spec = plgpu.BlockSpec((tm, bk), lambda k: (i, k),
-                               transforms=_swizzled(bk))
+                               transforms=_swizzled(bk), **hold)
       if quantized:
-        w_spec = plgpu.BlockSpec((bn, bk), lambda k: (j, k),
+        w_spec = plgpu.BlockSpec((bn, bk), lambda k: (j, k), **hold,
                                  transforms=_swizzled(bk, stacks[0][0].dtype))
       else:
-        w_spec = plgpu.BlockSpec((bk, bn), lambda k: (k, j),
+        w_spec = plgpu.BlockSpec((bk, bn), lambda k: (k, j), **hold,
                                  transforms=_swizzled(bn))
       plgpu.emit_pipeline(
           step, grid=(steps,), in_specs=[x_spec] + [w_spec] * n,
@@ -139,12 +144,13 @@ def _kernel(te_gmem, x_gmem, *refs, tm, bn, bk, steps, depth, swiglu,
   plgpu.wait_smem_to_gmem(0)
 
 
-def _depth(tm, bn, bk, n_weights, quantized):
+def _depth(tm, bn, bk, n_weights, quantized, overlap):
   """Pipeline stages that fit the shared-memory budget beside the output
   tile and the converted 8-bit tiles (2 at least, else
   NotImplementedError; 4 at most)."""
   stage = tm * bk * 2 + n_weights * bk * bn * (1 if quantized else 2)
-  fixed = tm * bn * 2 + (n_weights * bn * (bk * 2 + 4) if quantized else 0)
+  fixed = tm * bn * 2 + (n_weights * bn * (bk * 2 * (1 + overlap) + 4)
+                         if quantized else 0)
   stages = (se.SHARED_MEMORY_BUDGET - fixed) // stage
   if stages < 2:
     raise NotImplementedError(f"tile {tm}x{bn} leaves under 2 pipeline "
@@ -204,14 +210,16 @@ def check(x_PxI, weight, up=None, *, tile_m: int, block_n=None,
 
 
 @functools.partial(jax.jit, static_argnames=(
-    "tile_m", "block_n", "block_k", "interpret"))
+    "tile_m", "block_n", "block_k", "overlap", "interpret"))
 def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
                    block_n: int | None = None, block_k: int = BLOCK_K,
-                   interpret: bool = False):
+                   overlap: bool = False, interpret: bool = False):
   """Same contract as reference.grouped_matmul for bf16 rows, bf16 or
   8-bit (per-channel) stacks; NotImplementedError for the rest (check),
   for P not a multiple of tile_m and for arrays of 2^31 elements or
-  more."""
+  more. overlap: a step's wgmmas run on into the next step (its slots
+  released a step later), not waited for at the step's end; the same
+  products in the same order."""
   p, i = x_PxI.shape
   bn, bk = check(x_PxI, weight, up, tile_m=tile_m, block_n=block_n,
                  block_k=block_k)
@@ -229,14 +237,15 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
     args += [w[0], w[1][..., 0].astype(jnp.float32)] if quantized else [w[0]]
   if quantized:
     wb = (bk, bn) if interpret else (bn, bk)  # (_kernel)
-    scratch += [plgpu.SMEM(wb, jnp.bfloat16,
+    scratch += [plgpu.SMEM((2,) * overlap + wb, jnp.bfloat16,
                            transforms=_swizzled(wb[1]))] * n
     scratch += [plgpu.SMEM((bn,), jnp.float32)] * n
     scratch += [plgpu.Barrier(num_arrivals=n, num_barriers=1)]
   kern = functools.partial(
       _kernel, tm=tile_m, bn=bn, bk=bk, steps=i // bk,
-      depth=_depth(tile_m, bn, bk, n, quantized), swiglu=up is not None,
-      quantized=quantized, interpret=interpret)
+      depth=_depth(tile_m, bn, bk, n, quantized, overlap),
+      swiglu=up is not None, quantized=quantized, overlap=overlap,
+      interpret=interpret)
   return plgpu.kernel(
       kern, out_type=jax.ShapeDtypeStruct((p, o), x_PxI.dtype),
       grid=(o // bn, p // tile_m), grid_names=("n", "m"),
