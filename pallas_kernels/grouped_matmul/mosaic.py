@@ -216,8 +216,8 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
                    overlap: bool = False, interpret: bool = False):
   """Same contract as reference.grouped_matmul for bf16 rows, bf16 or
   8-bit (per-channel) stacks; NotImplementedError for the rest (check),
-  for P not a multiple of tile_m and for arrays of 2^31 elements or
-  more. overlap: a step's wgmmas run on into the next step (its slots
+  for P not a multiple of tile_m, arrays of 2^31 elements or more and
+  more than 65535 row tiles. overlap: a step's wgmmas run on into the next step (its slots
   released a step later), not waited for at the step's end; the same
   products in the same order."""
   p, i = x_PxI.shape
@@ -230,6 +230,8 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
   stacks = [weight] + ([up] if up is not None else [])
   if max(p * o, p * i, *(w[0].size for w in stacks)) >= 2 ** 31:
     raise NotImplementedError("arrays of 2^31 elements or more")
+  if p // tile_m >= 2 ** 16:  # the grid's second dimension
+    raise NotImplementedError(f"{p // tile_m} row tiles: 65535 at most")
   quantized, n = len(weight) == 2, len(stacks)
   args, scratch = [], [plgpu.SMEM((tile_m, bn), x_PxI.dtype,
                                   transforms=_swizzled(bn))]
