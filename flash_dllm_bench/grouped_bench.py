@@ -66,8 +66,9 @@ def gemm_ms(x, ids, weights, impl, tile_m, reps, **options) -> float:
 
 
 def rows(moe, d_model: int, tokens: int, fmt: str, bw: float, mm: float,
-         reps: int, triton_tiling, interpret: bool) -> list[dict]:
-  """One row per VARIANTS entry (an exception becomes the row's error)."""
+         reps: int, triton_tiling, interpret: bool,
+         variants=VARIANTS) -> list[dict]:
+  """One row per variant (an exception becomes the row's error)."""
   x, ids = routed(tokens, d_model, moe.n_experts, moe.top_k)
   weights = stacks(moe.n_experts, d_model, moe.hidden, fmt)
   touched = min(1.0, tokens * moe.top_k / moe.n_experts)
@@ -75,7 +76,7 @@ def rows(moe, d_model: int, tokens: int, fmt: str, bw: float, mm: float,
   flops = 2 * tokens * moe.top_k * 3 * d_model * moe.hidden
   floor_ms = max(nbytes / bw, flops / mm) * 1e3
   out = []
-  for name, impl, options in VARIANTS:
+  for name, impl, options in variants:
     if impl == "pallas":
       tile_m, options = triton_tiling.tile_m, triton_tiling.kernel_args()
     else:

@@ -197,10 +197,11 @@ def main(argv=None):
             for path, impl in LAYER_PATHS if path == "grouped"
             for t in args.tilings]
     runs += [(path, impl) for path, impl in LAYER_PATHS if path != "grouped"]
-    for fmt in args.gemm:
+    for fmt in args.gemm:  # --smoke: without the overlap (interpreted)
       rows += [dict(r, batch=b) for r in grouped_bench.rows(
           m, cfg.d_model, tokens, fmt, bw, mm, args.reps + 1,
-          args.tilings[0], interpret=not on_gpu())]
+          args.tilings[0], interpret=not on_gpu(),
+          variants=grouped_bench.VARIANTS[:2 if args.smoke else None])]
     for name, impl in runs:
       if name.split()[0] not in args.layer_paths:
         continue

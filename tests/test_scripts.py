@@ -78,13 +78,12 @@ def test_bench_moe_smoke_times_both_expert_paths_and_the_step(tmp_path,
   rows = json.loads(out.read_text())["rows"]
   assert [r["kind"] for r in rows] == [
       "grouped gemm triton bf16", "grouped gemm mosaic bf16",
-      "grouped gemm mosaic overlap bf16",
       "moe layer grouped m16 n16 k16 w4 s3",
       "moe layer grouped m32 n32 k32 w2 s1", "moe layer dense",
       "llada2 step", "llada2.1 step"]
   assert "llada2.1 / llada2 ms per step, batch 2: " in stdout
   assert rows[1]["triton_over_this"] == rows[0]["ms"] / rows[1]["ms"]
-  assert ("grouped gemm mosaic overlap bf16: Triton ms / its ms, batch 2, "
+  assert ("grouped gemm mosaic bf16: Triton ms / its ms, batch 2, "
           "62 tokens, tile_m 64: ") in stdout
   for r in rows:
     assert "error" not in r, r
