@@ -6,16 +6,17 @@ At an MoE config's expert shapes and a token count, random top-k routing
 SwiGLU and down, by each of VARIANTS: the Triton kernel at a given tiling
 and Mosaic GPU's at its own row tile (mosaic.rows_per_tile), with and
 without the wgmma overlap. bf16 or 8-bit (int8, e4m3, per-channel scales)
-stacks. Each row: median ms, the floor (the stacks the pairs touch read at
-the copy rate, or their FLOPs at the bf16 matmul rate, the larger; both
-rates measured in the caller's run) and the first variant's ms over this
-one's.
+stacks. Each row: median ms, the floor (the stacks of the experts the
+pairs route to, read at the copy rate, or the pairs' FLOPs at the bf16
+matmul rate, the larger; both rates measured in the caller's run) and the
+first variant's ms over this one's.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from flash_dllm_bench import timing
 from pallas_kernels.grouped_matmul import api, layout, mosaic
@@ -71,7 +72,7 @@ def rows(moe, d_model: int, tokens: int, fmt: str, bw: float, mm: float,
   """One row per variant (an exception becomes the row's error)."""
   x, ids = routed(tokens, d_model, moe.n_experts, moe.top_k)
   weights = stacks(moe.n_experts, d_model, moe.hidden, fmt)
-  touched = min(1.0, tokens * moe.top_k / moe.n_experts)
+  touched = np.unique(np.asarray(ids)).size / moe.n_experts
   nbytes = touched * sum(a.nbytes for w in weights for a in w)
   flops = 2 * tokens * moe.top_k * 3 * d_model * moe.hidden
   floor_ms = max(nbytes / bw, flops / mm) * 1e3

@@ -19,7 +19,11 @@ interpret mode elsewhere; the first Triton tiling's ms over its ms, same
 batch and tokens, printed after the table) and by the dense every-expert
 path (implementation 'reference'), against the same floor; at the whole
 window's tokens, and with `--layer-tokens block` at a block-cache step's
-(batch * block, its floor reading only the experts it can touch).
+(batch * block; its floor reads min(1, tokens * K / X) of the routed
+experts, which random routing may leave some of unread: a floor to read
+with care at batch 1). `--gemm FMT..` times the routed experts' grouped
+GEMMs alone (flash_dllm_bench/grouped_bench.py: the experts their routing
+touches, counted exactly).
 
   python scripts/bench_moe.py --batch 1 32 --gen 512 --prompt 768
   python scripts/bench_moe.py --batch 1 32 --window  # no block cache
