@@ -217,9 +217,9 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
   """Same contract as reference.grouped_matmul for bf16 rows, bf16 or
   8-bit (per-channel) stacks; NotImplementedError for the rest (check),
   for P not a multiple of tile_m, arrays of 2^31 elements or more and
-  more than 65535 row tiles. overlap: a step's wgmmas run on into the next step (its slots
-  released a step later), not waited for at the step's end; the same
-  products in the same order."""
+  more than 65535 row tiles. overlap: a step's wgmmas run on into the
+  next step (its slots released a step later), not waited for at the
+  step's end; the same products in the same order."""
   p, i = x_PxI.shape
   bn, bk = check(x_PxI, weight, up, tile_m=tile_m, block_n=block_n,
                  block_k=block_k)
