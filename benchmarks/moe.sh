@@ -10,7 +10,11 @@
 #   bash benchmarks/moe.sh OUT_DIR steps   # llada2 whole-window steps (+ the layer)
 #   bash benchmarks/moe.sh OUT_DIR cached  # llada2 block-cache steps
 #   bash benchmarks/moe.sh OUT_DIR dense   # the LLaDA-8B reference
-#   bash benchmarks/moe.sh OUT_DIR         # all five
+#   bash benchmarks/moe.sh OUT_DIR mosaic  # Mosaic GPU's grouped kernel:
+#       its GPU tests, then one MoE layer by it beside Triton and the
+#       grouped GEMMs alone (bf16 and int8 stacks; window and block-cache
+#       token counts, batch 1 and 32)
+#   bash benchmarks/moe.sh OUT_DIR         # all six
 source "$(dirname "$0")/common.sh"
 PART=${2:-all}
 part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
@@ -42,4 +46,14 @@ if part dense; then
       --gen 512 --prompt 768 --per-step 16 --reps 1 --json "$OUT/dense.json" \
       > "$OUT/dense.log" 2>&1
   grep -h "^|\|^{\|device" "$OUT/dense.log"
+fi
+if part mosaic; then
+  JAX_PLATFORMS=cuda timeout 240 python -m pytest -q -m gpu \
+      -p no:cacheprovider tests/test_kernel_grouped_matmul_mosaic.py \
+      > "$OUT/mosaic-tests.log" 2>&1; tail -n 3 "$OUT/mosaic-tests.log"
+  timeout 330 python scripts/bench_moe.py --batch 1 32 --layer-only \
+      --layer-paths grouped mosaic --layer-tokens window block \
+      --gemm bf16 int8 --json "$OUT/moe-mosaic.json" \
+      > "$OUT/moe-mosaic.log" 2>&1
+  grep -h "^|\|device\|Triton" "$OUT/moe-mosaic.log"
 fi

@@ -45,11 +45,13 @@ def add_variant_args(ap: argparse.ArgumentParser) -> None:
                   "weights made once), each the options above changed by "
                   "SPEC: 'default', or comma-joined split=N|auto, "
                   "qmatmul=, cache= (the RoPE + cache write), attention= "
-                  "(the cached attention) each triton|mosaic, "
+                  "(the cached attention), experts= (the grouped expert "
+                  "GEMM) each triton|mosaic, "
                   "stream-max-q=N")
 
 
-_VARIANT_KEYS = ("split", "qmatmul", "cache", "attention", "stream-max-q")
+_VARIANT_KEYS = ("split", "qmatmul", "cache", "attention", "experts",
+                 "stream-max-q")
 
 
 def variants(ap: argparse.ArgumentParser, args: argparse.Namespace, base):
@@ -77,6 +79,8 @@ def variants(ap: argparse.ArgumentParser, args: argparse.Namespace, base):
           kernels = dataclasses.replace(kernels, cache_update=value)
         elif key == "attention":
           kernels = dataclasses.replace(kernels, attention_backend=value)
+        elif key == "experts":
+          kernels = dataclasses.replace(kernels, experts_backend=value)
         else:
           kernels = dataclasses.replace(kernels, stream_max_q=int(value))
       except (ValueError, argparse.ArgumentTypeError) as e:

@@ -13,12 +13,25 @@ of tokens routes to every expert) at the copy rate, and the step's FLOPs
 (K experts a token) at the measured bf16 matmul rate. Plus one MoE layer
 alone (router, routed experts, shared expert) at the step's token counts,
 its routed experts by the grouped kernel at each --tilings (the GPU's
-default path; Pallas interpret mode elsewhere) and by the dense
-every-expert path (implementation 'reference'), against the same floor.
+default path, Triton; Pallas interpret mode elsewhere), by Mosaic GPU's
+grouped kernel (`--layer-paths mosaic`, row tiles of its own choosing; its
+interpret mode elsewhere; the first Triton tiling's ms over its ms, same
+batch and tokens, printed after the table) and by the dense every-expert
+path (implementation 'reference'), against the same floor; at the whole
+window's tokens, and with `--layer-tokens block` at a block-cache step's
+(batch * block; its floor reads min(1, tokens * K / X) of the routed
+experts, which random routing may leave some of unread: a floor to read
+with care at batch 1). `--gemm FMT..` times the routed experts' grouped
+GEMMs alone (flash_dllm_bench/grouped_bench.py: the experts their routing
+touches, counted exactly).
 
   python scripts/bench_moe.py --batch 1 32 --gen 512 --prompt 768
   python scripts/bench_moe.py --batch 1 32 --window  # no block cache
   python scripts/bench_moe.py --smoke          # tiny model, any backend
+  python scripts/bench_moe.py --layer-only --layer-paths grouped mosaic \
+      --layer-tokens window block             # Triton beside Mosaic GPU
+  python scripts/bench_moe.py --layer-only --layer-paths --gemm bf16 int8
+      # the grouped GEMMs alone, Triton beside Mosaic GPU
 
 With --window the step's floor counts the whole window's queries and every
 expert; a block-cache step's floor counts one block's queries and at most
@@ -29,6 +42,7 @@ blocks, so the floor is a lower bound).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -38,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from flash_dllm_bench import timing  # noqa: E402
+from flash_dllm_bench import grouped_bench, timing  # noqa: E402
 from flash_dllm_jax import ops, quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import moe  # noqa: E402
@@ -46,9 +60,11 @@ from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 from pallas_kernels.common import on_gpu  # noqa: E402
 
 # The MoE layer's routed experts: (name, implementation); grouped is the
-# kernel (compiled on a GPU, interpreted elsewhere), dense every expert on
-# every row.
-LAYER_PATHS = (("grouped", None if on_gpu() else "pallas_interpret"),
+# Triton kernel and mosaic Mosaic GPU's (compiled on a GPU, interpreted
+# elsewhere), dense every expert on every row.
+KERNEL = None if on_gpu() else "pallas_interpret"
+LAYER_PATHS = (("grouped", KERNEL),
+               ("mosaic", ops.Kernels(KERNEL, experts_backend="mosaic")),
                ("dense", "reference"))
 
 
@@ -124,6 +140,20 @@ def main(argv=None):
                   choices=[n for n, _ in LAYER_PATHS],
                   help="the MoE layer's routed-expert paths to time (none: "
                   "the decode steps only)")
+  ap.add_argument("--experts-backend", choices=ops.choice.GPU_BACKENDS,
+                  default="triton", help="the decode steps' grouped expert "
+                  "kernel (default: %(default)s)")
+  ap.add_argument("--gemm", nargs="*", default=[],
+                  choices=list(grouped_bench.FORMATS),
+                  help="also the routed experts' grouped GEMMs alone in these "
+                  "stack formats, Triton beside Mosaic GPU "
+                  "(flash_dllm_bench/grouped_bench.py), at the layer's "
+                  "token counts")
+  ap.add_argument("--layer-tokens", nargs="+", default=["window"],
+                  choices=["window", "block"],
+                  help="the MoE layer's token counts: the whole window's "
+                  "(batch * (prompt + gen + block - 1)) and/or a block-cache "
+                  "step's (batch * block)")
   ap.add_argument("--tilings", nargs="+", type=parse_tiling,
                   default=[ops.ExpertTiling()], metavar="M,N,K[,W,S]",
                   help="grouped-kernel tilings the layer is timed with "
@@ -132,6 +162,8 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.smoke:
     cfg = ModelConfig.tiny("llada2", dtype="bfloat16")
+    # expert width 64: Mosaic GPU's kernel takes multiples of 64
+    cfg = cfg.replace(moe=dataclasses.replace(cfg.moe, hidden=64))
     args.batch, args.gen, args.prompt, args.reps = [2], 16, 8, 1
     args.block, args.per_step = 8, 4
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
@@ -154,15 +186,26 @@ def main(argv=None):
   m = cfg.moe
   routed_bytes = (cfg.n_layers - m.first_dense_layers) * quantize.weight_bytes(
       {k: v for k, v in moe_params.items() if k.startswith("experts_")})
-  for b in args.batch:
-    tokens = b * (args.prompt + args.gen + args.block - 1)
+  expert_stacks = quantize.weight_bytes(
+      {k: v for k, v in moe_params.items() if k.startswith("experts_")})
+  for b, which in [(b, q) for b in args.batch for q in args.layer_tokens]:
+    tokens = b * (args.block if which == "block" else
+                  args.prompt + args.gen + args.block - 1)
     flops = 2 * tokens * cfg.d_model * (
         m.n_experts + 3 * m.hidden * (m.top_k + m.n_shared))
-    floor_ms = max(layer_bytes / bw, flops / mm) * 1e3
+    # the routed experts it can touch: all of them from X / K tokens on
+    touched = min(1.0, tokens * m.top_k / m.n_experts)
+    read = layer_bytes - (1 - touched) * expert_stacks
+    floor_ms = max(read / bw, flops / mm) * 1e3
     runs = [(f"grouped {tiling_name(t)}", ops.Kernels(impl, experts=t))
             for path, impl in LAYER_PATHS if path == "grouped"
             for t in args.tilings]
     runs += [(path, impl) for path, impl in LAYER_PATHS if path != "grouped"]
+    for fmt in args.gemm:  # --smoke: without the overlap (interpreted)
+      rows += [dict(r, batch=b) for r in grouped_bench.rows(
+          m, cfg.d_model, tokens, fmt, bw, mm, args.reps + 1,
+          args.tilings[0], interpret=not on_gpu(),
+          variants=grouped_bench.VARIANTS[:2 if args.smoke else None])]
     for name, impl in runs:
       if name.split()[0] not in args.layer_paths:
         continue
@@ -170,12 +213,21 @@ def main(argv=None):
       try:
         ms = moe_layer_ms(cfg, moe_params, tokens, args.reps + 1, impl)
         rows.append(dict(kind=kind, batch=b, tokens=tokens, ms=ms,
-                         floor_ms=floor_ms, gbps=layer_bytes / ms / 1e6,
-                         tflops=flops / ms / 1e9))
+                         floor_ms=floor_ms, gbps=read / ms / 1e6,
+                         tflops=flops / ms / 1e9,
+                         peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
       except Exception as e:  # noqa: BLE001 (a failed shape still reports)
         rows.append(dict(kind=kind, batch=b, tokens=tokens,
                          error=f"{type(e).__name__}: {str(e)[:300]}"))
       print(rows[-1], flush=True)
+  triton_ms = {}  # (batch, tokens) -> the first Triton tiling's ms
+  for r in rows:
+    if r["kind"].startswith("moe layer grouped") and "ms" in r:
+      triton_ms.setdefault((r["batch"], r["tokens"]), r["ms"])
+  for r in rows:
+    base_ms = triton_ms.get((r["batch"], r["tokens"]))
+    if r["kind"] == "moe layer mosaic" and "ms" in r and base_ms:
+      r["triton_over_mosaic"] = base_ms / r["ms"]
   decodes = [(name, b) for name in args.strategies for b in args.batch]
   for name, b in [] if args.layer_only else decodes:
     sampler, passes = step_sampler(name, args)
@@ -183,7 +235,8 @@ def main(argv=None):
       s_step, compile_s, steps, forwards = timing.time_decode(
           cfg, params, sampler, b, args.prompt,
           args.reps if name != "llada2-flash" else 1,
-          implementation=ops.Kernels(experts=args.tilings[0]))
+          implementation=ops.Kernels(experts=args.tilings[0],
+                                     experts_backend=args.experts_backend))
       n = args.prompt + args.gen + args.block - 1
       # A cached step runs at least one block's queries, which touch at
       # most b * block * top_k of each layer's experts.
@@ -201,6 +254,7 @@ def main(argv=None):
                        error=f"{type(e).__name__}: {str(e)[:300]}"))
     print(rows[-1], flush=True)
   if args.json:
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(dict(copy_Bps=bw, matmul_flops=mm,
                                          weight_bytes=wbytes,
                                          expert_bytes=expert_bytes,
@@ -215,9 +269,21 @@ def main(argv=None):
       continue
     tok_s = f"{r['tok_s']:.0f}" if "tok_s" in r else "–"
     peak = f"{r['peak_gb']:.2f}" if "peak_gb" in r else "–"
-    print(f"| {r['kind']} | {r['batch']} | {args.prompt} | {r['ms']:.2f} | "
+    what = r["kind"] + (f" ({r['tokens']} tokens)" if "tokens" in r else "")
+    print(f"| {what} | {r['batch']} | {args.prompt} | {r['ms']:.2f} | "
           f"{r['floor_ms']:.2f} | {r['floor_ms'] / r['ms']:.0%} | {tok_s} | "
           f"{peak} |")
+  for r in rows:
+    if "triton_over_this" in r:
+      print(f"{r['kind']}: Triton ms / its ms, batch {r['batch']}, "
+            f"{r['tokens']} tokens, tile_m {r['tile_m']}: "
+            f"{r['triton_over_this']:.3f} (floor / its ms "
+            f"{r['floor_ms'] / r['ms']:.0%})")
+    if "triton_over_mosaic" in r:
+      print(f"moe layer Triton ({tiling_name(args.tilings[0])}) ms / Mosaic "
+            f"GPU ms, batch {r['batch']}, {r['tokens']} tokens: "
+            f"{r['triton_over_mosaic']:.3f} (floor / Mosaic "
+            f"{r['floor_ms'] / r['ms']:.0%})")
   base = {r["batch"]: r["ms"] for r in rows
           if r["kind"] == "llada2 step" and "ms" in r}
   for r in rows:

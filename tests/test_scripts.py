@@ -66,20 +66,25 @@ def test_bench_strategies_steady_step_is_measured(tmp_path):
 
 def test_bench_moe_smoke_times_both_expert_paths_and_the_step(tmp_path,
                                                               capsys):
-  """The MoE layer by the grouped kernel (interpret mode here) at two
-  tilings and by the dense path, and strategy-llada2 and llada2.1 steps,
-  each with its floor, their ratio printed."""
+  """The routed experts' grouped GEMMs alone by Triton's and Mosaic GPU's
+  kernels (their interpret modes here), the MoE layer by the Triton kernel
+  at two tilings and by the dense path, and strategy-llada2 and llada2.1
+  steps, each with its floor, their ratios printed."""
   out = tmp_path / "moe.json"
   script("bench_moe").main(["--smoke", "--json", str(out), "--tilings",
                             "16,16,16", "32,32,32,2,1", "--strategies",
-                            "llada2", "llada2.1"])
+                            "llada2", "llada2.1", "--gemm", "bf16"])
   stdout = capsys.readouterr().out
   rows = json.loads(out.read_text())["rows"]
   assert [r["kind"] for r in rows] == [
+      "grouped gemm triton bf16", "grouped gemm mosaic bf16",
       "moe layer grouped m16 n16 k16 w4 s3",
-      "moe layer grouped m32 n32 k32 w2 s1", "moe layer dense", "llada2 step",
-      "llada2.1 step"]
+      "moe layer grouped m32 n32 k32 w2 s1", "moe layer dense",
+      "llada2 step", "llada2.1 step"]
   assert "llada2.1 / llada2 ms per step, batch 2: " in stdout
+  assert rows[1]["triton_over_this"] == rows[0]["ms"] / rows[1]["ms"]
+  assert ("grouped gemm mosaic bf16: Triton ms / its ms, batch 2, "
+          "62 tokens, tile_m 64: ") in stdout
   for r in rows:
     assert "error" not in r, r
     assert r["ms"] > 0 and r["floor_ms"] > 0

@@ -25,8 +25,10 @@ class Kernels:
   benchmarks sweep them; static, so part of the jit key), and the backend
   that streams them on a GPU (`qmatmul`: "triton", the default, or
   "mosaic", Mosaic GPU's kernel, which no measurement chooses yet);
-  likewise `cache_update`, the backend of the fused RoPE + cache write, and
-  `attention_backend`, the cached attention's."""
+  likewise `cache_update`, the backend of the fused RoPE + cache write,
+  `attention_backend`, the cached attention's, and `experts_backend`, the
+  grouped expert GEMM's (Mosaic GPU's picks its own row tiles; `experts`
+  then tiles only what falls through to Triton)."""
 
   name: str | None = None
   attention: attention_api.Tiling = dataclasses.field(
@@ -36,11 +38,13 @@ class Kernels:
   qmatmul: str = "triton"
   cache_update: str = "triton"
   attention_backend: str = "triton"
+  experts_backend: str = "triton"
 
   def __post_init__(self):
     if self.stream_max_q is not None and self.stream_max_q < 0:
       raise ValueError(f"stream_max_q must be >= 0, got {self.stream_max_q}")
-    for name in ("qmatmul", "cache_update", "attention_backend"):
+    for name in ("qmatmul", "cache_update", "attention_backend",
+                 "experts_backend"):
       if getattr(self, name) not in GPU_BACKENDS:
         raise ValueError(f"{name} must be one of {GPU_BACKENDS}, got "
                          f"{getattr(self, name)!r}")

@@ -10,7 +10,8 @@ mesh. It costs every expert's FLOPs on every row.
 
 Grouped (GPU 'pallas', or 'pallas_interpret'): pairs sorted by expert into
 fixed tiles (pallas_kernels/grouped_matmul), K experts' FLOPs a row; its
-rows are invariant too (kernel.py). What the kernel does not take (widths
+rows are invariant too (kernel.py, and mosaic.py, Mosaic GPU's, under
+Kernels(experts_backend="mosaic")). What the kernel does not take (widths
 without a power-of-two tile, unusual scale groups) runs dense, and so does
 a `Kernels` choice without expert tiling (training: the dense path is
 differentiable).
@@ -21,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from flash_dllm_jax.ops.choice import expert_tiling, kernel_name
+from flash_dllm_jax.ops.choice import backend_name, expert_tiling
 from pallas_kernels.grouped_matmul import api as grouped_api
 from pallas_kernels.grouped_matmul.reference import dense_weight
 
@@ -36,7 +37,8 @@ def routed_experts(x_TxE: jax.Array, ids_TxK: jax.Array, first, stacks, *,
   `stacks` (gate, up, down: ExpertStack arrays, X' experts) hold, experts
   first .. first + X' - 1; with others (pairs may have other experts) the
   other pairs are -0.0."""
-  impl, tiling = kernel_name(implementation), expert_tiling(implementation)
+  impl = backend_name(implementation, "experts_backend")
+  tiling = expert_tiling(implementation)
   if impl != "reference" and tiling is not None:
     try:
       return grouped_api.expert_mlp(
