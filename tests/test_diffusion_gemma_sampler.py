@@ -105,13 +105,13 @@ def test_the_cache_is_written_once_and_reused(tiny, monkeypatch):
   forwards are its steps + 1 prefill + 1 append per later canvas; an end
   token ends the answer with PAD after it."""
   widths = []
-  real = S.dg.forward_rows
+  real = S.FORWARDS["fast"]
 
-  def recording(params, config, tokens, *args, **kwargs):
+  def recording(model, params, config, tokens, *args, **kwargs):
     widths.append(tokens.shape[1])
-    return real(params, config, tokens, *args, **kwargs)
+    return real(model, params, config, tokens, *args, **kwargs)
 
-  monkeypatch.setattr(S.dg, "forward_rows", recording)
+  monkeypatch.setitem(S.FORWARDS, "fast", recording)
   settings = dict(canvas_length=4, max_denoising_steps=3, early_stop="none",
                   max_out_length=14, stop_tokens=(99,))
   prompt = DATA["cases"][0]["prompt"]
