@@ -143,3 +143,16 @@ def test_bad_options_get_one_clear_error():
   assert s.stop_tokens == (20, 21) and s.tail_length == 0
   with pytest.raises(ValueError, match="decodes diffusion_gemma"):
     strategies.build_sampler("diffusion-gemma", "llada", {})
+
+
+def test_the_row_by_row_reference_forward_stays_selectable(tiny, chained):
+  """forward="rows" (the plain reference, one row at a time) decodes the
+  same official tokens as the default fast forward on the decisive
+  setting."""
+  rows, fast = chained
+  out = _decode(tiny, [c["prompt"] for c in rows], [c["seed"] for c in rows],
+                {**rows[0]["settings"], "forward": "rows"})
+  assert out.tokens_BxG.tolist() == [c["tokens"] for c in rows]
+  assert out.tokens_BxG.tolist() == fast.tokens_BxG.tolist()
+  with pytest.raises(ValueError, match="forward"):
+    S.DiffusionGemmaSampler(forward="dense")

@@ -1,0 +1,113 @@
+"""DiffusionGemma's fast forward (architectures/diffusion_gemma/fast.py)
+against the plain reference forward and Google's logits, on the tiny
+official checkpoint (window 4 < canvas 6: the local layers read a window,
+the global ones the prefix): the CPU's path (every expert on every row)
+and the grouped expert GEMM the GPU runs (here in Pallas's interpreter);
+bitwise row invariance; 8-bit experts through the grouped GEMM."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flash_dllm_jax import checkpoint
+from flash_dllm_jax.architectures.diffusion_gemma import fast as F
+from flash_dllm_jax.architectures.diffusion_gemma import model as M
+from flash_dllm_jax.compilation import compiler_options
+from tests.paths import ROOT
+
+REF = ROOT / "tests" / "reference" / "diffusion_gemma"
+OFFICIAL_TOL = 1e-3  # as the reference forward (test_diffusion_gemma_model)
+TOL = 1e-4  # fast vs reference, float32: other key windows, other sums
+# One compiled program per shape, shared by the tests, with the decode
+# loop's batch-invariant XLA options (compilation.py).
+FAST = jax.jit(F.forward, static_argnums=(1,),
+               static_argnames=("logits", "implementation"),
+               compiler_options=compiler_options())
+REFERENCE = jax.jit(M.forward, static_argnums=(1,),
+                    static_argnames=("logits",),
+                    compiler_options=compiler_options())
+GROUPED = "pallas_interpret"  # the GPU's grouped expert GEMM, interpreted
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  params, config, _ = checkpoint.load(REF / "tiny", dtype="float32")
+  return params, config, dict(np.load(REF / "forward.npz"))
+
+
+def test_fast_forward_matches_the_reference_and_the_official_model(tiny):
+  """Prefill, two self-conditioned denoising steps, the append, a second
+  canvas (the CPU's path): logits within 1e-3 of Google's, within 1e-4 of
+  the reference forward, and the same cache as the reference writes."""
+  params, config, ref = tiny
+  assert config.sliding_window < ref["step0_tokens"].shape[1]
+  length = ref["step0_mask"].shape[-1]
+  cache_f = cache_r = M.empty_cache(config, 2, length)
+  for tag, sc in (("prefill", None), ("step0", "step0_sc"),
+                  ("step1", "step1_sc"), ("append", None),
+                  ("step2", "step2_sc")):
+    slots = jnp.asarray(ref[f"{tag}_positions"])
+    last = M.causal(slots) if sc is None else M.canvas(slots)
+    args = (jnp.asarray(ref[f"{tag}_tokens"]), slots)
+    s = None if sc is None else jnp.asarray(ref[sc])
+    got, new_f = FAST(params, config, *args, cache_f, last, s)
+    want, new_r = REFERENCE(params, config, *args, cache_r, last, s)
+    np.testing.assert_allclose(got, ref[f"{tag}_logits"], atol=OFFICIAL_TOL,
+                               rtol=0)
+    np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+    if sc is None:  # a causal pass keeps its K/V; a canvas step's is scratch
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(
+          a, b, atol=TOL, rtol=0), new_f, new_r)
+      cache_f, cache_r = new_f, new_r
+
+
+def _canvas_batch(config, rows=3, length=32, c=6):
+  """A canvas step of `rows` rows at different starts over a random cache:
+  (tokens, slots, cache, sc)."""
+  k = jax.random.split(jax.random.key(3), 2 * config.n_layers + 2)
+  cache = tuple(
+      {n: jax.random.normal(k[2 * i + j], c0["k"].shape, jnp.float32)
+       for j, n in enumerate(("k", "v"))}
+      for i, c0 in enumerate(M.empty_cache(config, rows, length)))
+  starts = jnp.asarray([3, 9, 20][:rows])
+  slots = starts[:, None] + jnp.arange(c)
+  tokens = jax.random.randint(k[-2], (rows, c), 0, config.vocab_size)
+  sc = jax.random.normal(k[-1], (rows, c, config.d_model))
+  return tokens, slots, cache, sc
+
+
+def test_a_row_has_its_alone_bits_in_any_batch(tiny):
+  """A canvas row's logits and written K/V are bit for bit those of the
+  row alone, with the cache a batch of one would have (shorter): the
+  CPU's path, and the grouped expert GEMM, which also stays within 1e-4
+  of the reference forward."""
+  params, config, _ = tiny
+  tokens, slots, cache, sc = _canvas_batch(config)
+  want, _ = REFERENCE(params, config, tokens, slots, cache, M.canvas(slots),
+                      sc)
+  one = lambda a: a[:1]
+  alone_cache = jax.tree.map(lambda a: a[:1, :12], cache)
+  for impl in (None, GROUPED):
+    batch, batch_cache = FAST(params, config, tokens, slots, cache,
+                              M.canvas(slots), sc, implementation=impl)
+    np.testing.assert_allclose(batch, want, atol=TOL, rtol=0)
+    alone, new = FAST(params, config, one(tokens), one(slots), alone_cache,
+                      M.canvas(one(slots)), one(sc), implementation=impl)
+    np.testing.assert_array_equal(batch[:1], alone)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(a[:1, :12], b),
+                 batch_cache, new)
+
+
+def test_8bit_experts_through_the_grouped_gemm(tiny):
+  """load(quantize="int8"): the grouped GEMM on the stored 8-bit experts
+  equals the dense reference forward on the same 8-bit tree."""
+  params, config, ref = tiny
+  qparams, qconfig, _ = checkpoint.load(REF / "tiny", dtype="float32",
+                                        quantize="int8")
+  tokens, slots, cache, sc = _canvas_batch(qconfig)
+  got, _ = FAST(qparams, qconfig, tokens, slots, cache, M.canvas(slots), sc,
+                implementation=GROUPED)
+  want, _ = REFERENCE(qparams, qconfig, tokens, slots, cache,
+                      M.canvas(slots), sc)
+  np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
