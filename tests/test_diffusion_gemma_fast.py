@@ -111,3 +111,51 @@ def test_8bit_experts_through_the_grouped_gemm(tiny):
   want, _ = REFERENCE(qparams, qconfig, tokens, slots, cache,
                       M.canvas(slots), sc)
   np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("fmt", [None, "fp8"])
+def test_routed_experts_lower_to_the_grouped_kernel_at_26b_shapes(fmt):
+  """fast.routed_experts with 'pallas' at DiffusionGemma_26B_A4B's expert
+  shapes (128 experts of 704, width 2816; one canvas of 256 tokens, top
+  8), the official bf16 stacks or fp8 ones: the sort and gathers in XLA,
+  gate+up and down as two Triton calls (lowered for CUDA on the CPU)."""
+  import re
+  from flash_dllm_jax.architectures.diffusion_gemma.config import preset
+  config = preset("DiffusionGemma_26B_A4B")
+  x, m, d = config.moe_experts, config.moe_hidden, config.d_model
+  s = jax.ShapeDtypeStruct
+  if fmt is None:
+    stacks = {"gating_einsum": {"w": s((x, 2, m, d), jnp.bfloat16)},
+              "linear": {"w": s((x, m, d), jnp.bfloat16)}}
+  else:
+    q = lambda o, i: {"w": {"kernel_q": s((x, o, i), jnp.float8_e4m3fn),
+                            "scale": s((x, o, 1), jnp.float32)}}
+    stacks = {"gating_einsum": q(2 * m, d), "linear": q(d, m)}
+  stacks["per_expert_scale"] = s((x,), jnp.bfloat16)
+  run = lambda mm, a, ids: F.routed_experts(mm, config, a, ids,
+                                            implementation="pallas")
+  text = jax.jit(run).trace(stacks, s((256, d), jnp.bfloat16),
+                            s((256, config.moe_top_k), jnp.int32)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  calls = re.findall(r"custom_call @([\w$.]+)", text)
+  assert calls == ["__gpu$xla.gpu.triton"] * 2, calls
+
+
+def test_bench_diffusion_gemma_smoke(tmp_path):
+  """scripts/bench_diffusion_gemma.py end to end on the tiny geometry: the
+  fast pass and the row-by-row baseline, each with its floor, their ratio,
+  tokens/s."""
+  import importlib.util
+  import json
+  spec = importlib.util.spec_from_file_location(
+      "bench_diffusion_gemma", ROOT / "scripts" / "bench_diffusion_gemma.py")
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  out = tmp_path / "dg.json"
+  bench.main(["--smoke", "--json", str(out)])
+  rows = json.loads(out.read_text())["rows"]
+  assert [(r["forward"], r["batch"]) for r in rows] == [("fast", 2),
+                                                        ("rows", 2)]
+  for r in rows:
+    assert r["ms_per_pass"] > 0 and 0 < r["floor_ms"] and r["tokens_per_s"] > 0
+  assert rows[0]["speedup_vs_rows"] > 0
