@@ -17,13 +17,13 @@ if part bf16; then
   timeout 540 python scripts/bench_diffusion_gemma.py \
       --json "$OUT/diffusion-gemma-bf16.json" \
       > "$OUT/diffusion-gemma-bf16.log" 2>&1
-  grep -h "^|\|device\|copy rate" "$OUT/diffusion-gemma-bf16.log"
+  grep -h "^|\|device\|ceilings" "$OUT/diffusion-gemma-bf16.log"
 fi
 if part fp8; then
   timeout 540 python scripts/bench_diffusion_gemma.py --quantize fp8 \
       --json "$OUT/diffusion-gemma-fp8.json" \
       > "$OUT/diffusion-gemma-fp8.log" 2>&1
-  grep -h "^|\|device\|copy rate" "$OUT/diffusion-gemma-fp8.log"
+  grep -h "^|\|device\|ceilings" "$OUT/diffusion-gemma-fp8.log"
 fi
 if part tests; then
   timeout 300 python -m pytest -q -p no:cacheprovider \

@@ -9,11 +9,14 @@ loop's XLA options) at each --batch, timed as ms per pass (the median of
 --reps passes, the cache donated and written in place as in the loop).
 Beside it, measured in the same run:
 
-- the floor: the bytes one pass must read (every weight: at T >= 256
+- the floor: the larger of two, at the copy rate and the bf16 matmul
+  rate measured in this run: the bytes one pass must read (every weight: at T >= 256
   tokens each of X experts is idle with probability (1 - k/X)^T < 1e-7,
   so the floor counts the expected experts hit, X (1 - (1 - k/X)^T); the
   tied table read by the head; the K/V slots the canvas can see: C + W - 1
-  per local layer, prompt + C per global one) at the copy rate;
+  per local layer, prompt + C per global one), and its matmul FLOPs (k
+  experts a token; the head over the whole vocabulary: batch 32 is
+  compute-bound);
 - the peak device memory so far (`device.memory_stats()`);
 - tokens/s: batch * canvas / (steps * pass), the --steps fixed denoising
   passes a canvas takes (the causal append of the canvas, one forward per
@@ -131,6 +134,24 @@ def floor_bytes(config, params, b: int, prompt: int, c: int) -> float:
   return nbytes(params) - experts + hit * experts + b * kv
 
 
+def pass_flops(config: GemmaConfig, b: int, prompt: int, c: int) -> float:
+  """Matmul FLOPs of one canvas pass (2 per multiply-add): per token the
+  projections, the dense and the k chosen experts' MLPs, scores and values
+  over the visible keys, the self-conditioning MLP and the head."""
+  d, n = config.d_model, config.n_heads
+  per_token = 2 * 3 * d * config.sc_width + 2 * d * config.vocab_size
+  for kind in config.layer_kinds:
+    h, kv = config.key_size(kind), config.kv_heads(kind)
+    keys = (min(prompt + c, c + config.sliding_window - 1) if kind == LOCAL
+            else prompt + c)
+    proj = d * h * (2 * n + kv * (1 if config.k_eq_v(kind) else 2))
+    mlp = 3 * d * config.mlp_hidden + (
+        config.moe_top_k * 3 * d * config.moe_hidden + d * config.moe_experts
+        if config.moe_experts else 0)
+    per_token += 2 * (proj + mlp + 2 * n * h * keys)
+  return b * c * per_token
+
+
 def memory_estimate(config, params, b: int, length: int, c: int) -> float:
   """Weights, the cache, the float32 logits and the head's bf16 product."""
   cache = sum(slot_bytes(config, kind) for kind in config.layer_kinds)
@@ -164,14 +185,18 @@ def pass_runner(config, params, forward, b: int, prompt: int, c: int):
 FORWARDS = {"fast": fast.forward, "rows": M.forward_rows}
 
 
-def measure(config, params, name, b, prompt, c, steps, reps, copy_Bps):
+def measure(config, params, name, b, prompt, c, steps, reps, rates):
   run, compile_s = pass_runner(config, params, FORWARDS[name], b, prompt, c)
   seconds = timing.time_fn(run, reps=reps, warmup=1)
-  floor_s = floor_bytes(config, params, b, prompt, c) / copy_Bps
+  copy_Bps, matmul_flops = rates
+  read_s = floor_bytes(config, params, b, prompt, c) / copy_Bps
+  compute_s = pass_flops(config, b, prompt, c) / matmul_flops
+  floor_s = max(read_s, compute_s)
   peak = timing.peak_memory_bytes()
   del run
   return dict(forward=name, batch=b, prompt=prompt, canvas=c,
               ms_per_pass=seconds * 1e3, floor_ms=floor_s * 1e3,
+              read_floor_ms=read_s * 1e3, compute_floor_ms=compute_s * 1e3,
               floor_fraction=floor_s / seconds,
               tokens_per_s=b * c / (steps * seconds),
               peak_gb=None if peak is None else peak / 1e9,
@@ -199,9 +224,10 @@ def main(argv=None):
     args.batch, args.prompt, args.canvas = [2], [12], 6
     args.baseline_batch, args.reps = [2], 2
     copy_Bps = timing.copy_bandwidth(0.01, 3)
+    matmul_flops = timing.matmul_rate(256, 3)
   else:
     config = preset(PRESET)
-    copy_Bps = timing.copy_bandwidth()
+    copy_Bps, matmul_flops = timing.copy_bandwidth(), timing.matmul_rate()
   config = config.replace(quantize=args.quantize)
   t0 = time.perf_counter()
   params = bench_params(config, args.quantize)
@@ -213,10 +239,12 @@ def main(argv=None):
         f"{args.quantize or 'bf16'}: {nbytes(params) / 1e9:.2f} GB "
         f"(built in {time.perf_counter() - t0:.0f} s); device memory "
         f"{'?' if limit is None else f'{limit / 1e9:.1f} GB'}")
-  print(f"copy rate measured now: {copy_Bps / 1e9:.1f} GB/s")
-  print("| forward | prompt | batch | ms/pass | floor ms | % of floor | "
-        "tokens/s | peak GB | vs rows |")
-  print("|---|---|---|---|---|---|---|---|---|")
+  print(f"ceilings measured now: copy {copy_Bps / 1e9:.1f} GB/s, bf16 "
+        f"matmul {matmul_flops / 1e12:.1f} TFLOP/s (floor: the larger of "
+        "the pass's bytes and FLOPs at these rates)")
+  print("| forward | prompt | batch | ms/pass | read floor ms | FLOP floor "
+        "ms | % of floor | tokens/s | peak GB | vs rows |")
+  print("|---|---|---|---|---|---|---|---|---|---|")
   rows = []
 
   def save():  # after every row: a run cut short keeps what it measured
@@ -225,7 +253,8 @@ def main(argv=None):
       args.json.write_text(json.dumps(dict(
           device=device.device_kind, jax=jax.__version__,
           weights=args.quantize or "bf16", weight_gb=nbytes(params) / 1e9,
-          copy_GBps=copy_Bps / 1e9, canvas=args.canvas, steps=args.steps,
+          copy_GBps=copy_Bps / 1e9, matmul_TFLOPs=matmul_flops / 1e12,
+          canvas=args.canvas, steps=args.steps,
           rows=rows), indent=1))
 
   for prompt in args.prompt:
@@ -240,17 +269,19 @@ def main(argv=None):
         save()
         continue
       got = [measure(config, params, "fast", b, prompt, args.canvas,
-                     args.steps, args.reps, copy_Bps)]
+                     args.steps, args.reps, (copy_Bps, matmul_flops))]
       if b in args.baseline_batch:
         got.append(measure(config, params, "rows", b, prompt, args.canvas,
-                           args.steps, max(2, args.reps // 4), copy_Bps))
+                           args.steps, max(2, args.reps // 4),
+                           (copy_Bps, matmul_flops)))
         got[0]["speedup_vs_rows"] = got[1]["ms_per_pass"] / got[0][
             "ms_per_pass"]
       for r in got:
         peak = "-" if r["peak_gb"] is None else f"{r['peak_gb']:.1f}"
         vs = r.get("speedup_vs_rows")
         print(f"| {r['forward']} | {prompt} | {b} | {r['ms_per_pass']:.2f} | "
-              f"{r['floor_ms']:.2f} | {100 * r['floor_fraction']:.0f}% | "
+              f"{r['read_floor_ms']:.2f} | {r['compute_floor_ms']:.2f} | "
+              f"{100 * r['floor_fraction']:.0f}% | "
               f"{r['tokens_per_s']:.0f} | {peak} | "
               f"{'-' if vs is None else f'{vs:.2f}x'} |", flush=True)
       rows.extend(got)

@@ -31,6 +31,8 @@ expert's width, P padded (token, slot) rows, L window slots.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -191,3 +193,21 @@ def forward(params, config: GemmaConfig, tokens_BxQ, slots_BxQ, cache,
   if not logits:
     return None, tuple(new_cache)
   return ref.head(params, config, x), tuple(new_cache)
+
+
+def _sampler_fast(model, *args, **kwargs):
+  """`forward` in a decode: batched on GPUs (row-invariant there by its
+  kernels and the decode's XLA options), one row at a time elsewhere
+  (XLA:CPU at its default optimisation level gave a batch of one other
+  last bits than a batch of two)."""
+  run = functools.partial(forward,
+                          implementation=model.implementation)
+  if jax.default_backend() in ("gpu", "cuda"):
+    return run(*args, **kwargs)
+  return ref.forward_rows(*args, **kwargs, fn=run)
+
+
+# The forwards a decode can run (the `forward` option): the fast one, and
+# the plain reference one row at a time, kept for checking.
+FORWARDS = {"fast": _sampler_fast,
+            "rows": lambda model, *a, **k: ref.forward_rows(*a, **k)}

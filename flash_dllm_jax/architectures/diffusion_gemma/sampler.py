@@ -25,8 +25,9 @@ layers see the padding), so its rows change with the batch; its cache is
 `cache_length` slots (4096) that the canvases wrap around and that ends
 the answer when full, where here the cache holds the prompt and every
 canvas. Each forward is fast.forward (routed experts, attention over the
-slots a row sees; row-invariant by construction) or, with forward="rows",
-the plain reference one row at a time (model.forward_rows), for checking.
+slots a row sees; batched on GPUs, a row at a time elsewhere) or,
+with forward="rows", the plain reference one row at a time
+(model.forward_rows), for checking.
 End tokens: the
 checkpoint's EOS, END_OF_TURN and BEGIN_OF_TOOL_RESPONSE (none with
 stop_at_eos=False) plus `stop_tokens`.
@@ -41,20 +42,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from flash_dllm_jax.architectures.diffusion_gemma import fast
 from flash_dllm_jax.architectures.diffusion_gemma import model as dg
 from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
+from flash_dllm_jax.architectures.diffusion_gemma.fast import FORWARDS
 from flash_dllm_jax.sampling import checks, options
 from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.state import DecodeState, where_keys
-
-
-# The forwards a decode can run (the `forward` option): the fast one, and
-# the plain reference one row at a time (each row the program of a batch
-# of one), kept for checking.
-FORWARDS = {"fast": lambda model, *a, **k: fast.forward(
-                *a, **k, implementation=model.implementation),
-            "rows": lambda model, *a, **k: dg.forward_rows(*a, **k)}
 
 
 class TokenIds(tuple):
