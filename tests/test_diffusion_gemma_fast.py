@@ -62,6 +62,29 @@ def test_fast_forward_matches_the_reference_and_the_official_model(tiny):
       cache_f, cache_r = new_f, new_r
 
 
+def test_a_long_pass_attends_a_chunk_of_queries_at_a_time(tiny,
+                                                          monkeypatch):
+  """A causal prefill of more than QUERY_CHUNK queries (chunks of 4 here,
+  rows of 11 and 7 left-padded tokens): the reference's logits and
+  cache."""
+  params, config, _ = tiny
+  monkeypatch.setattr(F, "QUERY_CHUNK", 4)
+  tokens = jax.random.randint(jax.random.key(0), (2, 11), 0, 160)
+  slots = jnp.arange(11)[None] - jnp.asarray([0, 4])[:, None]
+  slots = jnp.where(slots >= 0, slots, -1)
+  cache = M.empty_cache(config, 2, 20)
+  got, got_cache = jax.jit(F.forward, static_argnums=(1,))(
+      params, config, tokens, slots, cache, M.causal(slots))
+  want, want_cache = REFERENCE(params, config, tokens, slots, cache,
+                               M.causal(slots))
+  valid = np.asarray(slots) >= 0
+  np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(want)[valid],
+                             atol=TOL, rtol=0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=TOL,
+                                                       rtol=0),
+               got_cache, want_cache)
+
+
 def _canvas_batch(config, rows=3, length=32, c=6):
   """A canvas step of `rows` rows at different starts over a random cache:
   (tokens, slots, cache, sc)."""

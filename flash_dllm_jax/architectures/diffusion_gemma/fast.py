@@ -17,7 +17,9 @@ routed experts and attention over the cache slots a row can see.
   keys its queries' sliding windows can reach), global layers the whole
   cache under the s <= last_key mask (plain XLA: their key size and kv
   heads differ from the local layers', and their visible keys are a
-  prefix of dynamic length).
+  prefix of dynamic length); a pass of more than QUERY_CHUNK queries (a
+  prefill) attends a chunk of queries at a time. Queries of a row hold
+  consecutive slots (slot -1: padding), as every pass of the sampler.
 
 Row invariance: every op is per row (per token for the experts), and the
 grouped kernel's tiles never depend on the row count (its kernel.py), so
@@ -80,10 +82,14 @@ def _softmax_attend(config, q_BxQxNxH, k_BxLxKxH, v_BxLxKxH, mask_BxQxL):
       b, t, n, h)
 
 
-def attend(p, config, kind, x_BxQxD, slots_BxQ, last_key_BxQ, cache):
-  """The attention output [B, Q, D] over the slots the queries can see."""
-  q = L.query(p, config, kind, x_BxQxD, slots_BxQ)
-  k, v = cache["k"], cache["v"]
+# Queries attended at once: a longer pass (a prompt's prefill) runs its
+# queries in chunks of this many, so its scores stay [B, 256, N, S] and a
+# local layer's chunk reads 256 + W - 1 slots.
+QUERY_CHUNK = 256
+
+
+def _attend_chunk(config, kind, q_BxQxNxH, slots_BxQ, last_key_BxQ, k, v):
+  """Values [B, Q, N, H] of queries over the slots they can see."""
   if kind == LOCAL:
     k, v, key_slots_BxL = _local_keys(config, k, v, slots_BxQ)
     s = key_slots_BxL[:, None, :]
@@ -92,7 +98,29 @@ def attend(p, config, kind, x_BxQxD, slots_BxQ, last_key_BxQ, cache):
     m = (s <= last_key_BxQ[:, :, None]) & (s > qs - w) & (s < qs + w)
   else:
     m = ref.mask(config, kind, slots_BxQ, last_key_BxQ, k.shape[1])
-  return L.attn_out(p, config, _softmax_attend(config, q, k, v, m))
+  return _softmax_attend(config, q_BxQxNxH, k, v, m)
+
+
+def attend(p, config, kind, x_BxQxD, slots_BxQ, last_key_BxQ, cache):
+  """The attention output [B, Q, D] over the slots the queries can see
+  (the queries QUERY_CHUNK at a time: padded with slot -1 queries)."""
+  q = L.query(p, config, kind, x_BxQxD, slots_BxQ)
+  k, v = cache["k"], cache["v"]
+  b, t, n, h = q.shape
+  if t <= QUERY_CHUNK:
+    enc = _attend_chunk(config, kind, q, slots_BxQ, last_key_BxQ, k, v)
+    return L.attn_out(p, config, enc)
+  chunks = -(-t // QUERY_CHUNK)
+  pad = chunks * QUERY_CHUNK - t
+  split = lambda a, fill: jnp.moveaxis(jnp.pad(
+      a, ((0, 0), (0, pad)) + ((0, 0),) * (a.ndim - 2),
+      constant_values=fill).reshape(b, chunks, QUERY_CHUNK, *a.shape[2:]),
+      1, 0)
+  enc = jax.lax.map(
+      lambda c: _attend_chunk(config, kind, *c, k, v),
+      (split(q, 0), split(slots_BxQ, -1), split(last_key_BxQ, -1)))
+  enc = jnp.moveaxis(enc, 0, 1).reshape(b, chunks * QUERY_CHUNK, n, h)
+  return L.attn_out(p, config, enc[:, :t])
 
 
 def _stacks(m, x_dtype):
