@@ -182,3 +182,45 @@ def test_bench_diffusion_gemma_smoke(tmp_path):
   for r in rows:
     assert r["ms_per_pass"] > 0 and 0 < r["floor_ms"] and r["tokens_per_s"] > 0
   assert rows[0]["speedup_vs_rows"] > 0
+
+
+@pytest.mark.gpu
+def test_bf16_rows_keep_their_bits_on_the_gpu():
+  """On a GPU, bf16, a mid-sized random model (width 512, 16 experts of
+  256, top 4; window 32 < canvas 64 < prompt 96): the batched fast
+  forward (the grouped kernel, cuBLAS GEMMs without autotuning) gives a
+  canvas row alone the bits it has among 1, 3 and 8 rows, and stays
+  near the reference forward."""
+  from flash_dllm_jax.architectures.diffusion_gemma.checkpoint import (
+      init_params)
+  from flash_dllm_jax.architectures.diffusion_gemma.config import (
+      GemmaConfig)
+  tc = dict(num_embed=1024, embed_dim=512, hidden_dim=512, num_heads=8,
+            head_dim=64, num_kv_heads=4, final_logit_softcap=30.0,
+            use_post_attn_norm=True, use_post_ffw_norm=True,
+            attention_types=["LOCAL_SLIDING"] * 2 + ["GLOBAL"],
+            sliding_window_size=32, num_global_kv_heads=2,
+            global_key_size=128, k_eq_v_global=True,
+            global_rope_proportion=0.25, enable_moe=True, num_experts=16,
+            expert_dim=256, top_k_experts=4, moe_dense_hidden_dim=512)
+  config = GemmaConfig.from_official(tc, dtype="bfloat16")
+  params = init_params(config, jax.random.key(0))
+  c, rows = 64, 8
+  k = jax.random.split(jax.random.key(1), 2 * config.n_layers + 2)
+  cache = tuple(
+      {n: jax.random.normal(k[2 * i + j], c0["k"].shape, jnp.bfloat16)
+       for j, n in enumerate(("k", "v"))}
+      for i, c0 in enumerate(M.empty_cache(config, rows, 96 + c)))
+  slots = (96 - 4 * jnp.arange(rows))[:, None] + jnp.arange(c)
+  tokens = jax.random.randint(k[-2], (rows, c), 0, config.vocab_size)
+  sc = jax.random.normal(k[-1], (rows, c, config.d_model), jnp.bfloat16)
+  run = lambda n: FAST(params, config, tokens[:n], slots[:n],
+                       jax.tree.map(lambda a: a[:n], cache),
+                       M.canvas(slots[:n]), sc[:n])[0]
+  alone = run(1)
+  for n in (3, rows):
+    np.testing.assert_array_equal(run(n)[:1], alone)
+  want, _ = REFERENCE(params, config, tokens[:1], slots[:1],
+                      jax.tree.map(lambda a: a[:1], cache),
+                      M.canvas(slots[:1]), sc[:1])
+  np.testing.assert_allclose(alone, want, atol=1.0, rtol=0)  # bf16, cap 30
