@@ -5,8 +5,8 @@ tokens, tools/diffusion_gemma_sampler_fixtures.py).
 
 That tool's --check-sampler run decodes every stored case with this loop
 around the official model and gets every official token. Here the loop
-runs the engine's forward, which is within ~3e-5 of the official logits but
-not bitwise: on this near-uniform random model the self-conditioning
+runs the engine's forwards (the fast default, and forward="rows", the
+reference), within ~4e-5 of the official logits but not bitwise: on this near-uniform random model the self-conditioning
 (rounded to bfloat16 every step) turns such a difference into other
 canvases within a few steps, so the official tokens are checked on the
 decisive setting ("chained": sharp temperatures, short canvases), and the
