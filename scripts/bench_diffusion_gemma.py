@@ -38,6 +38,7 @@ reported as such.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -190,6 +191,22 @@ def pass_runner(config, params, forward, b: int, prompt: int, c: int):
 FORWARDS = {"fast": fast.forward, "rows": M.forward_rows}
 
 
+def kernels(text: str | None):
+  """--expert-tiling 'tile_m,block_n,block_k[,num_warps,num_stages]' ->
+  an ops.Kernels for fast.forward (None: the engine's default)."""
+  if text is None:
+    return None
+  from flash_dllm_jax import ops
+  names = ("tile_m", "block_n", "block_k", "num_warps", "num_stages")
+  try:
+    values = [int(v) for v in text.split(",")]
+    if not 3 <= len(values) <= 5:
+      raise ValueError("3 to 5 integers")
+    return ops.Kernels(experts=ops.ExpertTiling(**dict(zip(names, values))))
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(f"tiling {text!r}: {e}") from None
+
+
 def measure(config, params, name, b, prompt, c, steps, reps, rates):
   run, compile_s = pass_runner(config, params, FORWARDS[name], b, prompt, c)
   seconds = timing.time_fn(run, reps=reps, warmup=1)
@@ -219,11 +236,17 @@ def main(argv=None):
                   help="batches the row-by-row reference also runs at")
   ap.add_argument("--quantize", choices=("fp8", "int8"), default=None)
   ap.add_argument("--reps", type=int, default=8)
+  ap.add_argument("--expert-tiling", type=kernels, default=None,
+                  help="the grouped expert GEMM's tile_m,block_n,block_k"
+                       "[,num_warps,num_stages] (default: the engine's)")
   ap.add_argument("--smoke", action="store_true",
                   help="tiny model and shapes: checks the script runs")
   ap.add_argument("--json", type=Path, default=None)
   args = ap.parse_args(argv)
 
+  if args.expert_tiling is not None:
+    FORWARDS["fast"] = functools.partial(fast.forward,
+                                         implementation=args.expert_tiling)
   if args.smoke:
     config = GemmaConfig.from_official(TINY, dtype="bfloat16")
     args.batch, args.prompt, args.canvas = [2], [12], 6
