@@ -24,7 +24,9 @@ routed experts and attention over the cache slots a row can see.
 Row invariance: every op is per row (per token for the experts), and the
 grouped kernel's tiles never depend on the row count (its kernel.py), so
 a row's logits do not depend on the rows beside it; tests check it bit for
-bit on the CPU. `implementation`: None (by backend), 'reference',
+bit (the decode's XLA options; on the CPU at the suite's level 0, and a
+`gpu` test in bf16). A decode runs it batched on GPUs and a row at a time
+elsewhere (FORWARDS). `implementation`: None (by backend), 'reference',
 'pallas', 'pallas_interpret' or an ops.Kernels.
 
 Shapes: B rows, Q queries, S slots, D width, X experts, k chosen, M an
