@@ -47,6 +47,8 @@ ENTRY_POINTS = (
     ("scripts/compare_runs.py", "two evaluation runs, answer by answer"),
     ("scripts/bench_strategies.py", "decode step time per strategy"),
     ("scripts/bench_moe.py", "LLaDA2 (MoE) decode steps and one MoE layer"),
+    ("scripts/bench_diffusion_gemma.py",
+     "DiffusionGemma's denoising pass at 26B-A4B shapes"),
     ("scripts/bench_loglikelihood.py",
      "lm-eval's Monte-Carlo log-likelihood cost per request"),
     ("scripts/bench_forward.py", "forward and reference-decode times"),

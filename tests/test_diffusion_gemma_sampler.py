@@ -5,8 +5,8 @@ tokens, tools/diffusion_gemma_sampler_fixtures.py).
 
 That tool's --check-sampler run decodes every stored case with this loop
 around the official model and gets every official token. Here the loop
-runs the engine's forward, which is within ~3e-5 of the official logits but
-not bitwise: on this near-uniform random model the self-conditioning
+runs the engine's forwards (the fast default, and forward="rows", the
+reference), within ~4e-5 of the official logits but not bitwise: on this near-uniform random model the self-conditioning
 (rounded to bfloat16 every step) turns such a difference into other
 canvases within a few steps, so the official tokens are checked on the
 decisive setting ("chained": sharp temperatures, short canvases), and the
@@ -105,13 +105,13 @@ def test_the_cache_is_written_once_and_reused(tiny, monkeypatch):
   forwards are its steps + 1 prefill + 1 append per later canvas; an end
   token ends the answer with PAD after it."""
   widths = []
-  real = S.dg.forward_rows
+  real = S.FORWARDS["fast"]
 
-  def recording(params, config, tokens, *args, **kwargs):
+  def recording(model, params, config, tokens, *args, **kwargs):
     widths.append(tokens.shape[1])
-    return real(params, config, tokens, *args, **kwargs)
+    return real(model, params, config, tokens, *args, **kwargs)
 
-  monkeypatch.setattr(S.dg, "forward_rows", recording)
+  monkeypatch.setitem(S.FORWARDS, "fast", recording)
   settings = dict(canvas_length=4, max_denoising_steps=3, early_stop="none",
                   max_out_length=14, stop_tokens=(99,))
   prompt = DATA["cases"][0]["prompt"]
@@ -143,3 +143,16 @@ def test_bad_options_get_one_clear_error():
   assert s.stop_tokens == (20, 21) and s.tail_length == 0
   with pytest.raises(ValueError, match="decodes diffusion_gemma"):
     strategies.build_sampler("diffusion-gemma", "llada", {})
+
+
+def test_the_row_by_row_reference_forward_stays_selectable(tiny, chained):
+  """forward="rows" (the plain reference, one row at a time) decodes the
+  same official tokens as the default fast forward on the decisive
+  setting."""
+  rows, fast = chained
+  out = _decode(tiny, [c["prompt"] for c in rows], [c["seed"] for c in rows],
+                {**rows[0]["settings"], "forward": "rows"})
+  assert out.tokens_BxG.tolist() == [c["tokens"] for c in rows]
+  assert out.tokens_BxG.tolist() == fast.tokens_BxG.tolist()
+  with pytest.raises(ValueError, match="forward"):
+    S.DiffusionGemmaSampler(forward="dense")

@@ -8,7 +8,9 @@ block_k, in order, from float32 accumulators (two, gate and up, for the
 fused SwiGLU: one read of x for both). 8-bit weights (kernel_q [X, O, I],
 scale [X, O, Z]) are converted to x's dtype in registers (exact for int8
 and e4m3 in bf16); a per-channel scale multiplies the float32 sum once, a
-per-group one (the group = block_k) each block's product.
+per-group one (the group = block_k) each block's product. A kernel_q in
+x's own dtype with scales of one is the [X, O, I] layout of a plain
+weight (DiffusionGemma's stored experts), the same sums exactly.
 
 Column tiles run fastest: the programs in flight at once share their row
 tiles and, the rows being sorted, their experts' weights (L2).
@@ -106,7 +108,8 @@ def grouped_matmul(x_PxI, tile_expert, weight, *, up=None, tile_m: int = 64,
     raise NotImplementedError(f"tile_m {tile_m} (a power of two >= 16 "
                               f"dividing P = {p})")
   bn, bk = _block(o, block_n), _block(i, block_k)
-  if quantized and weight[0].dtype not in WEIGHT_DTYPES:
+  if quantized and weight[0].dtype not in WEIGHT_DTYPES + (
+      jnp.dtype(x_PxI.dtype),):
     raise NotImplementedError(f"8-bit weights of dtype {weight[0].dtype}")
   grouped = quantized and weight[1].shape[-1] > 1
   if grouped:

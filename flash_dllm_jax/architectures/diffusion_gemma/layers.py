@@ -84,15 +84,7 @@ def attend(p, config, kind, x_BxQxD, positions_BxQ, k_BxSxKxH, v_BxSxKxH,
            mask_BxQxS):
   """The attention output [B, Q, D] of queries x over keys/values with
   `mask` (no 1/sqrt(d): the query norm sets the scale)."""
-  a = p["attn"]
-  w = a["q_einsum"]["w"]
-  q = (project(x_BxQxD, w, config.quantize,
-               (config.n_heads, config.key_size(kind))) if is_q(w) else
-       jnp.einsum("BTD,NDH->BTNH", x_BxQxD, w))
-  q = rms_norm(q, a["query_norm"]["scale"] if config.qk_norm_with_scale
-               else None)
-  fraction, base, scale = config.rope(kind)
-  q = rope(q, positions_BxQ, fraction, base, scale)
+  q = query(p, config, kind, x_BxQxD, positions_BxQ)
   b, t, n, h = q.shape
   kv = k_BxSxKxH.shape[2]
   q = q.reshape(b, t, kv, n // kv, h)
@@ -105,11 +97,30 @@ def attend(p, config, kind, x_BxQxD, positions_BxQ, k_BxSxKxH, v_BxSxKxH,
   probs = jax.nn.softmax(logits, axis=-1).astype(k_BxSxKxH.dtype)
   probs = probs.reshape(b, t, kv, n // kv, -1)
   enc = jnp.einsum("BTKGS,BSKH->BTKGH", probs, v_BxSxKxH).reshape(b, t, n, h)
-  w = a["attn_vec_einsum"]["w"]
+  return attn_out(p, config, enc)
+
+
+def query(p, config, kind, x_BxQxD, positions_BxQ):
+  """q [B, Q, N, H]: projected, query-normed, RoPE'd (no 1/sqrt(d))."""
+  a = p["attn"]
+  w = a["q_einsum"]["w"]
+  q = (project(x_BxQxD, w, config.quantize,
+               (config.n_heads, config.key_size(kind))) if is_q(w) else
+       jnp.einsum("BTD,NDH->BTNH", x_BxQxD, w))
+  q = rms_norm(q, a["query_norm"]["scale"] if config.qk_norm_with_scale
+               else None)
+  fraction, base, scale = config.rope(kind)
+  return rope(q, positions_BxQ, fraction, base, scale)
+
+
+def attn_out(p, config, enc_BxQxNxH):
+  """The attention output projection [B, Q, D] of the heads' values."""
+  b, t, n, h = enc_BxQxNxH.shape
+  w = p["attn"]["attn_vec_einsum"]["w"]
   if is_q(w):
-    return project(enc.reshape(b, t, n * h), w, config.quantize,
+    return project(enc_BxQxNxH.reshape(b, t, n * h), w, config.quantize,
                    (w["kernel_q"].shape[0],))
-  return jnp.einsum("BTNH,NHD->BTD", enc, w)
+  return jnp.einsum("BTNH,NHD->BTD", enc_BxQxNxH, w)
 
 
 def moe(p, config, n_BxQxD, residual_BxQxD):
@@ -121,19 +132,7 @@ def moe(p, config, n_BxQxD, residual_BxQxD):
   experts), so a row's result depends on that row alone."""
   m = p["mlp"]
   d = n_BxQxD.shape[-1]
-  r = rms_norm(residual_BxQxD)
-  r = r * jax.lax.rsqrt(jnp.array(d, r.dtype)) * m["router_scale"].astype(
-      r.dtype)
-  logits = jnp.einsum("gsd,de->gse", r, m["router_logits"]["w"]).astype(
-      jnp.float32)
-  probs = jax.nn.softmax(logits, axis=-1)
-  _, ids_BxQxk = jax.lax.top_k(logits, config.moe_top_k)
-  chosen = jax.nn.one_hot(ids_BxQxk, probs.shape[-1], dtype=probs.dtype
-                          ).sum(axis=-2)
-  norm = jnp.sum(chosen * probs, axis=-1, keepdims=True)
-  weights = probs / jnp.where(norm > 0.0, norm, 1.0)
-  w_BxQxk = jnp.take_along_axis(weights, ids_BxQxk, axis=-1).astype(
-      weights.dtype)
+  ids_BxQxk, w_BxQxk = route(p, config, residual_BxQxD)
   gate = m["gating_einsum"]["w"]  # [X, 2, M, D]
   down = m["linear"]["w"]  # [X, M, D]
   scale = m["per_expert_scale"]
@@ -145,6 +144,27 @@ def moe(p, config, n_BxQxD, residual_BxQxD):
   out = jnp.einsum("tkd,tk->td", y_Txk, w_BxQxk.reshape(ids_Txk.shape),
                    preferred_element_type=y_Txk.dtype)
   return out.reshape(n_BxQxD.shape)
+
+
+def route(p, config, residual_BxQxD):
+  """(expert ids [B, Q, k], float32 weights [B, Q, k]): the router on the
+  unnormalised residual (RMSNorm without scale, / sqrt(D), *
+  router_scale), a float32 softmax over all experts, top-k, the chosen
+  weights renormalised (_moe.MoERagged._router)."""
+  m = p["mlp"]
+  d = residual_BxQxD.shape[-1]
+  r = rms_norm(residual_BxQxD)
+  r = r * jax.lax.rsqrt(jnp.array(d, r.dtype)) * m["router_scale"].astype(
+      r.dtype)
+  logits = jnp.einsum("gsd,de->gse", r, m["router_logits"]["w"]).astype(
+      jnp.float32)
+  probs = jax.nn.softmax(logits, axis=-1)
+  _, ids_BxQxk = jax.lax.top_k(logits, config.moe_top_k)
+  chosen = jax.nn.one_hot(ids_BxQxk, probs.shape[-1], dtype=probs.dtype
+                          ).sum(axis=-2)
+  norm = jnp.sum(chosen * probs, axis=-1, keepdims=True)
+  weights = probs / jnp.where(norm > 0.0, norm, 1.0)
+  return ids_BxQxk, jnp.take_along_axis(weights, ids_BxQxk, axis=-1)
 
 
 def _experts(x_TxD, ids_Txk, gate_XxTwoxMxD, down_XxMxD, scale_X, m: int,

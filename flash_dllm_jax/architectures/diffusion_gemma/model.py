@@ -153,17 +153,21 @@ def forward(params: Params, config: GemmaConfig, tokens_BxQ, slots_BxQ,
 
 def forward_rows(params: Params, config: GemmaConfig, tokens_BxQ, slots_BxQ,
                  cache: Cache, last_key_BxQ, sc_BxQxD=None,
-                 logits: bool = True) -> tuple[jax.Array | None, Cache]:
-  """`forward` one row at a time (lax.map): every row runs the program of
-  a batch of one, so its bits never depend on the rows beside it (under
-  jit, XLA:CPU fused a whole batch's block differently from one row's and
-  moved the last bits)."""
+                 logits: bool = True, fn=None
+                 ) -> tuple[jax.Array | None, Cache]:
+  """`forward` (or `fn`, of the same contract) one row at a time
+  (lax.map): every row runs the program of a batch of one, so its bits
+  never depend on the rows beside it (XLA:CPU at its default optimisation
+  level gave a row alone other last bits than the same row in a batch of
+  two, in the plain and the fast forward alike)."""
+  fn = fn or forward
+
   def one(args):
     tokens, slots, cache_row, last, sc = args
     lift = lambda a: None if a is None else a[None]
-    out, new = forward(params, config, tokens[None], slots[None],
-                       jax.tree.map(lift, cache_row), last[None], lift(sc),
-                       logits)
+    out, new = fn(params, config, tokens[None], slots[None],
+                  jax.tree.map(lift, cache_row), last[None], lift(sc),
+                  logits)
     return (None if out is None else out[0]), jax.tree.map(
         lambda a: a[0], new)
   return jax.lax.map(one, (tokens_BxQ, slots_BxQ, cache, last_key_BxQ,

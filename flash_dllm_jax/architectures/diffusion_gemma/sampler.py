@@ -24,10 +24,11 @@ official batch shares one key, RoPE position and cache index across rows
 layers see the padding), so its rows change with the batch; its cache is
 `cache_length` slots (4096) that the canvases wrap around and that ends
 the answer when full, where here the cache holds the prompt and every
-canvas. Every forward runs its rows one at a time (model.forward_rows):
-under jit, XLA:CPU fused a batch's block differently from one row's and
-moved the last bits, which this trajectory (self-conditioning rounded to
-bfloat16 each step) turns into other tokens. End tokens: the
+canvas. Each forward is fast.forward (routed experts, attention over the
+slots a row sees; batched on GPUs, a row at a time elsewhere) or,
+with forward="rows", the plain reference one row at a time
+(model.forward_rows), for checking.
+End tokens: the
 checkpoint's EOS, END_OF_TURN and BEGIN_OF_TOOL_RESPONSE (none with
 stop_at_eos=False) plus `stop_tokens`.
 """
@@ -43,6 +44,7 @@ from flax import struct
 
 from flash_dllm_jax.architectures.diffusion_gemma import model as dg
 from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
+from flash_dllm_jax.architectures.diffusion_gemma.fast import FORWARDS
 from flash_dllm_jax.sampling import checks, options
 from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.state import DecodeState, where_keys
@@ -97,6 +99,7 @@ class DiffusionGemmaSampler:
   official default), "token_stability", "entropy:<bound>" or "none".
   stop_tokens: ids that also end the answer. max_out_length: answer
   tokens (the official output buffer); the seed is generate's `seed`.
+  forward: "fast" (fast.py) or "rows" (the reference, model.forward_rows).
   max_refills: under continuous batching, at most this many slots take a
   new request (and prefill) per loop step (None: any number).
   """
@@ -119,6 +122,10 @@ class DiffusionGemmaSampler:
       None, "token ids that also end the answer (e.g. 20,21)", none="none")
   max_out_length: int = option(2048, "answer tokens at most", ge=1)
   max_refills: int | None = max_refills(None, " (and prefill)")
+  forward: str = option(
+      "fast", "the model forward: fast (routed experts, windowed "
+      "attention) or rows (the plain reference, one row at a time, for "
+      "checking)", choices=tuple(FORWARDS))
   # Each answer token's log-probability: under the unshaped logits of the
   # denoising step that drew it (its canvas's last), as vLLM reports one.
   reports_logprobs = True
@@ -213,9 +220,9 @@ class DiffusionGemmaSampler:
     length_B = jnp.sum(model.valid_BxN[:, :p], axis=1, dtype=jnp.int32)
     slots = jnp.arange(p)[None, :] - (p - length_B)[:, None]
     slots = jnp.where(rows_B[:, None] & (slots >= 0), slots, -1)
-    _, cache = dg.forward_rows(model.params, model.config,
-                               state.tokens_BxN[:, :p], slots, aux.cache,
-                               dg.causal(slots), logits=False)
+    _, cache = FORWARDS[self.forward](
+        model, model.params, model.config, state.tokens_BxN[:, :p], slots,
+        aux.cache, dg.causal(slots), logits=False)
     aux = aux.replace(
         cache=cache, fresh_B=aux.fresh_B & ~rows_B,
         start_B=jnp.where(rows_B, length_B, aux.start_B),
@@ -231,9 +238,9 @@ class DiffusionGemmaSampler:
     cfg, c = model.config, self.canvas_length
     slots = jnp.where(active_B[:, None],
                       aux.start_B[:, None] + jnp.arange(c), -1)
-    logits, cache = dg.forward_rows(model.params, cfg, aux.canvas_BxC,
-                                    slots, aux.cache, dg.canvas(slots),
-                                    aux.sc_BxCxD)
+    logits, cache = FORWARDS[self.forward](
+        model, model.params, cfg, aux.canvas_BxC, slots, aux.cache,
+        dg.canvas(slots), aux.sc_BxCxD)
     noise = st.noise_proportions(self.max_denoising_steps)
     shaped = st.shape_logits(logits, noise[aux.step_B], self.exponent,
                              self.max_temperature, self.min_temperature)
@@ -288,9 +295,9 @@ class DiffusionGemmaSampler:
     slots = jnp.where(rows_B[:, None],
                       aux.start_B[:, None] + jnp.arange(self.canvas_length),
                       -1)
-    _, cache = dg.forward_rows(model.params, model.config, final_BxC,
-                               slots, aux.cache, dg.causal(slots),
-                               logits=False)
+    _, cache = FORWARDS[self.forward](
+        model, model.params, model.config, final_BxC, slots, aux.cache,
+        dg.causal(slots), logits=False)
     c = self.canvas_length
     aux = aux.replace(cache=cache,
                       start_B=aux.start_B + c * rows_B,
