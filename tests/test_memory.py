@@ -13,6 +13,7 @@ import pytest
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import decode_jit
 from flash_dllm_jax.model import KVCache, init_params
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.serve import memory_plan
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import TINY_CHECKPOINT
@@ -144,6 +145,30 @@ def test_slot_bytes_is_the_kv_cache_and_the_row_state():
            for a in jax.tree.leaves(cache))
   assert memory_plan.slot_bytes(config, 1280) == kv + 1280 * 64
   assert kv == 2 * 32 * 1280 * 4096 * 2  # 671 MB a row at LLaDA-8B shapes
+
+
+def test_elastic_cache_slot_holds_its_stored_inputs():
+  """An Elastic-Cache slot holds, beside its KV cache and loop state, every
+  layer's stored input at every position (its ElasticAux.hidden): half
+  again the KV cache at LLaDA-8B's shapes, so the plan fits fewer slots."""
+  config = ModelConfig.preset("llada-8b")
+  sampler = build_sampler("elastic-cache", "llada", {"gen_length": 512})
+  model = SequenceModel.for_batch(config, None, jnp.ones((1, 1280), bool))
+  aux = jax.eval_shape(lambda: sampler.init_aux(
+      model, jnp.zeros((1, 1280), jnp.int32)))
+  nbytes = lambda tree: sum(math.prod(a.shape) * a.dtype.itemsize
+                            for a in jax.tree.leaves(tree))
+  kv, stored = nbytes(aux.cache), nbytes(aux.hidden)
+  assert 2 * stored == kv == memory_plan.slot_bytes(config, 1280) - 1280 * 64
+  assert (memory_plan.sampler_slot_bytes(config, sampler, 1280)
+          == kv + stored + 1280 * 64)
+  plan = lambda name: memory_plan.plan_slots(
+      config, build_sampler(name, "llada", {"gen_length": 512}),
+      weight_bytes=16 * 10**9, budget_bytes=72 * 10**9,
+      max_prompt_tokens=768)
+  elastic, flash = plan("elastic-cache"), plan("flash-dllm")
+  assert elastic.slot_bytes == kv + stored + 1280 * 64
+  assert elastic.slots < flash.slots * 0.7
 
 
 def test_slot_plan_from_a_memory_budget():
