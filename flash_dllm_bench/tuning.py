@@ -26,6 +26,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--attention-block-k", type=int, default=None,
                   help="attention kernel: keys per tile (default: "
                   "Tiling().block_k)")
+  ap.add_argument("--attention-split-tiles", type=int, default=None,
+                  help="attention kernel: key tiles per split when keys are "
+                  "split (default: Tiling().split_tiles); a batch-1 pass "
+                  "writes a float32 partial per split, so longer splits "
+                  "write fewer")
   ap.add_argument("--attention-stages", type=int, default=None,
                   help="attention kernel: pipeline stages (default: "
                   "Tiling().num_stages)")
@@ -44,13 +49,14 @@ def add_variant_args(ap: argparse.ArgumentParser) -> None:
                   help="time several kernel choices in one process (the "
                   "weights made once), each the options above changed by "
                   "SPEC: 'default', or comma-joined split=N|auto, "
-                  "qmatmul=, cache= (the RoPE + cache write), attention= "
-                  "(the cached attention), experts= (the grouped expert "
-                  "GEMM) each triton|mosaic, "
+                  "split-tiles=N, qmatmul=, cache= (the RoPE + cache "
+                  "write), attention= (the cached attention), experts= "
+                  "(the grouped expert GEMM) each triton|mosaic, "
                   "stream-max-q=N")
 
 
-_VARIANT_KEYS = ("split", "qmatmul", "cache", "attention", "experts",
+_VARIANT_KEYS = ("split", "split-tiles", "qmatmul", "cache", "attention",
+                 "experts",
                  "stream-max-q")
 
 
@@ -73,6 +79,9 @@ def variants(ap: argparse.ArgumentParser, args: argparse.Namespace, base):
               kernels.attention, **choice.split_rule(
                   choice.parse_split_target(value)))
           kernels = dataclasses.replace(kernels, attention=tiling)
+        elif key == "split-tiles":
+          kernels = dataclasses.replace(kernels, attention=dataclasses.replace(
+              kernels.attention, split_tiles=int(value)))
         elif key == "qmatmul":
           kernels = dataclasses.replace(kernels, qmatmul=value)
         elif key == "cache":
@@ -116,6 +125,8 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
         default, **choice.split_rule(split),
         max_block_r=r or default.max_block_r,
         block_k=args.attention_block_k or default.block_k,
+        split_tiles=(default.split_tiles if args.attention_split_tiles is None
+                     else args.attention_split_tiles),
         num_stages=args.attention_stages or default.num_stages)
   except ValueError as e:
     ap.error(str(e))

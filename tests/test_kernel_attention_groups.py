@@ -8,6 +8,7 @@ CPU runs the kernel in Pallas interpret mode; GPU-marked tests run Triton.
 """
 
 import argparse
+import dataclasses
 import re
 
 import jax
@@ -177,3 +178,26 @@ def test_auto_split_target_parses_to_the_batch_rule(monkeypatch):
                       (["--attention-split-target", "32"], Tiling())):
     kernels = tuning.apply(bench, bench.parse_args(flags))
     assert kernels.attention == want, flags
+
+
+def test_benchmarks_set_the_split_length():
+  """--attention-split-tiles and the `split-tiles=N` variant set the key
+  tiles of a split (the kernel's rows keep their bits at any batch for any
+  split length: the cases above); a bad length is refused by name."""
+  bench = argparse.ArgumentParser()
+  tuning.add_args(bench)
+  tuning.add_variant_args(bench)
+  args = bench.parse_args(["--attention-split-tiles", "8", "--variants",
+                           "default", "split-tiles=16,split=32"])
+  base = tuning.apply(bench, args)
+  assert base.attention.split_tiles == 8
+  (_, default), (label, longer) = tuning.variants(bench, args, base)
+  assert default == base and label == "split-tiles=16,split=32"
+  assert longer.attention == dataclasses.replace(
+      base.attention, split_tiles=16, split_target=32, group_target=None)
+  for flags in (["--attention-split-tiles", "0"],
+                ["--variants", "split-tiles=0"],
+                ["--variants", "split-tiles=many"]):
+    args = bench.parse_args(flags)
+    with pytest.raises(SystemExit):
+      tuning.variants(bench, args, tuning.apply(bench, args))

@@ -2,6 +2,7 @@
 does, the server's slot plan from a memory budget, and a prompt of the
 model's whole context served by default."""
 
+import functools
 import math
 
 import jax
@@ -12,52 +13,82 @@ import pytest
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import decode_jit
 from flash_dllm_jax.model import KVCache, init_params
+from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.serve import memory_plan
 from flash_dllm_jax.strategies import build_sampler
 from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import Server
 
 V = 4096  # a vocabulary large beside the cache, so a per-position head shows
+CONFIG = ModelConfig.tiny("llada", n_layers=4, n_kv_heads=4, vocab_size=V,
+                          mask_token_id=V - 1, eos_token_id=V - 4,
+                          pad_token_id=V - 4, bos_token_id=V - 5,
+                          eot_token_id=V - 3)
+PROMPT, N = 192, 256  # prompt and prompt + gen_length positions
 
 
-def _decode_temp_bytes(config, sampler, b: int, prompt: int) -> int:
+@functools.cache
+def _decode_temp_bytes(config, sampler, b: int, prompt: int,
+                       implementation: str | None = None) -> int:
   """XLA's temporary bytes of the compiled decode of b rows (abstract
-  inputs: nothing runs)."""
+  inputs: nothing runs); memoized, so tests share a compile."""
   params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   rng = jax.eval_shape(
       lambda: jax.vmap(jax.random.key)(jnp.arange(b, dtype=jnp.uint32)))
   spec = jax.ShapeDtypeStruct
   compiled = decode_jit.lower(
       params, spec((b, prompt), jnp.int32), spec((b, prompt), bool), rng,
-      None, config=config, sampler=sampler, stop_at_eos=False).compile()
+      None, config=config, sampler=sampler, stop_at_eos=False,
+      implementation=implementation).compile()
   return compiled.memory_analysis().temp_size_in_bytes
 
 
-def test_decode_memory_grows_with_the_batch_as_its_data():
-  """Flash-Cache's compiled decode at two batch sizes (both above
-  max_refills, so the prefill group is the same): each further row costs
-  at most two rows of KV cache, a few copies of the scored rows' logits
-  and of one layer's float32 attention scores (the CPU's reference
-  attention), well under one float32 row of logits for every position
-  (N x V x 4), and far under the extra full cache a prefill group of every
-  row used to need."""
-  config = ModelConfig.tiny("llada", n_layers=4, n_kv_heads=4, vocab_size=V,
-                            mask_token_id=V - 1, eos_token_id=V - 4,
-                            pad_token_id=V - 4, bos_token_id=V - 5,
-                            eot_token_id=V - 3)
-  sampler = build_sampler("flash-cache", "llada",
-                          dict(gen_length=64, block_m=8))
-  prompt, n = 192, 256
-  small, large = 4, 8
-  per_row = (_decode_temp_bytes(config, sampler, large, prompt)
-             - _decode_temp_bytes(config, sampler, small, prompt)) / (
-                 large - small)
-  cache_row = memory_plan.slot_bytes(config, n) - n * 64  # its KV alone
+def _per_row(sampler, implementation=None, config=CONFIG) -> float:
+  """The compiled decode's cost of a further row: its temporary bytes at 8
+  rows less at 4 (both above max_refills, so the prefill group is the
+  same), over 4."""
+  small, large = (_decode_temp_bytes(config, sampler, b, PROMPT,
+                                     implementation) for b in (4, 8))
+  return (large - small) / 4
+
+
+@pytest.mark.parametrize("strategy",
+                         ["flash-cache", "flash-dllm", "flash-dllm-onepass"])
+def test_decode_memory_grows_with_the_batch_as_its_data(strategy):
+  """Flash-dLLM's compiled decodes (draft only, draft + verify, verify in
+  the next step's forward): each further row costs at most two rows of KV
+  cache, a few copies of the scored rows' logits and of one layer's
+  float32 attention scores (the CPU's reference attention), well under one
+  float32 row of logits for every position (N x V x 4), and far under the
+  extra full cache a prefill group of every row used to need."""
+  sampler = build_sampler(strategy, "llada", dict(gen_length=64, block_m=8))
+  per_row = _per_row(sampler)
+  cache_row = memory_plan.slot_bytes(CONFIG, N) - N * 64  # its KV alone
   q, r = sampler.query_budget, sampler._scored
-  scores = config.n_heads * q * n * 4
+  scores = CONFIG.n_heads * q * N * 4
   bound = 2 * cache_row + 4 * r * V * 4 + 2 * scores
-  assert bound < n * V * 4  # the bound rules out a full-vocab buffer
+  assert bound < N * V * 4  # the bound rules out a full-vocab buffer
   assert 0 < per_row <= bound, (per_row, bound)
+
+
+def test_elastic_cache_decode_memory_per_row():
+  """Elastic-Cache's compiled decode through the attention kernel (the
+  Pallas interpreter: the GPU program's buffers, no N x N scores): each
+  further row costs its KV cache row, its stored layer inputs (every
+  layer's input at every position, which a drift restart recomputes
+  from) and one layer's float32 activations over every position (a full
+  pass; memory_plan's estimate of them). The stored inputs and keys are
+  written in place: a copy of them kept across the step exceeds this."""
+  sampler = build_sampler("elastic-cache", "llada", dict(gen_length=64))
+  per_row = _per_row(sampler, "pallas_interpret")
+  cache_row = memory_plan.slot_bytes(CONFIG, N) - N * 64
+  stored = CONFIG.n_layers * N * CONFIG.d_model * 4  # float32 model
+  widest = max(CONFIG.mlp_hidden, CONFIG.n_heads * CONFIG.head_dim,
+               CONFIG.d_model)
+  layer = N * 4 * (3 * widest + 4 * CONFIG.d_model)
+  bound = cache_row + stored + layer
+  assert bound < N * V * 4
+  assert cache_row + stored < per_row <= bound, (per_row, bound)
 
 
 def test_8bit_cache_decode_memory_per_row():
@@ -66,17 +97,12 @@ def test_8bit_cache_decode_memory_per_row():
   model, bf16 scales), within the bound of the test above with the 8-bit
   cache row plus one layer's K and V dequantized to float32 (the CPU's
   reference attention; the GPU kernel dequantizes per tile)."""
-  config = ModelConfig.tiny("llada", n_layers=4, n_kv_heads=4, vocab_size=V,
-                            mask_token_id=V - 1, eos_token_id=V - 4,
-                            pad_token_id=V - 4, bos_token_id=V - 5,
-                            eot_token_id=V - 3)
-  prompt, n = 192, 256
+  config, n = CONFIG, N
   per_row = {}
   for dtype in ("auto", "float8_e4m3fn"):
     sampler = build_sampler("flash-cache", "llada", dict(
         gen_length=64, block_m=8, kv_cache_dtype=dtype))
-    per_row[dtype] = (_decode_temp_bytes(config, sampler, 8, prompt)
-                      - _decode_temp_bytes(config, sampler, 4, prompt)) / 4
+    per_row[dtype] = _per_row(sampler)
   row = {d: memory_plan.slot_bytes(config, n, d) - n * 64 for d in per_row}
   assert 3 * row["float8_e4m3fn"] < row["auto"]
   q, r = sampler.query_budget, sampler._scored
@@ -119,6 +145,30 @@ def test_slot_bytes_is_the_kv_cache_and_the_row_state():
            for a in jax.tree.leaves(cache))
   assert memory_plan.slot_bytes(config, 1280) == kv + 1280 * 64
   assert kv == 2 * 32 * 1280 * 4096 * 2  # 671 MB a row at LLaDA-8B shapes
+
+
+def test_elastic_cache_slot_holds_its_stored_inputs():
+  """An Elastic-Cache slot holds, beside its KV cache and loop state, every
+  layer's stored input at every position (its ElasticAux.hidden): half
+  again the KV cache at LLaDA-8B's shapes, so the plan fits fewer slots."""
+  config = ModelConfig.preset("llada-8b")
+  sampler = build_sampler("elastic-cache", "llada", {"gen_length": 512})
+  model = SequenceModel.for_batch(config, None, jnp.ones((1, 1280), bool))
+  aux = jax.eval_shape(lambda: sampler.init_aux(
+      model, jnp.zeros((1, 1280), jnp.int32)))
+  nbytes = lambda tree: sum(math.prod(a.shape) * a.dtype.itemsize
+                            for a in jax.tree.leaves(tree))
+  kv, stored = nbytes(aux.cache), nbytes(aux.hidden)
+  assert 2 * stored == kv == memory_plan.slot_bytes(config, 1280) - 1280 * 64
+  assert (memory_plan.sampler_slot_bytes(config, sampler, 1280)
+          == kv + stored + 1280 * 64)
+  plan = lambda name: memory_plan.plan_slots(
+      config, build_sampler(name, "llada", {"gen_length": 512}),
+      weight_bytes=16 * 10**9, budget_bytes=72 * 10**9,
+      max_prompt_tokens=768)
+  elastic, flash = plan("elastic-cache"), plan("flash-dllm")
+  assert elastic.slot_bytes == kv + stored + 1280 * 64
+  assert elastic.slots < flash.slots * 0.7
 
 
 def test_slot_plan_from_a_memory_budget():

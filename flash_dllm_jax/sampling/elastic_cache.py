@@ -143,6 +143,14 @@ class ElasticCacheSampler(commit_rules.WindowRule):
   def track_budget(self, n_layers: int, n: int) -> int:
     return min(n_layers * self.track_num, n)
 
+  def stored_bytes_per_position(self, config) -> int:
+    """What a row holds per position beside its KV cache: every layer's
+    stored input (ElasticAux.hidden, the model's dtype); none when
+    recompute_all. The server's slot plan counts it (memory_plan.py)."""
+    if self.recompute_all:
+      return 0
+    return config.n_layers * config.d_model * jnp.dtype(config.dtype).itemsize
+
   def check_prompt(self, prompt_len: int, max_seq_len: int) -> None:
     checks.check_fits(prompt_len, self.gen_length, max_seq_len)
 

@@ -75,13 +75,17 @@ def forward(model: SequenceModel, tokens_BxN, slots_BxQ, mass_rows_BxQ,
   attended_BxN = jnp.zeros((b, n), bool)
   for l in range(cfg.n_layers):
     restart_B = jnp.where(full_B & (restart_B == cfg.n_layers), l, restart_B)
-    old_h = hidden[l]
+    # The tracked rows' previous inputs are read before the stored inputs
+    # are written in place (the barrier keeps XLA from moving the read into
+    # the query pass, which would keep a copy of the layer's inputs alive).
+    past_x, old_h = jax.lax.optimization_barrier((jnp.take_along_axis(
+        hidden[l], at_BxQ[:, :t, None], axis=1), hidden[l]))
     merged = old_h.at[rows_Bx1, drop_BxQ].set(x_q, mode="drop")
     x_in = jax.lax.cond(
         jnp.any(carried_B),
-        lambda f=full_input, c=carried_B, m=merged: jnp.where(
+        lambda m, f=full_input, c=carried_B: jnp.where(
             c[:, None, None], f(), m),
-        lambda m=merged: m)
+        lambda m: m, merged)
     new_hidden.append(x_in)
 
     def full_pass(kv, l=l, x_in=x_in, full_B=full_B):
@@ -91,14 +95,19 @@ def forward(model: SequenceModel, tokens_BxN, slots_BxQ, mass_rows_BxQ,
                                       slots, mass_rows_BxN, impl)
       return kv, (out, mass)
 
-    def query_pass(kv_old, l=l, old_h=old_h, x_q=x_q, full_B=full_B):
+    def query_pass(kv_old, l=l, past_x=past_x, x_q=x_q, full_B=full_B):
+      # The drift test: the tracked rows' previous attention (over the keys
+      # before this step's writes) against their current one. The barrier
+      # orders the read of the old keys before the in-place write.
+      p_past = tracked_attention(cfg, params, l, past_x, pos_BxQ[:, :t],
+                                 kv_old[0], valid_BxN, impl)
+      p_past, kv_old = jax.lax.optimization_barrier((p_past, kv_old))
       slots = jnp.where(full_B[:, None], -1, slots_BxQ)
       out, kv, mass = layerwise.layer(cfg, params, l, x_q, pos_BxQ, valid_BxN,
                                       kv_old, slots, mass_rows_BxQ, impl)
-      past_x = jnp.take_along_axis(old_h, at_BxQ[:, :t, None], axis=1)
-      sim = drift_similarity(cfg, params, l, past_x, x_q[:, :t],
-                             slots_BxQ[:, :t], pos_BxQ[:, :t], kv_old[0],
-                             kv[0], valid_BxN, impl)
+      p_now = tracked_attention(cfg, params, l, x_q[:, :t], pos_BxQ[:, :t],
+                                kv[0], valid_BxN, impl)
+      sim = head_cosine_mean(p_past, p_now, slots_BxQ[:, :t] >= 0, valid_BxN)
       return kv, (out, mass, sim)
 
     kv = (cache.k[l], cache.v[l])
@@ -124,20 +133,14 @@ def forward(model: SequenceModel, tokens_BxN, slots_BxQ, mass_rows_BxQ,
                          jnp.stack(sims, axis=1), restart_B)
 
 
-def drift_similarity(config, params, index, past_x_BxTxE, x_BxTxE, slots_BxT,
-                     positions_BxT, k_past_BxSxKxD, k_BxSxKxD, valid_BxS,
-                     implementation=None):
-  """[B] attention drift of layer `index` for the tracked rows (slot -1 =
-  none): their previous attention (queries from the stored inputs, over the
-  keys before this step's writes) against the current one; 1 without
-  tracked rows."""
-  p_past = layerwise.probabilities(layerwise.queries(
-      config, params, index, past_x_BxTxE, positions_BxT, implementation),
-                                   k_past_BxSxKxD, valid_BxS)
-  p_now = layerwise.probabilities(layerwise.queries(
+def tracked_attention(config, params, index, x_BxTxE, positions_BxT,
+                      k_BxSxKxD, valid_BxS, implementation=None):
+  """p_BxTxHxS: layer `index`'s per-head attention of the rows whose layer
+  input is x_BxTxE over the keys k_BxSxKxD (queries recomputed from the
+  inputs, so a past step's attention comes from the stored inputs)."""
+  return layerwise.probabilities(layerwise.queries(
       config, params, index, x_BxTxE, positions_BxT, implementation),
-                                  k_BxSxKxD, valid_BxS)
-  return head_cosine_mean(p_past, p_now, slots_BxT >= 0, valid_BxS)
+                                 k_BxSxKxD, valid_BxS)
 
 
 def head_cosine_mean(a_BxTxHxS, b_BxTxHxS, rows_BxT, valid_BxS):

@@ -6,7 +6,8 @@ program's workspace, divided by what one slot holds.
 
 A slot holds its KV cache (every layer's keys and values over prompt +
 canvas positions, in the sampler's kv_cache_dtype: an 8-bit cache holds
-half the bytes, plus its scales) and its per-position loop state. The
+half the bytes, plus its scales), its per-position loop state and what the
+sampler keeps per position beside them (Elastic-Cache: every layer's input). The
 workspace is what a step needs beside them whatever the slot count: one
 prefill group's cache rows and activations (fresh rows prefill
 max_refills at a time, flash_forward.prefill_rows) and a margin. Both are estimates from the
@@ -74,6 +75,14 @@ def _kv_dtype(sampler) -> str:
   return getattr(sampler, "kv_cache_dtype", "auto")
 
 
+def sampler_slot_bytes(config: ModelConfig, sampler, positions: int) -> int:
+  """slot_bytes plus what the sampler keeps per position beside the cache
+  (`stored_bytes_per_position`, e.g. Elastic-Cache's stored layer inputs)."""
+  stored = getattr(sampler, "stored_bytes_per_position", None)
+  return (slot_bytes(config, positions, _kv_dtype(sampler))
+          + (0 if stored is None else positions * stored(config)))
+
+
 def workspace_bytes(config: ModelConfig, sampler, positions: int) -> int:
   """A step's memory beside the slots, whatever their number: one prefill
   group (its cache rows and float32 activations: the residual stream, the
@@ -83,7 +92,7 @@ def workspace_bytes(config: ModelConfig, sampler, positions: int) -> int:
   widest = max(config.mlp_hidden, config.n_heads * config.head_dim,
                config.d_model)
   activations = group * positions * 4 * (3 * widest + 4 * config.d_model)
-  return (group * slot_bytes(config, positions, _kv_dtype(sampler))
+  return (group * sampler_slot_bytes(config, sampler, positions)
           + activations + _MARGIN_BYTES)
 
 
@@ -118,7 +127,7 @@ def plan_slots(config: ModelConfig, sampler, *, weight_bytes: int,
     raise ValueError(f"--max-prompt-tokens must be >= 1, got {prompt}")
   positions = -(-prompt // PROMPT_BUCKET) * PROMPT_BUCKET + (
       sampler.gen_length + tail)
-  per_slot = slot_bytes(config, positions, _kv_dtype(sampler))
+  per_slot = sampler_slot_bytes(config, sampler, positions)
   work = workspace_bytes(config, sampler, positions)
   budget = budget_bytes
   if slots is not None:
