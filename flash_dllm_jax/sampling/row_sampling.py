@@ -178,7 +178,8 @@ class RowSampling:
 
   def where(self, pick_B: jax.Array, other: "RowSampling") -> "RowSampling":
     """Rows marked by pick_B from self, the rest from other."""
-    return jax.tree.map(lambda a, b: jnp.where(pick_B, a, b), self, other)
+    return jax.tree.map(lambda a, b: jnp.where(
+        pick_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), self, other)
 
 
 def _restrict(l_BxRxV, top_p_B, top_k_B):

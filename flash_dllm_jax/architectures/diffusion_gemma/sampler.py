@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -110,7 +111,7 @@ class DiffusionGemmaSampler:
   # Every option but canvas_length and max_denoising_steps is also a row's
   # own (row_sampling.Sampling; canvas_options.py): the state's RowSampling
   # holds each row's values, so rows with different values share a program.
-  row_fields = co.ROW_FIELDS
+  row_fields: ClassVar[tuple[str, ...]] = co.ROW_FIELDS
 
   def __post_init__(self):
     options.check(self, self._joint_errors)
