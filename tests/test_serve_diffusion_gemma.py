@@ -17,6 +17,7 @@ import pytest
 
 from flash_dllm_jax import checkpoint
 from flash_dllm_jax.generate import answer_ids, generate
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from tests.diffusion_gemma_case import (FLAGS, PROMPTS, SEEDS, SETTINGS,
                                         tiny_dir)
 from tests.serve_case import Server
@@ -112,7 +113,9 @@ def test_per_request_values_share_the_slots(server, model):
   --variant for them: an OpenAI temperature (the annealing's
   max_temperature, min_temperature capped at it), decoding options, and a
   max_tokens that ends the decode (max_out_length); each answer equals
-  offline generate with those values as the sampler's options."""
+  offline generate with those values as its row's (the program the other
+  tests compiled; tests/test_diffusion_gemma_row_options.py: row values
+  decode as the sampler's options)."""
   client = server.client()
   asks = [
       (0, dict(temperature=0.5), dict(max_temperature=0.5)),
@@ -134,7 +137,8 @@ def test_per_request_values_share_the_slots(server, model):
     answers = list(pool.map(complete, asks))
   for (i, _, values), r in zip(asks, answers):
     assert r.model_extra["decoding"]["variant"] == 0
-    ids, lps = offline(model, PROMPTS[i], SEEDS[i], **values)
+    ids, lps = offline(model, PROMPTS[i], SEEDS[i],
+                       sampling=Sampling(**values))
     assert r.choices[0].model_extra["token_ids"] == ids, (i, values)
     assert r.choices[0].logprobs.token_logprobs == lps
   # the values change the answer: not the default options' one
