@@ -26,11 +26,11 @@ import numpy as np
 from flax import struct
 
 from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
+from flash_dllm_jax.sampling import options
 
 ROW_FIELDS = ("max_temperature", "min_temperature", "exponent",
               "entropy_bound", "max_out_length", "early_stop", "stop_tokens")
 STOP_SLOTS = 16  # a row's stop_tokens at most (or the sampler's own count)
-MIN_TEMPERATURE = 1e-12  # the official _MIN_TEMP: min_temperature's floor
 
 
 class TokenIds(tuple):
@@ -126,11 +126,12 @@ def row_value_error(sampler, values: dict) -> str | None:
 
 def temperature_values(sampler, temperature: float, stated: dict) -> dict:
   """The canvas options a request's OpenAI `temperature` T sets: the
-  annealing's first temperature, max_temperature = T (at least the
-  official floor 1e-12, so T = 0 anneals at that floor: the greedy
-  limit); min_temperature, when the request does not state it, becomes
+  annealing's first temperature, max_temperature = T (at least
+  min_temperature's declared floor, the official 1e-12, so T = 0 anneals
+  at that floor: the greedy limit); min_temperature, when the request does not state it, becomes
   min(the sampler's, T), so the whole schedule stays at or below T."""
-  top = max(float(temperature), MIN_TEMPERATURE)
+  floor = options.declared(type(sampler))["min_temperature"][2].ge
+  top = max(float(temperature), floor)
   out = {"max_temperature": top}
   if stated.get("min_temperature") is None:
     out["min_temperature"] = min(sampler.min_temperature, top)

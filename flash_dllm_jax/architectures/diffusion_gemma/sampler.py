@@ -85,6 +85,10 @@ class DiffusionGemmaSampler:
   tokens (the official output buffer); the seed is generate's `seed`.
   max_refills: under continuous batching, at most this many slots take a
   new request (and prefill) per loop step (None: any number).
+  Every option but canvas_length and max_denoising_steps (which size
+  arrays) may also differ per row (`row_fields`: generate's `sampling`, a
+  served request's values): a row decodes what this sampler with its
+  values decodes.
   """
 
   canvas_length: int = option(256, "tokens per canvas", ge=1)
@@ -274,10 +278,10 @@ class DiffusionGemmaSampler:
       is_end |= jnp.isin(aux.canvas_BxC,
                          jnp.asarray(model.stop_ids, jnp.int32))
     final, has_end = st.truncate(aux.canvas_BxC, is_end)
-    at_B = aux.written_B[:, None] + jnp.arange(c)
-    cols = prompt_len + at_B
+    at_BxC = aux.written_B[:, None] + jnp.arange(c)  # answer positions
+    cols = prompt_len + at_BxC
     rows = jnp.arange(cols.shape[0])[:, None]
-    write = done_B[:, None] & (at_B < opts.max_out_B[:, None])
+    write = done_B[:, None] & (at_BxC < opts.max_out_B[:, None])
     tokens_BxN = state.tokens_BxN.at[rows, cols].set(
         jnp.where(write, final, state.tokens_BxN[rows, cols]).astype(
             state.tokens_BxN.dtype))
