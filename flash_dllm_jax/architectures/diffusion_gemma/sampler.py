@@ -180,16 +180,11 @@ class DiffusionGemmaSampler:
     return aux.replace(fresh_B=aux.fresh_B | rows_B,
                        stop_B=aux.stop_B & ~rows_B)
 
-  def row_arrays(self, rows) -> co.CanvasOptions:
-    """The rows' (Samplings or None) values as numpy CanvasOptions."""
-    return co.host_arrays(self, rows)
-
-  def row_value_error(self, values: dict) -> str | None:
-    return co.row_value_error(self, values)
-
-  def temperature_values(self, temperature: float, stated: dict) -> dict:
-    """The options a request's OpenAI temperature sets (canvas_options)."""
-    return co.temperature_values(self, temperature, stated)
+  # The rows' values as numpy CanvasOptions, a row's values past what the
+  # program holds, the options a request's OpenAI temperature sets.
+  row_arrays = co.host_arrays
+  row_value_error = co.row_value_error
+  temperature_values = co.temperature_values
 
   def _options(self, state: DecodeState) -> co.CanvasOptions:
     """The rows' values: the state's RowSampling, else the sampler's own."""
