@@ -118,3 +118,19 @@ def test_slots_load_each_rows_values(tiny, prompts, batch):
 def test_bad_row_values_get_one_clear_error(tiny, row, needle):
   with pytest.raises(ValueError, match=needle):
     _decode(tiny, [[2, 9]], [0], [row], **BASE)
+
+
+def test_a_variant_is_only_for_shape_changing_options():
+  """serve --variant: canvas_length / max_denoising_steps make a variant;
+  a row's own option (here the temperatures) is refused with the request
+  field that sets it."""
+  from flash_dllm_jax.serve.cli_variants import build_variants
+  from flash_dllm_jax.strategies import build_sampler
+  own = build_sampler("diffusion-gemma", "diffusion_gemma", {})
+  v, = build_variants("diffusion-gemma", "diffusion_gemma", {}, own,
+                      ["canvas_length=128"])
+  assert v.canvas_length == 128
+  with pytest.raises(ValueError, match=r"max_temperature, min_temperature "
+                     r"is a per-request setting \(decoding.max_temperature"):
+    build_variants("diffusion-gemma", "diffusion_gemma", {}, own,
+                   ["max_temperature=0.5,min_temperature=0.2"])
