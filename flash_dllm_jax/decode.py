@@ -44,7 +44,7 @@ def decode_rows(params, rows, seeds, sampling, *, config: ModelConfig,
       sampling = list(sampling) + [sampling[-1]] * pad
   rng_B = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
   if sampling is not None:
-    sampling = RowSampling.of(sampling)
+    sampling = RowSampling.of(sampling, sampler)
   ids, valid = jnp.asarray(ids), jnp.asarray(valid)
   if mesh is not None:
     ids, valid, rng_B = (parallel.shard_rows(mesh, a)

@@ -118,8 +118,10 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     them). A row's Sampling replaces the sampler's options it names in
     `row_fields` for that row: temperature / top_p / top_k drawn with the
     sampler's own rules (LLaDA: temperature only), threshold / factor /
-    gamma in its rule where it runs that rule (row_options.py), else
-    ValueError. Rows with different settings decode in one compiled
+    gamma in its rule where it runs that rule (row_options.py), and
+    diffusion-gemma's canvas options (max_temperature, min_temperature,
+    exponent, entropy_bound, max_out_length, early_stop, stop_tokens),
+    else ValueError. Rows with different settings decode in one compiled
     program, and a row's tokens depend only on its prompt, settings and
     seed.
   stop_at_eos: a row stops once nothing before its first EOS/EOT is masked.

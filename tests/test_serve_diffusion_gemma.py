@@ -2,9 +2,11 @@
 tokenizer, tests/diffusion_gemma_case.py): a real server process on
 localhost and the official `openai` client. Answers, their logprobs and
 their streamed chunks (one per finished canvas or more canvases) equal
-offline generate with the request's seed; a request's `decoding` options
-pick a variant declared at start; what the family cannot do is refused
-with one clear error."""
+offline generate with the request's seed; requests with different
+temperatures and canvas options share the slots and each equals offline
+generate with its values; a shape-changing `decoding` option picks a
+variant declared at start; what the family cannot do is refused with one
+clear error."""
 
 from __future__ import annotations
 
@@ -15,11 +17,12 @@ import pytest
 
 from flash_dllm_jax import checkpoint
 from flash_dllm_jax.generate import answer_ids, generate
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from tests.diffusion_gemma_case import (FLAGS, PROMPTS, SEEDS, SETTINGS,
                                         tiny_dir)
 from tests.serve_case import Server
 
-VARIANT = dict(max_temperature=0.02, min_temperature=0.005)
+VARIANT = dict(canvas_length=3)  # shape-changing: a --variant
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +108,59 @@ def test_decoding_options_pick_the_declared_variant(server, model):
   assert r.choices[0].model_extra["token_ids"] == ids
 
 
+def test_per_request_values_share_the_slots(server, model):
+  """Three requests at once in 2 slots, each with its own values and no
+  --variant for them: an OpenAI temperature (the annealing's
+  max_temperature, min_temperature capped at it), decoding options, and a
+  max_tokens that ends the decode (max_out_length); each answer equals
+  offline generate with those values as its row's (the program the other
+  tests compiled; tests/test_diffusion_gemma_row_options.py: row values
+  decode as the sampler's options)."""
+  client = server.client()
+  asks = [
+      (0, dict(temperature=0.5), dict(max_temperature=0.5)),
+      (1, dict(temperature=0.0001),
+       dict(max_temperature=0.0001, min_temperature=0.0001)),
+      (2, dict(max_tokens=3, extra_body={"decoding": {
+          "exponent": 2.0, "entropy_bound": 0.5, "early_stop": "none",
+          "stop_tokens": [20, 21]}}),
+       dict(max_out_length=3, exponent=2.0, entropy_bound=0.5,
+            early_stop="none", stop_tokens=(20, 21))),
+  ]
+
+  def complete(ask):
+    i, kwargs, _ = ask
+    return client.completions.create(model="m", prompt=PROMPTS[i],
+                                     seed=SEEDS[i], logprobs=0, **kwargs)
+
+  with concurrent.futures.ThreadPoolExecutor(3) as pool:
+    answers = list(pool.map(complete, asks))
+  for (i, _, values), r in zip(asks, answers):
+    assert r.model_extra["decoding"]["variant"] == 0
+    ids, lps = offline(model, PROMPTS[i], SEEDS[i],
+                       sampling=Sampling(**values))
+    m = values.get("max_out_length")  # pad after a row's max_out_length
+    ids, lps = ids[:m], lps[:m]
+    assert r.choices[0].model_extra["token_ids"] == ids, (i, values)
+    assert r.choices[0].logprobs.token_logprobs == lps
+  # the values change the answer: not the default options' one
+  assert answers[0].choices[0].model_extra["token_ids"] != \
+      offline(model, PROMPTS[0], SEEDS[0])[0]
+
+
 @pytest.mark.parametrize("kwargs, needle", [
+    (dict(prompt="Hi", extra_body={"decoding": {"min_temperature": 0.0}}),
+     r"decoding.min_temperature: min_temperature must be >= 1e-12"),
+    (dict(prompt="Hi", temperature=0.3,
+          extra_body={"decoding": {"min_temperature": 0.4}}),
+     r"temperature: max_temperature \(0.3\) must be >= min_temperature"),
+    (dict(prompt="Hi", extra_body={"decoding": {"max_out_length": 7}}),
+     "decoding.max_out_length: max_out_length 7 exceeds the sampler's "
+     "max_out_length 6"),
+    (dict(prompt="Hi", extra_body={"decoding": {"early_stop": "sometimes"}}),
+     "decoding.early_stop: early_stop must be one of"),
+    (dict(prompt="Hi", extra_body={"decoding": {"stop_tokens": "20"}}),
+     "decoding.stop_tokens must be a list"),
     (dict(messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
                                             "AAAA"}}]}]),
@@ -113,8 +168,8 @@ def test_decoding_options_pick_the_declared_variant(server, model):
     (dict(prompt="Hi", echo=True, logprobs=0),
      "an echoed prompt's logprobs is not supported for the diffusion_gemma "
      "family"),
-    (dict(prompt="Hi", extra_body={"decoding": {"max_temperature": 0.5}}),
-     "no variant declared at start decodes with max_temperature=0.5"),
+    (dict(prompt="Hi", extra_body={"decoding": {"canvas_length": 4}}),
+     "no variant declared at start decodes with canvas_length=4"),
     (dict(prompt="Hi", extra_body={"decoding": {"nope": 1}}),
      "unknown decoding option 'nope'"),
 ])

@@ -7,10 +7,16 @@ only values its rule compares with:
              LLaDA2's confidence threshold);
   factor     Fast-dLLM's factor rule (rule "factor");
   gamma      Flash-Verify's acceptance level (Flash-dLLM with verify,
-             llada2-flash) or Elastic-Cache's attention-drift level.
-A row's value replaces the sampler's in its rule, so the row decodes what
-`dataclasses.replace(sampler, option=value)` decodes. A value for an option
-the sampler has no rule for (or whose rule is off) is an error, and so is a
+             llada2-flash) or Elastic-Cache's attention-drift level;
+  max_temperature, min_temperature, exponent, entropy_bound,
+  max_out_length, early_stop, stop_tokens
+             DiffusionGemma's canvas options (its sampler's `row_arrays`
+             holds them per row; max_out_length at most the sampler's, which
+             sizes the answer, stop_tokens at most its `stop_capacity`).
+A row's value replaces the sampler's, so the row decodes what
+`dataclasses.replace(sampler, option=value, ...)` decodes (a row's values
+are checked together, as that call checks them). A value for an option the
+sampler has no rule for (or whose rule is off) is an error, and so is a
 value the sampler itself refuses. temperature / top_p / top_k are row data
 too (row_sampling.py); every other option changes the compiled program:
 the server's `--variant`s.
@@ -22,7 +28,9 @@ import dataclasses
 
 from flash_dllm_jax.sampling.row_sampling import row_fields
 
-ROW_OPTIONS = ("threshold", "factor", "gamma")
+ROW_OPTIONS = ("threshold", "factor", "gamma", "max_temperature",
+               "min_temperature", "exponent", "entropy_bound",
+               "max_out_length", "early_stop", "stop_tokens")
 
 
 def takes_rows(sampler) -> bool:
@@ -57,29 +65,39 @@ def off_reason(sampler, name: str) -> str | None:
 def value_error(sampler, name: str, value) -> str | None:
   """Why a row's `name` = value cannot decode with `sampler` (the rule is
   off, or the sampler refuses the value), or None."""
-  if reason := off_reason(sampler, name):
-    return reason
+  return values_error(sampler, {name: value})
+
+
+def values_error(sampler, values: dict) -> str | None:
+  """Why a row's options `values` cannot decode with `sampler` together
+  (an option it takes no row value of, a value its declaration or its
+  joint checks refuse, or one past its `row_value_error`), or None."""
+  for name in values:
+    if reason := off_reason(sampler, name):
+      return reason
   try:
-    dataclasses.replace(sampler, **{name: value})
+    dataclasses.replace(sampler, **values)
   except ValueError as e:  # "invalid ... arguments: <the option's error>"
     return str(e).split(": ", 1)[-1]
-  return None
+  more = getattr(sampler, "row_value_error", None)
+  return None if more is None else more(values)
 
 
 def check_rows(sampler, rows) -> None:
-  """One ValueError naming each row option (row index, name) that cannot
+  """One ValueError naming each row (index, options) whose options cannot
   decode with `sampler`; rows: Samplings, or None."""
   if rows is None:
     return
   seen, errors = {}, []
   for i, row in enumerate(rows):
-    for name in ROW_OPTIONS:
-      value = getattr(row, name)
-      if value is None:
-        continue
-      if (name, value) not in seen:
-        seen[name, value] = value_error(sampler, name, value)
-      if seen[name, value]:
-        errors.append(f"sampling[{i}].{name}: {seen[name, value]}")
+    values = {name: getattr(row, name) for name in ROW_OPTIONS
+              if getattr(row, name) is not None}
+    if not values:
+      continue
+    key = repr(sorted(values.items()))
+    if key not in seen:
+      seen[key] = values_error(sampler, values)
+    if seen[key]:
+      errors.append(f"sampling[{i}].{'/'.join(values)}: {seen[key]}")
   if errors:
     raise ValueError("invalid per-row options: " + "; ".join(errors[:5]))

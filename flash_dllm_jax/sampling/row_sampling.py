@@ -47,7 +47,11 @@ class Sampling:
   declares them (0: greedy; top_p 1 and top_k 0 or -1: off); threshold in (0, 1]: the confidence a position needs
   to commit under the threshold rule; factor > 0: the factor rule's;
   gamma: Flash-Verify's acceptance level or Elastic-Cache's drift level
-  (the sampler checks its range; row_options.py). None: the sampler's own."""
+  (the sampler checks its range; row_options.py); max_temperature,
+  min_temperature, exponent, entropy_bound, max_out_length, early_stop,
+  stop_tokens: DiffusionGemma's canvas options under its sampler's names
+  (its sampler checks them against its declaration). None: the sampler's
+  own."""
 
   temperature: float = 0.0
   top_p: float = 1.0
@@ -55,6 +59,13 @@ class Sampling:
   threshold: float | None = None
   factor: float | None = None
   gamma: float | None = None
+  max_temperature: float | None = None
+  min_temperature: float | None = None
+  exponent: float | None = None
+  entropy_bound: float | None = None
+  max_out_length: int | None = None
+  early_stop: str | None = None
+  stop_tokens: tuple[int, ...] | None = None
 
   def __post_init__(self):
     errors = draw_settings.errors(self)
@@ -135,7 +146,9 @@ def unsupported_fields(sampler, rows: list[Sampling]) -> list[str]:
 @struct.dataclass
 class RowSampling:
   """temperature_B float32, top_p_B float32, top_k_B int32 (0: off),
-  threshold_B, factor_B, gamma_B float32 (NaN: the sampler's own)."""
+  threshold_B, factor_B, gamma_B float32 (NaN: the sampler's own); extra:
+  the sampler's own per-row arrays (`sampler.row_arrays(rows)`, its
+  options resolved on the host), None for samplers without."""
 
   temperature_B: jax.Array
   top_p_B: jax.Array
@@ -143,25 +156,30 @@ class RowSampling:
   threshold_B: jax.Array
   factor_B: jax.Array
   gamma_B: jax.Array
+  extra: object = None
 
   @classmethod
-  def host(cls, rows: list[Sampling]) -> "RowSampling":
-    """numpy arrays of the rows' settings (the engine fills them per slot)."""
+  def host(cls, rows: list[Sampling], sampler=None) -> "RowSampling":
+    """numpy arrays of the rows' settings (the engine fills them per slot);
+    `sampler`: the one decoding them, whose `row_arrays` fills `extra`."""
     own = lambda name: np.array([np.nan if getattr(r, name) is None
                                  else getattr(r, name) for r in rows],
                                 np.float32)
+    arrays = getattr(sampler, "row_arrays", None)
     return cls(np.array([r.temperature for r in rows], np.float32),
                np.array([r.top_p for r in rows], np.float32),
                np.array([r.top_k for r in rows], np.int32),
-               own("threshold"), own("factor"), own("gamma"))
+               own("threshold"), own("factor"), own("gamma"),
+               None if arrays is None else arrays(rows))
 
   @classmethod
-  def of(cls, rows: list[Sampling]) -> "RowSampling":
-    return jax.tree.map(jnp.asarray, cls.host(rows))
+  def of(cls, rows: list[Sampling], sampler=None) -> "RowSampling":
+    return jax.tree.map(jnp.asarray, cls.host(rows, sampler))
 
   def where(self, pick_B: jax.Array, other: "RowSampling") -> "RowSampling":
     """Rows marked by pick_B from self, the rest from other."""
-    return jax.tree.map(lambda a, b: jnp.where(pick_B, a, b), self, other)
+    return jax.tree.map(lambda a, b: jnp.where(
+        pick_B.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), self, other)
 
 
 def _restrict(l_BxRxV, top_p_B, top_k_B):

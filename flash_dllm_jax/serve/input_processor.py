@@ -17,7 +17,7 @@ from flash_dllm_jax.serve.protocol import (MAX_LOGPROBS, ChatRequest,
                                            CompletionRequest)
 from flash_dllm_jax.sampling import row_options
 from flash_dllm_jax.sampling.loop import records_top
-from flash_dllm_jax.sampling.row_sampling import Sampling
+from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.serve.text import AnswerText
 
 
@@ -150,13 +150,15 @@ class InputProcessor:
     if self.row_data:
       own = (sampler.own_sampling() if hasattr(sampler, "own_sampling")
              else self.settings.sampling or Sampling())
-      sampling = Sampling(
+      draws = dict(
           temperature=float(own.temperature if req.temperature is None
                             else req.temperature),
           top_p=float(own.top_p if req.top_p is None else req.top_p),
           top_k=own.top_k if req.top_k is None else  # k >= V: all
-          min(max(0, req.top_k), self.config.vocab_size),
-          **variant_choice.row_values(req, sampler))
+          min(max(0, req.top_k), self.config.vocab_size))
+      sampling = Sampling(  # the draws the sampler takes per row
+          **{k: v for k, v in draws.items() if k in row_fields(sampler)},
+          **variant_choice.row_values(req, sampler, max_tokens))
     timeout = req.timeout or self.settings.request_timeout
     deadline = time.monotonic() + timeout
     grammar = structured.grammar(req.response_format)

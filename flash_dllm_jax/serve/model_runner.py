@@ -160,7 +160,7 @@ class ModelRunner:
     settings = [GREEDY] * self.b
     for slot, sampling in rows:
       settings[slot] = sampling
-    return RowSampling.host(settings)
+    return RowSampling.host(settings, self.sampler)
 
   # Device functions -------------------------------------------------------
   def _model(self, params, valid_BxN, stop_ids=()):
@@ -175,7 +175,8 @@ class ModelRunner:
         jnp.full((b, self.p), self.config.pad_token_id, jnp.int32),
         jnp.ones((b, self.p), bool), self.g_all, self.config.mask_token_id,
         jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32)),
-        RowSampling.of([GREEDY] * b) if self.row_data else None, done=True,
+        RowSampling.of([GREEDY] * b, self.sampler) if self.row_data
+        else None, done=True,
         top_k=self.top_k)
 
   def _cycle(self, params, state: SlotState, release_B, load_B, prompt_BxP,

@@ -27,7 +27,10 @@ k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
     data too wherever the sampler has them (sampling/row_options.py:
     Flash-dLLM, Fast-dLLM, Elastic-Cache, llada2-flash, and LLaDA2's
     confidence threshold), never a variant; a value for a rule the variant
-    does not run is a 400.
+    does not run is a 400. DiffusionGemma's canvas options (all but
+    canvas_length and max_denoising_steps) are the row's own data too; its
+    `temperature` sets max_temperature and its `max_tokens` the row's
+    max_out_length (docs/diffusion-gemma-serving.md).
   timeout: seconds until the request fails with 504 (default: the server's
     --request-timeout).
 

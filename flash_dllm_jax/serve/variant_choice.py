@@ -1,7 +1,9 @@
 """Which compiled variant decodes a request (`pick`: the first whose
 options equal every option it states) and the decoding options that are
 the row's own data (`row_values`: row_options.py), each a BadRequest
-naming the field at fault otherwise."""
+naming the field at fault otherwise. A sampler with `temperature_values`
+(DiffusionGemma) takes the request's `temperature` as its own options (its
+annealing schedule) and `max_tokens` as its row's max_out_length."""
 
 from __future__ import annotations
 
@@ -35,10 +37,13 @@ def pick(req, samplers, strategy: str) -> int:
   the request states (the first such), or BadRequest naming the field."""
   top_k = None if req.top_k is None or req.top_k <= 0 else req.top_k
   rows = row_fields(samplers[0])
+  mapped = {"temperature"} if hasattr(samplers[0], "temperature_values") \
+      else set()
   stated = [
       (name, top_k if name == "top_k" else getattr(req, name), name, absent)
       for name, absent in _TOP_LEVEL if getattr(req, name) is not None
-      and (name != "top_k" or top_k is not None) and name not in rows]
+      and (name != "top_k" or top_k is not None) and name not in rows
+      and name not in mapped]
   names = dataclasses.asdict(samplers[0])
   types = sampler_options(type(samplers[0]))  # the CLI flags' types
   for name, value in (req.decoding or {}).items():
@@ -51,8 +56,7 @@ def pick(req, samplers, strategy: str) -> int:
     if name not in names:
       raise BadRequest(f"unknown decoding option {name!r}; the sampler "
                        f"takes {sorted(names)}", f"decoding.{name}")
-    if value is not None and (why := option_type_error(
-        value, types[name][0])):
+    if value is not None and (why := _type_error(value, types[name][0])):
       raise BadRequest(f"decoding.{name} {why}", f"decoding.{name}")
     if name in rows and name not in row_options.ROW_OPTIONS:
       raise BadRequest(f"{name} is a per-request setting: send it as the "
@@ -75,26 +79,59 @@ def pick(req, samplers, strategy: str) -> int:
   return left[0]
 
 
-def row_values(req, sampler) -> dict[str, float]:
-  """The stated decoding options that are the row's own data
-  (row_options.py: threshold, factor, gamma), or BadRequest naming the
-  field where the variant has no such rule or refuses the value."""
-  out = {}
-  for name in row_options.options(sampler):
+def _type_error(value, typ: type) -> str | None:
+  """option_type_error, or for a structured option (stop_tokens' TokenIds)
+  why its type refuses the value."""
+  if typ in (bool, int, float, str):
+    return option_type_error(value, typ)
+  if isinstance(value, (str, bool, int, float, dict)):
+    return f"must be a list, got {value!r}"
+  try:
+    typ(value)
+  except (TypeError, ValueError) as e:
+    return str(e)
+  return None
+
+
+def row_values(req, sampler, max_tokens: int | None = None) -> dict:
+  """The request's options that are the row's own data (row_options.py:
+  threshold, factor, gamma; DiffusionGemma's canvas options, with the
+  request's temperature and max_tokens mapped onto them), or BadRequest
+  naming the field where the variant has no such rule or refuses the
+  values."""
+  out, names = {}, row_options.options(sampler)
+  types = sampler_options(type(sampler))
+  for name in names:
     value = (req.decoding or {}).get(name)
     if value is None:
       continue
     param = f"decoding.{name}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-        or not math.isfinite(value):
-      raise BadRequest(f"{param} must be a finite number, got {value!r}",
-                       param)
-    if why := row_options.value_error(sampler, name, float(value)):
-      raise BadRequest(f"{param}: {why}", param)
-    try:
-      Sampling(**{name: float(value)})
-    except ValueError as e:
-      raise BadRequest(f"{param}: {str(e).split(': ', 1)[-1]}",
-                       param) from None
-    out[name] = float(value)
+    typ = types[name][0] if name in types else float
+    if why := _type_error(value, typ):
+      raise BadRequest(f"{param} {why}", param)
+    out[name] = float(value) if typ is float else value
+  where = {name: f"decoding.{name}" for name in out}
+  if req.temperature is not None and hasattr(sampler, "temperature_values"):
+    if "max_temperature" in out:
+      raise BadRequest("temperature sets decoding.max_temperature: send "
+                       "one of them", "temperature")
+    mapped = sampler.temperature_values(req.temperature, out)
+    out.update(mapped)
+    where.update({name: "temperature" for name in mapped})
+  if max_tokens is not None and "max_out_length" in names:
+    # the decode ends at max_tokens: the answer's first tokens are the same
+    out["max_out_length"] = min(max_tokens, out.get(
+        "max_out_length", sampler.max_out_length))
+    where.setdefault("max_out_length", "max_tokens")
+  if out and (why := row_options.values_error(sampler, out)):
+    param = next((where[n] for n in sorted(where, key=len, reverse=True)
+                  if why.startswith(n) or f" {n}" in why
+                  or f"({n}" in why), next(iter(where.values())))
+    raise BadRequest(f"{param}: {why}", param)
+  try:
+    Sampling(**out)
+  except ValueError as e:
+    param = next(iter(where.values()))
+    raise BadRequest(f"{param}: {str(e).split(': ', 1)[-1]}",
+                     param) from None
   return out

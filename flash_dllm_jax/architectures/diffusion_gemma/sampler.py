@@ -37,35 +37,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from flash_dllm_jax.architectures.diffusion_gemma import canvas_options as co
 from flash_dllm_jax.architectures.diffusion_gemma import model as dg
 from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
+from flash_dllm_jax.architectures.diffusion_gemma.canvas_options import (
+    TokenIds)
 from flash_dllm_jax.architectures.diffusion_gemma.fast import FORWARDS
 from flash_dllm_jax.sampling import checks, options
 from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.state import DecodeState, where_keys
-
-
-class TokenIds(tuple):
-  """A tuple of token ids, also from text ("20,21" or "20 21"), so that the
-  option reads the same from Python, the CLI and the server."""
-
-  def __new__(cls, value=()):
-    if isinstance(value, str):
-      value = [v for v in value.replace(",", " ").split() if v]
-    try:
-      ids = [int(v) for v in value]
-    except (TypeError, ValueError):
-      raise ValueError(f"stop_tokens must be token ids, got {value!r}"
-                       ) from None
-    if any(isinstance(v, bool) or (isinstance(v, float) and v != int(v))
-           for v in value) or any(i < 0 for i in ids):
-      raise ValueError(f"stop_tokens must be non-negative ids, got {value!r}")
-    return super().__new__(cls, ids)
 
 
 @struct.dataclass
@@ -102,6 +88,10 @@ class DiffusionGemmaSampler:
   forward: "fast" (fast.py) or "rows" (the reference, model.forward_rows).
   max_refills: under continuous batching, at most this many slots take a
   new request (and prefill) per loop step (None: any number).
+  The sampling options (`row_fields`; not canvas_length and
+  max_denoising_steps, which size arrays, nor forward and max_refills) may
+  also differ per row (generate's `sampling`, a served request's values):
+  a row decodes what this sampler with its values decodes.
   """
 
   canvas_length: int = option(256, "tokens per canvas", ge=1)
@@ -129,6 +119,9 @@ class DiffusionGemmaSampler:
   # Each answer token's log-probability: under the unshaped logits of the
   # denoising step that drew it (its canvas's last), as vLLM reports one.
   reports_logprobs = True
+  # The state's RowSampling holds each row's values (row_sampling.Sampling;
+  # canvas_options.py), so rows with different values share a program.
+  row_fields: ClassVar[tuple[str, ...]] = co.ROW_FIELDS
 
   def __post_init__(self):
     options.check(self, self._joint_errors)
@@ -193,8 +186,18 @@ class DiffusionGemmaSampler:
     return aux.replace(fresh_B=aux.fresh_B | rows_B,
                        stop_B=aux.stop_B & ~rows_B)
 
-  def end_ids(self, model) -> tuple[int, ...]:
-    return tuple(dict.fromkeys(tuple(model.stop_ids) + self.stop_tokens))
+  # The rows' values as numpy CanvasOptions, a row's values past what the
+  # program holds, the options a request's OpenAI temperature sets.
+  row_arrays = co.host_arrays
+  row_value_error = co.row_value_error
+  temperature_values = co.temperature_values
+
+  def _options(self, state: DecodeState) -> co.CanvasOptions:
+    """The rows' values: the state's RowSampling, else the sampler's own."""
+    if state.sampling is not None and state.sampling.extra is not None:
+      return state.sampling.extra
+    rows = [None] * state.tokens_BxN.shape[0]
+    return jax.tree.map(jnp.asarray, co.host_arrays(self, rows))
 
   def _start_canvas(self, model, aux: CanvasRows, rows_B) -> CanvasRows:
     """A fresh canvas for rows_B: the canvas loop's key split once, its
@@ -230,7 +233,7 @@ class DiffusionGemmaSampler:
         outer_B=where_keys(rows_B, state.rng_B, aux.outer_B))
     return self._start_canvas(model, aux, rows_B)
 
-  def _denoise(self, model, aux: CanvasRows, active_B):
+  def _denoise(self, model, aux: CanvasRows, active_B, opts):
     """One denoising step of the active rows' canvases against the cache:
     (next canvas, shaped logits, the cache with the canvas K/V as scratch,
     the next key, the canvas tokens' log-probabilities under the step's
@@ -242,10 +245,10 @@ class DiffusionGemmaSampler:
         model, model.params, cfg, aux.canvas_BxC, slots, aux.cache,
         dg.canvas(slots), aux.sc_BxCxD)
     noise = st.noise_proportions(self.max_denoising_steps)
-    shaped = st.shape_logits(logits, noise[aux.step_B], self.exponent,
-                             self.max_temperature, self.min_temperature)
+    shaped = st.shape_logits(logits, co.temperatures(
+        opts, noise[aux.step_B], logits.dtype))
     inner_next, sample = st.split2(aux.inner_B)
-    canvas = st.accept(shaped, sample, self.entropy_bound, cfg.n_text_ids)
+    canvas = st.accept(shaped, sample, opts.entropy_bound_B, cfg.n_text_ids)
     return canvas, shaped, cache, inner_next, st.token_logprob(logits, canvas)
 
   def propose(self, model, state: DecodeState, rng_B: jax.Array,
@@ -258,10 +261,10 @@ class DiffusionGemmaSampler:
         jnp.any(fresh_B),
         lambda a: self._prefill(model, state, a, fresh_B, prompt_len),
         lambda a: a, aux)
-    canvas, shaped, cache, inner_next, lp_BxC = self._denoise(model, aux,
-                                                              active_B)
-    stability, entropy = st.parse_early_stop(self.early_stop)
-    stop_now = st.should_stop(shaped, aux.canvas_BxC, stability, entropy)
+    opts = self._options(state)
+    canvas, shaped, cache, inner_next, lp_BxC = self._denoise(
+        model, aux, active_B, opts)
+    stop_now = co.should_stop(shaped, aux.canvas_BxC, opts)
     sc = dg.encode_logits(model.params, cfg, shaped).astype(jnp.bfloat16)
     keep = lambda new, old: jnp.where(
         active_B.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
@@ -271,16 +274,21 @@ class DiffusionGemmaSampler:
         sc_BxCxD=keep(sc, aux.sc_BxCxD), step_B=keep(step_B, aux.step_B),
         inner_B=where_keys(active_B, inner_next, aux.inner_B))
     done_B = active_B & (stop_now | (step_B >= self.max_denoising_steps))
-    final, has_end = st.truncate(aux.canvas_BxC, self.end_ids(model))
-    cols = prompt_len + aux.written_B[:, None] + jnp.arange(c)
+    is_end = co.has_stop(aux.canvas_BxC, opts)
+    if model.stop_ids:
+      is_end |= jnp.isin(aux.canvas_BxC,
+                         jnp.asarray(model.stop_ids, jnp.int32))
+    final, has_end = st.truncate(aux.canvas_BxC, is_end)
+    at_BxC = aux.written_B[:, None] + jnp.arange(c)  # answer positions
+    cols = prompt_len + at_BxC
     rows = jnp.arange(cols.shape[0])[:, None]
+    write = done_B[:, None] & (at_BxC < opts.max_out_B[:, None])
     tokens_BxN = state.tokens_BxN.at[rows, cols].set(
-        jnp.where(done_B[:, None], final,
-                  state.tokens_BxN[rows, cols]).astype(
-                      state.tokens_BxN.dtype))
+        jnp.where(write, final, state.tokens_BxN[rows, cols]).astype(
+            state.tokens_BxN.dtype))
     logprob_BxN = state.logprob_BxN.at[rows, cols].set(
-        jnp.where(done_B[:, None], lp_BxC, state.logprob_BxN[rows, cols]))
-    more_B = ~has_end & (aux.written_B + c < self.max_out_length)
+        jnp.where(write, lp_BxC, state.logprob_BxN[rows, cols]))
+    more_B = ~has_end & (aux.written_B + c < opts.max_out_B)
     next_B = done_B & more_B
     aux = aux.replace(stop_B=aux.stop_B | (done_B & ~more_B))
     aux = jax.lax.cond(jnp.any(next_B),

@@ -1,7 +1,8 @@
 """The pieces of DiffusionGemma's official denoising step (gemma/diffusion/
 _sampler.py and _early_stopping.py), restated per row: the annealed
 temperature, entropy-bound acceptance with renoising, the early-stop rules,
-the truncation at end tokens, and the random draws.
+the truncation at end tokens, and the random draws (the per-row options
+they read: canvas_options.py).
 
 Every random draw is taken with the row's own key in the shape the official
 code draws for a batch of one ([1, C]), so a row's tokens never depend on
@@ -59,16 +60,13 @@ def noise_proportions(steps: int):
   return 1.0 - jnp.arange(steps + 1) / steps
 
 
-def shape_logits(logits_BxCxV, noise_B, exponent: float,
-                 max_temperature: float, min_temperature: float):
-  """AnnealingTemperatureShaper: logits / T, T going from max_temperature
-  (noise 1) to min_temperature (noise 0) as 1 - (1 - noise) ** exponent."""
+def shape_logits(logits_BxCxV, temperature_B):
+  """AnnealingTemperatureShaper's last step: logits / T per row, in the
+  logits' dtype (T: canvas_options.temperatures, the annealed schedule
+  from max_temperature at noise 1 to min_temperature at noise 0)."""
   dtype = logits_BxCxV.dtype
-  fraction = 1.0 - (1.0 - noise_B.astype(dtype)) ** exponent
-  temperature = (fraction * (max_temperature - min_temperature)
-                 ) + min_temperature
-  temperature = temperature.astype(dtype)
-  return (logits_BxCxV / temperature[:, None, None]).astype(dtype)
+  return (logits_BxCxV / temperature_B.astype(dtype)[:, None, None]
+          ).astype(dtype)
 
 
 def token_entropy(logits_BxCxV):
@@ -85,11 +83,11 @@ def token_logprob(logits_BxCxV, tokens_BxC):
   return jnp.take_along_axis(lp, tokens_BxC[..., None], axis=-1)[..., 0]
 
 
-def accept(shaped_BxCxV, keys_B, entropy_bound: float, n_ids: int):
+def accept(shaped_BxCxV, keys_B, entropy_bound_B, n_ids: int):
   """SampleFromPredictions: a draw from the shaped logits at every
   position; the lowest-entropy positions are kept while the entropy summed
-  before them is <= entropy_bound (so at least one), the rest renoised with
-  uniform ids in [0, n_ids)."""
+  before them is <= the row's entropy_bound_B (so at least one), the rest
+  renoised with uniform ids in [0, n_ids)."""
   categorical_keys, noise_keys = split2(keys_B)
   logits = shaped_BxCxV.astype(jnp.float32)
   draw = lambda k, l: jax.random.categorical(k, l[None])[0]
@@ -100,35 +98,16 @@ def accept(shaped_BxCxV, keys_B, entropy_bound: float, n_ids: int):
   before_BxC = jnp.cumsum(sorted_BxC, axis=-1) - sorted_BxC
   b = order_BxC.shape[0]
   keep_BxC = jnp.zeros_like(order_BxC, dtype=jnp.bool_).at[
-      jnp.arange(b)[:, None], order_BxC].set(before_BxC <= entropy_bound)
+      jnp.arange(b)[:, None], order_BxC].set(before_BxC <= entropy_bound_B[:, None])
   noise_BxC = random_tokens(noise_keys, order_BxC.shape[1], n_ids)
   return jnp.where(keep_BxC, denoised_BxC, noise_BxC)
 
 
-def should_stop(shaped_BxCxV, previous_BxC, stability: bool,
-                entropy: float | None):
-  """[B] early stop after a step (logits: the shaped ones, as there):
-  TokenStability (the argmax equals the step's input canvas everywhere)
-  and/or Entropy (mean token entropy <= bound); both: their AND."""
-  b = shaped_BxCxV.shape[0]
-  stop_B = jnp.ones((b,), bool)
-  if not stability and entropy is None:
-    return ~stop_B
-  if stability:
-    same = jnp.argmax(shaped_BxCxV, axis=-1) == previous_BxC
-    stop_B &= jnp.all(same, axis=-1)
-  if entropy is not None:
-    stop_B &= jnp.mean(token_entropy(shaped_BxCxV), axis=-1) <= entropy
-  return stop_B
-
-
-def truncate(canvas_BxC, end_ids: tuple[int, ...]):
-  """(canvas with PAD after its first end token, [B] has an end token)."""
+def truncate(canvas_BxC, is_end_BxC):
+  """(canvas with PAD after its first end token, [B] has an end token);
+  is_end_BxC: the positions holding an end token."""
   c = canvas_BxC.shape[1]
-  if not end_ids:
-    return canvas_BxC, jnp.zeros(canvas_BxC.shape[:1], bool)
-  is_end = jnp.isin(canvas_BxC, jnp.asarray(end_ids, jnp.int32))
-  has_B = jnp.any(is_end, axis=-1)
-  first_B = jnp.where(has_B, jnp.argmax(is_end, axis=-1), c)
+  has_B = jnp.any(is_end_BxC, axis=-1)
+  first_B = jnp.where(has_B, jnp.argmax(is_end_BxC, axis=-1), c)
   keep = jnp.arange(c)[None, :] <= first_B[:, None]
   return jnp.where(keep, canvas_BxC, PAD), has_B
