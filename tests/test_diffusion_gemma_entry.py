@@ -1,15 +1,20 @@
 """DiffusionGemma through the entry points: a checkpoint directory with a
 tokenizer loads with it (tests/diffusion_gemma_case.py), so text prompts,
 the Gemma 4 chat template and the CLI work; continuous batching gives
-every request its alone answer. All decodes share one sampler setting
-(and so one compiled program per entry point)."""
+every request its alone answer; the generic temperature maps onto the
+annealing the same way from generate, the CLI and lm-eval's model_args.
+All decodes share one sampler setting (and so one compiled program per
+entry point)."""
 
 import json
 
 import numpy as np
 import pytest
 
-from flash_dllm_jax import checkpoint, cli
+from flash_dllm_jax import checkpoint, cli, strategies
+from flash_dllm_jax.architectures.diffusion_gemma.config import ARCH
+from flash_dllm_jax.architectures.diffusion_gemma.sampler import (
+    DiffusionGemmaSampler)
 from flash_dllm_jax.generate import generate
 from tests.diffusion_gemma_case import (FLAGS, PROMPTS, SEEDS, SETTINGS,
                                         tiny_dir, tiny_tokenizer)
@@ -52,6 +57,82 @@ def test_cli_generate_answers_a_text_prompt(model, ckpt, capsys):
   assert got["text"] == want.texts[0]
   ids = want.tokens_BxG[0].tolist()
   assert got["token_ids"] == ids[:len(got["token_ids"])]
+
+
+# SETTINGS with the generic temperature in place of max_temperature (the
+# same sampler, so the same compiled program): the CLI's flags, generate's
+# and lm-eval's options.
+AS_TEMPERATURE = {**{k: v for k, v in SETTINGS.items()
+                     if k != "max_temperature"},
+                  "temperature": SETTINGS["max_temperature"]}
+TEMPERATURE_FLAGS = [f for i, f in enumerate(FLAGS) if "--max-temperature"
+                     not in FLAGS[max(i - 1, 0):i + 1]] + [
+                         "--temperature", str(SETTINGS["max_temperature"])]
+
+
+def test_cli_temperature_is_generate_with_max_temperature(model, ckpt,
+                                                          capsys):
+  """`generate --temperature T` (and generate(temperature=T)) decodes with
+  max_temperature = T, the stated min_temperature kept."""
+  assert "--max-temperature" not in TEMPERATURE_FLAGS
+  code = cli.main(["generate", "--checkpoint", str(ckpt), "--prompt", "Hi",
+                   *TEMPERATURE_FLAGS, "--seed", "3", "--output", "json"])
+  out = capsys.readouterr()
+  assert code == 0, out.err
+  got = json.loads(out.out)["results"][0]
+  chat = [{"role": "user", "content": "Hi"}]
+  want = generate(model, chat, seed=3, **SETTINGS)
+  mapped = generate(model, chat, seed=3, **AS_TEMPERATURE)
+  assert mapped.tokens_BxG.tolist() == want.tokens_BxG.tolist()
+  assert got["text"] == want.texts[0]
+  ids = want.tokens_BxG[0].tolist()
+  assert got["token_ids"] == ids[:len(got["token_ids"])]
+
+
+@pytest.mark.parametrize("given, want", [
+    (dict(temperature=0.3), dict(max_temperature=0.3, min_temperature=0.3)),
+    (dict(temperature=0.6), dict(max_temperature=0.6, min_temperature=0.4)),
+    (dict(temperature=0.6, min_temperature=0.1),
+     dict(max_temperature=0.6, min_temperature=0.1)),
+    (dict(temperature=0.0), dict(max_temperature=1e-12,
+                                 min_temperature=1e-12)),
+    (dict(temperature=0.5, top_p=1.0, top_k=-1), dict(max_temperature=0.5)),
+])
+def test_temperature_sets_the_annealing(given, want):
+  """max_temperature = T (T = 0: the official floor 1e-12);
+  min_temperature = min(the sampler's, T) unless given; top_p / top_k
+  only off. The same sampler from generate's options (build_sampler) and
+  the CLI's / lm-eval's (build)."""
+  expected = DiffusionGemmaSampler(**{
+      k: v for k, v in {**given, **want}.items()
+      if k not in ("temperature", "top_p", "top_k")})
+  assert strategies.build_sampler("diffusion-gemma", ARCH, given) == expected
+  assert strategies.build("diffusion-gemma", ARCH, given) == (expected, None)
+
+
+@pytest.mark.parametrize("given, needle", [
+    (dict(top_p=0.9), r"--top-p: top_p 0.9: the diffusion_gemma family's "
+     r"sampler has no top_p \(the official one has neither"),
+    (dict(top_k=5), r"--top-k: top_k 5: the diffusion_gemma family's "
+     "sampler has no top_k"),
+    (dict(temperature=0.3, max_temperature=0.5),
+     "--temperature: temperature sets max_temperature"),
+    (dict(temperature=0.3, min_temperature=0.5),
+     r"--temperature: .*max_temperature \(0.3\) must be >= min_temperature"),
+    (dict(temperature=2.5), r"--temperature: temperature must be in \[0, 2\]"),
+])
+def test_what_temperature_cannot_set_gets_one_error(given, needle):
+  with pytest.raises(ValueError, match=needle):
+    strategies.build("diffusion-gemma", ARCH, given)
+
+
+def test_cli_refuses_top_p_naming_the_family(ckpt, capsys):
+  code = cli.main(["generate", "--checkpoint", str(ckpt), "--prompt", "Hi",
+                   *FLAGS, "--top-p", "0.9"])
+  err = capsys.readouterr().err
+  assert code == 1
+  assert "the diffusion_gemma family's sampler has no top_p" in err
+  assert err.count("error:") == 1
 
 
 def test_a_sentencepiece_only_directory_gets_one_clear_error(tmp_path):
