@@ -186,12 +186,14 @@ def test_lm_eval_simple_evaluate_generates_through_the_strategy(model, ckpt):
   """lm-eval's simple_evaluate on a local generate_until task: the
   adapter picks diffusion-gemma for the checkpoint, renders each context
   with Gemma 4's chat template and answers what generate answers (request
-  0 with seed 0); loglikelihood is refused with one clear error."""
+  0 with seed 0); model_args temperature T decodes with max_temperature =
+  T (the program of SETTINGS); loglikelihood is refused with one clear
+  error."""
   lm_eval = pytest.importorskip("lm_eval")
   from flash_dllm_jax.lm_eval import FlashDLLMJax, task_manager
   from flash_dllm_jax.lm_eval.model import cut_at_until
   args = {"checkpoint": str(ckpt), "dtype": "float32", "batch_size": 2,
-          "chat": True, **SETTINGS}
+          "chat": True, **AS_TEMPERATURE}
   results = lm_eval.simple_evaluate(
       model="flash_dllm_jax", model_args=args, tasks=["synthetic_gsm"],
       task_manager=task_manager(include_defaults=False), limit=1,
@@ -208,6 +210,9 @@ def test_lm_eval_simple_evaluate_generates_through_the_strategy(model, ckpt):
   info = results["config"]["flash_dllm_jax"]
   assert info["strategy"] == "diffusion-gemma"
   assert info["throughput"]["generate_until"]["requests"] == 1
+  for sampler in info["samplers_by_max_gen_toks"].values():
+    assert (sampler["max_temperature"], sampler["min_temperature"]) == (
+        SETTINGS["max_temperature"], SETTINGS["min_temperature"])
   lm = FlashDLLMJax(checkpoint=str(ckpt), dtype="float32", **SETTINGS)
   from lm_eval.api.instance import Instance
   with pytest.raises(NotImplementedError, match="diffusion_gemma family"):
