@@ -16,6 +16,7 @@ from flash_dllm_jax.architectures.diffusion_gemma.config import ARCH
 from flash_dllm_jax.architectures.diffusion_gemma.sampler import (
     DiffusionGemmaSampler)
 from flash_dllm_jax.generate import generate
+from flash_dllm_jax.sampling.row_sampling import Sampling
 from tests.diffusion_gemma_case import (FLAGS, PROMPTS, SEEDS, SETTINGS,
                                         tiny_dir, tiny_tokenizer)
 
@@ -186,17 +187,23 @@ def test_lm_eval_simple_evaluate_generates_through_the_strategy(model, ckpt):
   """lm-eval's simple_evaluate on a local generate_until task: the
   adapter picks diffusion-gemma for the checkpoint, renders each context
   with Gemma 4's chat template and answers what generate answers (request
-  0 with seed 0); model_args temperature T decodes with max_temperature =
-  T (the program of SETTINGS); loglikelihood is refused with one clear
+  0 with seed 0) with the request's gen_kwargs temperature T as its row's
+  max_temperature (the stated min_temperature kept; no model_args
+  temperature); model_args temperature T is the sampler's max_temperature
+  (and wins over the requests'); loglikelihood is refused with one clear
   error."""
   lm_eval = pytest.importorskip("lm_eval")
   from flash_dllm_jax.lm_eval import FlashDLLMJax, task_manager
   from flash_dllm_jax.lm_eval.model import cut_at_until
+  from flash_dllm_jax.sampling.row_sampling import Sampling
+  unstated = {k: v for k, v in SETTINGS.items() if k != "max_temperature"}
   args = {"checkpoint": str(ckpt), "dtype": "float32", "batch_size": 2,
-          "chat": True, **AS_TEMPERATURE}
+          "chat": True, **unstated}
+  t = SETTINGS["max_temperature"]
   results = lm_eval.simple_evaluate(
       model="flash_dllm_jax", model_args=args, tasks=["synthetic_gsm"],
       task_manager=task_manager(include_defaults=False), limit=1,
+      gen_kwargs=f"do_sample=true,temperature={t}",
       log_samples=True)  # one prompt-length bucket: one compiled program
   samples = sorted((s for s in results["samples"]["synthetic_gsm"]
                     if s["filter"] == "strict-match"),
@@ -204,16 +211,39 @@ def test_lm_eval_simple_evaluate_generates_through_the_strategy(model, ckpt):
   chats = [[{"role": "user", "content": s["arguments"][0][0]}]
            for s in samples]
   until = samples[0]["arguments"][0][1]["until"]
-  out = generate(model, chats, seed=[0], batch_size=2, **SETTINGS)
+  assert samples[0]["arguments"][0][1]["temperature"] == t
+  out = generate(model, chats, seed=[0], batch_size=2, **unstated,
+                 sampling=[Sampling(max_temperature=t)])
   assert [s["resps"][0][0] for s in samples] == [
-      cut_at_until(t, until) for t in out.texts]
+      cut_at_until(text, until) for text in out.texts]
+  own = generate(model, chats, seed=[0], batch_size=2, **unstated,
+                 sampling=[Sampling(max_temperature=0.8)])  # the same program
+  assert own.tokens_BxG.tolist() != out.tokens_BxG.tolist()
   info = results["config"]["flash_dllm_jax"]
   assert info["strategy"] == "diffusion-gemma"
   assert info["throughput"]["generate_until"]["requests"] == 1
-  for sampler in info["samplers_by_max_gen_toks"].values():
-    assert (sampler["max_temperature"], sampler["min_temperature"]) == (
-        SETTINGS["max_temperature"], SETTINGS["min_temperature"])
-  lm = FlashDLLMJax(checkpoint=str(ckpt), dtype="float32", **SETTINGS)
+  lm = FlashDLLMJax(checkpoint=str(ckpt), dtype="float32", **AS_TEMPERATURE)
+  sampler = lm.sampler_for(SETTINGS["max_out_length"])[0]
+  assert sampler == DiffusionGemmaSampler(**SETTINGS)
+  from flash_dllm_jax.lm_eval import gen_kwargs
+  assert gen_kwargs.row(sampler, lm.options, lm.sampling, 0.5) is None
   from lm_eval.api.instance import Instance
   with pytest.raises(NotImplementedError, match="diffusion_gemma family"):
     lm.loglikelihood([Instance("loglikelihood", {}, ("a", "b"), 0)])
+
+
+@pytest.mark.parametrize("given, temperature, want", [
+    ({}, 0.5, Sampling(max_temperature=0.5)),  # min stays 0.4
+    ({}, 0.0, Sampling(max_temperature=1e-12, min_temperature=1e-12)),
+    ({}, 0.8, None),  # the sampler's own: no row values
+    ({"min_temperature": 0.1}, 0.3, Sampling(max_temperature=0.3)),
+    ({"max_temperature": 0.9}, 0.3, None),  # model_args state it
+    ({"temperature": 0.9}, 0.3, None),
+    ({}, None, None),
+])
+def test_a_requests_temperature_is_its_rows(given, temperature, want):
+  """gen_kwargs.row: a request's temperature through the family's
+  mapping, unless model_args state the temperature."""
+  from flash_dllm_jax.lm_eval import gen_kwargs
+  sampler, base = strategies.build("diffusion-gemma", ARCH, given)
+  assert gen_kwargs.row(sampler, given, base, temperature) == want

@@ -136,6 +136,10 @@ DRAW_SPECS = {"temperature": dataclasses.replace(
         "official floor 1e-12, the greedy limit); min_temperature becomes "
         "at most it unless given"))}
 
+# The options that state a draw setting's value themselves (given, they
+# win over a default temperature such as an lm-eval task's).
+DRAW_STATED = {"temperature": ("max_temperature",)}
+
 
 def draw_options(sampler, stated: dict, temperature=None, top_p=None,
                  top_k=None) -> dict:

@@ -193,6 +193,7 @@ class DiffusionGemmaSampler:
   row_value_error = co.row_value_error
   draw_options = co.draw_options
   draw_specs: ClassVar[dict] = co.DRAW_SPECS
+  draw_stated: ClassVar[dict] = co.DRAW_STATED
 
   def _options(self, state: DecodeState) -> co.CanvasOptions:
     """The rows' values: the state's RowSampling, else the sampler's own."""
