@@ -105,7 +105,10 @@ def generate(model, prompt, *, strategy: str | Sampler | None = None,
     `options`: the sampler's fields, e.g. gen_length, steps, threshold), or
     a sampler object. Default: the architecture's reference sampler
     ("llada" or "dream"), built from `options`. `sampler=` is the same as
-    passing a sampler object as `strategy`.
+    passing a sampler object as `strategy`. temperature / top_p / top_k
+    among `options` go where strategies.build_sampler puts them
+    (diffusion-gemma: temperature onto its annealing, its family's
+    `draw_options`).
   chat: apply the checkpoint's chat template to string prompts. None (the
     default, shared with the CLI): on when the tokenizer has a chat template.
     Chats are always rendered with the template.

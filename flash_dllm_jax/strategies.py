@@ -154,10 +154,18 @@ def row_draws(strategy: Strategy) -> tuple[str, ...]:
                if k not in fields and k in row_fields(strategy.sampler))
 
 
+def mapped_draws(strategy: Strategy) -> dict[str, options.Spec]:
+  """{draw setting: its Spec} of the settings `strategy`'s sampler maps
+  onto its own options (its family's `draw_options`: DiffusionGemma's
+  temperature onto its annealing); none for the others."""
+  return dict(getattr(strategy.sampler, "draw_specs", {}))
+
+
 def takes(strategy: Strategy, option: str) -> bool:
   """Whether `strategy` takes `option`: a field it leaves free whose
-  declared needs its fixed options meet, or a row draw setting."""
-  if option in row_draws(strategy):
+  declared needs its fixed options meet, a row draw setting, or a draw
+  setting its sampler maps onto its own options."""
+  if option in row_draws(strategy) or option in mapped_draws(strategy):
     return True
   declared = options.declared(strategy.sampler)
   if option not in declared or option in strategy.fixed:
@@ -248,6 +256,11 @@ def build_sampler(name: str, arch: str, given: Mapping[str, Any]):
                      f"{', '.join(strategies_for(arch))}")
   fields = sampler_options(strategy.sampler)
   free = sorted(k for k in fields if takes(strategy, k))
+  free += sorted(mapped_draws(strategy))
+  maps = callable(getattr(strategy.sampler, "draw_options", None))
+  draws = {k: v for k, v in given.items() if maps
+           and k in draw_settings.SETTINGS and v is not None}
+  given = {k: v for k, v in given.items() if k not in draws}
   for old in set(given) & set(RENAMED):
     raise ValueError(renamed_error(old))
   unknown = sorted(set(given) - set(all_options()))
@@ -263,6 +276,16 @@ def build_sampler(name: str, arch: str, given: Mapping[str, Any]):
     raise ValueError(f"option(s) {', '.join(map(flag_name, foreign))} do not "
                      f"apply to strategy {name!r} (it takes: "
                      f"{', '.join(free)}){hint}")
+  if draws:  # the family's own mapping (its error names the setting)
+    base = strategy.sampler(**{**strategy.fixed, **given})
+    try:
+      mapped = base.draw_options(given, **draws)
+      strategy.sampler(**{**strategy.fixed, **given, **mapped})
+    except ValueError as e:
+      name = next((k for k in draws if str(e).startswith(k)),
+                  "temperature")
+      raise ValueError(f"{flag_name(name)}: {e}") from None
+    given = {**given, **mapped}
   sampler = strategy.sampler(**{**strategy.fixed, **given})
   for key, value in given.items():  # an option with no effect, refused
     why = None if value is None else options.ignored(sampler, key)

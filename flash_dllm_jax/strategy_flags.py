@@ -12,13 +12,19 @@ from typing import Any
 from flash_dllm_jax.sampling import draw_settings, options
 from flash_dllm_jax.sampling.strategy import Strategy
 from flash_dllm_jax.strategies import (RENAMED, STRATEGIES, flag_name,
-                                       shared_first, all_options, row_draws,
-                                       takes)
+                                       shared_first, all_options,
+                                       mapped_draws, row_draws, takes)
 
 
 def _declared(strategy: Strategy, name: str) -> tuple[type, Any, Any]:
   """(type, default, Spec) of option `name` as `strategy` takes it; a row
-  draw setting as a sampler field declares it (default: off)."""
+  draw setting as a sampler field declares it (default: off); one the
+  sampler maps onto its own options as its family declares it (default:
+  those options' own)."""
+  if name in mapped_draws(strategy):
+    return draw_settings.SETTINGS[name].type, None, dataclasses.replace(
+        mapped_draws(strategy)[name],
+        none="the options it maps onto keep theirs")
   if name in row_draws(strategy):
     setting = draw_settings.SETTINGS[name]
     default = setting.default if name == "temperature" else None

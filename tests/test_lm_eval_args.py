@@ -213,6 +213,34 @@ def test_temperature_samples_a_strategy_that_draws_per_row():
       sampling)
 
 
+@pytest.mark.parametrize("strategy, given, temperature, want", [
+    ("llada", {}, 0.7, Sampling(temperature=0.7)),
+    ("llada", {}, 0.0, None),  # the sampler's own: no row values
+    ("llada", {"temperature": 0.5}, 0.7, None),  # model_args state it
+    ("threshold", {"top_k": 50}, 0.7, Sampling(temperature=0.7, top_k=50)),
+    ("threshold", {}, None, None),
+])
+def test_a_requests_temperature_decodes_its_row(strategy, given,
+                                                temperature, want):
+  """gen_kwargs.row: a request's temperature as its row's, over
+  model_args' other draw settings, unless model_args give a temperature
+  (tests/test_diffusion_gemma_entry.py: through simple_evaluate)."""
+  from flash_dllm_jax.lm_eval import gen_kwargs
+  sampler, base = build(strategy, "llada", given)
+  assert gen_kwargs.row(sampler, given, base, temperature) == (
+      base if want is None else want)
+
+
+def test_a_requests_temperature_reads_do_sample():
+  from flash_dllm_jax.lm_eval.gen_kwargs import temperature_of
+  assert temperature_of({"do_sample": False, "temperature": 0.7}, 0) == 0.0
+  assert temperature_of({"do_sample": True, "temperature": 0.2}, 0) == 0.2
+  assert temperature_of({"until": ["\n"]}, 0) is None
+  with pytest.raises(ValueError, match=r"request 3: gen_kwargs temperature "
+                     r"must be in \[0, 2\]"):
+    temperature_of({"temperature": 3.0}, 3)
+
+
 def test_batch_sizes_are_bounded_by_the_memory(caplog):
   """memory_gib below one row's estimate: batch_size 3 runs 1 row per
   forward, with one warning line, and scores as batch_size 1 does."""

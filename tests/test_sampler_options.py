@@ -290,7 +290,12 @@ def test_generate_flags_sample_every_strategy_that_samples():
   assert rows == Sampling(temperature=0.7, top_k=5)
   sampler, rows = strategies.build("llada", "llada", {"temperature": 0.7})
   assert sampler.temperature == 0.7 and rows is None
-  with pytest.raises(ValueError, match="--temperature do not apply to "
-                     "strategy 'diffusion-gemma'"):
-    strategies.build("diffusion-gemma", "diffusion_gemma",
-                     {"temperature": 0.7})
+  # DiffusionGemma: its family's mapping onto the annealing
+  # (tests/test_diffusion_gemma_entry.py); top_p / top_k refused
+  sampler, rows = strategies.build("diffusion-gemma", "diffusion_gemma",
+                                   {"temperature": 0.7})
+  assert (sampler.max_temperature, sampler.min_temperature) == (0.7, 0.4)
+  assert rows is None
+  with pytest.raises(ValueError, match="--top-k: top_k 5: the "
+                     "diffusion_gemma family's sampler has no top_k"):
+    strategies.build("diffusion-gemma", "diffusion_gemma", {"top_k": 5})

@@ -154,6 +154,13 @@ def test_per_request_values_share_the_slots(server, model):
     (dict(prompt="Hi", temperature=0.3,
           extra_body={"decoding": {"min_temperature": 0.4}}),
      r"temperature: max_temperature \(0.3\) must be >= min_temperature"),
+    (dict(prompt="Hi", temperature=0.3,
+          extra_body={"decoding": {"max_temperature": 0.4}}),
+     "temperature sets max_temperature"),
+    (dict(prompt="Hi", top_p=0.9),
+     "top_p 0.9: the diffusion_gemma family's sampler has no top_p"),
+    (dict(prompt="Hi", extra_body={"top_k": 5}),
+     "top_k 5: the diffusion_gemma family's sampler has no top_k"),
     (dict(prompt="Hi", extra_body={"decoding": {"max_out_length": 7}}),
      "decoding.max_out_length: max_out_length 7 exceeds the sampler's "
      "max_out_length 6"),

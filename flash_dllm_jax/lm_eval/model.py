@@ -22,9 +22,11 @@ sampler's block_length (32 for samplers without one), with the answer cut
 to max_gen_toks tokens; LLaDA's and Dream's samplers then also take
 steps = gen length unless steps is given. diffusion-gemma, whose answers
 end at any length, takes max_out_length = max_gen_toks (unless model_args
-give it). The task's do_sample/temperature are not used: model_args
-temperature / top_p / top_k sample, per row for a strategy without such
-fields (strategies.build, as the CLI and the server take them).
+give it). model_args temperature / top_p / top_k sample, per row for a
+strategy without such fields (strategies.build, as the CLI and the server
+take them; DiffusionGemma's temperature through its family's mapping); a
+request's own temperature (gen_kwargs; do_sample false: 0) decodes its
+row unless model_args state one (gen_kwargs.py).
 
 loglikelihood: likelihood.py (LLaDA's / Dream's Monte-Carlo estimate), the
 noisy copies of all requests batch_size rows per forward; request i draws
@@ -52,6 +54,7 @@ from flash_dllm_jax import architectures, parallel
 from flash_dllm_jax.checkpoint import load, load_config
 from flash_dllm_jax.compilation import compile_clock
 from flash_dllm_jax.generate import answer_ids, generate
+from flash_dllm_jax.lm_eval import gen_kwargs
 from flash_dllm_jax.lm_eval.args import ModelArgsError, parse
 from flash_dllm_jax.lm_eval.loglikelihood import Loglikelihood
 from flash_dllm_jax.lm_eval.memory import BatchBound
@@ -184,10 +187,18 @@ class FlashDLLMJax(Loglikelihood, LM):
         ids = [row_of[i] for i in chunk] + [row_of[chunk[-1]]] * n_pad
         seeds = [self.args.seed + i for i in chunk] + \
             [self.args.seed + chunk[-1]] * n_pad
+        rows_sampling = [gen_kwargs.row(
+            sampler, self.options, self.sampling,
+            gen_kwargs.temperature_of(requests[i].args[1], i))
+            for i in chunk]
+        rows_sampling += rows_sampling[-1:] * n_pad
+        sampling = (self.sampling if all(r == self.sampling
+                                         for r in rows_sampling)
+                    else rows_sampling)
         with compile_clock() as compiled:
           t0 = time.perf_counter()
           res = generate((self.params, self.config, self.tokenizer), ids,
-                         sampler=sampler, seed=seeds, sampling=self.sampling,
+                         sampler=sampler, seed=seeds, sampling=sampling,
                          stop_at_eos=self.args.stop_at_eos, mesh=self.mesh,
                          batch_size=b if refill else None)
           wall = time.perf_counter() - t0

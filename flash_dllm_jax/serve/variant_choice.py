@@ -1,9 +1,10 @@
 """Which compiled variant decodes a request (`pick`: the first whose
 options equal every option it states) and the decoding options that are
 the row's own data (`row_values`: row_options.py), each a BadRequest
-naming the field at fault otherwise. A sampler with `temperature_values`
+naming the field at fault otherwise. A sampler with `draw_options`
 (DiffusionGemma) takes the request's `temperature` as its own options (its
-annealing schedule) and `max_tokens` as its row's max_out_length."""
+family's one mapping onto its annealing; top_p / top_k refused there) and
+`max_tokens` as its row's max_out_length."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from flash_dllm_jax.strategies import (option_type_error, renamed_error,
 # does not take them per row (`row_fields`; LLaDA's top_p / top_k): (field,
 # the value a sampler without the option decodes with).
 _TOP_LEVEL = (("temperature", 0.0), ("top_p", 1.0), ("top_k", None))
+_TOP_LEVEL_NAMES = tuple(name for name, _ in _TOP_LEVEL)
 _REQUEST_FIELDS = ("temperature", "top_p", "top_k", "seed", "max_tokens",
                    "stop", "n")
 
@@ -37,7 +39,7 @@ def pick(req, samplers, strategy: str) -> int:
   the request states (the first such), or BadRequest naming the field."""
   top_k = None if req.top_k is None or req.top_k <= 0 else req.top_k
   rows = row_fields(samplers[0])
-  mapped = {"temperature"} if hasattr(samplers[0], "temperature_values") \
+  mapped = set(_TOP_LEVEL_NAMES) if hasattr(samplers[0], "draw_options") \
       else set()
   stated = [
       (name, top_k if name == "top_k" else getattr(req, name), name, absent)
@@ -111,11 +113,14 @@ def row_values(req, sampler, max_tokens: int | None = None) -> dict:
       raise BadRequest(f"{param} {why}", param)
     out[name] = float(value) if typ is float else value
   where = {name: f"decoding.{name}" for name in out}
-  if req.temperature is not None and hasattr(sampler, "temperature_values"):
-    if "max_temperature" in out:
-      raise BadRequest("temperature sets decoding.max_temperature: send "
-                       "one of them", "temperature")
-    mapped = sampler.temperature_values(req.temperature, out)
+  if hasattr(sampler, "draw_options"):  # the family's own mapping
+    draws = {name: getattr(req, name) for name in _TOP_LEVEL_NAMES}
+    try:
+      mapped = sampler.draw_options(out, **draws)
+    except ValueError as e:
+      param = next((n for n in draws if str(e).startswith(n)),
+                   "temperature")
+      raise BadRequest(str(e), param) from None
     out.update(mapped)
     where.update({name: "temperature" for name in mapped})
   if max_tokens is not None and "max_out_length" in names:

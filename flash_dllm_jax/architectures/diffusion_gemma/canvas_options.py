@@ -20,13 +20,16 @@ Shapes: B rows, C canvas positions, V vocabulary, S = stop_capacity.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
 from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
-from flash_dllm_jax.sampling import options
+from flash_dllm_jax.architectures.diffusion_gemma.config import ARCH
+from flash_dllm_jax.sampling import draw_settings, options
 
 ROW_FIELDS = ("max_temperature", "min_temperature", "exponent",
               "entropy_bound", "max_out_length", "early_stop", "stop_tokens")
@@ -124,12 +127,46 @@ def row_value_error(sampler, values: dict) -> str | None:
   return None
 
 
-def temperature_values(sampler, temperature: float, stated: dict) -> dict:
-  """The canvas options a request's OpenAI `temperature` T sets: the
-  annealing's first temperature, max_temperature = T (at least
-  min_temperature's declared floor, the official 1e-12, so T = 0 anneals
-  at that floor: the greedy limit); min_temperature, when the request does not state it, becomes
-  min(the sampler's, T), so the whole schedule stays at or below T."""
+# The generic draw settings (sampling/draw_settings.py) this family maps
+# onto its canvas options, with what each means here (the help of the
+# CLI's flag for this strategy; the generic range).
+DRAW_SPECS = {"temperature": dataclasses.replace(
+    draw_settings.TEMPERATURE.spec, meaning=(
+        "the annealing's first temperature, max_temperature (0: the "
+        "official floor 1e-12, the greedy limit); min_temperature becomes "
+        "at most it unless given"))}
+
+# The options that state a draw setting's value themselves (given, they
+# win over a default temperature such as an lm-eval task's).
+DRAW_STATED = {"temperature": ("max_temperature",)}
+
+
+def draw_options(sampler, stated: dict, temperature=None, top_p=None,
+                 top_k=None) -> dict:
+  """The canvas options the generic draw settings set on this family's
+  sampler, the one mapping every entry point uses (generate's options and
+  the CLI's flags, lm-eval's model_args, a served request's fields).
+  temperature T: the annealing's first temperature, max_temperature =
+  max(T, min_temperature's declared floor, the official 1e-12: T = 0
+  anneals at that floor, the greedy limit); min_temperature, unless
+  `stated` (the options given beside T) has it, becomes min(the
+  sampler's, that), so the whole schedule stays at or below T. top_p /
+  top_k: only off (1; 0 or -1), as the official sampler has neither.
+  ValueError, starting with the setting's name, otherwise."""
+  for name, value, off in (("top_p", top_p, (1,)), ("top_k", top_k, (0, -1))):
+    if value is not None and value not in off:
+      raise ValueError(
+          f"{name} {value!r}: the {ARCH} family's sampler has no {name} "
+          "(the official one has neither top_p nor top_k); use temperature "
+          "or its canvas options (max_temperature, min_temperature, "
+          "exponent, entropy_bound)")
+  if temperature is None:
+    return {}
+  if why := draw_settings.TEMPERATURE.error(temperature):
+    raise ValueError(why)
+  if stated.get("max_temperature") is not None:
+    raise ValueError("temperature sets max_temperature (the annealing's "
+                     "first temperature): give one of them")
   floor = options.declared(type(sampler))["min_temperature"][2].ge
   top = max(float(temperature), floor)
   out = {"max_temperature": top}

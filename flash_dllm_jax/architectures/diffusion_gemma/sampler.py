@@ -187,10 +187,13 @@ class DiffusionGemmaSampler:
                        stop_B=aux.stop_B & ~rows_B)
 
   # The rows' values as numpy CanvasOptions, a row's values past what the
-  # program holds, the options a request's OpenAI temperature sets.
+  # program holds; the options the generic temperature (top_p / top_k:
+  # refused) sets, for every entry point, and that temperature's meaning.
   row_arrays = co.host_arrays
   row_value_error = co.row_value_error
-  temperature_values = co.temperature_values
+  draw_options = co.draw_options
+  draw_specs: ClassVar[dict] = co.DRAW_SPECS
+  draw_stated: ClassVar[dict] = co.DRAW_STATED
 
   def _options(self, state: DecodeState) -> co.CanvasOptions:
     """The rows' values: the state's RowSampling, else the sampler's own."""
