@@ -172,7 +172,8 @@ class GemmaConfig:
     stacks by expert. A dimension the mesh does not divide (a global
     layer's kv heads) stays whole. Replicated: norms, the router, and the
     tied embedding (encode_logits sums over the vocabulary, which a
-    vocabulary split would turn into per-device partial sums)."""
+    vocabulary split would turn into per-device partial sums). 8-bit
+    weights (quant.py) split only their expert stacks."""
     dim = lambda axis: roles.Role(shard="dim", axis=axis)
     cols = roles.Role(shard="columns")
     mlp = lambda p: {p + "gating_einsum": dim(1), p + "linear": cols}
@@ -189,6 +190,10 @@ class GemmaConfig:
       out.update(mlp(f"layer_{i}/mlp2/"))
       for name in ("gating_einsum/w", "linear/w", "per_expert_scale"):
         out[f"layer_{i}/mlp/{name}"] = roles.Role(shard="experts")
+      if self.quantize:  # quant.py's 8-bit stacks [X, O, I] and [X, O, Z]
+        for name in ("gating_einsum/w/", "linear/w/"):
+          for leaf in ("kernel_q", "scale"):
+            out[f"layer_{i}/mlp/{name}{leaf}"] = roles.Role(shard="experts")
     return out
 
   def split_sizes(self) -> list[tuple[str, int]]:

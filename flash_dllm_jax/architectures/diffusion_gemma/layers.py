@@ -111,8 +111,8 @@ def query(p, config, kind, x_BxQxD, positions_BxQ):
   q = (project(x_BxQxD, w, config.quantize,
                (config.n_heads, config.key_size(kind))) if is_q(w) else
        jnp.einsum("BTD,NDH->BTNH", x_BxQxD, w))
-  q = rms_norm(sh.split(q, 2), a["query_norm"]["scale"] if config.qk_norm_with_scale
-               else None)
+  q = rms_norm(sh.split(q, 2), a["query_norm"]["scale"]
+               if config.qk_norm_with_scale else None)
   fraction, base, scale = config.rope(kind)
   return rope(q, positions_BxQ, fraction, base, scale)
 

@@ -83,5 +83,11 @@ def experts(run: Callable, m, x_TxD, ids_Txk, n_experts: int):
     return jax.lax.psum(y, "model")
 
   stacks = jax.tree.map(lambda a: P("model", *[None] * (a.ndim - 1)), m)
-  return parallel.shard_map(shard, mesh, (stacks, P(), P()), P())(
-      m, gather(x_TxD), gather(ids_Txk))
+  # A GPU's batched pass splits its tokens over "data" (the grouped GEMM's
+  # tiles never depend on the row count); elsewhere (a row at a time, whose
+  # tokens XLA:CPU may round otherwise in halves) every device takes all.
+  gpu = jax.default_backend() in ("gpu", "cuda")
+  rows = (P("data") if gpu and x_TxD.shape[0] % mesh.shape["data"] == 0
+          else P())
+  return parallel.shard_map(shard, mesh, (stacks, rows, rows), rows)(
+      m, x_TxD, ids_Txk)
