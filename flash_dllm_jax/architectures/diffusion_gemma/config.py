@@ -196,7 +196,7 @@ class GemmaConfig:
             out[f"layer_{i}/mlp/{name}{leaf}"] = roles.Role(shard="experts")
     return out
 
-  def split_sizes(self) -> list[tuple[str, int]]:
+  def mesh_divisors(self) -> list[tuple[str, int]]:
     """What `--mesh model=M` must divide (parallel.check_config): the
     query heads, the local layers' kv heads, the MLP widths and the
     experts (a global layer's kv heads are replicated where M does not
