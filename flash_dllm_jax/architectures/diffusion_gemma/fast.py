@@ -25,8 +25,10 @@ Row invariance: every op is per row (per token for the experts), and the
 grouped kernel's tiles never depend on the row count (its kernel.py), so
 a row's logits do not depend on the rows beside it; tests check it bit for
 bit (the decode's XLA options; on the CPU at the suite's level 0, and a
-`gpu` test in bf16). A decode runs it batched on GPUs and a row at a time
-elsewhere (FORWARDS). `implementation`: None (by backend), 'reference',
+`gpu` test in bf16). Under a mesh's "model" axis the experts run where
+they live and activations are gathered as sharding.py says (one device's
+bits: tests/test_mesh_diffusion_gemma.py). A decode runs it batched on GPUs
+and a row at a time elsewhere (FORWARDS). `implementation`: None (by backend), 'reference',
 'pallas', 'pallas_interpret' or an ops.Kernels.
 
 Shapes: B rows, Q queries, S slots, D width, X experts, k chosen, M an
