@@ -102,7 +102,9 @@ def check_config(config, mesh: Mesh | None) -> None:
                      "use data=D")
   sizes = [("n_heads", config.n_heads), ("n_kv_heads", config.n_kv_heads),
            ("mlp_hidden", config.mlp_hidden)]
-  if getattr(config, "moe", None) is not None:
+  if hasattr(config, "mesh_divisors"):  # a family with its own divisors
+    sizes = config.mesh_divisors()
+  elif getattr(config, "moe", None) is not None:
     sizes += [("moe.n_experts", config.moe.n_experts)]
     if config.moe.n_shared:
       sizes += [("shared experts' width",

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import jax
 
-SHARDS = ("replicated", "columns", "vocab_rows", "experts")
+SHARDS = ("replicated", "columns", "vocab_rows", "experts", "dim")
 QUANTIZE = (None, "projection", "head", "embedding")
 
 
@@ -33,7 +33,9 @@ QUANTIZE = (None, "projection", "head", "embedding")
 class Role:
   """shard: how the mesh's "model" axis splits it: replicated; columns (the
   output features of a projection, a bias's only axis); vocab_rows (the
-  embedding's rows); experts (the leading expert axis of a stack).
+  embedding's rows); experts (the leading expert axis of a stack); dim
+  (the stored dimension `axis`: the heads or MLP width of an einsum
+  weight stored with them on another axis than the last).
   quantize: which 8-bit conversion takes it (None: none); "head" and
   "embedding" only when the config asks for them.
   float32: kept in float32 whatever the checkpoint's dtype (a router, whose
@@ -42,6 +44,7 @@ class Role:
   shard: str = "replicated"
   quantize: str | None = None
   float32: bool = False
+  axis: int = 0
 
   def __post_init__(self):
     if self.shard not in SHARDS or self.quantize not in QUANTIZE:
@@ -56,6 +59,8 @@ class Role:
       out[0 if ndim == 1 else (-2 if quantized else -1)] = "model"
     elif self.shard in ("vocab_rows", "experts"):
       out[0] = "model"
+    elif self.shard == "dim":
+      out[self.axis] = "model"
     return tuple(out)
 
 

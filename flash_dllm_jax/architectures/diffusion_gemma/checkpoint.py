@@ -24,7 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import traverse_util
+from jax.sharding import NamedSharding
 
+from flash_dllm_jax import parallel
 from flash_dllm_jax import quantize as qlib
 from flash_dllm_jax.architectures.diffusion_gemma import hf as hf_format
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
@@ -189,7 +191,9 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
   given; GemmaConfig, whose dtype is `dtype` or the stored one; the
   directory's tokenizer.json or None: tokenizer.py). quantize: the
   projections stored in that 8-bit format as they
-  load (quant.py; the config records it)."""
+  load (quant.py; the config records it). mesh ('data=D,model=M' or a
+  Mesh): each weight goes from host memory straight onto its shards
+  (config.param_roles), one array at a time."""
   d = Path(ckpt_dir)
   if quantize_head or quantize_embedding:
     raise ValueError("DiffusionGemma keeps its tied embedding unquantized: "
@@ -199,14 +203,17 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
     params, config, tok = load(d, dtype=dtype, mesh=mesh)
     return (quantize_tree(params, config, quantize),
             config.replace(quantize=quantize), tok)
-  if mesh is not None:
-    raise ValueError("sharded DiffusionGemma loading is not supported yet "
-                     "(load without mesh)")
+  mesh = parallel.parse_mesh(mesh)
   if hf_format.is_hf_dir(d):
     params, config = hf_format.load(d, dtype)
+    parallel.check_config(config, mesh)
     tok, config = load_tokenizer(d, config)
-    return jax.tree.map(jnp.asarray, params), config, tok
+    flat = traverse_util.flatten_dict(dict(params), sep="/")
+    return traverse_util.unflatten_dict(
+        {k: _placed(config, k, v, mesh) for k, v in flat.items()},
+        sep="/"), config, tok
   config = load_config(d, dtype)
+  parallel.check_config(config, mesh)
   tok, config = load_tokenizer(d, config)
   item = _item_dir(d)
   check_shapes(config, _stored_shapes(item), str(d))
@@ -216,12 +223,20 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
   flat = traverse_util.flatten_dict(dict(tree), sep="/")
   keep = param_shapes(config)
   np_dtype = None if dtype is None else jnp.dtype(dtype)
-  out = {k: jnp.asarray(np.asarray(v), np_dtype) for k, v in flat.items()
-         if k in keep}
+  out = {k: _placed(config, k, np.asarray(v, np_dtype), mesh)
+         for k, v in flat.items() if k in keep}
   stored = str(out["embedder/input_embedding"].dtype)
   if dtype is None and stored in ("bfloat16", "float32"):
     config = config.replace(dtype=stored)  # computed as stored
   return traverse_util.unflatten_dict(out, sep="/"), config, tok
+
+
+def _placed(config, path: str, array, mesh):
+  """`array` (host) on one device, or on its shards of `mesh`."""
+  if mesh is None:
+    return jnp.asarray(array)
+  spec = parallel.param_spec(config, path, array.shape, mesh)
+  return jax.device_put(array, NamedSharding(mesh, spec))
 
 
 def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:

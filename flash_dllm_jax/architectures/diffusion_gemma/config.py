@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from flash_dllm_jax import architectures, quantize
+from flash_dllm_jax import architectures, quantize, roles
 
 ARCH = "diffusion_gemma"
 LOCAL, GLOBAL = "local", "global"
@@ -165,8 +165,46 @@ class GemmaConfig:
     return architectures.get(self.arch)
 
   def param_roles(self) -> dict:
-    """{param path: roles.Role}: none declared (every weight replicated)."""
-    return {}
+    """{param path: roles.Role} of the official tree (parallel.py splits
+    "model" by it): q/k/v by heads and the MLPs' gate/up by width
+    (whole heads and columns per device), attn_vec and the MLPs' down by
+    output columns (their input gathered first: sharding.py), the expert
+    stacks by expert. A dimension the mesh does not divide (a global
+    layer's kv heads) stays whole. Replicated: norms, the router, and the
+    tied embedding (encode_logits sums over the vocabulary, which a
+    vocabulary split would turn into per-device partial sums). 8-bit
+    weights (quant.py) split only their expert stacks."""
+    dim = lambda axis: roles.Role(shard="dim", axis=axis)
+    cols = roles.Role(shard="columns")
+    mlp = lambda p: {p + "gating_einsum": dim(1), p + "linear": cols}
+    out = mlp("self_conditioner/ffw/")
+    for i, kind in enumerate(self.layer_kinds):
+      a = f"layer_{i}/attn/"
+      out[a + "q_einsum/w"] = dim(0)
+      out[a + ("k_einsum/w" if self.k_eq_v(kind) else "kv_einsum/w")] = (
+          dim(0) if self.k_eq_v(kind) else dim(1))
+      out[a + "attn_vec_einsum/w"] = cols
+      if not self.moe_experts:
+        out.update(mlp(f"layer_{i}/mlp/"))
+        continue
+      out.update(mlp(f"layer_{i}/mlp2/"))
+      for name in ("gating_einsum/w", "linear/w", "per_expert_scale"):
+        out[f"layer_{i}/mlp/{name}"] = roles.Role(shard="experts")
+      if self.quantize:  # quant.py's 8-bit stacks [X, O, I] and [X, O, Z]
+        for name in ("gating_einsum/w/", "linear/w/"):
+          for leaf in ("kernel_q", "scale"):
+            out[f"layer_{i}/mlp/{name}{leaf}"] = roles.Role(shard="experts")
+    return out
+
+  def mesh_divisors(self) -> list[tuple[str, int]]:
+    """What `--mesh model=M` must divide (parallel.check_config): the
+    query heads, the local layers' kv heads, the MLP widths and the
+    experts (a global layer's kv heads are replicated where M does not
+    divide them)."""
+    sizes = [("n_heads", self.n_heads), ("n_kv_heads", self.n_kv_heads),
+             ("mlp_hidden", self.mlp_hidden), ("sc_hidden", self.sc_width)]
+    return sizes + ([("moe_experts", self.moe_experts)]
+                    if self.moe_experts else [])
 
   def replace(self, **changes) -> "GemmaConfig":
     return dataclasses.replace(self, **changes)

@@ -25,8 +25,10 @@ Row invariance: every op is per row (per token for the experts), and the
 grouped kernel's tiles never depend on the row count (its kernel.py), so
 a row's logits do not depend on the rows beside it; tests check it bit for
 bit (the decode's XLA options; on the CPU at the suite's level 0, and a
-`gpu` test in bf16). A decode runs it batched on GPUs and a row at a time
-elsewhere (FORWARDS). `implementation`: None (by backend), 'reference',
+`gpu` test in bf16). Under a mesh's "model" axis the experts run where
+they live and activations are gathered as sharding.py says (one device's
+bits: tests/test_mesh_diffusion_gemma.py). A decode runs it batched on GPUs
+and a row at a time elsewhere (FORWARDS). `implementation`: None (by backend), 'reference',
 'pallas', 'pallas_interpret' or an ops.Kernels.
 
 Shapes: B rows, Q queries, S slots, D width, X experts, k chosen, M an
@@ -42,6 +44,7 @@ import jax.numpy as jnp
 
 from flash_dllm_jax.architectures.diffusion_gemma import layers as L
 from flash_dllm_jax.architectures.diffusion_gemma import model as ref
+from flash_dllm_jax.architectures.diffusion_gemma import sharding as sh
 from flash_dllm_jax.architectures.diffusion_gemma.config import (LOCAL,
                                                                   GemmaConfig)
 from flash_dllm_jax.architectures.diffusion_gemma.quant import is_q
@@ -169,7 +172,11 @@ def moe(p, config, n_BxQxD, residual_BxQxD, implementation=None):
   ids_BxQxk, w_BxQxk = L.route(p, config, residual_BxQxD)
   x_TxD = n_BxQxD.reshape(-1, d)
   ids_Txk = ids_BxQxk.reshape(x_TxD.shape[0], -1)
-  y_Txk = routed_experts(p["mlp"], config, x_TxD, ids_Txk, implementation)
+  stacks = {k: p["mlp"][k] for k in ("gating_einsum", "linear",
+                                      "per_expert_scale")}
+  y_Txk = sh.experts(
+      lambda m, x, ids: routed_experts(m, config, x, ids, implementation),
+      stacks, x_TxD, ids_Txk, config.moe_experts)
   out = jnp.einsum("tkd,tk->td", y_Txk, w_BxQxk.reshape(ids_Txk.shape),
                    preferred_element_type=y_Txk.dtype)
   return out.reshape(n_BxQxD.shape)
@@ -194,14 +201,14 @@ def block(p, config, kind, x_BxQxD, slots_BxQ, last_key_BxQ, layer_cache,
   """model.block with the fast attention and experts."""
   n = L.rms_norm(x_BxQxD, p["pre_attention_norm"]["scale"])
   k, v = L.project_kv(p, config, kind, n, slots_BxQ)
-  cache = {"k": ref._write(layer_cache["k"], k, slots_BxQ),
-           "v": ref._write(layer_cache["v"], v, slots_BxQ)}
+  cache = {"k": sh.split(ref._write(layer_cache["k"], k, slots_BxQ), 2),
+           "v": sh.split(ref._write(layer_cache["v"], v, slots_BxQ), 2)}
   a = attend(p, config, kind, n, slots_BxQ, last_key_BxQ, cache)
   if config.use_post_attn_norm:
     a = L.rms_norm(a, p["post_attention_norm"]["scale"])
   h = a + x_BxQxD
   out = _ffw(p, config, h, implementation) + h
-  return out * p["skip_scale"].astype(out.dtype), cache
+  return sh.gather(out * p["skip_scale"].astype(out.dtype)), cache
 
 
 def forward(params, config: GemmaConfig, tokens_BxQ, slots_BxQ, cache,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from flash_dllm_jax.architectures.diffusion_gemma import sharding as sh
 from flash_dllm_jax.architectures.diffusion_gemma.quant import (
     dequantize_experts, is_q, project)
 
@@ -34,10 +35,12 @@ def gelu_mlp(p, x_BxQxD, fmt=None, gating="gating_einsum", linear="linear"):
     gate = project(x_BxQxD, p[gating], fmt, (2, f))
   else:
     gate = jnp.einsum("...F,NHF->...NH", x_BxQxD, p[gating])
-  act = jax.nn.gelu(gate[..., 0, :]) * gate[..., 1, :]
+  gate = sh.split(gate, gate.ndim - 1)
+  act = sh.gather(jax.nn.gelu(gate[..., 0, :]) * gate[..., 1, :])
   if is_q(p[linear]):
-    return project(act, p[linear], fmt, (p[linear]["kernel_q"].shape[0],))
-  return jnp.einsum("...H,HF->...F", act, p[linear])
+    return sh.columns(lambda: project(act, p[linear], fmt,
+                                      (p[linear]["kernel_q"].shape[0],)))
+  return sh.columns(lambda: jnp.einsum("...H,HF->...F", act, p[linear]))
 
 
 def rope(x_BxQxNxH, positions_BxQ, fraction: float, base: float,
@@ -73,6 +76,7 @@ def project_kv(p, config, kind, x_BxQxD, positions_BxQ):
     k, v = y[..., 0, :, :], y[..., 1, :, :]
   else:
     k, v = jnp.einsum("BSD,CKDH->CBSKH", x_BxQxD, a["kv_einsum"]["w"])
+  k, v = sh.split(k, 2), sh.split(v, 2)
   k = rms_norm(k, a["key_norm"]["scale"] if config.qk_norm_with_scale
                else None)
   v = rms_norm(v)
@@ -107,8 +111,8 @@ def query(p, config, kind, x_BxQxD, positions_BxQ):
   q = (project(x_BxQxD, w, config.quantize,
                (config.n_heads, config.key_size(kind))) if is_q(w) else
        jnp.einsum("BTD,NDH->BTNH", x_BxQxD, w))
-  q = rms_norm(q, a["query_norm"]["scale"] if config.qk_norm_with_scale
-               else None)
+  q = rms_norm(sh.split(q, 2), a["query_norm"]["scale"]
+               if config.qk_norm_with_scale else None)
   fraction, base, scale = config.rope(kind)
   return rope(q, positions_BxQ, fraction, base, scale)
 
@@ -117,10 +121,12 @@ def attn_out(p, config, enc_BxQxNxH):
   """The attention output projection [B, Q, D] of the heads' values."""
   b, t, n, h = enc_BxQxNxH.shape
   w = p["attn"]["attn_vec_einsum"]["w"]
+  enc = sh.gather(enc_BxQxNxH)  # every head, then this device's columns
   if is_q(w):
-    return project(enc_BxQxNxH.reshape(b, t, n * h), w, config.quantize,
-                   (w["kernel_q"].shape[0],))
-  return jnp.einsum("BTNH,NHD->BTD", enc_BxQxNxH, w)
+    return sh.columns(lambda: project(enc.reshape(b, t, n * h), w,
+                                      config.quantize,
+                                      (w["kernel_q"].shape[0],)))
+  return sh.columns(lambda: jnp.einsum("BTNH,NHD->BTD", enc, w))
 
 
 def moe(p, config, n_BxQxD, residual_BxQxD):
