@@ -1,7 +1,7 @@
-"""Long prompts: a block-causal pass attends a chunk of queries at a time,
-bit for bit as in one piece, so the compiled decode's attention buffers
-grow linearly with the prompt (no [B, Q, S] mask, no float32 scores over
-every query and key)."""
+"""Long prompts: a block-causal pass attends a chunk of queries at a time
+and runs its routed experts a chunk of tokens at a time, bit for bit as in
+one piece, so the compiled decode's buffers grow linearly with the prompt
+(no [B, Q, S] mask, no float32 scores over every query and key)."""
 
 import functools
 import importlib
@@ -13,7 +13,7 @@ import numpy as np
 from flash_dllm_jax import ops
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import decode_jit
-from flash_dllm_jax.model import init_params
+from flash_dllm_jax.model import init_params, moe
 from flash_dllm_jax.strategies import build_sampler
 
 ATTENTION = importlib.import_module("flash_dllm_jax.ops.attention")
@@ -38,6 +38,26 @@ def test_block_causal_query_chunks_keep_every_bit():
   assert not np.array_equal(np.asarray(whole[:, :8]),
                             np.asarray(ops.attention(q, kk, v, valid,
                                                      scale=0.25)[:, :8]))
+
+
+def test_routed_experts_token_chunks_keep_every_bit():
+  """The MoE layer's routed sum over 1024 tokens in chunks of 256 equals
+  one piece bit for bit, and so does 1000 of them in chunks of 256 (the
+  last padded). XLA:CPU's dense experts keep a row's bits from 256 rows
+  on, in multiples of 256 (below, or at 1000 rows, another product path)."""
+  cfg, t = CONFIG, 1024
+  params = init_params(cfg, jax.random.key(3))["layers_1"]["moe"]
+  x = jax.random.normal(jax.random.key(4), (t, cfg.d_model))
+  ids = jax.random.randint(jax.random.key(5), (t, cfg.moe.top_k), 0,
+                           cfg.moe.n_experts)
+  w = jax.random.uniform(jax.random.key(6), (t, cfg.moe.top_k))
+  stacks = tuple((params[n]["kernel"],) for n in
+                 ("experts_gate", "experts_up", "experts_down"))
+  run = lambda chunk, t: np.asarray(jax.jit(lambda *a: moe.routed_sum(
+      *a, stacks, token_chunk=chunk))(x[:t], ids[:t], w[:t]))
+  whole = run(None, t)
+  np.testing.assert_array_equal(run(256, t), whole)
+  np.testing.assert_array_equal(run(256, 1000), whole[:1000])
 
 
 @functools.cache
