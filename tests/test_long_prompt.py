@@ -3,12 +3,14 @@ and runs its routed experts a chunk of tokens at a time, bit for bit as in
 one piece, so the compiled decode's buffers grow linearly with the prompt
 (no [B, Q, S] mask, no float32 scores over every query and key)."""
 
+import dataclasses
 import functools
 import importlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from flash_dllm_jax import ops
 from flash_dllm_jax.config import ModelConfig
@@ -92,3 +94,26 @@ def test_long_prompt_decode_memory_grows_linearly():
     assert bound < h * n * n * 4
     assert 0 < _temp_bytes(prompt) <= bound, (prompt, _temp_bytes(prompt),
                                              bound)
+
+
+@pytest.mark.gpu
+def test_long_prompt_tokens_on_the_gpu():
+  """On a GPU, bf16, a small random LLaDA2 (head dim 64, cuDNN's attention)
+  with prompts past QUERY_CHUNK (their prefill in query chunks): the block
+  cache's tokens are the whole-window decode's, and a row's tokens alone
+  are its tokens among 3 rows of other lengths."""
+  from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
+  from flash_dllm_jax.generate import generate
+  config = ModelConfig.tiny("llada2", dtype="bfloat16", head_dim=64,
+                            max_seq_len=4096)
+  params = init_params(config, jax.random.key(2), head_init_scale=8.0)
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 370, n).tolist() for n in (1500, 1100, 1900)]
+  sampler = LLaDA2Sampler(gen_length=32, block_length=16, steps=4,
+                          threshold=None)
+  cached = generate(params, prompts, config=config, sampler=sampler)
+  window = generate(params, prompts, config=config,
+                    sampler=dataclasses.replace(sampler, block_cache=False))
+  np.testing.assert_array_equal(cached.tokens_BxG, window.tokens_BxG)
+  alone = generate(params, prompts[:1], config=config, sampler=sampler)
+  np.testing.assert_array_equal(alone.tokens_BxG[0], cached.tokens_BxG[0])
