@@ -386,3 +386,14 @@ def test_bench_moe_smoke_steady_step(tmp_path, capsys):
   assert math.isclose(row["prefill_ms"] + row["steady_ms"] * row["steps"],
                       row["ms"] * row["steps"])
   assert "llada2 step, batch 2, prompt 8: steady " in capsys.readouterr().out
+
+
+def test_decode_buffers_smoke(tmp_path):
+  """decode_buffers --smoke: the compiled llada2 decode's memory analysis
+  and its largest arrays, largest first, each with its op."""
+  out = tmp_path / "buffers.json"
+  got = script("decode_buffers").main(["--smoke", "--json", str(out)])
+  assert json.loads(out.read_text()) == got
+  sizes = [a["bytes"] for a in got["arrays"]]
+  assert got["temp_bytes"] > 0 and sizes == sorted(sizes, reverse=True)
+  assert any("Transformer" in a["op"] for a in got["arrays"])
