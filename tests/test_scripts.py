@@ -377,12 +377,14 @@ def test_bench_strategies_v2_subblock_row_runs_sub_block_forwards(tmp_path):
 
 def test_bench_moe_smoke_steady_step(tmp_path, capsys):
   """--steady: llada2's step without the prefill, from a second schedule
-  of twice the tokens a step, and the prefill's share of the decode."""
+  of twice the tokens a step (half the steps), and the prefill's share of
+  the decode."""
   out = tmp_path / "moe_steady.json"
   script("bench_moe").main(["--smoke", "--layer-paths", "--steady",
                             "--json", str(out)])
   (row,) = json.loads(out.read_text())["rows"]
-  assert row["kind"] == "llada2 step" and row["steady_ms"] > 0
+  # a difference of two timings: its sign is noise on a shared CPU
+  assert row["kind"] == "llada2 step" and math.isfinite(row["steady_ms"])
   assert math.isclose(row["prefill_ms"] + row["steady_ms"] * row["steps"],
                       row["ms"] * row["steps"])
   assert "llada2 step, batch 2, prompt 8: steady " in capsys.readouterr().out
