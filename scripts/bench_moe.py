@@ -28,10 +28,17 @@ touches, counted exactly).
   python scripts/bench_moe.py --batch 1 32 --gen 512 --prompt 768
   python scripts/bench_moe.py --batch 1 32 --window  # no block cache
   python scripts/bench_moe.py --smoke          # tiny model, any backend
+  python scripts/bench_moe.py --layer-paths --batch 1 --prompt 32768 \
+      --gen 512 --reps 1 --steady     # the step without the prefill
   python scripts/bench_moe.py --layer-only --layer-paths grouped mosaic \
       --layer-tokens window block             # Triton beside Mosaic GPU
   python scripts/bench_moe.py --layer-only --layer-paths --gemm bf16 int8
       # the grouped GEMMs alone, Triton beside Mosaic GPU
+
+--steady (llada2, llada2.1) also times a second schedule of twice the
+tokens a step (half the steps, the same prefill): the steady step is the
+time difference over the step difference, and the prefill's share the
+rest of the first decode (ms x steps - steady x steps).
 
 With --window the step's floor counts the whole window's queries and every
 expert; a block-cache step's floor counts one block's queries and at most
@@ -133,6 +140,10 @@ def main(argv=None):
   ap.add_argument("--strategies", nargs="+", default=["llada2"],
                   choices=["llada2", "llada2.1", "llada2-flash"],
                   help="decodes to time (llada2-flash: one timed run)")
+  ap.add_argument("--steady", action="store_true",
+                  help="llada2 / llada2.1: also the steady step (a second "
+                  "schedule of twice the tokens a step) and the prefill's "
+                  "share of the decode")
   ap.add_argument("--json", type=Path, default=None)
   ap.add_argument("--layer-only", action="store_true",
                   help="only the MoE layer, no decode")
@@ -232,11 +243,22 @@ def main(argv=None):
   for name, b in [] if args.layer_only else decodes:
     sampler, passes = step_sampler(name, args)
     try:
+      kernels = ops.Kernels(experts=args.tilings[0],
+                            experts_backend=args.experts_backend)
       s_step, compile_s, steps, forwards = timing.time_decode(
           cfg, params, sampler, b, args.prompt,
           args.reps if name != "llada2-flash" else 1,
-          implementation=ops.Kernels(experts=args.tilings[0],
-                                     experts_backend=args.experts_backend))
+          implementation=kernels)
+      steady = {}
+      if args.steady and name != "llada2-flash":
+        twice = argparse.Namespace(**{**vars(args),
+                                      "per_step": 2 * args.per_step})
+        s2, _, steps2, _ = timing.time_decode(
+            cfg, params, step_sampler(name, twice)[0], b, args.prompt,
+            args.reps, implementation=kernels)
+        st = (s_step * steps - s2 * steps2) / (steps - steps2)
+        steady = dict(steady_ms=st * 1e3,
+                      prefill_ms=(s_step - st) * steps * 1e3)
       n = args.prompt + args.gen + args.block - 1
       # A cached step runs at least one block's queries, which touch at
       # most b * block * top_k of each layer's experts.
@@ -248,7 +270,8 @@ def main(argv=None):
                        forwards=forwards, ms=s_step * 1e3,
                        floor_ms=floor * 1e3, compile_s=compile_s,
                        tok_s=b * args.gen / (s_step * steps),
-                       peak_gb=(timing.peak_memory_bytes() or 0) / 1e9))
+                       peak_gb=(timing.peak_memory_bytes() or 0) / 1e9,
+                       **steady))
     except Exception as e:  # noqa: BLE001
       rows.append(dict(kind=f"{name} step", batch=b,
                        error=f"{type(e).__name__}: {str(e)[:300]}"))
@@ -284,6 +307,13 @@ def main(argv=None):
             f"GPU ms, batch {r['batch']}, {r['tokens']} tokens: "
             f"{r['triton_over_mosaic']:.3f} (floor / Mosaic "
             f"{r['floor_ms'] / r['ms']:.0%})")
+  for r in rows:
+    if "steady_ms" in r:
+      print(f"{r['kind']}, batch {r['batch']}, prompt {args.prompt}: "
+            f"steady {r['steady_ms']:.2f} ms/step (floor / steady "
+            f"{r['floor_ms'] / r['steady_ms']:.0%}), prefill's share "
+            f"{r['prefill_ms']:.1f} ms over {r['steps']} steps "
+            f"({r['prefill_ms'] / r['steps']:.2f} ms/step)")
   base = {r["batch"]: r["ms"] for r in rows
           if r["kind"] == "llada2 step" and "ms" in r}
   for r in rows:

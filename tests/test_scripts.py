@@ -6,6 +6,7 @@ matmul ceilings) serve the next."""
 
 import importlib
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -372,3 +373,29 @@ def test_bench_strategies_v2_subblock_row_runs_sub_block_forwards(tmp_path):
   assert row["passes"] == [[16, f.whole], [4, f.sub]] and f.sub > f.whole
   read = data["weight_bytes"] / data["copy_Bps"] * 1e3
   assert row["floor_ms"] >= read and row["read_floor_ms"] == read
+
+
+def test_bench_moe_smoke_steady_step(tmp_path, capsys):
+  """--steady: llada2's step without the prefill, from a second schedule
+  of twice the tokens a step (half the steps), and the prefill's share of
+  the decode."""
+  out = tmp_path / "moe_steady.json"
+  script("bench_moe").main(["--smoke", "--layer-paths", "--steady",
+                            "--json", str(out)])
+  (row,) = json.loads(out.read_text())["rows"]
+  # a difference of two timings: its sign is noise on a shared CPU
+  assert row["kind"] == "llada2 step" and math.isfinite(row["steady_ms"])
+  assert math.isclose(row["prefill_ms"] + row["steady_ms"] * row["steps"],
+                      row["ms"] * row["steps"])
+  assert "llada2 step, batch 2, prompt 8: steady " in capsys.readouterr().out
+
+
+def test_decode_buffers_smoke(tmp_path):
+  """decode_buffers --smoke: the compiled llada2 decode's memory analysis
+  and its largest arrays, largest first, each with its op."""
+  out = tmp_path / "buffers.json"
+  got = script("decode_buffers").main(["--smoke", "--json", str(out)])
+  assert json.loads(out.read_text()) == got
+  sizes = [a["bytes"] for a in got["arrays"]]
+  assert got["temp_bytes"] > 0 and sizes == sorted(sizes, reverse=True)
+  assert any("Transformer" in a["op"] for a in got["arrays"])

@@ -79,8 +79,8 @@ def attend(block: nn.Module, cfg: ModelConfig, n_BxQxE, positions_BxQ,
            cos_BxQxR, sin_BxQxR, key_valid, dense, cache_kv=None,
            slots_BxQ=None, extras: CachedExtras | None = None):
   """The attention output o_BxQxHD (before attn_out) and the layer's new
-  (k, v) cache (None uncached). key_valid: [B, S], or [B, Q, S] for a
-  per-query mask (cached: the exact block-causal path; extras unused)."""
+  (k, v) cache (None uncached). key_valid: [B, S], or an ops.BlockCausal
+  mask per query (cached: the exact block-causal path; extras unused)."""
   b, q, _ = n_BxQxE.shape
   q_BxQxHxD, k_BxQxKxD, v_BxQxKxD = project_qkv(block, cfg, n_BxQxE, dense)
   if cache_kv is not None and extras is not None and extras.side_rows:
@@ -130,7 +130,7 @@ def _attend_projected(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
                               v_BxQxKxD, key_valid, scale=scale,
                               implementation=impl)
     return o_BxQxHxD.reshape(b, q, -1), None
-  if key_valid.ndim == 3:  # per-query mask over the cache: block-causal
+  if isinstance(key_valid, ops.BlockCausal):  # exact block-causal path
     if len(cache_kv) == 4:
       raise ValueError("block-causal cached attention takes no 8-bit KV "
                        "cache (kv_cache_dtype 'auto' only)")
@@ -174,7 +174,7 @@ def _attend_projected(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
 
 
 def _exact_cached(cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, rope,
-                  key_valid_BxQxS, cache_kv, slots_BxQ, scale, impl):
+                  key_valid, cache_kv, slots_BxQ, scale, impl):
   """Writes the queries' K/V at their slots, then attends over the whole
   cache with the uncached forward's own attention (same op, same S keys,
   same scaling): a query's row of scores, softmax and sum over S are the
@@ -185,17 +185,7 @@ def _exact_cached(cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, rope,
                                  slots_BxQ)
   values_BxSxKxD = ops.write_cache(cache_kv[1], v_BxQxKxD, slots_BxQ)
   o_BxQxHxD = ops.attention(rope(q_BxQxHxD, None), keys_BxSxKxD,
-                            values_BxSxKxD, key_valid_BxQxS, scale=scale,
+                            values_BxSxKxD, key_valid, scale=scale,
                             implementation=impl)
   return o_BxQxHxD.reshape(b, q, -1), (keys_BxSxKxD, values_BxSxKxD)
 
-
-def block_mask(key_valid_BxS: jax.Array, blocks_BxQ: jax.Array,
-               key_blocks_BxS: jax.Array | None = None) -> jax.Array:
-  """[B, Q, S]: key s is visible to query q when valid and its decode
-  block is not after q's (bidirectional inside a block, causal across).
-  key_blocks_BxS: the keys' blocks (None: the queries are the keys)."""
-  if key_blocks_BxS is None:
-    key_blocks_BxS = blocks_BxQ
-  return key_valid_BxS[:, None, :] & (
-      key_blocks_BxS[:, None, :] <= blocks_BxQ[:, :, None])

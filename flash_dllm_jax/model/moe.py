@@ -141,14 +141,40 @@ class MoE(nn.Module):
     stacks = (stack("experts_gate", e, moe.hidden),
               stack("experts_up", e, moe.hidden),
               stack("experts_down", moe.hidden, e))
-    y_TxKxE = routed_experts(n_TxE, ids_TxK, stacks, self.implementation)
-    out_TxE = jnp.einsum("tk,tke->te", weights_TxK,
-                         y_TxKxE.astype(jnp.float32))
+    out_TxE = routed_sum(n_TxE, ids_TxK, weights_TxK, stacks,
+                         self.implementation)
     if moe.n_shared:
       shared = SharedExperts(cfg, self.param_dtype, self.implementation,
                              name="shared")(n_BxQxE)
       out_TxE = out_TxE + shared.reshape(b * q, e).astype(jnp.float32)
     return residual_BxQxE + out_TxE.reshape(b, q, e).astype(n_BxQxE.dtype)
+
+
+# Tokens whose routed experts run at once: a longer pass (a long prompt's
+# prefill) runs them TOKEN_CHUNK tokens at a time, so its [T, K, E] pair
+# buffers stay a chunk's. Each token's output depends on its row and the
+# weights alone (see above), so the chunks change no bit.
+TOKEN_CHUNK = 16384
+
+
+def routed_sum(x_TxE, ids_TxK, weights_TxK, stacks, implementation=None,
+               token_chunk: int | None = None) -> jax.Array:
+  """out [T, E] float32: the weighted sum of each token's K routed experts,
+  token_chunk (default TOKEN_CHUNK) tokens at a time past that many (on one
+  device; under a mesh in one piece, its rows split over "data")."""
+  def run(x_TxE, ids_TxK, weights_TxK):
+    y_TxKxE = routed_experts(x_TxE, ids_TxK, stacks, implementation)
+    return jnp.einsum("tk,tke->te", weights_TxK, y_TxKxE.astype(jnp.float32))
+
+  t, c = x_TxE.shape[0], token_chunk or TOKEN_CHUNK
+  if t <= c or parallel.active_mesh() is not None:
+    return run(x_TxE, ids_TxK, weights_TxK)
+  n = -(-t // c)
+  chunks = lambda a: jnp.pad(a, [(0, n * c - t)] + [(0, 0)] * (a.ndim - 1)
+                             ).reshape(n, c, *a.shape[1:])
+  out_NxCxE = jax.lax.map(lambda a: run(*a), (
+      chunks(x_TxE), chunks(ids_TxK), chunks(weights_TxK)))
+  return out_NxCxE.reshape(n * c, -1)[:t]
 
 
 def route_rows(moe, logits_TxX: jax.Array, bias_X: jax.Array | None):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from flash_dllm_jax import ops, quantize, roles
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.model.attention import CachedExtras, attend, block_mask
+from flash_dllm_jax.model.attention import CachedExtras, attend
 from flash_dllm_jax.model.cache import KVCache
 from flash_dllm_jax.model.layers import (Linear, QuantizedEmbed, RMSNorm,
                                          embed_lookup, rope_angles)
@@ -114,7 +114,9 @@ class Transformer(nn.Module):
     if blocks_BxQ is not None and cfg.spec.attention.mask == "block_causal":
       if cache is not None and key_blocks_BxS is None:
         raise ValueError("a cached block-causal forward needs key_blocks_BxS")
-      key_valid = block_mask(key_valid_BxS, blocks_BxQ, key_blocks_BxS)
+      key_valid = ops.BlockCausal(
+          key_valid_BxS, blocks_BxQ if key_blocks_BxS is None
+          else key_blocks_BxS, blocks_BxQ)
     new_kv = []
     for layer in range(cfg.n_layers):
       kv = None if cache is None else cache.layer(layer)

@@ -11,7 +11,8 @@ the Pallas interpreter, how CPU tests exercise the kernel path) force one;
 a `Kernels` adds kernel settings to that choice.
 """
 
-from flash_dllm_jax.ops.attention import (attention, cached_attention,
+from flash_dllm_jax.ops.attention import (BlockCausal, attention,
+                                          cached_attention,
                                           rope_and_write, rope_and_write_8bit,
                                           write_cache)
 from flash_dllm_jax.ops.choice import (ExpertTiling, Kernels, Tiling,
@@ -22,7 +23,7 @@ from flash_dllm_jax.ops.linear import (QMATMUL_STREAM_MAX_Q,
                                        quantized_linear, stream_max_q)
 from flash_dllm_jax.ops.rows import rms_norm, token_logprob
 
-__all__ = ["ExpertTiling", "Kernels", "QMATMUL_STREAM_MAX_Q",
+__all__ = ["BlockCausal", "ExpertTiling", "Kernels", "QMATMUL_STREAM_MAX_Q",
            "QMATMUL_W8A8_STREAM_MAX_Q", "attention", "cached_attention",
            "default_tiling",
            "linear", "quantized_linear", "rms_norm", "rope_and_write",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 from jax.sharding import PartitionSpec as P
 
 from flash_dllm_jax import parallel
@@ -16,13 +17,41 @@ from pallas_kernels.cache_update import api as cache_api
 from pallas_kernels.cache_update import reference as cache_reference
 
 
+# Queries a block-causal attention runs at once: a longer pass (a long
+# prompt's prefill) attends QUERY_CHUNK queries at a time with the mask of
+# those queries alone, so no [B, Q, S] mask (nor cuDNN's [B, 1, Q, S] bias
+# of it) exists. A fixed count, never the batch's: a row's bits stay
+# batch-invariant.
+QUERY_CHUNK = 1024
+
+
+@struct.dataclass
+class BlockCausal:
+  """A block-causal mask, not materialised: key s is visible to query q when
+  valid and its decode block is not after q's (bidirectional inside a
+  block, causal across). key_valid_BxS, key_blocks_BxS [B, S];
+  blocks_BxQ [B, Q] the queries' blocks."""
+
+  key_valid_BxS: jax.Array
+  key_blocks_BxS: jax.Array
+  blocks_BxQ: jax.Array
+
+  def mask(self, blocks_BxC: jax.Array | None = None) -> jax.Array:
+    """[B, C, S] visibility for queries of blocks blocks_BxC (None: all)."""
+    blocks_BxC = self.blocks_BxQ if blocks_BxC is None else blocks_BxC
+    return self.key_valid_BxS[:, None, :] & (
+        self.key_blocks_BxS[:, None, :] <= blocks_BxC[:, :, None])
+
+
 def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
-              v_BxSxKxD: jax.Array, key_valid_BxS: jax.Array,
-              *, scale: float, implementation: str | None = None
-              ) -> jax.Array:
+              v_BxSxKxD: jax.Array, key_valid, *, scale: float,
+              implementation: str | None = None,
+              query_chunk: int | None = None) -> jax.Array:
   """Bidirectional GQA attention of all queries over all keys (uncached
-  forwards and training, Q = S). key_valid: [B, S], or [B, Q, S] for a
-  mask per query (block-causal families).
+  forwards and training, Q = S). key_valid: [B, S], [B, Q, S] for a mask
+  per query, or a BlockCausal (block-causal families), which runs
+  query_chunk (default QUERY_CHUNK) queries at a time past that many: each
+  query row's scores, softmax and sums are over the same S keys either way.
 
   On a GPU (implementation resolving to 'pallas') this is JAX's fused
   attention, cuDNN's flash attention where it applies: the reference
@@ -32,9 +61,33 @@ def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   mesh does not change which attention a row gets. Elsewhere, and for
   'pallas_interpret', the plain-JAX reference.
   """
+  if not isinstance(key_valid, BlockCausal):
+    return _attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid, scale,
+                      implementation)
+  b, q = q_BxQxHxD.shape[:2]
+  c = query_chunk or QUERY_CHUNK
+  if q <= c:
+    return _attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid.mask(),
+                      scale, implementation)
+  n = -(-q // c)
+  pad = lambda x: jnp.pad(x, [(0, 0), (0, n * c - q)]
+                          + [(0, 0)] * (x.ndim - 2))
+  chunks = lambda x: jnp.moveaxis(pad(x).reshape(b, n, c, *x.shape[2:]), 1, 0)
+  o_NxBxCxHxD = jax.lax.map(
+      lambda qb: _attention(qb[0], k_BxSxKxD, v_BxSxKxD, key_valid.mask(qb[1]),
+                            scale, implementation),
+      (chunks(q_BxQxHxD), chunks(key_valid.blocks_BxQ)))
+  o_BxQxHxD = jnp.moveaxis(o_NxBxCxHxD, 0, 1).reshape(
+      b, n * c, *q_BxQxHxD.shape[2:])
+  return o_BxQxHxD[:, :q]
+
+
+def _attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid, scale,
+               implementation):
+  """`attention` over a materialised mask ([B, S] or [B, Q, S])."""
   if kernel_name(implementation) != "pallas":
     return attention_api.masked_attention(
-        q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS, scale=scale,
+        q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid, scale=scale,
         implementation="reference")
   attend = lambda q, k, v, valid: attention_api.masked_attention(
       q, k, v, valid, scale=scale, implementation="fused")
@@ -43,7 +96,7 @@ def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
     heads = parallel.HEADS_SPEC
     attend = parallel.shard_map(attend, mesh,
                                 (heads, heads, heads, P("data")), heads)
-  return attend(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid_BxS)
+  return attend(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid)
 
 
 def write_cache(cache_BxSxKxD: jax.Array, new_BxQxKxD: jax.Array,
