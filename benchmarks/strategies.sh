@@ -6,8 +6,20 @@
 # the GPUs; the whole grid takes more than one ten-minute device call, so
 # name the strategies to run after OUT_DIR:
 #   bash benchmarks/strategies.sh OUT_DIR flash-dllm flash-cache
+# "Block-causal dense families": SDAR-8B and Fast-dLLM-v2-7B shapes, batch 1
+# and 32, and Fast-dLLM v2's sub-block cache at batch 32 (one device call):
+#   bash benchmarks/strategies.sh OUT_DIR families
 source "$(dirname "$0")/common.sh"
 shift
+if [ "${1:-}" = families ]; then
+  F="python scripts/bench_strategies.py ${SMOKE:+--smoke} --prompt 768 --gen 512 --block 32 --reps 1"
+  for m in sdar-8b fast-dllm-v2-7b; do
+    $F --model $m --batch 1 32 --steady --json "$OUT/$m.json" | grep -E "^\|"
+  done
+  $F --model fast-dllm-v2-7b --batch 32 --small-block 8 \
+      --json "$OUT/fast-dllm-v2-subblock.json" | grep -E "^\|"
+  exit 0
+fi
 strategies=${*:-llada fast-dllm-prefix fast-dllm-dual elastic-cache flash-cache flash-dllm}
 gpu=0
 for s in $strategies; do
