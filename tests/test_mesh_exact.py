@@ -84,7 +84,8 @@ KERNEL_CASES = {("llada", "bfloat16"), ("dream", "float32")}
 
 @pytest.mark.parametrize("arch,dtype", [
     (a, d) for a in ("llada", "dream") for d in DTYPE_FLAGS] + [
-        ("sdar", "float32")])  # SDAR: QK-norm on a dense model
+        ("sdar", "float32"),  # SDAR: QK-norm on a dense model
+        ("fast_dllm_v2", "float32")])  # Qwen2.5 blocks, token shift
 def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
     arch, dtype, plain, strict):
   """Logits, caches and attention mass of cached, verify (no cache write,
@@ -201,5 +202,7 @@ def strict():
   return run_parts({"bitwise llada float32": _bitwise("llada", "float32"),
                     "bitwise dream float32": _bitwise("dream", "float32"),
                     "bitwise sdar float32": _bitwise("sdar", "float32"),
+                    "bitwise fast_dllm_v2 float32": _bitwise("fast_dllm_v2",
+                                                             "float32"),
                     "bitwise joined qkv": _bitwise("dream", "float32", True)},
                    xla_flags=STRICT_CPU)
