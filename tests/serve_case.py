@@ -114,6 +114,29 @@ def offline(model, sampler, rows, seeds, max_tokens):
                                                     max_tokens)]
 
 
+def check_answers_equal_offline(checkpoint, strategy: str, options: dict,
+                                offline_ids, prompt: str, log_path,
+                                *flags: str) -> None:
+  """The server on a block family's checkpoint, with the official client:
+  a completion and a chat answer (greedy) equal offline generate's token
+  ids, `offline_ids(prompt, chat)`."""
+  server = Server(checkpoint, strategy, options, "--batch-size", "2",
+                  "--max-prompt-tokens", "96", *flags, log_path=log_path)
+  try:
+    assert server.wait_ready()["strategy"] == strategy
+    client = server.client()
+    name = client.models.list().data[0].id
+    got = client.completions.create(model=name, prompt=prompt, max_tokens=16,
+                                    temperature=0)
+    assert got.choices[0].token_ids == offline_ids(prompt, chat=False)
+    chat = client.chat.completions.create(
+        model=name, messages=[{"role": "user", "content": prompt}],
+        temperature=0)
+    assert chat.choices[0].token_ids == offline_ids(prompt, chat=True)
+  finally:
+    server.close()
+
+
 def stream_raw(url, body, ids=None) -> list[str]:
   """The content deltas of one SSE stream, read with httpx (the chunks'
   token ids are appended to `ids`)."""

@@ -13,7 +13,7 @@ from flash_dllm_jax import cli
 from flash_dllm_jax.convert import convert_checkpoint
 from flash_dllm_jax.generate import answer_ids
 from tests import fast_dllm_v2_fixtures, sdar_fixtures
-from tests.serve_case import Server
+from tests.serve_case import check_answers_equal_offline
 
 pytestmark = pytest.mark.slow  # one conversion, one server start
 
@@ -83,19 +83,6 @@ def test_lm_eval_generation_and_block_causal_likelihood(converted, model):
 
 
 def test_server_answers_equal_offline_generate(converted, model, tmp_path):
-  server = Server(converted[0], "fast-dllm-v2", OPTIONS, "--batch-size", "2",
-                  "--max-prompt-tokens", "96",
-                  log_path=tmp_path / "server.log")
-  try:
-    assert server.wait_ready()["strategy"] == "fast-dllm-v2"
-    client = server.client()
-    name = client.models.list().data[0].id
-    got = client.completions.create(model=name, prompt=PROMPT, max_tokens=16,
-                                    temperature=0)
-    assert got.choices[0].token_ids == offline_ids(model, PROMPT, chat=False)
-    chat = client.chat.completions.create(
-        model=name, messages=[{"role": "user", "content": PROMPT}],
-        temperature=0)
-    assert chat.choices[0].token_ids == offline_ids(model, PROMPT, chat=True)
-  finally:
-    server.close()
+  check_answers_equal_offline(converted[0], "fast-dllm-v2", OPTIONS,
+                              lambda p, chat: offline_ids(model, p, chat),
+                              PROMPT, tmp_path / "server.log")

@@ -18,7 +18,7 @@ from flash_dllm_jax import cli
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import answer_ids
 from tests import sdar_fixtures
-from tests.serve_case import Server
+from tests.serve_case import check_answers_equal_offline
 from tests.test_sdar import BL, check_generate_equals_the_reference_loop
 
 
@@ -170,23 +170,10 @@ def test_lm_eval_simple_evaluate_generates_as_generate(hf, model):
 def test_server_answers_equal_offline_generate(hf, model, tmp_path):
   """The server with the official client: completions and chat equal
   offline generate."""
-  server = Server(hf[0], "sdar", ENTRY, "--dtype", "float32",
-                  "--batch-size", "2", "--max-prompt-tokens", "96",
-                  log_path=tmp_path / "server.log")
-  try:
-    assert server.wait_ready()["strategy"] == "sdar"
-    client = server.client()
-    name = client.models.list().data[0].id
-    got = client.completions.create(model=name, prompt=PROMPT, max_tokens=16,
-                                    temperature=0)
-    want = offline(model, [PROMPT], chat=False)
-    assert got.choices[0].token_ids == answer_ids(want.tokens_BxG[0],
-                                                  model[1])
-    chat = [{"role": "user", "content": PROMPT}]
-    got = client.chat.completions.create(model=name, messages=chat,
-                                         temperature=0)
-    want = offline(model, [chat], chat=True)
-    assert got.choices[0].token_ids == answer_ids(want.tokens_BxG[0],
-                                                  model[1])
-  finally:
-    server.close()
+  def offline_ids(prompt, chat):
+    row = [{"role": "user", "content": prompt}] if chat else prompt
+    return answer_ids(offline(model, [row], chat=chat).tokens_BxG[0],
+                      model[1])
+
+  check_answers_equal_offline(hf[0], "sdar", ENTRY, offline_ids, PROMPT,
+                              tmp_path / "server.log", "--dtype", "float32")
