@@ -10,10 +10,13 @@ ops.routed_experts, by backend:
   expert's, gate and up fused, then down; K experts' FLOPs a token.
 - elsewhere (and for implementation 'reference'), dense products of every
   row with every expert (C experts at a time), each pair then taking its
-  expert's row: K / X of the work is used, but XLA:CPU's products keep a
-  row's bits whatever the rows and devices beside it, which the CPU's
-  mesh tests check bit for bit.
-Both are row-invariant for the same reason: each output element is one
+  expert's row: K / X of the work is used. XLA:CPU's products keep a
+  row's bits whatever the rows and devices beside it at the row counts the
+  tests use (the CPU's mesh tests check it bit for bit), but not at every
+  count: below about 256 rows, or at an unaligned count, XLA:CPU may pick
+  another product and move a row's last bits. The GPU kernel's invariance
+  holds at every count.
+Both aim at row invariance for the same reason: each output element is one
 dot product over its row and its expert's column, summed in a fixed order
 (the kernel's blocks of the input width, its tile shapes fixed whatever
 the token count), so a token's output depends on its row and the weights

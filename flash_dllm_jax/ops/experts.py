@@ -4,9 +4,11 @@ on every row elsewhere.
 
 Dense (the reference path, and CPU): every row through every expert, C
 experts at a time, each pair then taking its expert's row. Each element is
-one dot product over one row and one expert's column, and XLA:CPU's
-products do not depend on the rows beside them: bitwise the same on any
-mesh. It costs every expert's FLOPs on every row.
+one dot product over one row and one expert's column; XLA:CPU's products
+do not depend on the rows beside them at the row counts the tests use
+(bitwise the same on any mesh there), though below about 256 rows or at an
+unaligned count XLA:CPU may pick another product and move a row's last
+bits. It costs every expert's FLOPs on every row.
 
 Grouped (GPU 'pallas', or 'pallas_interpret'): pairs sorted by expert into
 fixed tiles (pallas_kernels/grouped_matmul), K experts' FLOPs a row; its
