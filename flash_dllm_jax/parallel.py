@@ -96,10 +96,6 @@ def check_config(config, mesh: Mesh | None) -> None:
   m = model_size(mesh)
   if m == 1:
     return
-  if hasattr(config, "param_roles") and not config.param_roles():
-    raise ValueError(f"mesh model={m}: the {config.arch} family does not "
-                     "split its weights (no tensor or expert parallelism); "
-                     "use data=D")
   sizes = [("n_heads", config.n_heads), ("n_kv_heads", config.n_kv_heads),
            ("mlp_hidden", config.mlp_hidden)]
   if hasattr(config, "mesh_divisors"):  # a family with its own divisors
