@@ -169,7 +169,10 @@ def quality_table(summaries: dict, lengths, strategies, reference="llada",
                         _num(own, ".2f", "x"),
                         None if own is None else own >= TPS_TARGET))
       if base_name in SPEED_TWINS:
+        # the base with the same options, else the base as listed plainly
         twin = SPEED_TWINS[base_name] + name[len(base_name):]
+        if (twin, L) not in summaries:
+          twin = SPEED_TWINS[base_name]
         tw = summaries.get((twin, L))
         speed = (round(s["tokens_per_s"] / tw["tokens_per_s"], 9)
                  if tw and s["tokens_per_s"] and tw["tokens_per_s"] else None)

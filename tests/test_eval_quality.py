@@ -157,3 +157,12 @@ def test_a_canvas_variant_is_compared_to_its_base_on_speed():
           "-0.5 pts | PASS |") in table
   assert (f"| {names[1]} tok/s > {names[0]}'s at gen 256 | 1.50x | PASS |"
           in table)
+  # A variant's own options (gamma) compare to the base as listed plainly.
+  table = q.quality_table({("diffusion-gemma", 256): _summary(0.5, 2.0),
+                           ("diffusion-gemma-flash:gamma=0.8", 256):
+                           {**_summary(0.4, 3.0), "tokens_per_s": 90.0}},
+                          [256], ["diffusion-gemma",
+                                  "diffusion-gemma-flash:gamma=0.8"],
+                          *q.compared_to(["diffusion-gemma"]))
+  assert ("| diffusion-gemma-flash:gamma=0.8 tok/s > diffusion-gemma's at "
+          "gen 256 | 0.90x | FAIL |") in table
