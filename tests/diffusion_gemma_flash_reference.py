@@ -1,6 +1,8 @@
 """diffusion-gemma-flash restated plainly: one prompt alone, a Python loop
 over canvases and denoising steps around the plain model forward
-(diffusion_gemma/model.py, compiled per shape), every rule written out
+(diffusion_gemma/model.py; the prompt prefilled causally a canvas length
+at a time, which the decisive setting does not tell from one prefill pass),
+every rule written out
 in numpy from the descriptions in gemma/diffusion/_sampler.py and
 _early_stopping.py (read, not copied) plus the kept-draft rule of flash.py.
 The random calls are jax.random's, in the official order, so the tokens
@@ -18,7 +20,10 @@ import numpy as np
 from flash_dllm_jax.architectures.diffusion_gemma import model as dg
 
 
-# The plain forward, compiled per shape (the prompt, a canvas, an append).
+CACHE = 64  # slots: one cache shape for every prompt (slots past a query's
+# last key are masked)
+# The plain forward, compiled once for a canvas and once for a causal pass
+# (the prompt, canvas_length tokens at a time, and each append).
 _forward = jax.jit(dg.forward, static_argnums=1, static_argnames="logits")
 
 
@@ -33,10 +38,13 @@ def decode(params, cfg, prompt, seed, *, canvas_length, max_denoising_steps,
   n_ids = cfg.n_text_ids
   ends = set(cfg.stop_token_ids)
   p = len(prompt)
-  cache = dg.empty_cache(cfg, 1, p + canvases * c)
-  slots = jnp.arange(p)[None]
-  _, cache = _forward(params, cfg, jnp.asarray([prompt]), slots, cache,
-                      dg.causal(slots), logits=False)
+  assert p + canvases * c <= CACHE
+  cache = dg.empty_cache(cfg, 1, CACHE)
+  assert p % c == 0, "the prompt is prefilled canvas_length at a time"
+  for at in range(0, p, c):  # causal, in the appends' shape (one program)
+    slots = at + jnp.arange(c)[None]
+    _, cache = _forward(params, cfg, jnp.asarray([prompt[at:at + c]]), slots,
+                        cache, dg.causal(slots), logits=False)
   outer = jax.random.key(seed)
   answer, passes, trace, start = [], 0, [], p
   while True:
