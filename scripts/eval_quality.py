@@ -20,6 +20,14 @@ Flash-dLLM (flash-dllm: Flash-Cache + Flash-Verify) with their samplers'
 defaults. "threshold" (the threshold commit rule, no cache) is the
 baseline of the tokens-per-step ratio.
 
+A canvas sampler (diffusion-gemma and its variants) takes the generation
+length as its max_out_length, and its tok/step is tokens per denoising
+pass. With neither llada nor threshold listed, accuracy and tokens per
+step are compared to the first strategy listed:
+
+  python scripts/eval_quality.py --checkpoint checkpoints/X \
+      --strategies diffusion-gemma diffusion-gemma-flash
+
 A strategy may carry sampler options: `flash-dllm:block_m=64` is Flash-dLLM
 with a 64-position window; its flash-cache twin for the verify ratio is
 `flash-cache:block_m=64`. Runs go where eval_gsm8k would put them (the
@@ -45,11 +53,21 @@ STRATEGIES = ("llada", "threshold", "fast-dllm-prefix", "fast-dllm-dual",
               "elastic-cache", "flash-cache", "flash-dllm")
 BLOCK = 32
 LLADA_TARGET, MAX_DROP, TPS_TARGET = 0.90, 1.0, 1.5  # 90%, 1 point, 1.5x
+ANSWER_LENGTH = "max_out_length"  # the canvas samplers' generation length
+# A variant kept only if it beats its base strategy's tokens per second
+# (at equal quality: the within-1-point target): {variant: base}.
+SPEED_TWINS = {"diffusion-gemma-flash": "diffusion-gemma"}
 
 
 def sampler_options(strategy: str, gen_length: int) -> dict:
   """The options of a strategy at a generation length (the rest: the
   sampler dataclass's defaults)."""
+  from flash_dllm_jax import strategies
+  if strategy in strategies.STRATEGIES and "gen_length" not in (
+      fields := strategies.sampler_options(
+          strategies.STRATEGIES[strategy].sampler)) and (
+              ANSWER_LENGTH in fields):
+    return {ANSWER_LENGTH: gen_length}
   block = min(BLOCK, gen_length)
   if strategy == "llada":
     return {"gen_length": gen_length, "steps": gen_length,
@@ -57,6 +75,14 @@ def sampler_options(strategy: str, gen_length: int) -> dict:
   if strategy in ("threshold", "fast-dllm-prefix", "fast-dllm-dual"):
     return {"gen_length": gen_length, "block_length": block}
   return {"gen_length": gen_length}
+
+
+def compared_to(strategies, reference=None, baseline=None):
+  """(reference, baseline): those given, else llada / threshold where
+  listed, else the first strategy listed."""
+  pick = lambda given, default: given or (
+      default if default in strategies else strategies[0])
+  return pick(reference, "llada"), pick(baseline, "threshold")
 
 
 def parse_strategy(spec: str) -> tuple[str, dict]:
@@ -142,6 +168,17 @@ def quality_table(summaries: dict, lengths, strategies, reference="llada",
                         f"(same window, no verify) at gen {L}",
                         _num(own, ".2f", "x"),
                         None if own is None else own >= TPS_TARGET))
+      if base_name in SPEED_TWINS:
+        # the base with the same options, else the base as listed plainly
+        twin = SPEED_TWINS[base_name] + name[len(base_name):]
+        if (twin, L) not in summaries:
+          twin = SPEED_TWINS[base_name]
+        tw = summaries.get((twin, L))
+        speed = (round(s["tokens_per_s"] / tw["tokens_per_s"], 9)
+                 if tw and s["tokens_per_s"] and tw["tokens_per_s"] else None)
+        targets.append((f"{name} tok/s > {twin}'s at gen {L}",
+                        _num(speed, ".2f", "x"),
+                        None if speed is None else speed > 1))
   verdict = {True: "PASS", False: "FAIL", None: "n/a (not run)"}
   out = lines + ["", "Δ acc: accuracy minus "
                  f"{'the LLaDA sampler' if ref == 'LLaDA' else ref}'s at the same "
@@ -163,11 +200,13 @@ def main(argv=None) -> int:
                   help="first N problems (default: all)")
   ap.add_argument("--gen-lengths", type=int, nargs="+", default=[128, 256])
   ap.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
-  ap.add_argument("--reference", default="llada",
-                  help="the strategy (as listed) accuracy is compared to")
-  ap.add_argument("--baseline", default="threshold",
+  ap.add_argument("--reference", default=None,
+                  help="the strategy (as listed) accuracy is compared to "
+                  "(default: llada if listed, else the first listed)")
+  ap.add_argument("--baseline", default=None,
                   help="the strategy (as listed) tokens per step are "
-                  "divided by")
+                  "divided by (default: threshold if listed, else the "
+                  "first listed)")
   ap.add_argument("--batch-size", type=int, default=128,
                   help="rows per batch (capped at the problem count)")
   ap.add_argument("--mesh", default=None, help="as eval_gsm8k's --mesh")
@@ -177,6 +216,8 @@ def main(argv=None) -> int:
   ap.add_argument("--no-progress", dest="progress", action="store_false")
   add_compile_cache_flags(ap)
   args = ap.parse_args(argv)
+  args.reference, args.baseline = compared_to(args.strategies, args.reference,
+                                              args.baseline)
 
   from flash_dllm_jax import parallel
   from flash_dllm_jax.checkpoint import load, load_config, quantized_config

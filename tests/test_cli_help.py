@@ -32,7 +32,8 @@ def test_help_says_what_each_flag_does(capsys, monkeypatch):
           "'topk_margin', 'entropy'); default 'origin' [dream]") in text
   assert ("--temperature TEMPERATURE 0: greedy; above 0: sample from "
           "softmax(logits / temperature); float in [0, 2]; default 0.0 "
-          "[every strategy but diffusion-gemma]") in text
+          "[every strategy but diffusion-gemma, diffusion-gemma-flash]"
+          ) in text
   assert re.search(r"--seed SEED random seed [^-]*\(default: 0\)", text)
   assert "--stop " not in text and "--end-rule {eos,first}" not in text
   assert "--end-rule END_RULE where the answer ends" in text

@@ -133,3 +133,36 @@ def test_reference_and_baseline_are_chosen():
   assert (f"| llada2-flash within 1 point of {ref} at gen 192 | -2.0 pts | "
           "FAIL |") in table
   assert f"| {ref} >= 90% at gen 192 | 90.0% | PASS |" in table
+
+
+def test_a_canvas_variant_is_compared_to_its_base_on_speed():
+  """diffusion-gemma and diffusion-gemma-flash: the generation length is
+  their max_out_length; with neither llada nor threshold listed both
+  comparisons go to the first strategy; the flash variant's target is
+  more tokens per second than its base at equal quality."""
+  q = _module()
+  assert q.sampler_options("diffusion-gemma-flash", 256) == {
+      "max_out_length": 256}
+  names = ["diffusion-gemma:canvas_length=64",
+           "diffusion-gemma-flash:canvas_length=64"]
+  assert q.compared_to(names) == (names[0], names[0])
+  assert q.compared_to(["llada", "threshold", "x"]) == ("llada", "threshold")
+  summaries = {(names[0], 256): _summary(0.50, 2.0),
+               (names[1], 256): {**_summary(0.495, 3.0),
+                                 "tokens_per_s": 150.0}}
+  table = q.quality_table(summaries, [256], names, *q.compared_to(names))
+  assert (f"| {names[1]} | 256 | 10 | 49.5% | -0.5 | 3.00 | 1.50x | "
+          "150.0 |") in table
+  assert (f"| {names[1]} within 1 point of {names[0]} at gen 256 | "
+          "-0.5 pts | PASS |") in table
+  assert (f"| {names[1]} tok/s > {names[0]}'s at gen 256 | 1.50x | PASS |"
+          in table)
+  # A variant's own options (gamma) compare to the base as listed plainly.
+  table = q.quality_table({("diffusion-gemma", 256): _summary(0.5, 2.0),
+                           ("diffusion-gemma-flash:gamma=0.8", 256):
+                           {**_summary(0.4, 3.0), "tokens_per_s": 90.0}},
+                          [256], ["diffusion-gemma",
+                                  "diffusion-gemma-flash:gamma=0.8"],
+                          *q.compared_to(["diffusion-gemma"]))
+  assert ("| diffusion-gemma-flash:gamma=0.8 tok/s > diffusion-gemma's at "
+          "gen 256 | 0.90x | FAIL |") in table

@@ -66,7 +66,7 @@ def test_every_sampler_checks_every_float_option():
   """Each sampler class refuses NaN, inf and -inf in each of its float
   fields (the strategies' fixed options included)."""
   classes = {s.sampler for s in STRATEGIES.values()}
-  assert len(classes) == 12
+  assert len(classes) == 13
   for cls in classes:
     floats = [k for k, (typ, _) in sampler_options(cls).items()
               if typ is float]

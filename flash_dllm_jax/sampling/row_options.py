@@ -7,7 +7,8 @@ only values its rule compares with:
              LLaDA2's confidence threshold);
   factor     Fast-dLLM's factor rule (rule "factor");
   gamma      Flash-Verify's acceptance level (Flash-dLLM with verify,
-             llada2-flash) or Elastic-Cache's attention-drift level;
+             llada2-flash), Elastic-Cache's attention-drift level, or
+             the probability diffusion-gemma-flash keeps a draft at;
   max_temperature, min_temperature, exponent, entropy_bound,
   max_out_length, early_stop, stop_tokens
              DiffusionGemma's canvas options (its sampler's `row_arrays`

@@ -46,8 +46,9 @@ class Sampling:
   """One row's settings: temperature, top_p, top_k as draw_settings.py
   declares them (0: greedy; top_p 1 and top_k 0 or -1: off); threshold in (0, 1]: the confidence a position needs
   to commit under the threshold rule; factor > 0: the factor rule's;
-  gamma: Flash-Verify's acceptance level or Elastic-Cache's drift level
-  (the sampler checks its range; row_options.py); max_temperature,
+  gamma: Flash-Verify's acceptance level, Elastic-Cache's drift level or
+  diffusion-gemma-flash's kept-draft level (the sampler checks its range;
+  row_options.py); max_temperature,
   min_temperature, exponent, entropy_bound, max_out_length, early_stop,
   stop_tokens: DiffusionGemma's canvas options under its sampler's names
   (its sampler checks them against its declaration). None: the sampler's

@@ -25,8 +25,9 @@ k likeliest tokens. Two request fields go beyond OpenAI's and vLLM's:
     --top-p, --top-k; greedy where it has none). The numeric rule options
     decoding.threshold / decoding.factor / decoding.gamma are the row's own
     data too wherever the sampler has them (sampling/row_options.py:
-    Flash-dLLM, Fast-dLLM, Elastic-Cache, llada2-flash, and LLaDA2's
-    confidence threshold), never a variant; a value for a rule the variant
+    Flash-dLLM, Fast-dLLM, Elastic-Cache, llada2-flash,
+    diffusion-gemma-flash, and LLaDA2's confidence threshold), never a
+    variant; a value for a rule the variant
     does not run is a 400. DiffusionGemma's canvas options (all but
     canvas_length and max_denoising_steps) are the row's own data too; its
     `temperature` sets max_temperature and its `max_tokens` the row's

@@ -236,7 +236,13 @@ class DiffusionGemmaSampler:
         outer_B=where_keys(rows_B, state.rng_B, aux.outer_B))
     return self._start_canvas(model, aux, rows_B)
 
-  def _denoise(self, model, aux: CanvasRows, active_B, opts):
+  def _accept(self, shaped, keys_B, opts, state: DecodeState, n_ids: int):
+    """The next canvas from a step's shaped logits (st.accept)."""
+    del state
+    return st.accept(shaped, keys_B, opts.entropy_bound_B, n_ids)
+
+  def _denoise(self, model, state: DecodeState, aux: CanvasRows, active_B,
+               opts):
     """One denoising step of the active rows' canvases against the cache:
     (next canvas, shaped logits, the cache with the canvas K/V as scratch,
     the next key, the canvas tokens' log-probabilities under the step's
@@ -251,7 +257,7 @@ class DiffusionGemmaSampler:
     shaped = st.shape_logits(logits, co.temperatures(
         opts, noise[aux.step_B], logits.dtype))
     inner_next, sample = st.split2(aux.inner_B)
-    canvas = st.accept(shaped, sample, opts.entropy_bound_B, cfg.n_text_ids)
+    canvas = self._accept(shaped, sample, opts, state, cfg.n_text_ids)
     return canvas, shaped, cache, inner_next, st.token_logprob(logits, canvas)
 
   def propose(self, model, state: DecodeState, rng_B: jax.Array,
@@ -266,7 +272,7 @@ class DiffusionGemmaSampler:
         lambda a: a, aux)
     opts = self._options(state)
     canvas, shaped, cache, inner_next, lp_BxC = self._denoise(
-        model, aux, active_B, opts)
+        model, state, aux, active_B, opts)
     stop_now = co.should_stop(shaped, aux.canvas_BxC, opts)
     sc = dg.encode_logits(model.params, cfg, shaped).astype(jnp.bfloat16)
     keep = lambda new, old: jnp.where(

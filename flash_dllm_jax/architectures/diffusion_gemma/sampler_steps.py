@@ -88,6 +88,15 @@ def accept(shaped_BxCxV, keys_B, entropy_bound_B, n_ids: int):
   position; the lowest-entropy positions are kept while the entropy summed
   before them is <= the row's entropy_bound_B (so at least one), the rest
   renoised with uniform ids in [0, n_ids)."""
+  denoised_BxC, keep_BxC, noise_BxC = draws(shaped_BxCxV, keys_B,
+                                            entropy_bound_B, n_ids)
+  return jnp.where(keep_BxC, denoised_BxC, noise_BxC)
+
+
+def draws(shaped_BxCxV, keys_B, entropy_bound_B, n_ids: int):
+  """accept's parts: (the draws [B, C], the positions the entropy bound
+  keeps [B, C], the uniform renoising ids [B, C]), in the official order
+  of the random calls."""
   categorical_keys, noise_keys = split2(keys_B)
   logits = shaped_BxCxV.astype(jnp.float32)
   draw = lambda k, l: jax.random.categorical(k, l[None])[0]
@@ -100,7 +109,7 @@ def accept(shaped_BxCxV, keys_B, entropy_bound_B, n_ids: int):
   keep_BxC = jnp.zeros_like(order_BxC, dtype=jnp.bool_).at[
       jnp.arange(b)[:, None], order_BxC].set(before_BxC <= entropy_bound_B[:, None])
   noise_BxC = random_tokens(noise_keys, order_BxC.shape[1], n_ids)
-  return jnp.where(keep_BxC, denoised_BxC, noise_BxC)
+  return denoised_BxC, keep_BxC, noise_BxC
 
 
 def truncate(canvas_BxC, is_end_BxC):
