@@ -82,53 +82,79 @@ def _row_mean(x_BxQ, mask_BxQ):
   return jnp.where(mask_BxQ, x_BxQ, 0.0).sum(-1) / den
 
 
-def canvas_loss_fn(params, batch: dict, rng: jax.Array, *,
-                   config: GemmaConfig, canvas: int, eps: float = TIME_EPS,
-                   sc_prob: float = SC_PROB, encoder_weight: float = 1.0,
-                   ) -> tuple[jax.Array, dict]:
-  """The objective on one batch {"tokens_BxN", "prompt_BxN", ...}
-  (objective.loss_fn's rows; "valid_BxN" is not used: the canvases come
-  from the prompt length and the first END_OF_TURN). Float32 params,
-  computed in config.dtype. Metrics: loss; masked_ce / masked_acc over the
-  selected canvases' tokens (the denoising loss and its argmax accuracy),
-  noised_acc over their corrupted tokens, encoder_ce, mean_t."""
-  tokens_BxN = batch["tokens_BxN"].astype(jnp.int32)
+def canvas_passes(p, config: GemmaConfig, tokens_BxN, lp_B, count_B,
+                  draws: dict, canvas: int) -> dict:
+  """The three forwards (params `p` in the compute dtype): "enc_logits"
+  [B, N, V] and "used_BxN" of the causal encoder pass over prompt +
+  answer canvases (slot = position); the selected canvas's "slots_BxC",
+  clean "x0_BxC" and noised "xt_BxC"; its decoder logits without
+  self-conditioning ("first") and with the draws' ("sc_BxCxD",
+  "logits"), both against the encoder's cache."""
   b, n = tokens_BxN.shape
   dtype = jnp.dtype(config.dtype)
-  p = jax.tree.map(lambda x: x.astype(dtype), params)
-  lp_B, count_B = canvas_layout(tokens_BxN, batch["prompt_BxN"],
-                                config.end_of_turn_id, canvas)
-  d = canvas_draws(rng, b, canvas, count_B, config.n_text_ids, eps, sc_prob)
-  # Encoder: prompt + answer canvases, causal, slot = position.
   pos_N = jnp.arange(n)
   used_BxN = pos_N[None] < (lp_B + count_B * canvas)[:, None]
   slots_BxN = jnp.where(used_BxN, pos_N[None], -1)
   enc_logits, cache = dg.forward(
       p, config, tokens_BxN, slots_BxN, dg.empty_cache(config, b, n, dtype),
       dg.causal(slots_BxN))
-  enc_mask = used_BxN[:, :-1] & used_BxN[:, 1:]
-  enc_ce_B = _row_mean(cross_entropy(enc_logits[:, :-1], tokens_BxN[:, 1:]),
-                       enc_mask)
-  # Decoder: the selected canvas, noised, twice.
-  slots_BxC = (lp_B + d["sel_B"] * canvas)[:, None] + jnp.arange(canvas)
+  slots_BxC = (lp_B + draws["sel_B"] * canvas)[:, None] + jnp.arange(canvas)
   x0_BxC = jnp.take_along_axis(tokens_BxN, slots_BxC, axis=1)
-  xt_BxC = jnp.where(d["keep_BxC"], x0_BxC, d["noise_BxC"])
+  xt_BxC = jnp.where(draws["keep_BxC"], x0_BxC, draws["noise_BxC"])
   last = dg.canvas(slots_BxC)
   zeros = jnp.zeros((b, canvas, config.d_model), dtype)
   first, _ = dg.forward(p, config, xt_BxC, slots_BxC, cache, last, zeros)
   signal = dg.encode_logits(p, config, jax.lax.stop_gradient(first))
-  sc = jnp.where(d["sc_B"][:, None, None], signal.astype(dtype), zeros)
+  sc = jnp.where(draws["sc_B"][:, None, None], signal.astype(dtype), zeros)
   logits, _ = dg.forward(p, config, xt_BxC, slots_BxC, cache, last, sc)
+  return {"enc_logits": enc_logits, "used_BxN": used_BxN,
+          "slots_BxC": slots_BxC, "x0_BxC": x0_BxC, "xt_BxC": xt_BxC,
+          "first": first, "sc_BxCxD": sc, "logits": logits}
+
+
+def canvas_loss(out: dict, tokens_BxN, lp_B, draws: dict, canvas: int,
+                encoder_weight: float = 1.0) -> tuple[jax.Array, dict]:
+  """(loss, metrics) from canvas_passes' `out`: per row the decoder's
+  mean cross-entropy over the canvas plus encoder_weight times the
+  encoder's mean next-token cross-entropy, averaged over the rows whose
+  prompt leaves room for a canvas."""
+  n = tokens_BxN.shape[1]
+  used_BxN = out["used_BxN"]
+  enc_mask = used_BxN[:, :-1] & used_BxN[:, 1:]
+  enc_ce_B = _row_mean(cross_entropy(out["enc_logits"][:, :-1],
+                                     tokens_BxN[:, 1:]), enc_mask)
+  logits, x0_BxC = out["logits"], out["x0_BxC"]
   dec_B = cross_entropy(logits, x0_BxC).mean(-1)
-  ok_B = lp_B + canvas <= n  # a row whose prompt leaves no canvas: unused
+  ok_B = lp_B + canvas <= n
   rows = jnp.maximum(ok_B.sum(), 1).astype(jnp.float32)
   mean = lambda x_B: jnp.where(ok_B, x_B, 0.0).sum() / rows
   loss = mean(dec_B + encoder_weight * enc_ce_B)
   right = (jnp.argmax(logits, axis=-1) == x0_BxC) & ok_B[:, None]
-  noised = ~d["keep_BxC"] & ok_B[:, None]
+  noised = ~draws["keep_BxC"] & ok_B[:, None]
   metrics = {
       "loss": loss, "masked_ce": mean(dec_B),
       "masked_acc": right.sum() / (rows * canvas),
       "noised_acc": (right & noised).sum() / jnp.maximum(noised.sum(), 1),
-      "encoder_ce": mean(enc_ce_B), "mean_t": d["t_B"].mean()}
+      "encoder_ce": mean(enc_ce_B), "mean_t": draws["t_B"].mean()}
   return loss, metrics
+
+
+def canvas_loss_fn(params, batch: dict, rng: jax.Array, *,
+                   config: GemmaConfig, canvas: int, eps: float = TIME_EPS,
+                   sc_prob: float = SC_PROB, encoder_weight: float = 1.0,
+                   ) -> tuple[jax.Array, dict]:
+  """The objective on one batch {"tokens_BxN", "prompt_BxN", ...}
+  (objective.loss_fn's rows; "valid_BxN" is not used: the canvases come
+  from the prompt length and the first END_OF_TURN): draws from `rng`,
+  the passes, the loss. Float32 params, computed in config.dtype.
+  Metrics: loss; masked_ce / masked_acc over the selected canvases' tokens
+  (the denoising loss and its argmax accuracy), noised_acc over their
+  corrupted tokens, encoder_ce, mean_t."""
+  tokens_BxN = batch["tokens_BxN"].astype(jnp.int32)
+  p = jax.tree.map(lambda x: x.astype(jnp.dtype(config.dtype)), params)
+  lp_B, count_B = canvas_layout(tokens_BxN, batch["prompt_BxN"],
+                                config.end_of_turn_id, canvas)
+  d = canvas_draws(rng, tokens_BxN.shape[0], canvas, count_B,
+                   config.n_text_ids, eps, sc_prob)
+  out = canvas_passes(p, config, tokens_BxN, lp_B, count_B, d, canvas)
+  return canvas_loss(out, tokens_BxN, lp_B, d, canvas, encoder_weight)
