@@ -20,7 +20,7 @@ SHIPPED=checkpoints/synthetic-gsm-diffusion-gemma
 CANVAS=${CANVAS:-64}   # the trained canvas: the objective's and the decode's
 GEN=${GEN:-192}        # answer tokens decoded (3 canvases)
 PROMPT="Ruby bakes 6 trays of rolls with 7 on each tray. She eats 7 of them and gives 3 to Henry. She packs the rest into boxes of 4. How many boxes does she fill?"
-MODEL="--arch diffusion_gemma --layers 10 --global-every 4 --sliding-window 128 \
+MODEL="--arch diffusion_gemma --layers 10 --global-every 5 --sliding-window 128 \
     --d-model 384 --heads 6 --kv-heads 2 --mlp-hidden 768 --experts 8 --top-k 2 \
     --expert-hidden 128"
 COMMON="--data data/synthetic_gsm --stream --phrasing varied --stream-workers 8 \
