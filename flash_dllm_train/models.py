@@ -112,6 +112,13 @@ def init_train_params(config, rng: jax.Array) -> dict:
   return traverse_util.unflatten_dict(flat, sep="/")
 
 
+def num_params(config) -> int:
+  """Parameters of the model (DiffusionGemma: its text parameters)."""
+  if isinstance(config, GemmaConfig):
+    return sum(int(np.prod(s)) for s in dg_ckpt.param_shapes(config).values())
+  return config.num_params()
+
+
 def save_model(dst, params, config, tokenizer, force: bool = False) -> None:
   """The checkpoint `flash_dllm_jax.load` reads: DiffusionGemma in Google's
   format (orbax tree + config.json), the others in the converted format."""

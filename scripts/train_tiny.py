@@ -248,8 +248,8 @@ def main(argv=None):
             f"{args.seq_len} dropped)")
   eval_rows = encode_problems(test_rows, tokenizer, args.seq_len)
   print(f"{what}, {len(eval_rows.tokens_MxN)} eval rows; "
-        f"model {config.num_params() / 1e6:.2f}M params, "
-        f"{config.num_params() * 2 / 1e6:.1f} MB in bf16; devices "
+        f"model {models.num_params(config) / 1e6:.2f}M params, "
+        f"{models.num_params(config) * 2 / 1e6:.1f} MB in bf16; devices "
         f"{jax.devices()}; data ready in {time.time() - t0:.0f}s", flush=True)
   tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                    warmup_steps=min(args.warmup_steps, args.steps - 1),

@@ -270,7 +270,8 @@ def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:
     raise ValueError(f"{src} is not a Hugging Face DiffusionGemma directory "
                      "(config.json of model_type 'diffusion_gemma' with "
                      "safetensors)")
-  hf_format.convert(src, dst, dtype=dtype, force=force)
+  params, config = hf_format.load(Path(src), dtype)
+  save(dst, params, config, force=force)
 
 
 def init_params(config: GemmaConfig, rng: jax.Array, dtype=None):

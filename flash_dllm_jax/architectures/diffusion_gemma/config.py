@@ -14,7 +14,6 @@ backbone). What the text path of the genuine code cannot be configured to
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping
 
 from flash_dllm_jax import architectures, quantize, roles
@@ -206,12 +205,6 @@ class GemmaConfig:
              ("mlp_hidden", self.mlp_hidden), ("sc_hidden", self.sc_width)]
     return sizes + ([("moe_experts", self.moe_experts)]
                     if self.moe_experts else [])
-
-  def num_params(self) -> int:
-    """Parameters of the text model (checkpoint.param_shapes)."""
-    from flash_dllm_jax.architectures.diffusion_gemma.checkpoint import (
-        param_shapes)
-    return sum(math.prod(s) for s in param_shapes(self).values())
 
   def replace(self, **changes) -> "GemmaConfig":
     return dataclasses.replace(self, **changes)

@@ -180,11 +180,3 @@ def to_official(config: GemmaConfig) -> dict[str, Any]:
       enable_moe=moe, num_experts=config.moe_experts,
       expert_dim=config.moe_hidden, top_k_experts=config.moe_top_k,
       moe_dense_hidden_dim=config.mlp_hidden if moe else 0)
-
-
-def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:
-  """Writes the HF checkpoint `src` as Google's format at `dst` (orbax
-  tree + config.json), all or nothing."""
-  from flash_dllm_jax.architectures.diffusion_gemma.checkpoint import save
-  params, config = load(Path(src), dtype)
-  save(dst, params, config, force=force)
