@@ -13,7 +13,8 @@
 # quality runs on $RUN/model when it exists, else on the shipped checkpoint.
 # SMOKE=1: a tiny model, 4 steps and 4 problems (runs on a CPU).
 # OUT gets train.log, metrics.jsonl, loss.png, model.tar.* (cat model.tar.*
-# | tar -x), readme-problem.txt, quality.log and quality.tar.xz.
+# | tar -x), readme-problem.txt, quality.log (quality-flash.log) and
+# quality.tar.xz.
 source "$(dirname "$0")/common.sh"
 RUN=${RUN:-runs/train-diffusion-gemma}
 SHIPPED=checkpoints/synthetic-gsm-diffusion-gemma
@@ -56,16 +57,19 @@ case "${2:?second argument: train, continue or quality}" in
          --strategy diffusion-gemma --canvas-length $CANVAS --max-out-length $GEN \
          --prompt "$PROMPT" | tee "$OUT/readme-problem.txt" ;;
   quality)
+     # diffusion-gemma first (its table survives whatever follows), then
+     # with diffusion-gemma-flash where registered: eval_quality resumes
+     # the finished run and adds the other to the same table.
      ckpt=$SHIPPED; [ -d "$RUN/model" ] && ckpt=$RUN/model
-     group=$DG
+     q() { timeout ${QUALITY_TIMEOUT:-300} python scripts/eval_quality.py \
+         --checkpoint "$ckpt" --limit $LIMIT --gen-lengths $GEN --strategies "$@" \
+         --reference $DG --baseline $DG --no-progress --out-dir "$OUT/q"; }
+     q $DG > "$OUT/quality.log" 2>&1 || { tail -n 20 "$OUT/quality.log"; exit 1; }
      if python -c "from flash_dllm_jax.strategies import STRATEGIES as S; \
                    raise SystemExit('diffusion-gemma-flash' not in S)"; then
-       group="$DG diffusion-gemma-flash:canvas_length=$CANVAS"
+       q $DG "diffusion-gemma-flash:canvas_length=$CANVAS" > "$OUT/quality-flash.log" 2>&1 \
+           || { echo "diffusion-gemma-flash failed:"; tail -n 5 "$OUT/quality-flash.log"; }
      fi
-     timeout ${QUALITY_TIMEOUT:-500} python scripts/eval_quality.py \
-         --checkpoint "$ckpt" --limit $LIMIT --gen-lengths $GEN \
-         --strategies $group --reference $DG --baseline $DG --no-progress \
-         --out-dir "$OUT/q" > "$OUT/quality.log" 2>&1 || { tail -n 20 "$OUT/quality.log"; exit 1; }
      tar -cJf "$OUT/quality.tar.xz" -C "$OUT" q
      grep -h "^|" "$OUT/q/quality.md" ;;
   *) echo "second argument: train, continue or quality" >&2; exit 2 ;;
