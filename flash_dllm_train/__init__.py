@@ -1,7 +1,11 @@
-"""Training the project's own small dLLM with LLaDA's masked-diffusion loss
+"""Training the project's own small dLLMs (LLaDA, LLaDA2, DiffusionGemma formats)
 (imports the inference package `flash_dllm_jax`, never the reverse).
 
   objective.py    the loss (t ~ U(eps, 1), 1/t-weighted masked CE)
+  block_objective.py  LLaDA2's block diffusion (two copies of a row)
+  canvas_objective.py DiffusionGemma's SFT objective (uniform noise, a
+                  canvas against the causal cache, self-conditioning)
+  models.py       each architecture's config, init and checkpoint format
   data.py         fixed-length SFT rows (prompt | solution, EOT, EOS pad)
   stream.py       fresh rows drawn by worker processes while training
   config.py       TrainConfig, AdamW + warmup/cosine

@@ -8,7 +8,8 @@ OUT/checkpoints/step_<8 digits>/ holds
 Each is written into a staging directory and renamed when complete, so a
 crash never leaves a half checkpoint that resume would pick up.
 The exported model (`export_model`) is the plain checkpoint with params
-cast to bfloat16: the shipped format, as `scripts/convert_hf.py` writes.
+cast to bfloat16: the shipped format, as `scripts/convert_hf.py` writes
+(DiffusionGemma: Google's format, models.save_model).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from flash_dllm_jax.checkpoint import load, save, staging_dir
+from flash_dllm_jax.checkpoint import load, staging_dir
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.tokenizer import Tokenizer
+from flash_dllm_train.models import save_model
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -55,7 +57,7 @@ def save_checkpoint(out_dir: str | Path, step: int, params, opt_state,
   dst = checkpoint_dir(out_dir, step)
   leaves = jax.device_get(jax.tree.leaves(opt_state))
   with staging_dir(dst, force=True) as tmp:
-    save(tmp / "model", params, config, tokenizer)
+    save_model(tmp / "model", params, config, tokenizer)
     tree = {f"leaf_{i:05d}": np.asarray(x) for i, x in enumerate(leaves)}
     ocp.PyTreeCheckpointer().save((tmp / "optimizer").absolute(),
                                   args=ocp.args.PyTreeSave(tree))
@@ -94,5 +96,5 @@ def export_model(dst: str | Path, params, config: ModelConfig,
   """Saves the model with params cast to `dtype` (config.dtype set to it);
   returns the size of the directory in bytes."""
   cast = jax.tree.map(lambda x: jnp.asarray(x, jnp.dtype(dtype)), params)
-  save(dst, cast, config.replace(dtype=dtype), tokenizer, force=force)
+  save_model(dst, cast, config.replace(dtype=dtype), tokenizer, force=force)
   return sum(f.stat().st_size for f in Path(dst).rglob("*") if f.is_file())

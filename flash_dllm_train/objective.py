@@ -17,10 +17,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from flash_dllm_jax.architectures.diffusion_gemma.config import GemmaConfig
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.model import Transformer
 from flash_dllm_jax.ops.choice import Kernels
 from flash_dllm_train.block_objective import two_copy_logits
+from flash_dllm_train.canvas_objective import canvas_loss_fn
 
 DEFAULT_EPS = 1e-3
 
@@ -81,9 +83,18 @@ def loss_fn(params, batch: dict, rng: jax.Array, *, config: ModelConfig,
   """The objective on one batch {"tokens_BxN", "prompt_BxN", "valid_BxN"}:
   draws t and the mask from `rng`, runs the model, returns (loss, metrics).
   Block-causal architectures train with the block-diffusion objective
-  (block_objective.py, blocks of `block_length`); an MoE's metrics carry
+  (block_objective.py, blocks of `block_length`), DiffusionGemma with its
+  SFT objective (canvas_objective.py, canvases of `block_length`, t ~
+  U(eps, 1 - eps)); an MoE's metrics carry
   "expert_load", {layer name: tokens per expert [X]}. Jit-able (config
   static); differentiable in params."""
+  if isinstance(config, GemmaConfig):  # canvas_objective.py
+    if implementation not in (None, "reference"):
+      raise ValueError("DiffusionGemma trains through its plain forward: "
+                       f"implementation must be None or 'reference', got "
+                       f"{implementation!r}")
+    return canvas_loss_fn(params, batch, rng, config=config,
+                          canvas=block_length, eps=eps)
   tokens_BxN = batch["tokens_BxN"]
   valid_BxN = batch["valid_BxN"].astype(bool)
   response_BxN = valid_BxN & ~batch["prompt_BxN"].astype(bool)

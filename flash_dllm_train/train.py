@@ -27,10 +27,10 @@ from flax import struct, traverse_util
 
 from flash_dllm_jax.checkpoint import load_config
 from flash_dllm_jax.config import ModelConfig
-from flash_dllm_jax.model import init_params
 from flash_dllm_jax.tokenizer import Tokenizer
 from flash_dllm_train import checkpoints as ckpt
 from flash_dllm_train import run_log
+from flash_dllm_train.models import init_train_params, num_params
 from flash_dllm_train.balance import balance_experts, expert_imbalance
 from flash_dllm_train.data import Batches, EncodedRows, rows_batch
 from flash_dllm_train.stream import StreamBatches
@@ -166,7 +166,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
                      f"config:\n  saved {load_config(found[-1][1] / 'model')}"
                      f"\n  now   {config}")
   optimizer = make_optimizer(tc)
-  params = init_params(config, jax.random.key(tc.seed), param_dtype="float32")
+  params = init_train_params(config, jax.random.key(tc.seed))
   if init_from is not None and not found:
     params = _warm_start(params, init_from)
     log("starting from the given weights (fresh optimizer state)")
@@ -282,5 +282,5 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
   log_file.close()
   run_log.plot_loss(history, out / "loss.png",
             f"{config.n_layers} layers, d_model {config.d_model}, "
-            f"{config.num_params() / 1e6:.1f}M params")
+            f"{num_params(config) / 1e6:.1f}M params")
   return jax.device_get(state.params), step

@@ -51,7 +51,9 @@ from flash_dllm_data.tokenizer_builder import (  # noqa: E402
 from flash_dllm_jax.tokenizer import Tokenizer  # noqa: E402
 from flash_dllm_train import checkpoints as ckpt, models  # noqa: E402
 from flash_dllm_train.data import EOS_PAD, encode_problems  # noqa: E402
+from flash_dllm_train.canvas_objective import TIME_EPS  # noqa: E402
 from flash_dllm_train.evaluate import solve_accuracy  # noqa: E402
+from flash_dllm_train.models import GEMMA  # noqa: E402
 from flash_dllm_train.stream import StreamBatches  # noqa: E402
 from flash_dllm_train.train import (  # noqa: E402
     TrainConfig, train)
@@ -59,10 +61,12 @@ from flash_dllm_train.run_log import scheduled_steps  # noqa: E402
 
 MODEL_ARGS = ("arch", "layers", "d_model", "heads", "kv_heads", "mlp_hidden",
               "vocab_size", "rope_theta", "max_seq_len", "experts", "top_k",
-              "expert_hidden", "shared_experts", "dense_layers")
+              "expert_hidden", "shared_experts", "dense_layers",
+              "sliding_window", "global_every")
 SMOKE = dict(steps=6, batch_size=4, layers=2, d_model=64, heads=4,
              kv_heads=4, mlp_hidden=128, log_every=2, eval_every=3,
-             ckpt_every=3, eval_problems=2, gen_length=32, expert_hidden=32)
+             ckpt_every=3, eval_problems=2, gen_length=32, expert_hidden=32,
+             sliding_window=16, global_every=2)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,7 +102,10 @@ def _parser() -> argparse.ArgumentParser:
   g = ap.add_argument_group("model")
   g.add_argument("--arch", choices=models.ARCHS, default="llada",
                  help="llada: dense, full attention, LLaDA's SFT objective; "
-                 "llada2: block-causal MoE, the block-diffusion objective")
+                 "llada2: block-causal MoE, the block-diffusion objective; "
+                 "diffusion_gemma: Gemma 4 layers, local and global, an MoE "
+                 "beside a dense MLP, self-conditioning, DiffusionGemma's "
+                 "SFT objective (uniform noise, canvases of --block-length)")
   g.add_argument("--layers", type=int, default=8)
   g.add_argument("--d-model", type=int, default=384)
   g.add_argument("--heads", type=int, default=6)
@@ -107,15 +114,21 @@ def _parser() -> argparse.ArgumentParser:
   g.add_argument("--vocab-size", type=int, default=1024)
   g.add_argument("--rope-theta", type=float, default=10000.0)
   g.add_argument("--max-seq-len", type=int, default=1024)
-  g.add_argument("--experts", type=int, default=8, help="llada2: routed "
-                 "experts (--top-k per token, width --expert-hidden)")
+  g.add_argument("--experts", type=int, default=8, help="llada2, "
+                 "diffusion_gemma: routed experts (--top-k per token, width "
+                 "--expert-hidden)")
   g.add_argument("--top-k", type=int, default=2)
   g.add_argument("--expert-hidden", type=int, default=128)
   g.add_argument("--shared-experts", type=int, default=1)
   g.add_argument("--dense-layers", type=int, default=1,
                  help="llada2: first layers with the dense MLP")
   g.add_argument("--block-length", type=int, default=32,
-                 help="llada2: decode block of the objective and final check")
+                 help="llada2: decode block of the objective and final "
+                 "check; diffusion_gemma: the canvas length")
+  g.add_argument("--sliding-window", type=int, default=128,
+                 help="diffusion_gemma: the local layers' window")
+  g.add_argument("--global-every", type=int, default=4,
+                 help="diffusion_gemma: every Nth layer is global")
   g.add_argument("--dtype", choices=["bfloat16", "float32"],
                  default="bfloat16", help="compute dtype (params are f32)")
   t = ap.add_argument_group("training")
@@ -216,7 +229,8 @@ def main(argv=None):
       rope_theta=args.rope_theta, max_seq_len=args.max_seq_len,
       dtype=args.dtype, experts=args.experts, top_k=args.top_k,
       expert_hidden=args.expert_hidden, shared_experts=args.shared_experts,
-      dense_layers=args.dense_layers)
+      dense_layers=args.dense_layers, sliding_window=args.sliding_window,
+      global_every=args.global_every)
   if init_from is not None:
     config = init_config.replace(dtype=args.dtype)
   if args.stream:
@@ -234,8 +248,8 @@ def main(argv=None):
             f"{args.seq_len} dropped)")
   eval_rows = encode_problems(test_rows, tokenizer, args.seq_len)
   print(f"{what}, {len(eval_rows.tokens_MxN)} eval rows; "
-        f"model {config.num_params() / 1e6:.2f}M params, "
-        f"{config.num_params() * 2 / 1e6:.1f} MB in bf16; devices "
+        f"model {models.num_params(config) / 1e6:.2f}M params, "
+        f"{models.num_params(config) * 2 / 1e6:.1f} MB in bf16; devices "
         f"{jax.devices()}; data ready in {time.time() - t0:.0f}s", flush=True)
   tc = TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                    warmup_steps=min(args.warmup_steps, args.steps - 1),
@@ -246,7 +260,8 @@ def main(argv=None):
                    implementation=args.implementation,
                    stop_after_minutes=args.stop_after_minutes,
                    stop_after_steps=args.stop_after_steps,
-                   eos_pad=args.eos_pad, block_length=args.block_length)
+                   eos_pad=args.eos_pad, block_length=args.block_length,
+                   **({"eps": TIME_EPS} if config.arch == GEMMA else {}))
   t1 = time.time()
   try:
     params, step = train(config, tokenizer, rows, out, tc, eval_rows,
@@ -270,10 +285,15 @@ def main(argv=None):
   if args.eval_problems > 0:
     model = load(out / "model")
     block = args.block_length if config.arch == "llada2" else 32
+    if config.arch == GEMMA:  # its sampler's defaults, the trained canvas
+      block = args.block_length
+      options = dict(canvas_length=block, max_out_length=args.gen_length)
+    else:
+      options = dict(gen_length=args.gen_length, block_length=block,
+                     steps=block if config.arch == "llada2"
+                     else args.gen_length)
     acc, results = solve_accuracy(  # the architecture's default sampler
-        model, test_rows[:args.eval_problems], gen_length=args.gen_length,
-        steps=block if config.arch == "llada2" else args.gen_length,
-        block_length=block)
+        model, test_rows[:args.eval_problems], **options)
     for question, text, predicted, target in results[:3]:
       print(f"--- {question}\n{text}\n(predicted {predicted}, target "
             f"{target})")

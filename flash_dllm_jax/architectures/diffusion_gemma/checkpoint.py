@@ -4,7 +4,7 @@ written by `orbax.checkpoint.StandardCheckpointer().save(DIR, params)`, as
 gm.ckpts.save_params does; a Kauldron checkpoint's `default/` item and
 `params` subtree too), with its config from DIR/config.json
 ({"transformer_config": TransformerConfig fields, "special_tokens":
-{"eos": ..}, optional "text_vocab_size", "max_seq_len"}) or, without that
+{"eos": ..}, optional "text_vocab_size", "max_seq_len", "dtype"}) or, without that
 file, from the built-in preset whose shapes the stored tree has.
 
 Text only: the vision and audio parameters a checkpoint may hold are
@@ -28,6 +28,7 @@ from jax.sharding import NamedSharding
 
 from flash_dllm_jax import parallel
 from flash_dllm_jax import quantize as qlib
+from flash_dllm_jax.checkpoint_files import staging_dir
 from flash_dllm_jax.architectures.diffusion_gemma import hf as hf_format
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
     GEMMA4_SPECIAL, PRESETS, GemmaConfig, preset)
@@ -143,9 +144,9 @@ def load_config(ckpt_dir, dtype: str | None = None) -> GemmaConfig:
   if meta is not None:
     if "transformer_config" not in meta:
       raise ValueError(f"{d}/config.json has no \"transformer_config\"")
-    for key in ("text_vocab_size", "max_seq_len"):
+    for key in ("text_vocab_size", "max_seq_len", "dtype"):
       if key in meta:
-        changes[key] = meta[key]
+        changes.setdefault(key, meta[key])
     try:
       return GemmaConfig.from_official(
           meta["transformer_config"],
@@ -239,13 +240,38 @@ def _placed(config, path: str, array, mesh):
   return jax.device_put(array, NamedSharding(mesh, spec))
 
 
+def save(dst, params, config: GemmaConfig, tokenizer=None,
+         force: bool = False) -> None:
+  """Writes `params` (the official tree) in Google's format at `dst`: the
+  orbax tree, config.json ("transformer_config", "special_tokens",
+  "max_seq_len", the compute "dtype", "text_vocab_size" when the config
+  sets one) and the tokenizer's files; all or nothing."""
+  with staging_dir(dst, force=force) as tmp:
+    tmp.rmdir()  # orbax writes the directory itself
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(tmp.absolute(), params)
+    checkpointer.wait_until_finished()
+    special = dict(GEMMA4_SPECIAL, eos=config.eos_token_id,
+                   bos=config.bos_token_id, end_of_turn=config.end_of_turn_id,
+                   begin_of_tool_response=config.tool_response_id)
+    meta = {"transformer_config": hf_format.to_official(config),
+            "special_tokens": special, "max_seq_len": config.max_seq_len,
+            "dtype": config.dtype}
+    if config.text_vocab_size is not None:
+      meta["text_vocab_size"] = config.text_vocab_size
+    (tmp / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
+    if tokenizer is not None:
+      tokenizer.save(tmp)
+
+
 def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:
   """A Hugging Face DiffusionGemma directory written in Google's format."""
   if not hf_format.is_hf_dir(Path(src)):
     raise ValueError(f"{src} is not a Hugging Face DiffusionGemma directory "
                      "(config.json of model_type 'diffusion_gemma' with "
                      "safetensors)")
-  hf_format.convert(src, dst, dtype=dtype, force=force)
+  params, config = hf_format.load(Path(src), dtype)
+  save(dst, params, config, force=force)
 
 
 def init_params(config: GemmaConfig, rng: jax.Array, dtype=None):

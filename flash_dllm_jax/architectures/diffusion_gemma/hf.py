@@ -22,13 +22,11 @@ from typing import Any
 import jax
 import ml_dtypes
 import numpy as np
-import orbax.checkpoint as ocp
 from safetensors import safe_open
 
 from flash_dllm_jax.architectures.diffusion_gemma import tensors
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
     GEMMA4_SPECIAL, GLOBAL, LOCAL, GemmaConfig)
-from flash_dllm_jax.checkpoint_files import staging_dir
 
 MODEL_TYPE = "diffusion_gemma"
 _KINDS = {"sliding_attention": LOCAL, "full_attention": GLOBAL}
@@ -182,20 +180,3 @@ def to_official(config: GemmaConfig) -> dict[str, Any]:
       enable_moe=moe, num_experts=config.moe_experts,
       expert_dim=config.moe_hidden, top_k_experts=config.moe_top_k,
       moe_dense_hidden_dim=config.mlp_hidden if moe else 0)
-
-
-def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:
-  """Writes the HF checkpoint `src` as Google's format at `dst` (orbax
-  tree + config.json), all or nothing."""
-  params, config = load(Path(src), dtype)
-  with staging_dir(dst, force=force) as tmp:
-    tmp.rmdir()  # orbax writes the directory itself
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(tmp.absolute(), params)
-    checkpointer.wait_until_finished()
-    special = dict(GEMMA4_SPECIAL, eos=config.eos_token_id,
-                   bos=config.bos_token_id, end_of_turn=config.end_of_turn_id,
-                   begin_of_tool_response=config.tool_response_id)
-    (tmp / "config.json").write_text(json.dumps(
-        {"transformer_config": to_official(config), "special_tokens": special,
-         "max_seq_len": config.max_seq_len}, indent=1) + "\n")
