@@ -74,11 +74,6 @@ def sampler_options(strategy: str, gen_length: int) -> dict:
             "block_length": block}
   if strategy in ("threshold", "fast-dllm-prefix", "fast-dllm-dual"):
     return {"gen_length": gen_length, "block_length": block}
-  from flash_dllm_jax.strategies import STRATEGIES
-  known = STRATEGIES.get(strategy)
-  if known is not None and "max_out_length" in {
-      f.name for f in dataclasses.fields(known.sampler)}:
-    return {"max_out_length": gen_length}  # canvas samplers (diffusion-gemma)
   return {"gen_length": gen_length}
 
 
