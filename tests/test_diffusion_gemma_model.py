@@ -176,3 +176,30 @@ def test_8bit_weights_run_what_they_stand_for(tiny):
   got, _ = FORWARD(qparams, qconfig, tokens, slots, cache, M.canvas(slots), sc)
   want, _ = FORWARD(plain, config, tokens, slots, cache, M.canvas(slots), sc)
   np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
+
+
+SAVE_ON_ANOTHER_DEVICE = """
+import sys
+import jax
+from flash_dllm_jax.architectures.diffusion_gemma import checkpoint
+params, config, _ = checkpoint.load(sys.argv[1], dtype="float32")
+params = jax.device_put(params, jax.devices()[1])
+checkpoint.save(sys.argv[2], params, config)
+"""
+
+
+def test_a_tree_saved_from_devices_this_process_lacks_loads(tiny, tmp_path):
+  # Google's checkpoints are written from TPUs, ours from a GPU: the orbax
+  # tree names devices a CPU process does not have (here cpu:1).
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu")
+  subprocess.run([sys.executable, "-c", SAVE_ON_ANOTHER_DEVICE,
+                  str(REF / "tiny"), str(tmp_path / "moved")],
+                 check=True, env=env, cwd=ROOT, timeout=300)
+  assert len(jax.devices()) == 1
+  params, _, _ = tiny
+  moved, _, _ = checkpoint.load(tmp_path / "moved", dtype="float32")
+  jax.tree.map(np.testing.assert_array_equal, moved, params)

@@ -76,6 +76,20 @@ def _item_dir(ckpt_dir: Path) -> Path:
   return ckpt_dir
 
 
+def _restore_on_host(item: Path) -> dict:
+  """The orbax tree as host arrays, whatever devices wrote it: a tree saved
+  from TPUs, GPUs or another CPU topology names devices this process may
+  not have, which orbax's own restore (to the saved sharding) refuses."""
+  checkpointer = ocp.PyTreeCheckpointer()
+  meta = checkpointer.metadata(item)
+  tree = getattr(meta, "item_metadata", meta)
+  tree = getattr(tree, "tree", tree)
+  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                      tree, is_leaf=lambda x: hasattr(x, "shape"))
+  return checkpointer.restore(
+      item, args=ocp.args.PyTreeRestore(restore_args=args))
+
+
 def _stored_shapes(item: Path) -> dict[str, tuple[int, ...]]:
   meta = ocp.StandardCheckpointer().metadata(item)
   tree = getattr(meta, "item_metadata", meta)
@@ -218,7 +232,7 @@ def load(ckpt_dir, dtype: str | None = None, mesh=None,
   tok, config = load_tokenizer(d, config)
   item = _item_dir(d)
   check_shapes(config, _stored_shapes(item), str(d))
-  tree = ocp.StandardCheckpointer().restore(item)
+  tree = _restore_on_host(item)
   if "params" in tree and "embedder" not in tree:
     tree = tree["params"]
   flat = traverse_util.flatten_dict(dict(tree), sep="/")
