@@ -33,9 +33,10 @@
 #   bash benchmarks/hopper.sh OUT_DIR long-context [STRATEGIES]  # step and
 #                                               # peak against the prompt
 #                                               # (LLaDA-8B; flash-dllm)
-#   bash benchmarks/hopper.sh OUT_DIR long-context-llada2 [B]  # the same
-#                                               # at LLaDA2.0-mini shapes,
-#                                               # batch B (default 1)
+#   bash benchmarks/hopper.sh OUT_DIR long-context-llada2 [PROMPTS]  # the
+#                                               # same at LLaDA2.0-mini
+#                                               # shapes, batch 1 and 8,
+#                                               # steady step and prefill
 # The memory and long-context parts run one process per row group: a
 # row's peak is `peak_bytes_in_use`, which never goes down in a process.
 # SMOKE=1 runs them on the tiny model (any backend: a check of the part).
@@ -204,14 +205,12 @@ long-context)
   done
   ;;
 long-context-llada2)
-  # one batch size a call (bash benchmarks/hopper.sh OUT long-context-llada2
-  # 8); a process per prompt length
-  for b in ${3:-1}; do
-    for p in 4096 8192 16384 32768; do
-      timeout 240 python scripts/bench_moe.py ${SMOKE:+--smoke} --layer-paths \
-          --strategies llada2 --batch $b --prompt $p --gen 512 --reps 1 \
-          --json "$OUT/long-llada2-b$b-p$p.json" | grep -E "step"
-    done
+  # a process per prompt length (default 4096 8192 16384 32768; one call
+  # of 10 minutes takes two or three of them)
+  for p in ${3:-4096 8192 16384 32768}; do
+    timeout 240 python scripts/bench_moe.py ${SMOKE:+--smoke} --layer-paths \
+        --strategies llada2 --batch 1 8 --steady --prompt $p --gen 512 \
+        --reps 1 --json "$OUT/long-llada2-p$p.json" | grep -E "step"
   done
   ;;
 *) echo "unknown part $PART"; exit 2 ;;
