@@ -18,24 +18,23 @@ from tests.paths import ROOT, TINY_CHECKPOINT
 
 
 def _serve_all(engine, requests, config, per_call=None):
-  """Drives the engine until every request is answered, admitting them in
-  order into free slots (at most per_call a call). Returns ({index: answer
-  tokens, masks after the stop as pad}, device calls, most admitted at once).
-  """
+  """Drives the engine until every request is answered, handing each call
+  the waiting requests (at most per_call of them) as its queue, which it
+  loads into slots as rows finish. Returns ({index: answer tokens, masks
+  after the stop as pad}, device calls, most loaded by one call)."""
   waiting, held, got, calls, most = list(range(len(requests))), {}, {}, 0, 0
   while len(got) < len(requests):
-    admit = {}
-    for slot in engine.free_slots()[:per_call]:
-      if waiting:
-        i = waiting.pop(0)
-        admit[slot], held[slot] = requests[i], i
-    out = engine.cycle(admit=admit)
-    calls, most = calls + 1, max(most, len(admit))
-    for slot, i in list(held.items()):
-      if out.done_B[slot]:
-        got[i] = np.where(out.tokens_BxG[slot] == config.mask_token_id,
-                          config.pad_token_id, out.tokens_BxG[slot])
-        del held[slot]
+    queue = waiting[:per_call or engine.q]
+    out = engine.cycle(queue=[requests[i] for i in queue])
+    calls, most = calls + 1, max(most, out.taken)
+    jobs = {**held, **{engine.b + q: i
+                       for q, i in enumerate(queue[:out.taken])}}
+    waiting = queue[out.taken:] + waiting[len(queue):]
+    for j, i in jobs.items():
+      if out.done_J[j]:
+        got[i] = np.where(out.tokens_JxG[j] == config.mask_token_id,
+                          config.pad_token_id, out.tokens_JxG[j])
+    held = {s: jobs[int(j)] for s, j in enumerate(out.job_B) if j >= 0}
   return got, calls, most
 
 
@@ -187,16 +186,14 @@ prompts = [[int(t) for t in rng.integers(0, 370, int(n))]
            for n in rng.integers(1, 33, 6)]
 waiting, held, got = list(range(6)), {}, {}
 while len(got) < 6:
-  admit = {}
-  for slot in engine.free_slots():
-    if waiting:
-      i = waiting.pop(0)
-      admit[slot], held[slot] = (prompts[i], i), i
-  out = engine.cycle(admit=admit)
-  for slot, i in list(held.items()):
-    if out.done_B[slot]:
-      got[i] = out.tokens_BxG[slot]
-      del held[slot]
+  queue = waiting[:engine.q]
+  out = engine.cycle(queue=[(prompts[i], i) for i in queue])
+  jobs = {**held, **{engine.b + q: i for q, i in enumerate(queue)}}
+  waiting = waiting[out.taken:]
+  for j, i in jobs.items():
+    if out.done_J[j]:
+      got[i] = out.tokens_JxG[j]
+  held = {s: jobs[int(j)] for s, j in enumerate(out.job_B) if j >= 0}
 ref = generate((params, config, tok), prompts, sampler=sampler,
                seed=list(range(6)))
 for i in range(6):

@@ -3,10 +3,13 @@ and one thread that owns the device slots and runs the loop.
 
 The thread (`run_busy_loop`) takes a `step` of each model runner in turn
 (one slot pool per sampler variant, shared by every prompt length). A step
-collects the device call in flight (`ModelRunner.collect`: which rows
-stopped), asks the scheduler (`scheduler.schedule`) what the next call does
-(fail cancelled or expired requests, stop their slots, load waiting
-requests into every free slot) and dispatches it (`ModelRunner.dispatch`,
+collects the device call in flight (`ModelRunner.collect`; `scheduler.
+placed`: which slot holds which request, which queued requests the device
+loaded, the others wait again first in line), asks the scheduler
+(`scheduler.schedule`) what the next call does (fail cancelled or expired
+requests, stop their slots and those of answered rows, hand the device
+the waiting requests as its queue, loaded into slots as rows finish inside
+the compiled loop) and dispatches it (`ModelRunner.dispatch`,
 asynchronous), and only then hands the collected output to
 `scheduler.update_from_output`, which says what each request gets (the
 text that became final, or its answer) and its new state, which the step
@@ -20,10 +23,10 @@ waits in the queue stays queued. A failure within `RESTART_WINDOW_S` of
 fails, new requests are refused (503), /health says 'failed' and
 `on_fatal` runs (the CLI stops the server, exit status 1, for an
 orchestrator to restart it). So detokenizing and sending run while the
-device decodes the next call, and a slot whose row stopped is refilled at
-once; a slot whose answer completed before its row stopped (a stop string,
-max_tokens) is released a call later. The metrics observe each plan and
-scheduler output (`Metrics.observe_*`). Every request is answered exactly once, through
+device decodes the next call, and a slot whose row stopped is refilled on
+the device at once; a slot whose answer completed before its row stopped
+(a stop string, max_tokens) is released a call later. The metrics observe
+each placement and scheduler output (`Metrics.observe_*`). Every request is answered exactly once, through
 its `emit` callback, from this thread.
 """
 
@@ -71,7 +74,6 @@ class EngineCore:
     self.restarts: list[float] = []  # time.monotonic() of each restart
     self._pending = {p: collections.deque() for p in runners}
     self._slots = {p: {} for p in runners}  # key -> {slot: Request}
-    self._release = {p: set() for p in runners}
     self._in_flight = {}  # key -> _Call dispatched, not yet collected
     self._cond = threading.Condition()
     self._draining = self._stopping = False
@@ -145,7 +147,7 @@ class EngineCore:
 
   def _idle(self) -> bool:
     return not self._in_flight and not any(self._slots.values()) and \
-        not any(self._release.values()) and self.queue_length() == 0
+        self.queue_length() == 0
 
   def _run(self) -> None:
     while True:
@@ -205,14 +207,12 @@ class EngineCore:
       left = [r for q in self._pending.values() for r in q] if queued else []
       left += [r for s in self._slots.values() for r in s.values()]
       left += [r for c in self._in_flight.values()
-               for r in c.plan.running.values()]
+               for r in (*c.plan.running.values(), *c.plan.queued)]
       if queued:
         for q in self._pending.values():
           q.clear()
       for s in self._slots.values():
         s.clear()
-      for r in self._release.values():
-        r.clear()
       self._in_flight.clear()
       self.metrics.queue_length.set(self.queue_length())
     for r in left:
@@ -228,40 +228,38 @@ class EngineCore:
     if last is not None:
       out = runner.collect(last.handle)
       seconds = time.monotonic() - last.started
+      where = scheduler.placed(last.plan, out)
+      self.metrics.observe_loaded(where.loaded, last.started, seconds,
+                                  out.iters)
     with self._cond:
+      if last is not None:
+        self._slots[key] = where.running
+        self._pending[key].extendleft(reversed(where.requeue))
       plan = scheduler.schedule(self._pending[key], self._slots[key],
-                               self._release[key], runner.free_slots,
-                               time.monotonic())
+                                runner.q, time.monotonic())
       self._pending[key] = collections.deque(plan.waiting)
-      self._slots[key], self._release[key] = plan.running, set()
+      self._slots[key] = plan.running
       self.metrics.queue_length.set(self.queue_length())
     for r, why in plan.failed:
       self._finish(r, Event("", True, why), why)
-    busy = runner.busy_slots()
-    if plan.admit or plan.release or any(s in busy for s in plan.running):
-      t0 = time.monotonic()
-      self.metrics.observe_plan(plan, t0)
+    if plan.queued or plan.release or plan.running:
       # the top-logprobs variant while a request that wants them decodes
-      top = runner.top_k > 0 and any(r.top_logprobs
-                                     for r in plan.running.values())
-      self._in_flight[key] = _Call(plan, t0, runner.dispatch(
-          release=plan.release, admit={
-              slot: (r.ids, r.seed) if r.sampling is None else
-              (r.ids, r.seed, r.sampling) for slot, r in plan.admit},
-          top=top))
+      top = runner.top_k > 0 and any(
+          r.top_logprobs for r in (*plan.running.values(), *plan.queued))
+      self._in_flight[key] = _Call(plan, time.monotonic(), runner.dispatch(
+          release=plan.release, queue=[
+              (r.ids, r.seed) if r.sampling is None else
+              (r.ids, r.seed, r.sampling) for r in plan.queued], top=top))
     if last is not None:
-      self._answer(key, last.plan, out, seconds)
+      self._answer(last.plan, out, seconds)
 
-  def _answer(self, key, plan: scheduler.SchedulerOutput, out,
+  def _answer(self, plan: scheduler.SchedulerOutput, out,
               seconds: float) -> None:
-    """The events of a collected call. Its requests that the call since
-    dispatched still holds are dropped from it once answered; those whose
-    answer completed before their row stopped are released at the next
-    call, one later than without the overlap."""
+    """The events of a collected call. A request whose answer completed
+    before its row stopped keeps its slot until the next schedule releases
+    it (one call later than without the overlap)."""
     now = time.monotonic()
-    live = {s: r for s, r in plan.running.items() if not r.finished}
-    outputs = scheduler.update_from_output(plan._replace(running=live),
-                                           out, now)
+    outputs = scheduler.update_from_output(plan, out, now)
     scheduler.apply(outputs)
     self.metrics.observe_step(outputs, out, seconds, now)
     for r in outputs.finished:
@@ -272,11 +270,8 @@ class EngineCore:
         self._finish(r, ev, "ok")
       elif not r.cancelled:
         r.emit(ev)
-    with self._cond:
-      self._slots[key] = {s: r for s, r in self._slots[key].items()
-                          if not r.finished}
-      self._release[key] |= outputs.release
-    self.metrics.busy_slots.set(sum(len(s) for s in self._slots.values()))
+    self.metrics.busy_slots.set(sum(
+        not r.finished for s in self._slots.values() for r in s.values()))
 
 
 class _Call(NamedTuple):

@@ -58,11 +58,14 @@ class Metrics:
                            buckets=_LATENCY_BUCKETS, registry=r)
 
   # Observers of the engine loop (engine_core.EngineCore) ------------------
-  def observe_plan(self, plan, now: float) -> None:
-    """A call about to run (scheduler.SchedulerOutput): admission latency,
-    prompt tokens."""
-    for _, r in plan.admit:
-      self.admission.observe(now - r.arrived)
+  def observe_loaded(self, loaded, started: float, seconds: float,
+                     iters: int) -> None:
+    """The requests a call loaded (scheduler.Placement.loaded: request,
+    loop step): admission latency (the load's time taken as `started` plus
+    its share of the call's `seconds` by steps), prompt tokens."""
+    for r, step in loaded:
+      at = started + seconds * min(step / max(iters, 1), 1.0)
+      self.admission.observe(max(at - r.arrived, 0.0))
       self.prompt_tokens.inc(len(r.ids))
 
   def observe_step(self, step, out, seconds: float, now: float) -> None:
