@@ -64,11 +64,16 @@ RESTART_WINDOW_S = 60.0
 
 class EngineCore:
   """runners: {key: ModelRunner} (the server keys them by variant);
-  max_queue: waiting requests allowed."""
+  max_queue: waiting requests allowed; steps_while_free: the step limit of
+  a call that leaves a slot free (a continuous runner's; the others and
+  full pools run steps_per_call), so that a request arriving while it runs
+  waits at most that many steps for a slot (None: steps_per_call)."""
 
   def __init__(self, runners: dict[int, ModelRunner], metrics: Metrics,
-               max_queue: int, on_fatal=None):
+               max_queue: int, on_fatal=None,
+               steps_while_free: int | None = None):
     self.runners, self.metrics, self.max_queue = runners, metrics, max_queue
+    self.steps_while_free = steps_while_free
     self.on_fatal = on_fatal  # called (no arguments) once the engine is lost
     self.state = "ready"  # 'restarting' while rebuilt, 'failed' for good
     self.restarts: list[float] = []  # time.monotonic() of each restart
@@ -225,8 +230,10 @@ class EngineCore:
     events while the device runs (JAX dispatches asynchronously)."""
     runner = self.runners[key]
     last = self._in_flight.pop(key, None)
+    collected = time.monotonic()
     if last is not None:
       out = runner.collect(last.handle)
+      collected = time.monotonic()
       seconds = time.monotonic() - last.started
       where = scheduler.placed(last.plan, out)
       self.metrics.observe_loaded(where.loaded, last.started, seconds,
@@ -246,10 +253,16 @@ class EngineCore:
       # the top-logprobs variant while a request that wants them decodes
       top = runner.top_k > 0 and any(
           r.top_logprobs for r in (*plan.running.values(), *plan.queued))
+      steps = runner.k
+      if runner.continuous and self.steps_while_free and \
+          len(plan.running) + len(plan.queued) < runner.b:
+        steps = min(self.steps_while_free, runner.k)
       self._in_flight[key] = _Call(plan, time.monotonic(), runner.dispatch(
           release=plan.release, queue=[
               (r.ids, r.seed) if r.sampling is None else
-              (r.ids, r.seed, r.sampling) for r in plan.queued], top=top))
+              (r.ids, r.seed, r.sampling) for r in plan.queued], top=top,
+          steps=steps))
+      self.metrics.host_gap.observe(time.monotonic() - collected)
     if last is not None:
       self._answer(last.plan, out, seconds)
 

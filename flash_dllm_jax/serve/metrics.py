@@ -53,6 +53,11 @@ class Metrics:
     self.admission = Histogram("dllm_admission_latency_seconds",
                                "arrival to taking a slot on the device",
                                buckets=_LATENCY_BUCKETS, registry=r)
+    self.host_gap = Histogram(
+        "dllm_host_gap_seconds", "a call's output read to the next call "
+        "dispatched (the device waits on the host meanwhile)",
+        buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
+                 0.1), registry=r)
     self.cycle = Histogram("dllm_cycle_seconds",
                            "one call of the compiled loop (host round trip)",
                            buckets=_LATENCY_BUCKETS, registry=r)

@@ -6,8 +6,9 @@ take any prompt of up to P tokens. A call (`cycle`) releases the slots the
 host gave up and takes a queue of up to Q (= B) waiting requests; the
 compiled loop loads queue entries into free slots (first at its start,
 then after every step, as rows finish: sampling/slots.refill, the refill
-rule of offline continuous batching) and runs until `steps_per_call` steps
-have run, nothing is left to decode, or a row finished that no queue entry
+rule of offline continuous batching) and runs until the call's step limit
+(at most `steps_per_call`; the engine core shortens it while slots are
+free, so that a new arrival soon gets one), nothing is left to decode, or a row finished that no queue entry
 replaced (its answer goes out, and a new arrival gets in, without waiting
 for the rest of the call). Each request of the call is a job: j < B the
 row in slot j at the call's start, B + q queue entry q; the call returns
@@ -131,7 +132,7 @@ class ModelRunner:
     args = (self.params, self._state, np.zeros(self.b, bool),
             np.zeros((q, self.p), np.int32), np.zeros((q, self.p), bool),
             np.zeros(q, np.uint32), np.zeros((), np.int32),
-            self._host_sampling([]))
+            np.zeros((), np.int32), self._host_sampling([]))
     shardings, mesh = {}, self._mesh
     if mesh is not None:
       state_s = jax.tree.map(lambda x: self._row_sharding(mesh, x),
@@ -141,7 +142,7 @@ class ModelRunner:
       shardings = dict(
           in_shardings=(parallel.param_shardings(mesh, self.config,
                                                  self.params), state_s,
-                        rows, rep, rep, rep, rep, rep),
+                        rows, rep, rep, rep, rep, rep, rep),
           out_shardings=(state_s, rep, rows, rep, rep))
     jitted = jax.jit(functools.partial(self._cycle, record_top=record_top),
                      donate_argnums=(1,), compiler_options=compiler_options(),
@@ -198,9 +199,10 @@ class ModelRunner:
         top_k=self.top_k)
 
   def _cycle(self, params, state: SlotState, release_B, prompt_QxP,
-             valid_QxP, seed_Q, count, sampling, record_top: bool):
-    """Releases release_B, then decodes with the first `count` queue
-    entries refilling free slots (module docstring). Returns (state, Jobs,
+             valid_QxP, seed_Q, count, steps, sampling, record_top: bool):
+    """Releases release_B, then decodes at most `steps` steps with the
+    first `count` queue entries refilling free slots (module docstring).
+    Returns (state, Jobs,
     job_B, taken, iters); without record_top the top buffer passes
     through untouched."""
     kept = state.decode.top
@@ -241,7 +243,7 @@ class ModelRunner:
 
     def running(carry):
       s, _, _, _, i, unfilled = carry
-      return (i < self.k) & jnp.any(~s.decode.done_B) & ~unfilled
+      return (i < steps) & jnp.any(~s.decode.done_B) & ~unfilled
 
     state = slots.release(state, release_B)
     job_B = jnp.where(state.decode.done_B, EMPTY, jnp.arange(b))
@@ -260,17 +262,20 @@ class ModelRunner:
     return state, jobs, job_B, taken, iters
 
   # Host API -----------------------------------------------------------------
-  def cycle(self, release=(), queue=()) -> ModelRunnerOutput:
+  def cycle(self, release=(), queue=(),
+            steps: int | None = None) -> ModelRunnerOutput:
     """release: slots to stop; queue: [(prompt ids, seed[, Sampling])],
     at most `q` waiting requests the call loads, in order, into slots as
-    they free up. One host round trip: `collect(dispatch(...))`."""
-    return self.collect(self.dispatch(release, queue))
+    they free up; steps: the call's step limit (default steps_per_call).
+    One host round trip: `collect(dispatch(...))`."""
+    return self.collect(self.dispatch(release, queue, steps=steps))
 
   def busy_slots(self) -> set[int]:
     """Slots whose row the device still decodes (as of the last collect)."""
     return {int(i) for i in np.flatnonzero(self._busy_B)}
 
-  def dispatch(self, release=(), queue=(), top: bool = False) -> "InFlight":
+  def dispatch(self, release=(), queue=(), top: bool = False,
+               steps: int | None = None) -> "InFlight":
     """Starts a call (see `cycle`) and returns at once: JAX runs it
     asynchronously, so the host can work on the last call's output
     meanwhile. `collect` its handle before the next dispatch (which donates
@@ -282,6 +287,9 @@ class ModelRunner:
                        f"({type(self.sampler).__name__}, top_logprobs 0)")
     if self._uncollected:
       raise RuntimeError("the last dispatched call was not collected")
+    steps = self.k if steps is None else steps
+    if not 1 <= steps <= self.k:
+      raise ValueError(f"steps {steps}: not in [1, {self.k}]")
     if len(queue) > self.q:
       raise ValueError(f"a queue of {len(queue)} requests (a call takes at "
                        f"most {self.q})")
@@ -304,7 +312,7 @@ class ModelRunner:
     program = self._compiled_top if top else self._compiled
     self._state, jobs, job_B, taken, iters = program(
         self.params, self._state, release_B, prompt_QxP, valid_QxP, seed_Q,
-        np.int32(len(queue)), self._host_sampling(rows))
+        np.int32(len(queue)), np.int32(steps), self._host_sampling(rows))
     self._uncollected = True
     return InFlight(jobs, job_B, taken, iters)
 
