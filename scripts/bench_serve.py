@@ -311,7 +311,7 @@ def server_settings(args, model, prompts):
                       slots=args.slots,
                       max_prompt_tokens=max(len(p) for p in prompts),
                       steps_per_call=args.steps_per_call,
-                      steps_while_free=args.steps_while_free,
+                      steps_while_admitting=args.steps_while_admitting,
                       max_queue=max(256, args.requests),
                       stop_at_eos=stop_at_eos)
   return sampler, settings, stop_at_eos
@@ -329,7 +329,7 @@ def main(argv=None):
                   help="llada-8b: random prompt length")
   ap.add_argument("--max-prompt-tokens", type=int, default=128)
   ap.add_argument("--steps-per-call", type=int, default=8)
-  ap.add_argument("--steps-while-free", type=int, default=2)
+  ap.add_argument("--steps-while-admitting", type=int, default=2)
   ap.add_argument("--requests", type=int, default=64)
   ap.add_argument("--rates", default="1,4,inf",
                   help="offered loads, requests/s, comma-separated")
@@ -412,7 +412,7 @@ def main(argv=None):
       "alone_latency_s": alone, "alone_ttft_s": alone_ttft,
       "compile_s": compile_s, "cold_start": starts, "loads": rows,
       "burst_fitting_slots": fits,
-      "steps_while_free": args.steps_while_free,
+      "steps_while_admitting": args.steps_while_admitting,
       "json_schema": schema_row}
   args.out.write_text(json.dumps(result, indent=2))
   plot(rows, result["alone_latency_s"], args.out.with_suffix(".png"))

@@ -21,12 +21,15 @@ def _serve_all(engine, requests, config, per_call=None):
   """Drives the engine until every request is answered, handing each call
   the waiting requests (at most per_call of them) as its queue, which it
   loads into slots as rows finish. Returns ({index: answer tokens, masks
-  after the stop as pad}, device calls, most loaded by one call)."""
-  waiting, held, got, calls, most = list(range(len(requests))), {}, {}, 0, 0
+  after the stop as pad}, device calls, most loaded by one call, requests
+  loaded inside the loop, after a step)."""
+  waiting, held, got = list(range(len(requests))), {}, {}
+  calls = most = inside = 0
   while len(got) < len(requests):
     queue = waiting[:per_call or engine.q]
     out = engine.cycle(queue=[requests[i] for i in queue])
     calls, most = calls + 1, max(most, out.taken)
+    inside += int(np.sum(out.at_Q[:out.taken] > 0))
     jobs = {**held, **{engine.b + q: i
                        for q, i in enumerate(queue[:out.taken])}}
     waiting = queue[out.taken:] + waiting[len(queue):]
@@ -35,7 +38,7 @@ def _serve_all(engine, requests, config, per_call=None):
         got[i] = np.where(out.tokens_JxG[j] == config.mask_token_id,
                           config.pad_token_id, out.tokens_JxG[j])
     held = {s: jobs[int(j)] for s, j in enumerate(out.job_B) if j >= 0}
-  return got, calls, most
+  return got, calls, most, inside
 
 
 @pytest.mark.slow
@@ -56,14 +59,14 @@ def test_online_admission_equals_offline(strategy, options):
   seeds = list(range(20))
   # requests arrive over time: three per call, more than Flash-dLLM's
   # max_refills at once
-  got, calls, most = _serve_all(engine, [(p, s) for p, s in zip(prompts,
-                                                                 seeds)],
-                                config, per_call=3)
+  got, calls, most, inside = _serve_all(
+      engine, [(p, s) for p, s in zip(prompts, seeds)], config, per_call=3)
   ref = generate((params, config, tok), prompts, sampler=sampler, seed=seeds)
   for i in range(20):
     assert answer_ids(got[i], config) == answer_ids(ref.tokens_BxG[i], config)
   assert calls < 20 * sampler.num_steps  # several steps per host round trip
   assert most == 3  # one call took more new requests than max_refills
+  assert inside > 0  # slots refilled inside the compiled loop
 
 
 @pytest.mark.slow
@@ -89,7 +92,7 @@ def test_llada2_flash_rows_with_their_own_options_equal_offline():
   settings = [Sampling(gamma=0.05), GREEDY, Sampling(threshold=0.3),
               Sampling(temperature=0.8, top_k=5, threshold=0.3,
                        gamma=0.05)]
-  got, _, _ = _serve_all(engine, [(p, 0, r) for p, r in zip(prompts,
+  got, _, _, _ = _serve_all(engine, [(p, 0, r) for p, r in zip(prompts,
                                                               settings)],
                          config)
   ref = generate((params, config, None), prompts, sampler=sampler,

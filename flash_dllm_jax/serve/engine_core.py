@@ -26,8 +26,8 @@ orchestrator to restart it). So detokenizing and sending run while the
 device decodes the next call, and a slot whose row stopped is refilled on
 the device at once; a slot whose answer completed before its row stopped
 (a stop string, max_tokens) is released a call later. The metrics observe
-each placement and scheduler output (`Metrics.observe_*`). Every request is answered exactly once, through
-its `emit` callback, from this thread.
+each placement and scheduler output (`Metrics.observe_*`). Every request
+is answered exactly once, through its `emit` callback, from this thread.
 """
 
 from __future__ import annotations
@@ -64,16 +64,15 @@ RESTART_WINDOW_S = 60.0
 
 class EngineCore:
   """runners: {key: ModelRunner} (the server keys them by variant);
-  max_queue: waiting requests allowed; steps_while_free: the step limit of
-  a call that leaves a slot free (a continuous runner's; the others and
-  full pools run steps_per_call), so that a request arriving while it runs
-  waits at most that many steps for a slot (None: steps_per_call)."""
+  max_queue: waiting requests allowed; steps_while_admitting: the step
+  limit of a continuous runner's call while its pool takes new requests
+  (`_dispatch`; None: steps_per_call always)."""
 
   def __init__(self, runners: dict[int, ModelRunner], metrics: Metrics,
                max_queue: int, on_fatal=None,
-               steps_while_free: int | None = None):
+               steps_while_admitting: int | None = None):
     self.runners, self.metrics, self.max_queue = runners, metrics, max_queue
-    self.steps_while_free = steps_while_free
+    self.steps_while_admitting = steps_while_admitting
     self.on_fatal = on_fatal  # called (no arguments) once the engine is lost
     self.state = "ready"  # 'restarting' while rebuilt, 'failed' for good
     self.restarts: list[float] = []  # time.monotonic() of each restart
@@ -229,10 +228,13 @@ class EngineCore:
     schedule and dispatch the next, then turn the collected output into
     events while the device runs (JAX dispatches asynchronously)."""
     runner = self.runners[key]
-    last = self._in_flight.pop(key, None)
+    # a call stays in _in_flight until collected, and is put there before
+    # its dispatch, so a failure in either fails its requests (_fail_all)
+    last = self._in_flight.get(key)
     collected = time.monotonic()
     if last is not None:
       out = runner.collect(last.handle)
+      del self._in_flight[key]
       collected = time.monotonic()
       seconds = time.monotonic() - last.started
       where = scheduler.placed(last.plan, out)
@@ -249,22 +251,34 @@ class EngineCore:
       self.metrics.queue_length.set(self.queue_length())
     for r, why in plan.failed:
       self._finish(r, Event("", True, why), why)
-    if plan.queued or plan.release or plan.running:
-      # the top-logprobs variant while a request that wants them decodes
-      top = runner.top_k > 0 and any(
-          r.top_logprobs for r in (*plan.running.values(), *plan.queued))
-      steps = runner.k
-      if runner.continuous and self.steps_while_free and \
-          len(plan.running) + len(plan.queued) < runner.b:
-        steps = min(self.steps_while_free, runner.k)
-      self._in_flight[key] = _Call(plan, time.monotonic(), runner.dispatch(
-          release=plan.release, queue=[
-              (r.ids, r.seed) if r.sampling is None else
-              (r.ids, r.seed, r.sampling) for r in plan.queued], top=top,
-          steps=steps))
-      self.metrics.host_gap.observe(time.monotonic() - collected)
-    if last is not None:
-      self._answer(last.plan, out, seconds)
+    try:
+      if plan.queued or plan.release or plan.running:
+        self._dispatch(key, plan)
+        self.metrics.host_gap.observe(time.monotonic() - collected)
+    finally:  # the collected call's answers go out even if that failed
+      if last is not None:
+        self._answer(last.plan, out, seconds)
+
+  def _dispatch(self, key, plan: scheduler.SchedulerOutput) -> None:
+    """Starts runner `key`'s next call. Its step limit: steps_while_admitting
+    while the pool takes new requests (a slot is free at the call's start)
+    and none waits beyond the call's queue, so an arrival soon gets a slot
+    and a new request soon streams its first tokens; else steps_per_call
+    (no arrival could take a slot sooner)."""
+    runner = self.runners[key]
+    # the top-logprobs variant while a request that wants them decodes
+    top = runner.top_k > 0 and any(
+        r.top_logprobs for r in (*plan.running.values(), *plan.queued))
+    steps = runner.k
+    if runner.continuous and self.steps_while_admitting and \
+        len(plan.running) < runner.b and not plan.waiting:
+      steps = min(self.steps_while_admitting, runner.k)
+    self._in_flight[key] = _Call(plan, time.monotonic(), None)
+    self._in_flight[key] = _Call(plan, time.monotonic(), runner.dispatch(
+        release=plan.release, queue=[
+            (r.ids, r.seed) if r.sampling is None else
+            (r.ids, r.seed, r.sampling) for r in plan.queued], top=top,
+        steps=steps))
 
   def _answer(self, plan: scheduler.SchedulerOutput, out,
               seconds: float) -> None:

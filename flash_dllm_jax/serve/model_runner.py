@@ -7,10 +7,11 @@ host gave up and takes a queue of up to Q (= B) waiting requests; the
 compiled loop loads queue entries into free slots (first at its start,
 then after every step, as rows finish: sampling/slots.refill, the refill
 rule of offline continuous batching) and runs until the call's step limit
-(at most `steps_per_call`; the engine core shortens it while slots are
-free, so that a new arrival soon gets one), nothing is left to decode, or a row finished that no queue entry
-replaced (its answer goes out, and a new arrival gets in, without waiting
-for the rest of the call). Each request of the call is a job: j < B the
+(at most `steps_per_call`; the engine core shortens it while the slots
+take new requests), until nothing is left to
+decode, or until a row finished that no queue entry replaced (its answer
+goes out, and a new arrival gets in, without waiting for the rest of the
+call). Each request of the call is a job: j < B the
 row in slot j at the call's start, B + q queue entry q; the call returns
 each job's tokens (as it finished, or as it stands), which slot holds
 which job, and how many queue entries it took (a prefix of the queue).
@@ -201,10 +202,10 @@ class ModelRunner:
   def _cycle(self, params, state: SlotState, release_B, prompt_QxP,
              valid_QxP, seed_Q, count, steps, sampling, record_top: bool):
     """Releases release_B, then decodes at most `steps` steps with the
-    first `count` queue entries refilling free slots (module docstring).
-    Returns (state, Jobs,
-    job_B, taken, iters); without record_top the top buffer passes
-    through untouched."""
+    first `count` queue entries refilling free slots (module docstring; a
+    sampler that is not Refillable loads at the call's start only, and a
+    finished row ends the call). Returns (state, Jobs, job_B, taken,
+    iters); without record_top the top buffer passes through."""
     kept = state.decode.top
     if not record_top:
       state = state.replace(decode=state.decode.replace(top=None))
@@ -233,12 +234,14 @@ class ModelRunner:
       d = d.replace(done_B=d.done_B | (d.steps_B >= max_steps))
       finished_B = d.done_B & ~s.decode.done_B
       jobs = jobs.record(finished_B, job_B, d, gen)
-      s, job_B, taken, jobs, loaded_B = refill(
-          s.replace(decode=d), job_B, taken, jobs, d.done_B, i + 1)
+      s = s.replace(decode=d)
+      if not refillable:  # a new batch only once this one is done: the host
+        return s, job_B, taken, jobs, i + 1, jnp.any(finished_B)
+      s, job_B, taken, jobs, loaded_B = refill(s, job_B, taken, jobs,
+                                               d.done_B, i + 1)
       # a finished row that nothing replaced: its answer (and the host's
       # next requests) should not wait for the rest of the call
-      unfilled = jnp.any(finished_B & ~loaded_B) & (
-          (taken >= count) | (not refillable))
+      unfilled = jnp.any(finished_B & ~loaded_B) & (taken >= count)
       return s, job_B, taken, jobs, i + 1, unfilled
 
     def running(carry):
@@ -249,8 +252,8 @@ class ModelRunner:
     job_B = jnp.where(state.decode.done_B, EMPTY, jnp.arange(b))
     jobs = Jobs.empty(b + q, q, self.g, self.config.mask_token_id,
                       self.top_k if record_top else 0)
-    state, job_B, taken, jobs, _ = refill(state, job_B, jnp.zeros((), jnp.int32),
-                                          jobs, state.decode.done_B, 0)
+    state, job_B, taken, jobs, _ = refill(
+        state, job_B, jnp.zeros((), jnp.int32), jobs, state.decode.done_B, 0)
     state, job_B, taken, jobs, iters, _ = jax.lax.while_loop(
         running, body, (state, job_B, taken, jobs, jnp.zeros((), jnp.int32),
                         jnp.zeros((), bool)))
