@@ -16,7 +16,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from flash_dllm_jax.sampling.loop import Refillable
@@ -108,11 +107,11 @@ def release(state: SlotState, rows_B: jax.Array) -> SlotState:
 
 def refill_cap(sampler, slots: int, per_call: bool = False) -> int:
   """The most free slots that take a request at one admission point: the
-  sampler's `max_refills` (None: all). Admission points once per device
-  call of several steps (the server's, per_call) admit every free slot for
-  a sampler whose step prefills any number of fresh rows (`grows_refills`:
-  Flash-dLLM). A sampler that is not Refillable refills only a whole batch
-  (`admit`), so it takes all of them, once none is busy."""
+  sampler's `max_refills` (None: all). The server's admission points
+  (per_call) let a sampler whose step prefills any number of fresh rows
+  (`grows_refills`: Flash-dLLM) fill every free slot. A sampler that is not
+  Refillable refills only a whole batch (`admit`), so it takes all of
+  them, once none is busy."""
   if not isinstance(sampler, Refillable):
     return slots
   if per_call and getattr(sampler, "grows_refills", False):
@@ -148,15 +147,3 @@ def refill(state: SlotState, free_B, cap: int, taken, count, prompts_UxP,
                 valid_UxP[idx_B], rng_U[idx_B], sampling_B, sampler=sampler,
                 mask_id=mask_id, model_for=model_for)
   return state, entry_B
-
-
-def free_slots(sampler, busy_B: np.ndarray, per_call: bool = True
-               ) -> list[int]:
-  """The slots (host side) that may take a request now: none while a
-  non-Refillable sampler's batch is busy, else the first `refill_cap`
-  free ones."""
-  if not isinstance(sampler, Refillable) and busy_B.any():
-    return []
-  cap = refill_cap(sampler, busy_B.shape[0], per_call)
-  return [int(i) for i in np.flatnonzero(take(~busy_B, cap, busy_B.shape[0],
-                                               np))]
