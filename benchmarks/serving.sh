@@ -16,7 +16,7 @@ case "${2:?part: 8b or shipped}" in
   8b)
      timeout ${TIMEOUT:-530} python scripts/bench_serve.py --model llada-8b \
          --slots 32 --gen-length 256 --prompt-len 64 --max-prompt-tokens 64 \
-         --requests 64 --rates 1,4,inf \
+         --requests 64 --rates 1,inf \
          --out "$OUT/serve_8b.json" 2>&1 | tee "$OUT/serve_8b.log" ;;
   shipped)
      timeout ${TIMEOUT:-530} python scripts/bench_serve.py --model shipped \

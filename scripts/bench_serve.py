@@ -313,6 +313,7 @@ def server_settings(args, model, prompts):
                       steps_per_call=args.steps_per_call,
                       steps_while_admitting=args.steps_while_admitting,
                       max_queue=max(256, args.requests),
+                      max_logprobs=0,  # no top-logprobs program to compile
                       stop_at_eos=stop_at_eos)
   return sampler, settings, stop_at_eos
 

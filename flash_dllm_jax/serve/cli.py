@@ -71,17 +71,17 @@ def add_parser(sub) -> None:
   # -- end memory plan --
   ap.add_argument("--steps-per-call", type=int, default=8,
                   help="decoding steps the compiled loop runs at most before "
-                       "returning to the host (it refills slots from its "
+                       "returning to the host; it refills slots from its "
                        "queue of waiting requests as rows finish, and "
                        "returns early when a finished row has nothing to "
-                       "refill it; default: %(default)s)")
+                       "refill it (default: %(default)s)")
   ap.add_argument("--steps-while-admitting", type=int, default=2,
                   help="the step limit of a call while the slots take new "
                        "requests (a slot is free at its start and none "
                        "waits beyond its queue): an arrival waits at "
                        "most this many steps for a free slot, and a new "
-                       "request streams its first tokens that soon (at most "
-                       "--steps-per-call; default: %(default)s)")
+                       "request streams its first tokens that soon; capped "
+                       "by the steps per call (default: %(default)s)")
   ap.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
                   help="most alternatives per token a request may ask for "
                        "(top_logprobs; completions' logprobs); a strategy "
