@@ -110,7 +110,9 @@ def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
   turns the collected output into events (update_from_output), so
   detokenizing and sending overlap the device's work; every request is
   answered once, as offline generate answers it, with max_tokens cuts and a
-  stop string (whose slot is released a call later)."""
+  stop string (whose slot is released a call later). A call runs
+  steps_while_admitting steps while a slot is free and none waits beyond
+  its queue, else steps_per_call."""
   import threading
   from flash_dllm_jax.serve import scheduler
   from flash_dllm_jax.serve.events import Request
@@ -122,11 +124,12 @@ def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
                           {"gen_length": 16, "block_m": 8, "max_refills": 2})
   engine = ModelRunner(params, config, sampler, prompt_len=64, slots=2,
                       steps_per_call=2)
-  order = []
+  order, limits = [], []
   for name in ("dispatch", "collect"):
     real = getattr(engine, name)
     monkeypatch.setattr(engine, name, lambda *a, real=real, name=name, **k: (
-        order.append(name), real(*a, **k))[1])
+        order.append(name), limits.append(k.get("steps", "collect")),
+        real(*a, **k))[2])
   real_update = scheduler.update_from_output
   monkeypatch.setattr(scheduler, "update_from_output", lambda *a: (
       order.append("update"), real_update(*a))[1])
@@ -150,7 +153,8 @@ def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
   requests = [Request(ids=p, key=0, seed=i, answer=AnswerText(
       tok, config, 5 if i == 4 else 16, [stop] if i == 2 else []),
       emit=lambda ev, i=i: emit(i, ev)) for i, p in enumerate(prompts)]
-  core = EngineCore({0: engine}, Metrics(), max_queue=16)
+  core = EngineCore({0: engine}, Metrics(), max_queue=16,
+                    steps_while_admitting=1)
   core.start()
   core.add_request(requests)
   assert all_done.wait(300)
@@ -167,6 +171,9 @@ def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
   assert len(steady) >= 2, order
   for i in steady:
     assert order[i - 2] == "collect", order
+  # 6 requests on 2 slots: full-pool calls (2 steps), then the last ones
+  # with a slot free (1 step)
+  assert set(limits) == {1, 2, "collect"}, limits
 
 
 MESH_SCRIPT = r'''
