@@ -1,11 +1,12 @@
-"""The per-job results of one server device call (model_runner.py): a job
-is a request the call decodes (the row a slot held at the call's start, or
-a queue entry it loaded), so a row that finishes mid-call keeps its answer
-here while its slot takes the next request."""
+"""A server device call's queue and per-job results (model_runner.py): a
+job is a request the call decodes (the row a slot held at the call's
+start, or a queue entry it loaded), so a row that finishes mid-call keeps
+its answer here while its slot takes the next request."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from flash_dllm_jax.sampling.slots import EMPTY
@@ -62,3 +63,25 @@ class Jobs:
     drop = self.at_Q.shape[0]
     return self.replace(at_Q=self.at_Q.at[jnp.where(
         entry_B == EMPTY, drop, entry_B)].set(step, mode="drop"))
+
+
+def pack_queue(queue, size: int, prompt_len: int, pad_id: int):
+  """A call's queue, [(prompt ids, seed[, Sampling])] of at most `size`, as
+  fixed-shape host arrays: (prompt_QxP left-padded, valid_QxP, seed_Q,
+  [(entry, Sampling)] of the entries that carry one)."""
+  if len(queue) > size:
+    raise ValueError(f"a queue of {len(queue)} requests (a call takes at "
+                     f"most {size})")
+  prompt_QxP = np.full((size, prompt_len), pad_id, np.int32)
+  valid_QxP = np.zeros((size, prompt_len), bool)
+  seed_Q = np.zeros(size, np.uint32)
+  rows = []
+  for i, (ids, seed, *sampling) in enumerate(queue):
+    if not 0 < len(ids) <= prompt_len:
+      raise ValueError(f"queue entry {i}: a prompt of {len(ids)} tokens "
+                       f"(the slots take 1 to {prompt_len})")
+    prompt_QxP[i, prompt_len - len(ids):] = ids
+    valid_QxP[i, prompt_len - len(ids):] = True
+    seed_Q[i] = np.uint32(seed)
+    rows += [(i, sampling[0])] if sampling else []
+  return prompt_QxP, valid_QxP, seed_Q, rows

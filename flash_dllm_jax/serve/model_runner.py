@@ -53,7 +53,7 @@ from flash_dllm_jax.sampling.loop import records_top, tail_length
 from flash_dllm_jax.sampling.row_sampling import GREEDY, RowSampling
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.slots import EMPTY, SlotState
-from flash_dllm_jax.serve.jobs import Jobs
+from flash_dllm_jax.serve.jobs import Jobs, pack_queue
 from flash_dllm_jax.serve.protocol import MAX_LOGPROBS
 
 
@@ -293,23 +293,10 @@ class ModelRunner:
     steps = self.k if steps is None else steps
     if not 1 <= steps <= self.k:
       raise ValueError(f"steps {steps}: not in [1, {self.k}]")
-    if len(queue) > self.q:
-      raise ValueError(f"a queue of {len(queue)} requests (a call takes at "
-                       f"most {self.q})")
     release_B = np.zeros(self.b, bool)
     release_B[list(release)] = True
-    prompt_QxP = np.full((self.q, self.p), self.config.pad_token_id, np.int32)
-    valid_QxP = np.zeros((self.q, self.p), bool)
-    seed_Q = np.zeros(self.q, np.uint32)
-    rows = []
-    for i, (ids, seed, *sampling) in enumerate(queue):
-      if not 0 < len(ids) <= self.p:
-        raise ValueError(f"queue entry {i}: a prompt of {len(ids)} tokens "
-                         f"(the slots take 1 to {self.p})")
-      prompt_QxP[i, self.p - len(ids):] = ids
-      valid_QxP[i, self.p - len(ids):] = True
-      seed_Q[i] = np.uint32(seed)
-      rows += [(i, sampling[0])] if sampling else []
+    prompt_QxP, valid_QxP, seed_Q, rows = pack_queue(
+        queue, self.q, self.p, self.config.pad_token_id)
     if rows and not self.row_data and any(r != GREEDY for _, r in rows):
       raise ValueError(f"{type(self.sampler).__name__} takes no row data")
     program = self._compiled_top if top else self._compiled
