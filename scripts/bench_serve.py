@@ -130,6 +130,17 @@ async def one(client, url, name, prompt, start_at, t0):
   return sent, (first or done) - sent, done - sent, tokens, done
 
 
+def load_in_child(pool, url, name, prompts, rate, seed):
+  """load_run in the client process `pool` (as vLLM's benchmark_serving
+  runs apart from the server, so the clients' Python does not share the
+  server's interpreter lock)."""
+  return pool.submit(_load, url, name, prompts, rate, seed).result()
+
+
+def _load(url, name, prompts, rate, seed):
+  return asyncio.run(load_run(url, name, prompts, rate, seed))
+
+
 async def load_run(url, name, prompts, rate, seed):
   gaps = (np.zeros(len(prompts)) if rate == float("inf") else
           np.random.default_rng(seed).exponential(1 / rate, len(prompts)))
@@ -143,6 +154,47 @@ async def load_run(url, name, prompts, rate, seed):
 
 def pct(xs, q):
   return float(np.percentile(xs, q))
+
+
+def measure(pool, url, name, prompts, rate, offline_tps, alone_s,
+            alone_ttft_s) -> dict:
+  """One load: throughput, TTFT and latency against a request alone, and
+  the server's own counts over it (/metrics): device calls (host round
+  trips) per generated token, requests loaded per call, the host's gap
+  between calls, admission latency (the wait for a slot: queueing) and
+  TTFT less it."""
+  before = scrape(url)
+  res = load_in_child(pool, url, name, prompts, rate, 0)
+  after = scrape(url)
+  d = {k: after[k] - before.get(k, 0) for k in after}
+  per = lambda a, b: d[a] / max(d[b], 1)
+  span = max(r[4] for r in res) - min(r[0] for r in res)
+  tokens = sum(r[3] for r in res)
+  row = {
+      "offered_rps": rate, "requests": len(res),
+      "tokens_per_s": tokens / span,
+      "ttft_p50_s": pct([r[1] for r in res], 50),
+      "ttft_p99_s": pct([r[1] for r in res], 99),
+      "latency_p50_s": pct([r[2] for r in res], 50),
+      "latency_p99_s": pct([r[2] for r in res], 99),
+      "round_trips_per_token": per("dllm_host_round_trips_total",
+                                   "dllm_generated_tokens_total"),
+      "decode_steps_per_round_trip": per("dllm_decode_steps_total",
+                                         "dllm_host_round_trips_total"),
+      "loaded_per_round_trip": per("dllm_admission_latency_seconds_count",
+                                   "dllm_host_round_trips_total"),
+      "host_gap_mean_s": per("dllm_host_gap_seconds_sum",
+                             "dllm_host_gap_seconds_count"),
+      "admission_latency_mean_s": per("dllm_admission_latency_seconds_sum",
+                                      "dllm_admission_latency_seconds_count"),
+      "cycle_mean_s": per("dllm_cycle_seconds_sum",
+                          "dllm_cycle_seconds_count"),
+      "fraction_of_offline": tokens / span / offline_tps}
+  row["ttft_p50_vs_alone"] = row["ttft_p50_s"] / alone_ttft_s
+  row["ttft_p50_less_queueing_vs_alone"] = max(
+      row["ttft_p50_s"] - row["admission_latency_mean_s"], 0) / alone_ttft_s
+  row["latency_p50_vs_alone"] = row["latency_p50_s"] / alone_s
+  return row
 
 
 # bounded, so that every answer closes within the canvas: an unbounded
@@ -259,7 +311,9 @@ def server_settings(args, model, prompts):
                       slots=args.slots,
                       max_prompt_tokens=max(len(p) for p in prompts),
                       steps_per_call=args.steps_per_call,
+                      steps_while_admitting=args.steps_while_admitting,
                       max_queue=max(256, args.requests),
+                      max_logprobs=0,  # no top-logprobs program to compile
                       stop_at_eos=stop_at_eos)
   return sampler, settings, stop_at_eos
 
@@ -276,6 +330,7 @@ def main(argv=None):
                   help="llada-8b: random prompt length")
   ap.add_argument("--max-prompt-tokens", type=int, default=128)
   ap.add_argument("--steps-per-call", type=int, default=8)
+  ap.add_argument("--steps-while-admitting", type=int, default=2)
   ap.add_argument("--requests", type=int, default=64)
   ap.add_argument("--rates", default="1,4,inf",
                   help="offered loads, requests/s, comma-separated")
@@ -322,37 +377,20 @@ def main(argv=None):
   service = Service(params, config, tok, sampler, settings)
   compile_s = time.perf_counter() - t0
   server, thread, url = start_server(service, args.model)
-  alone_runs = [asyncio.run(load_run(url, args.model, prompts[:1],
-                                     float("inf"), 0))[0] for _ in range(3)]
-  alone = [r[2] for r in alone_runs]
+  import concurrent.futures
+  import multiprocessing
+  pool = concurrent.futures.ProcessPoolExecutor(
+      1, mp_context=multiprocessing.get_context("spawn"))
+  alone_runs = [load_in_child(pool, url, args.model, prompts[:1],
+                              float("inf"), 0)[0] for _ in range(3)]
+  alone = float(np.median([r[2] for r in alone_runs]))
   alone_ttft = float(np.median([r[1] for r in alone_runs]))
-  rows = []
-  for rate in rates:
-    before = scrape(url)
-    res = asyncio.run(load_run(url, args.model, prompts, rate, 0))
-    after = scrape(url)
-    d = {k: after[k] - before.get(k, 0) for k in after}
-    span = max(r[4] for r in res) - min(r[0] for r in res)
-    tokens = sum(r[3] for r in res)
-    rows.append({
-        "offered_rps": rate, "requests": len(res),
-        "tokens_per_s": tokens / span,
-        "ttft_p50_s": pct([r[1] for r in res], 50),
-        "ttft_p99_s": pct([r[1] for r in res], 99),
-        "latency_p50_s": pct([r[2] for r in res], 50),
-        "latency_p99_s": pct([r[2] for r in res], 99),
-        "round_trips_per_token": d["dllm_host_round_trips_total"] / max(
-            d["dllm_generated_tokens_total"], 1),
-        "decode_steps_per_round_trip": d["dllm_decode_steps_total"] / max(
-            d["dllm_host_round_trips_total"], 1),
-        "admission_latency_mean_s": d["dllm_admission_latency_seconds_sum"]
-        / max(d["dllm_admission_latency_seconds_count"], 1),
-        "cycle_mean_s": d["dllm_cycle_seconds_sum"]
-        / max(d["dllm_cycle_seconds_count"], 1),
-        "fraction_of_offline": tokens / span / offline[0]})
-    rows[-1]["ttft_p50_vs_alone"] = rows[-1]["ttft_p50_s"] / alone_ttft
-    rows[-1]["latency_p50_vs_alone"] = rows[-1]["latency_p50_s"] / float(
-        np.median(alone))
+  rows = [measure(pool, url, args.model, prompts, rate, offline[0], alone,
+                  alone_ttft) for rate in rates]
+  # a burst that fits the slots: TTFT with no queueing beyond them
+  fits = measure(pool, url, args.model, prompts[:args.slots], float("inf"),
+                 offline[0], alone, alone_ttft)
+  pool.shutdown()
   schema_row = None
   if args.json_schema and importlib.util.find_spec("llguidance") is None:
     print("--json-schema: skipped (llguidance is not installed)")
@@ -372,8 +410,10 @@ def main(argv=None):
       "prompt_len": settings.prompt_len,
       "steps_per_call": args.steps_per_call,
       "offline_tokens_per_s": offline[0], "offline_tokens": offline[1],
-      "alone_latency_s": float(np.median(alone)), "alone_ttft_s": alone_ttft,
+      "alone_latency_s": alone, "alone_ttft_s": alone_ttft,
       "compile_s": compile_s, "cold_start": starts, "loads": rows,
+      "burst_fitting_slots": fits,
+      "steps_while_admitting": args.steps_while_admitting,
       "json_schema": schema_row}
   args.out.write_text(json.dumps(result, indent=2))
   plot(rows, result["alone_latency_s"], args.out.with_suffix(".png"))
@@ -381,17 +421,34 @@ def main(argv=None):
         f"{args.slots} slots, gen {args.gen_length}; offline "
         f"{offline[0]:.1f} tok/s; alone {result['alone_latency_s']:.3f} s "
         f"(TTFT {alone_ttft:.3f} s)")
-  head = ("load rps", "tok/s", "x offline", "TTFT p50", "xTTFT 1", "TTFT p99",
-          "lat p50", "xlat 1", "lat p99", "trips/tok", "admit ms")
+  head = ("load rps", "tok/s", "x offline", "TTFT p50", "xTTFT 1",
+          "xTTFT-q", "TTFT p99", "lat p50", "xlat 1", "lat p99", "trips/tok",
+          "load/trip", "gap ms", "admit ms")
   print(" | ".join(f"{h:>9}" for h in head))
-  for r in rows:
+  for r in rows + [fits]:
     print(" | ".join(f"{v:>9}" for v in (
-        f"{r['offered_rps']:g}", f"{r['tokens_per_s']:.1f}",
-        f"{r['fraction_of_offline']:.2f}", f"{r['ttft_p50_s']:.3f}",
-        f"{r['ttft_p50_vs_alone']:.2f}", f"{r['ttft_p99_s']:.3f}",
+        f"{r['offered_rps']:g}" if r is not fits else f"{r['requests']} once",
+        f"{r['tokens_per_s']:.1f}",
+        f"{r['fraction_of_offline']:.3f}", f"{r['ttft_p50_s']:.3f}",
+        f"{r['ttft_p50_vs_alone']:.2f}",
+        f"{r['ttft_p50_less_queueing_vs_alone']:.2f}",
+        f"{r['ttft_p99_s']:.3f}",
         f"{r['latency_p50_s']:.3f}", f"{r['latency_p50_vs_alone']:.3f}",
-        f"{r['latency_p99_s']:.3f}", f"{r['round_trips_per_token']:.3f}",
+        f"{r['latency_p99_s']:.3f}", f"{r['round_trips_per_token']:.4f}",
+        f"{r['loaded_per_round_trip']:.2f}",
+        f"{1e3 * r['host_gap_mean_s']:.2f}",
         f"{1e3 * r['admission_latency_mean_s']:.1f}")))
+  sat = [r for r in rows if r["offered_rps"] == float("inf")]
+  low = [r for r in rows if r["offered_rps"] != float("inf")]
+  print("targets: saturation " + (f"{sat[-1]['fraction_of_offline']:.3f}"
+        if sat else "-") + " of offline; latency p50 at the lowest load "
+        + (f"{low[0]['latency_p50_vs_alone']:.3f}" if low else "-")
+        + "x alone; TTFT p50 of a burst of " + f"{fits['requests']} "
+        f"(fits the slots) {fits['ttft_p50_vs_alone']:.2f}x alone" + (
+            f", at saturation {sat[-1]['ttft_p50_vs_alone']:.2f}x (queueing "
+            f"{sat[-1]['admission_latency_mean_s']:.3f} s mean; without it "
+            f"{sat[-1]['ttft_p50_less_queueing_vs_alone']:.2f}x)"
+            if sat else ""))
   if schema_row:
     print(f"JSON schema, {schema_row['requests']} requests alone: latency "
           f"p50 {schema_row['json_latency_p50_s']:.3f} s vs plain "

@@ -115,7 +115,8 @@ def test_cli_doc_lists_every_strategy():
 def test_serve_help_shows_its_defaults(capsys, monkeypatch):
   monkeypatch.setenv("COLUMNS", "1000")
   text = _help(capsys, "serve")
-  for flag in ("--steps-per-call STEPS_PER_CALL", "--max-queue MAX_QUEUE"):
+  for flag in ("--steps-per-call STEPS_PER_CALL", "--max-queue MAX_QUEUE",
+               "--steps-while-admitting STEPS_WHILE_ADMITTING"):
     assert re.search(re.escape(flag) + r" [^-]*\(default: \d+\)", text), flag
   # the memory plan's two: what the plan picks, stated
   assert "(default: as many as --gpu-memory-utilization fits)" in text

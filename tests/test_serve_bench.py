@@ -21,11 +21,17 @@ def test_bench_serve_smoke(tmp_path):
   result = json.loads(out.read_text())
   assert result["offline_tokens_per_s"] > 0 and result["alone_latency_s"] > 0
   assert [r["offered_rps"] for r in result["loads"]] == [8, float("inf")]
-  for row in result["loads"]:
-    assert row["requests"] == 8 and row["tokens_per_s"] > 0
+  fits = result["burst_fitting_slots"]  # as many requests as slots at once
+  assert fits["requests"] == result["slots"] == 4
+  for row in result["loads"] + [fits]:
+    assert row["requests"] in (4, 8) and row["tokens_per_s"] > 0
     assert 0 < row["ttft_p50_s"] <= row["latency_p99_s"]
-    assert 0 < row["round_trips_per_token"]
+    assert 0 < row["round_trips_per_token"] and row["loaded_per_round_trip"] > 0
+    assert row["host_gap_mean_s"] > 0 and row["admission_latency_mean_s"] >= 0
     assert row["ttft_p50_vs_alone"] > 0 and row["latency_p50_vs_alone"] > 0
+    assert 0 <= row["ttft_p50_less_queueing_vs_alone"] <= row[
+        "ttft_p50_vs_alone"]
+  assert "targets: saturation" in run.stdout
   for start in ("cold", "warm"):
     assert 0 < result["cold_start"][start]["compile_s"] <= result[
         "cold_start"][start]["process_s"]

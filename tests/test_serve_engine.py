@@ -18,25 +18,27 @@ from tests.paths import ROOT, TINY_CHECKPOINT
 
 
 def _serve_all(engine, requests, config, per_call=None):
-  """Drives the engine until every request is answered, admitting them in
-  order into free slots (at most per_call a call). Returns ({index: answer
-  tokens, masks after the stop as pad}, device calls, most admitted at once).
-  """
-  waiting, held, got, calls, most = list(range(len(requests))), {}, {}, 0, 0
+  """Drives the engine until every request is answered, handing each call
+  the waiting requests (at most per_call of them) as its queue, which it
+  loads into slots as rows finish. Returns ({index: answer tokens, masks
+  after the stop as pad}, device calls, most loaded by one call, requests
+  loaded inside the loop, after a step)."""
+  waiting, held, got = list(range(len(requests))), {}, {}
+  calls = most = inside = 0
   while len(got) < len(requests):
-    admit = {}
-    for slot in engine.free_slots()[:per_call]:
-      if waiting:
-        i = waiting.pop(0)
-        admit[slot], held[slot] = requests[i], i
-    out = engine.cycle(admit=admit)
-    calls, most = calls + 1, max(most, len(admit))
-    for slot, i in list(held.items()):
-      if out.done_B[slot]:
-        got[i] = np.where(out.tokens_BxG[slot] == config.mask_token_id,
-                          config.pad_token_id, out.tokens_BxG[slot])
-        del held[slot]
-  return got, calls, most
+    queue = waiting[:per_call or engine.q]
+    out = engine.cycle(queue=[requests[i] for i in queue])
+    calls, most = calls + 1, max(most, out.taken)
+    inside += int(np.sum(out.at_Q[:out.taken] > 0))
+    jobs = {**held, **{engine.b + q: i
+                       for q, i in enumerate(queue[:out.taken])}}
+    waiting = queue[out.taken:] + waiting[len(queue):]
+    for j, i in jobs.items():
+      if out.done_J[j]:
+        got[i] = np.where(out.tokens_JxG[j] == config.mask_token_id,
+                          config.pad_token_id, out.tokens_JxG[j])
+    held = {s: jobs[int(j)] for s, j in enumerate(out.job_B) if j >= 0}
+  return got, calls, most, inside
 
 
 @pytest.mark.slow
@@ -57,14 +59,14 @@ def test_online_admission_equals_offline(strategy, options):
   seeds = list(range(20))
   # requests arrive over time: three per call, more than Flash-dLLM's
   # max_refills at once
-  got, calls, most = _serve_all(engine, [(p, s) for p, s in zip(prompts,
-                                                                 seeds)],
-                                config, per_call=3)
+  got, calls, most, inside = _serve_all(
+      engine, [(p, s) for p, s in zip(prompts, seeds)], config, per_call=3)
   ref = generate((params, config, tok), prompts, sampler=sampler, seed=seeds)
   for i in range(20):
     assert answer_ids(got[i], config) == answer_ids(ref.tokens_BxG[i], config)
   assert calls < 20 * sampler.num_steps  # several steps per host round trip
   assert most == 3  # one call took more new requests than max_refills
+  assert inside > 0  # slots refilled inside the compiled loop
 
 
 @pytest.mark.slow
@@ -90,7 +92,7 @@ def test_llada2_flash_rows_with_their_own_options_equal_offline():
   settings = [Sampling(gamma=0.05), GREEDY, Sampling(threshold=0.3),
               Sampling(temperature=0.8, top_k=5, threshold=0.3,
                        gamma=0.05)]
-  got, _, _ = _serve_all(engine, [(p, 0, r) for p, r in zip(prompts,
+  got, _, _, _ = _serve_all(engine, [(p, 0, r) for p, r in zip(prompts,
                                                               settings)],
                          config)
   ref = generate((params, config, None), prompts, sampler=sampler,
@@ -108,7 +110,9 @@ def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
   turns the collected output into events (update_from_output), so
   detokenizing and sending overlap the device's work; every request is
   answered once, as offline generate answers it, with max_tokens cuts and a
-  stop string (whose slot is released a call later)."""
+  stop string (whose slot is released a call later). A call runs
+  steps_while_admitting steps while a slot is free and none waits beyond
+  its queue, else steps_per_call."""
   import threading
   from flash_dllm_jax.serve import scheduler
   from flash_dllm_jax.serve.events import Request
@@ -120,11 +124,12 @@ def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
                           {"gen_length": 16, "block_m": 8, "max_refills": 2})
   engine = ModelRunner(params, config, sampler, prompt_len=64, slots=2,
                       steps_per_call=2)
-  order = []
+  order, limits = [], []
   for name in ("dispatch", "collect"):
     real = getattr(engine, name)
     monkeypatch.setattr(engine, name, lambda *a, real=real, name=name, **k: (
-        order.append(name), real(*a, **k))[1])
+        order.append(name), limits.append(k.get("steps", "collect")),
+        real(*a, **k))[2])
   real_update = scheduler.update_from_output
   monkeypatch.setattr(scheduler, "update_from_output", lambda *a: (
       order.append("update"), real_update(*a))[1])
@@ -148,7 +153,8 @@ def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
   requests = [Request(ids=p, key=0, seed=i, answer=AnswerText(
       tok, config, 5 if i == 4 else 16, [stop] if i == 2 else []),
       emit=lambda ev, i=i: emit(i, ev)) for i, p in enumerate(prompts)]
-  core = EngineCore({0: engine}, Metrics(), max_queue=16)
+  core = EngineCore({0: engine}, Metrics(), max_queue=16,
+                    steps_while_admitting=1)
   core.start()
   core.add_request(requests)
   assert all_done.wait(300)
@@ -165,6 +171,9 @@ def test_the_engine_core_answers_a_call_while_the_next_one_runs(monkeypatch):
   assert len(steady) >= 2, order
   for i in steady:
     assert order[i - 2] == "collect", order
+  # 6 requests on 2 slots: full-pool calls (2 steps), then the last ones
+  # with a slot free (1 step)
+  assert set(limits) == {1, 2, "collect"}, limits
 
 
 MESH_SCRIPT = r'''
@@ -187,16 +196,14 @@ prompts = [[int(t) for t in rng.integers(0, 370, int(n))]
            for n in rng.integers(1, 33, 6)]
 waiting, held, got = list(range(6)), {}, {}
 while len(got) < 6:
-  admit = {}
-  for slot in engine.free_slots():
-    if waiting:
-      i = waiting.pop(0)
-      admit[slot], held[slot] = (prompts[i], i), i
-  out = engine.cycle(admit=admit)
-  for slot, i in list(held.items()):
-    if out.done_B[slot]:
-      got[i] = out.tokens_BxG[slot]
-      del held[slot]
+  queue = waiting[:engine.q]
+  out = engine.cycle(queue=[(prompts[i], i) for i in queue])
+  jobs = {**held, **{engine.b + q: i for q, i in enumerate(queue)}}
+  waiting = waiting[out.taken:]
+  for j, i in jobs.items():
+    if out.done_J[j]:
+      got[i] = out.tokens_JxG[j]
+  held = {s: jobs[int(j)] for s, j in enumerate(out.job_B) if j >= 0}
 ref = generate((params, config, tok), prompts, sampler=sampler,
                seed=list(range(6)))
 for i in range(6):

@@ -7,7 +7,7 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.serve.model_runner import ModelRunnerOutput
 from flash_dllm_jax.serve.events import Request
 from flash_dllm_jax.generate import answer_ids
-from flash_dllm_jax.serve.scheduler import (apply, schedule,
+from flash_dllm_jax.serve.scheduler import (apply, placed, schedule,
                                             update_from_output)
 from flash_dllm_jax.serve.text import AnswerText
 from flash_dllm_jax.tokenizer import Tokenizer
@@ -23,38 +23,51 @@ def _request(name, deadline=None, max_tokens=4):
                      "name": name})
 
 
-def test_schedule_fails_stale_requests_and_fills_every_free_slot():
+def _out(tokens, done, steps, logprobs=None, b=None, taken=None):
+  """A ModelRunnerOutput of a call whose jobs are its queue (b slots, every
+  slot free at its start: job b + q is queue entry q)."""
+  n = len(tokens)
+  b = n if b is None else b
+  pad = lambda a, fill: np.concatenate([np.full((b,) + a.shape[1:], fill,
+                                                a.dtype), a])
+  lp = None if logprobs is None else pad(logprobs, 0.0)
+  job_B = np.where(~np.asarray(done), b + np.arange(n), -1)
+  return ModelRunnerOutput(pad(tokens, MASK), pad(np.asarray(done), False),
+                           pad(np.asarray(steps), 0), pad(np.asarray(steps), 0),
+                           3, lp, job_B=job_B, taken=n if taken is None
+                           else taken, at_Q=np.zeros(n, np.int32))
+
+
+def test_schedule_fails_stale_requests_and_queues_the_waiting():
   a, b, c, d = (_request(x) for x in "abcd")
-  late, gone = _request("late", deadline=5.0), _request("gone")
+  late, gone, done, e = (_request("late", deadline=5.0), _request("gone"),
+                         _request("done"), _request("e"))
   gone.cancelled = True
-  asked = []
-
-  def free_slots(releasing):
-    asked.append(set(releasing))
-    return [s for s in range(4) if s not in (0,) or s in releasing]
-
-  plan = schedule([gone, a, b, c, d], {0: late}, {3}, free_slots, now=10.0)
+  done.finished = True  # answered (a stop string) while its row ran on
+  plan = schedule([gone, a, b, c, d], {0: late, 2: done, 3: e}, 3,
+                  now=10.0)
   assert [(r.decoding["name"], why) for r, why in plan.failed] == [
       ("gone", "cancelled"), ("late", "deadline")]
-  assert asked == [{0, 3}] and plan.release == (0, 3)
-  assert [(s, r.decoding["name"]) for s, r in plan.admit] == [
-      (0, "a"), (1, "b"), (2, "c"), (3, "d")]
-  assert plan.waiting == () and set(plan.running) == {0, 1, 2, 3}
-  # nothing free: everything waits, in order
-  plan = schedule([a, b], {}, set(), lambda _: [], now=0.0)
-  assert plan.admit == () and plan.waiting == (a, b) and plan.running == {}
+  assert plan.release == (0, 2) and plan.running == {3: e}
+  assert plan.queued == (a, b, c) and plan.waiting == (d,)
+  # the device took two of the three: the third waits again, first
+  out = _out(np.full((3, 4), MASK, np.int32), [False] * 3, [0] * 3, b=4,
+             taken=2)
+  out = out._replace(job_B=np.array([4, 5, -1, 3]))
+  where = placed(plan, out)
+  assert where.running == {0: a, 1: b, 3: e}
+  assert [r for r, _ in where.loaded] == [a, b] and where.requeue == (c,)
 
 
 def test_update_streams_final_prefixes_and_finishes_answers():
   r0, r1, r2 = _request("r0"), _request("r1"), _request("r2", max_tokens=2)
-  plan = schedule([r0, r1, r2], {}, set(), lambda _: [0, 1, 2], now=0.0)
+  plan = schedule([r0, r1, r2], {}, 3, now=0.0)
   tokens = np.array([[5, MASK, 7, 8],      # r0: one final token so far
                      [5, 6, EOS, MASK],    # r1: complete (stop), loop on
                      [9, 9, MASK, MASK]],  # r2: max_tokens reached
                     np.int32)
-  out = ModelRunnerOutput(tokens, np.array([False, False, False]),
-                          np.array([1, 2, 3]), np.array([1, 2, 3]), 3,
-                          np.full((3, 4), -0.5, np.float32))
+  out = _out(tokens, [False] * 3, [1, 2, 3], np.full((3, 4), -0.5,
+                                                     np.float32))
   before = {r: r.answer for r in (r0, r1, r2)}
   step = update_from_output(plan, out, now=1.0)
   # pure: the requests are as they were until the caller applies the update
@@ -68,11 +81,16 @@ def test_update_streams_final_prefixes_and_finishes_answers():
       by["r1"].token_ids == [5, 6] and by["r1"].logprobs == [-0.5, -0.5]
   assert by["r2"].done and by["r2"].reason == "length" and \
       by["r2"].usage["completion_tokens"] == 2
-  assert step.finished == (r1, r2) and set(step.running) == {0}
-  assert step.release == {1, 2}  # complete before their loops stopped
+  assert step.finished == (r1, r2)
   apply(step)
   assert all(r.first_token_at == 1.0 for r in (r0, r1, r2))
   assert r0.answer.ids_sent == 1 and r0.answer is not before[r0]
+  # r1 and r2 finished while their rows ran on: the next call stops them
+  for r in step.finished:
+    r.finished = True
+  where = placed(plan, out)
+  assert where.running == {0: r0, 1: r1, 2: r2}
+  assert schedule([], where.running, 3, now=2.0).release == (1, 2)
 
 
 def test_a_stop_string_cuts_text_ids_and_logprobs_alike_streamed_or_not():
@@ -100,10 +118,9 @@ def test_a_stop_string_cuts_text_ids_and_logprobs_alike_streamed_or_not():
   # through update_from_output: usage and logprobs end where the ids do
   r = Request(ids=[1, 2], key=0, seed=0, emit=None,
               answer=AnswerText(tok, CONFIG, 64, ["Liam"]))
-  plan = schedule([r], {}, set(), lambda _: [0], now=0.0)
+  plan = schedule([r], {}, 1, now=0.0)
   lp = -np.arange(1, len(gen) + 1, dtype=np.float32)[None] / 10
-  out = ModelRunnerOutput(gen[None], np.array([True]), np.array([3]),
-                          np.array([3]), 3, lp)
+  out = _out(gen[None], [True], [3], lp)
   (_, ev), = update_from_output(plan, out, now=1.0).events
   assert ev.usage["completion_tokens"] == cut == len(ev.token_ids)
   assert ev.logprobs == [float(x) for x in lp[0, :cut]]

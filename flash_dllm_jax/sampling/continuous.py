@@ -24,7 +24,7 @@ from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.slots import SlotState
 from flash_dllm_jax.sampling.state import fill_after_stop
 
-EMPTY = -1  # request index of a slot with nothing left to decode
+EMPTY = slots.EMPTY  # request index of a slot with nothing left to decode
 
 
 @struct.dataclass
@@ -44,22 +44,6 @@ class QueueState:
   forwards_U: jax.Array
   steps_U: jax.Array
   logprob_UxG: jax.Array
-
-
-def _load(state: QueueState, rows_B, requests_B, prompts_UxP, valid_UxP,
-          rng_U, sampling_U, **admission) -> QueueState:
-  """Puts requests_B into the slots marked by rows_B (EMPTY: leave idle)."""
-  has_B = rows_B & (requests_B != EMPTY)
-  idx_B = jnp.maximum(requests_B, 0)
-  sampling_B = None if sampling_U is None else jax.tree.map(
-      lambda u: u[idx_B], sampling_U)
-  held = slots.admit(slots.release(state.slots, rows_B & ~has_B), has_B,
-                     prompts_UxP[idx_B], valid_UxP[idx_B], rng_U[idx_B],
-                     sampling_B, **admission)
-  return state.replace(
-      slots=held,
-      request_B=jnp.where(rows_B, jnp.where(has_B, requests_B, EMPTY),
-                          state.request_B))
 
 
 def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
@@ -98,13 +82,14 @@ def decode_queue(params, prompts_UxP: jax.Array, valid_UxP: jax.Array,
   refills = slots.refill_cap(sampler, b)
 
   def refill(state: QueueState, free_B, cap: int) -> QueueState:
-    """The refill rule (slots.take) over the free slots."""
-    load_B = slots.take(free_B, cap, q - state.next_request)
-    requests_B = jnp.where(load_B, state.next_request + jnp.cumsum(load_B) - 1,
-                           EMPTY)
-    state = _load(state, free_B, requests_B, prompts_UxP, valid_UxP,
-                  rng_U, sampling_U, **admission)
-    return state.replace(next_request=state.next_request + load_B.sum())
+    """The refill rule (slots.refill) over the free slots."""
+    held, requests_B = slots.refill(
+        state.slots, free_B, cap, state.next_request, q, prompts_UxP,
+        valid_UxP, rng_U, sampling_U, **admission)
+    return state.replace(
+        slots=held, next_request=state.next_request + jnp.sum(
+            requests_B != EMPTY),
+        request_B=jnp.where(free_B, requests_B, state.request_B))
 
   def body(state: QueueState) -> QueueState:
     held = state.slots

@@ -63,9 +63,9 @@ class FlashDLLMSampler(commit_rules.WindowRule):
   max_refills: under continuous batching, at most this many slots take a new
     request per loop step (None: any number). The server admits every free
     slot at once (`grows_refills`). Fresh rows (every row at the first
-    step) prefill max_refills at a time (None: all together), so the
-    prefill's memory beside the cache is one group's
-    (flash_forward.prefill_rows).
+    step) prefill max_refills at a time (None: all together) and the rows
+    left over one at a time, so the prefill's memory beside the cache is
+    one group's (flash_forward.prefill_rows).
   kv_cache_dtype: the KV cache's storage, "auto" (the model's dtype) or an
     8-bit format, "float8_e4m3fn" or "int8", with a bfloat16 scale per
     (row, slot, KV head): half the cache's memory; the attention kernel

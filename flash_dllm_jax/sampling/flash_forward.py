@@ -47,39 +47,48 @@ def prefill_rows(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, rows_B,
   """Prefills the rows marked by rows_B [B] and puts their logits, mass and
   whole cache rows over the flash pass's `flashed` (logits, cache, mass).
 
-  The rows run `size` at a time (default max_refills, None: all B), as
-  many groups as there are marked rows, in a loop: the only cache beside
-  the batch's is one group's, and a group's activations are size x N
-  tokens'. A row's prefill depends on its own data only (every op is
-  row-independent), so the grouping never changes a token."""
+  The rows run in whole groups of `size` (default max_refills, None: all
+  B), then the marked rows left over one at a time, in loops: the only
+  cache beside the batch's is one group's, a group's activations are
+  size x N tokens', and a lone new row (a request arriving while others
+  decode) costs one row's prefill, not a group's. A row's prefill depends
+  on its own data only (every op is row-independent), so the grouping
+  never changes a token."""
   logits_BxRxV, cache, mass_BxN = flashed
   b, n = tokens_BxN.shape
   size = min(size or sampler.max_refills or b, b)
-  groups = -(-b // size)
-  order_G = jnp.argsort(~rows_B, stable=True)  # marked rows first
-  order_G = jnp.concatenate([order_G, jnp.zeros(groups * size - b,
-                                                order_G.dtype)])
+  order_B = jnp.argsort(~rows_B, stable=True)  # marked rows first
   count = jnp.sum(rows_B)
+  whole = count // size
 
-  def group(i, carry):
-    logits_BxRxV, cache, mass_BxN = carry
-    at_F = i * size + jnp.arange(size)
-    idx_F = order_G[at_F]
-    dest_F = jnp.where(at_F < count, idx_F, b)  # b: past the marked, dropped
-    rows = dataclasses.replace(model,
-                               positions_BxN=model.positions_BxN[idx_F],
-                               valid_BxN=model.valid_BxN[idx_F])
-    empty = KVCache.zeros(model.config, size, n, cache.k[0].dtype)
-    logits_F, cache_F, mass_F = prefill(
-        sampler, rows, tokens_BxN[idx_F], slots_BxQ[idx_F], pred_BxR[idx_F],
-        empty, None if exclude_BxS is None else exclude_BxS[idx_F])
-    put = lambda full, part: full.at[dest_F].set(part.astype(full.dtype),
-                                                 mode="drop")
-    cache = jax.tree.map(put, cache, cache_F)  # K, V (and 8-bit scales)
-    return put(logits_BxRxV, logits_F), cache, put(mass_BxN, mass_F)
+  def run(rows: int, first):
+    """The body of a loop whose i-th trip prefills marked rows first + i *
+    rows ... (+ rows - 1)."""
+    def group(i, carry):
+      logits_BxRxV, cache, mass_BxN = carry
+      at_F = first + i * rows + jnp.arange(rows)
+      idx_F = order_B[jnp.minimum(at_F, b - 1)]
+      dest_F = jnp.where(at_F < count, idx_F, b)  # b: past the marked
+      part = dataclasses.replace(model,
+                                 positions_BxN=model.positions_BxN[idx_F],
+                                 valid_BxN=model.valid_BxN[idx_F])
+      empty = KVCache.zeros(model.config, rows, n, cache.k[0].dtype)
+      logits_F, cache_F, mass_F = prefill(
+          sampler, part, tokens_BxN[idx_F], slots_BxQ[idx_F],
+          pred_BxR[idx_F], empty,
+          None if exclude_BxS is None else exclude_BxS[idx_F])
+      put = lambda full, new: full.at[dest_F].set(new.astype(full.dtype),
+                                                  mode="drop")
+      cache = jax.tree.map(put, cache, cache_F)  # K, V (and 8-bit scales)
+      return put(logits_BxRxV, logits_F), cache, put(mass_BxN, mass_F)
+    return group
 
-  return jax.lax.fori_loop(0, (count + size - 1) // size, group,
-                           (logits_BxRxV, cache, mass_BxN))
+  carry = jax.lax.fori_loop(0, whole, run(size, 0),
+                            (logits_BxRxV, cache, mass_BxN))
+  if size == 1:
+    return carry
+  return jax.lax.fori_loop(0, count - whole * size, run(1, whole * size),
+                           carry)
 
 
 def flash(sampler, model, tokens_BxN, slots_BxQ, pred_BxR, window_rows_BxQ,

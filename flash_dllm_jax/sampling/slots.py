@@ -5,7 +5,9 @@ batching (`continuous.decode_queue`) and the server's slots
 (`serve/model_runner.py`) all build their state with `start`, load rows
 with `admit` (the row's prompt, key, settings and the sampler's aux reset)
 and free them with `release`; `refill_cap` and `take` are the refill rule
-(which free slots take which waiting requests).
+(which free slots take which waiting requests), and `refill` applies it to
+a device-side queue inside a compiled loop (offline continuous batching and
+the server's calls).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from flash_dllm_jax.sampling.loop import Refillable
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.sampling.state import DecodeState, where_keys
 from flash_dllm_jax.sampling.top_logprobs import TopLogprobs
+
+EMPTY = -1  # a slot's queue entry where it loaded none
 
 # valid_BxN -> the model a decode with that padding runs (params, kernels
 # and stop ids fixed by the caller)
@@ -104,11 +107,11 @@ def release(state: SlotState, rows_B: jax.Array) -> SlotState:
 
 def refill_cap(sampler, slots: int, per_call: bool = False) -> int:
   """The most free slots that take a request at one admission point: the
-  sampler's `max_refills` (None: all). Admission points once per device
-  call of several steps (the server's, per_call) admit every free slot for
-  a sampler whose step prefills any number of fresh rows (`grows_refills`:
-  Flash-dLLM). A sampler that is not Refillable refills only a whole batch
-  (`admit`), so it takes all of them, once none is busy."""
+  sampler's `max_refills` (None: all). The server's admission points
+  (per_call) let a sampler whose step prefills any number of fresh rows
+  (`grows_refills`: Flash-dLLM) fill every free slot. A sampler that is not
+  Refillable refills only a whole batch (`admit`), so it takes all of
+  them, once none is busy."""
   if not isinstance(sampler, Refillable):
     return slots
   if per_call and getattr(sampler, "grows_refills", False):
@@ -124,13 +127,23 @@ def take(free_B, cap: int, waiting, xp=jnp):
   return free_B & (order_B < cap) & (order_B < waiting)
 
 
-def free_slots(sampler, busy_B: np.ndarray, per_call: bool = True
-               ) -> list[int]:
-  """The slots (host side) that may take a request now: none while a
-  non-Refillable sampler's batch is busy, else the first `refill_cap`
-  free ones."""
-  if not isinstance(sampler, Refillable) and busy_B.any():
-    return []
-  cap = refill_cap(sampler, busy_B.shape[0], per_call)
-  return [int(i) for i in np.flatnonzero(take(~busy_B, cap, busy_B.shape[0],
-                                               np))]
+def refill(state: SlotState, free_B, cap: int, taken, count, prompts_UxP,
+           valid_UxP, rng_U, sampling_U, *, sampler, mask_id: int,
+           model_for: ModelFor):
+  """Loads queue entries taken, taken + 1, ... (of `count`) into the free
+  slots free_B [B] by the refill rule (`take`, at most `cap`; a sampler
+  that is not Refillable loads only when every slot is free) and releases
+  the free slots left empty. prompts_UxP, valid_UxP, rng_U, sampling_U
+  (None: keep the state's): the queue's rows. Returns (state, entry_B: the
+  entry each slot loaded, EMPTY elsewhere); entries load in queue order."""
+  if not isinstance(sampler, Refillable):
+    free_B = free_B & jnp.all(free_B)
+  load_B = take(free_B, cap, count - taken)
+  entry_B = jnp.where(load_B, taken + jnp.cumsum(load_B) - 1, EMPTY)
+  idx_B = jnp.maximum(entry_B, 0)
+  sampling_B = None if sampling_U is None else jax.tree.map(
+      lambda u: u[idx_B], sampling_U)
+  state = admit(release(state, free_B & ~load_B), load_B, prompts_UxP[idx_B],
+                valid_UxP[idx_B], rng_U[idx_B], sampling_B, sampler=sampler,
+                mask_id=mask_id, model_for=model_for)
+  return state, entry_B

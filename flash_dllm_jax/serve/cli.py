@@ -71,8 +71,17 @@ def add_parser(sub) -> None:
   # -- end memory plan --
   ap.add_argument("--steps-per-call", type=int, default=8,
                   help="decoding steps the compiled loop runs at most before "
-                       "returning to the host (it also returns when a slot "
-                       "finishes)")
+                       "returning to the host; it refills slots from its "
+                       "queue of waiting requests as rows finish, and "
+                       "returns early when a finished row has nothing to "
+                       "refill it (default: %(default)s)")
+  ap.add_argument("--steps-while-admitting", type=int, default=2,
+                  help="the step limit of a call while the slots take new "
+                       "requests (a slot is free at its start and none "
+                       "waits beyond its queue): an arrival waits at "
+                       "most this many steps for a free slot, and a new "
+                       "request streams its first tokens that soon; capped "
+                       "by the steps per call (default: %(default)s)")
   ap.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
                   help="most alternatives per token a request may ask for "
                        "(top_logprobs; completions' logprobs); a strategy "
@@ -193,6 +202,7 @@ def main(args: argparse.Namespace) -> int:
                         slots=slot_plan.slots,
                         max_prompt_tokens=slot_plan.max_prompt_tokens,
                         steps_per_call=args.steps_per_call,
+                        steps_while_admitting=args.steps_while_admitting,
                         max_queue=args.max_queue,
                         request_timeout=args.request_timeout,
                         kernels=choice.kernels_from_args(args),

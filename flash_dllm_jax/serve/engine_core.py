@@ -3,10 +3,13 @@ and one thread that owns the device slots and runs the loop.
 
 The thread (`run_busy_loop`) takes a `step` of each model runner in turn
 (one slot pool per sampler variant, shared by every prompt length). A step
-collects the device call in flight (`ModelRunner.collect`: which rows
-stopped), asks the scheduler (`scheduler.schedule`) what the next call does
-(fail cancelled or expired requests, stop their slots, load waiting
-requests into every free slot) and dispatches it (`ModelRunner.dispatch`,
+collects the device call in flight (`ModelRunner.collect`; `scheduler.
+placed`: which slot holds which request, which queued requests the device
+loaded, the others wait again first in line), asks the scheduler
+(`scheduler.schedule`) what the next call does (fail cancelled or expired
+requests, stop their slots and those of answered rows, hand the device
+the waiting requests as its queue, loaded into slots as rows finish inside
+the compiled loop) and dispatches it (`ModelRunner.dispatch`,
 asynchronous), and only then hands the collected output to
 `scheduler.update_from_output`, which says what each request gets (the
 text that became final, or its answer) and its new state, which the step
@@ -20,11 +23,11 @@ waits in the queue stays queued. A failure within `RESTART_WINDOW_S` of
 fails, new requests are refused (503), /health says 'failed' and
 `on_fatal` runs (the CLI stops the server, exit status 1, for an
 orchestrator to restart it). So detokenizing and sending run while the
-device decodes the next call, and a slot whose row stopped is refilled at
-once; a slot whose answer completed before its row stopped (a stop string,
-max_tokens) is released a call later. The metrics observe each plan and
-scheduler output (`Metrics.observe_*`). Every request is answered exactly once, through
-its `emit` callback, from this thread.
+device decodes the next call, and a slot whose row stopped is refilled on
+the device at once; a slot whose answer completed before its row stopped
+(a stop string, max_tokens) is released a call later. The metrics observe
+each placement and scheduler output (`Metrics.observe_*`). Every request
+is answered exactly once, through its `emit` callback, from this thread.
 """
 
 from __future__ import annotations
@@ -61,17 +64,20 @@ RESTART_WINDOW_S = 60.0
 
 class EngineCore:
   """runners: {key: ModelRunner} (the server keys them by variant);
-  max_queue: waiting requests allowed."""
+  max_queue: waiting requests allowed; steps_while_admitting: the step
+  limit of a continuous runner's call while its pool takes new requests
+  (`_dispatch`; None: steps_per_call always)."""
 
   def __init__(self, runners: dict[int, ModelRunner], metrics: Metrics,
-               max_queue: int, on_fatal=None):
+               max_queue: int, on_fatal=None,
+               steps_while_admitting: int | None = None):
     self.runners, self.metrics, self.max_queue = runners, metrics, max_queue
+    self.steps_while_admitting = steps_while_admitting
     self.on_fatal = on_fatal  # called (no arguments) once the engine is lost
     self.state = "ready"  # 'restarting' while rebuilt, 'failed' for good
     self.restarts: list[float] = []  # time.monotonic() of each restart
     self._pending = {p: collections.deque() for p in runners}
     self._slots = {p: {} for p in runners}  # key -> {slot: Request}
-    self._release = {p: set() for p in runners}
     self._in_flight = {}  # key -> _Call dispatched, not yet collected
     self._cond = threading.Condition()
     self._draining = self._stopping = False
@@ -145,7 +151,7 @@ class EngineCore:
 
   def _idle(self) -> bool:
     return not self._in_flight and not any(self._slots.values()) and \
-        not any(self._release.values()) and self.queue_length() == 0
+        self.queue_length() == 0
 
   def _run(self) -> None:
     while True:
@@ -205,14 +211,12 @@ class EngineCore:
       left = [r for q in self._pending.values() for r in q] if queued else []
       left += [r for s in self._slots.values() for r in s.values()]
       left += [r for c in self._in_flight.values()
-               for r in c.plan.running.values()]
+               for r in (*c.plan.running.values(), *c.plan.queued)]
       if queued:
         for q in self._pending.values():
           q.clear()
       for s in self._slots.values():
         s.clear()
-      for r in self._release.values():
-        r.clear()
       self._in_flight.clear()
       self.metrics.queue_length.set(self.queue_length())
     for r in left:
@@ -224,44 +228,65 @@ class EngineCore:
     schedule and dispatch the next, then turn the collected output into
     events while the device runs (JAX dispatches asynchronously)."""
     runner = self.runners[key]
-    last = self._in_flight.pop(key, None)
+    # a call stays in _in_flight until collected, and is put there before
+    # its dispatch, so a failure in either fails its requests (_fail_all)
+    last = self._in_flight.get(key)
+    collected = time.monotonic()
     if last is not None:
       out = runner.collect(last.handle)
+      del self._in_flight[key]
+      collected = time.monotonic()
       seconds = time.monotonic() - last.started
+      where = scheduler.placed(last.plan, out)
+      self.metrics.observe_loaded(where.loaded, last.started, seconds,
+                                  out.iters)
     with self._cond:
+      if last is not None:
+        self._slots[key] = where.running
+        self._pending[key].extendleft(reversed(where.requeue))
       plan = scheduler.schedule(self._pending[key], self._slots[key],
-                               self._release[key], runner.free_slots,
-                               time.monotonic())
+                                runner.q, time.monotonic())
       self._pending[key] = collections.deque(plan.waiting)
-      self._slots[key], self._release[key] = plan.running, set()
+      self._slots[key] = plan.running
       self.metrics.queue_length.set(self.queue_length())
     for r, why in plan.failed:
       self._finish(r, Event("", True, why), why)
-    busy = runner.busy_slots()
-    if plan.admit or plan.release or any(s in busy for s in plan.running):
-      t0 = time.monotonic()
-      self.metrics.observe_plan(plan, t0)
-      # the top-logprobs variant while a request that wants them decodes
-      top = runner.top_k > 0 and any(r.top_logprobs
-                                     for r in plan.running.values())
-      self._in_flight[key] = _Call(plan, t0, runner.dispatch(
-          release=plan.release, admit={
-              slot: (r.ids, r.seed) if r.sampling is None else
-              (r.ids, r.seed, r.sampling) for slot, r in plan.admit},
-          top=top))
-    if last is not None:
-      self._answer(key, last.plan, out, seconds)
+    try:
+      if plan.queued or plan.release or plan.running:
+        self._dispatch(key, plan)
+        self.metrics.host_gap.observe(time.monotonic() - collected)
+    finally:  # the collected call's answers go out even if that failed
+      if last is not None:
+        self._answer(last.plan, out, seconds)
 
-  def _answer(self, key, plan: scheduler.SchedulerOutput, out,
+  def _dispatch(self, key, plan: scheduler.SchedulerOutput) -> None:
+    """Starts runner `key`'s next call. Its step limit: steps_while_admitting
+    while the pool takes new requests (a slot is free at the call's start)
+    and none waits beyond the call's queue, so an arrival soon gets a slot
+    and a new request soon streams its first tokens; else steps_per_call
+    (no arrival could take a slot sooner)."""
+    runner = self.runners[key]
+    # the top-logprobs variant while a request that wants them decodes
+    top = runner.top_k > 0 and any(
+        r.top_logprobs for r in (*plan.running.values(), *plan.queued))
+    steps = runner.k
+    if runner.continuous and self.steps_while_admitting and \
+        len(plan.running) < runner.b and not plan.waiting:
+      steps = min(self.steps_while_admitting, runner.k)
+    self._in_flight[key] = _Call(plan, time.monotonic(), None)
+    self._in_flight[key] = _Call(plan, time.monotonic(), runner.dispatch(
+        release=plan.release, queue=[
+            (r.ids, r.seed) if r.sampling is None else
+            (r.ids, r.seed, r.sampling) for r in plan.queued], top=top,
+        steps=steps))
+
+  def _answer(self, plan: scheduler.SchedulerOutput, out,
               seconds: float) -> None:
-    """The events of a collected call. Its requests that the call since
-    dispatched still holds are dropped from it once answered; those whose
-    answer completed before their row stopped are released at the next
-    call, one later than without the overlap."""
+    """The events of a collected call. A request whose answer completed
+    before its row stopped keeps its slot until the next schedule releases
+    it (one call later than without the overlap)."""
     now = time.monotonic()
-    live = {s: r for s, r in plan.running.items() if not r.finished}
-    outputs = scheduler.update_from_output(plan._replace(running=live),
-                                           out, now)
+    outputs = scheduler.update_from_output(plan, out, now)
     scheduler.apply(outputs)
     self.metrics.observe_step(outputs, out, seconds, now)
     for r in outputs.finished:
@@ -272,11 +297,8 @@ class EngineCore:
         self._finish(r, ev, "ok")
       elif not r.cancelled:
         r.emit(ev)
-    with self._cond:
-      self._slots[key] = {s: r for s, r in self._slots[key].items()
-                          if not r.finished}
-      self._release[key] |= outputs.release
-    self.metrics.busy_slots.set(sum(len(s) for s in self._slots.values()))
+    self.metrics.busy_slots.set(sum(
+        not r.finished for s in self._slots.values() for r in s.values()))
 
 
 class _Call(NamedTuple):

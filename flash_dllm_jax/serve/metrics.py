@@ -53,16 +53,24 @@ class Metrics:
     self.admission = Histogram("dllm_admission_latency_seconds",
                                "arrival to taking a slot on the device",
                                buckets=_LATENCY_BUCKETS, registry=r)
+    self.host_gap = Histogram(
+        "dllm_host_gap_seconds", "a call's output read to the next call "
+        "dispatched (the device waits on the host meanwhile)",
+        buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
+                 0.1), registry=r)
     self.cycle = Histogram("dllm_cycle_seconds",
                            "one call of the compiled loop (host round trip)",
                            buckets=_LATENCY_BUCKETS, registry=r)
 
   # Observers of the engine loop (engine_core.EngineCore) ------------------
-  def observe_plan(self, plan, now: float) -> None:
-    """A call about to run (scheduler.SchedulerOutput): admission latency,
-    prompt tokens."""
-    for _, r in plan.admit:
-      self.admission.observe(now - r.arrived)
+  def observe_loaded(self, loaded, started: float, seconds: float,
+                     iters: int) -> None:
+    """The requests a call loaded (scheduler.Placement.loaded: request,
+    loop step): admission latency (the load's time taken as `started` plus
+    its share of the call's `seconds` by steps), prompt tokens."""
+    for r, step in loaded:
+      at = started + seconds * min(step / max(iters, 1), 1.0)
+      self.admission.observe(max(at - r.arrived, 0.0))
       self.prompt_tokens.inc(len(r.ids))
 
   def observe_step(self, step, out, seconds: float, now: float) -> None:

@@ -1,13 +1,23 @@
 """The device side of serving (vLLM's model runner): fixed slots decoding in
-a compiled loop that returns to the host at admission points.
+a compiled loop that refills them from a device-side queue.
 
 One `ModelRunner` per sampler variant: B slots of shape [B, P + G] that
-take any prompt of up to P tokens. A call (`cycle`) first releases the
-slots the host gave up, loads new requests into free slots, then runs
-decoding steps on device until a busy slot finishes or `steps_per_call`
-steps have run. Shapes never
-change, the state is donated, and the executable is compiled once, ahead of
-time, at start. Under a mesh the slots are split over its `data` axis.
+take any prompt of up to P tokens. A call (`cycle`) releases the slots the
+host gave up and takes a queue of up to Q (= B) waiting requests; the
+compiled loop loads queue entries into free slots (first at its start,
+then after every step, as rows finish: sampling/slots.refill, the refill
+rule of offline continuous batching) and runs until the call's step limit
+(at most `steps_per_call`; the engine core shortens it while the slots
+take new requests), until nothing is left to
+decode, or until a row finished that no queue entry replaced (its answer
+goes out, and a new arrival gets in, without waiting for the rest of the
+call). Each request of the call is a job: j < B the
+row in slot j at the call's start, B + q queue entry q; the call returns
+each job's tokens (as it finished, or as it stands), which slot holds
+which job, and how many queue entries it took (a prefix of the queue).
+Shapes never change, the state is donated, and the executable is compiled
+once, ahead of time, at start. Under a mesh the slots are split over its
+`data` axis.
 
 Each row is left-padded to P, a multiple of prompts.PROMPT_BUCKET, so it
 holds its offline layout (padded to its own bucket) plus whole key tiles of
@@ -42,26 +52,35 @@ from flash_dllm_jax.sampling import row_options, slots
 from flash_dllm_jax.sampling.loop import records_top, tail_length
 from flash_dllm_jax.sampling.row_sampling import GREEDY, RowSampling
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
-from flash_dllm_jax.sampling.slots import SlotState
+from flash_dllm_jax.sampling.slots import EMPTY, SlotState
+from flash_dllm_jax.serve.jobs import Jobs, pack_queue
 from flash_dllm_jax.serve.protocol import MAX_LOGPROBS
 
 
 class ModelRunnerOutput(NamedTuple):
-  """What the host reads after a call. tokens_BxG: the generation region
-  (mask id where undecided); done_B, steps_B, forwards_B: per slot; iters:
-  decoding steps this call ran; logprobs_BxG: each committed token's
-  log-probability at its commit step (DecodeState.logprob_BxN);
-  top_logprobs_BxGxK / top_ids_BxGxK: their alternatives, likeliest first,
-  from a call that recorded them (dispatch(top=True)), else None."""
+  """What the host reads after a call, per job J = B + Q (module
+  docstring). tokens_JxG: the generation region as the job finished or
+  stands (mask id where undecided); done_J: its row stopped; steps_J,
+  forwards_J: its counters; iters: decoding steps this call ran;
+  logprobs_JxG: each committed token's log-probability at its commit step
+  (DecodeState.logprob_BxN); top_logprobs_JxGxK / top_ids_JxGxK: their
+  alternatives, likeliest first, from a call that recorded them
+  (dispatch(top=True)), else None. job_B: the job each slot's running row
+  is (EMPTY: the slot is free); taken: queue entries loaded (the first
+  `taken`); at_Q: the step after which each was loaded (0: the call's
+  start)."""
 
-  tokens_BxG: np.ndarray
-  done_B: np.ndarray
-  steps_B: np.ndarray
-  forwards_B: np.ndarray
+  tokens_JxG: np.ndarray
+  done_J: np.ndarray
+  steps_J: np.ndarray
+  forwards_J: np.ndarray
   iters: int
-  logprobs_BxG: np.ndarray | None = None
-  top_logprobs_BxGxK: np.ndarray | None = None
-  top_ids_BxGxK: np.ndarray | None = None
+  logprobs_JxG: np.ndarray | None = None
+  top_logprobs_JxGxK: np.ndarray | None = None
+  top_ids_JxGxK: np.ndarray | None = None
+  job_B: np.ndarray | None = None
+  taken: int = 0
+  at_Q: np.ndarray | None = None
 
 
 class ModelRunner:
@@ -94,6 +113,7 @@ class ModelRunner:
     self.p, self.b, self.g = prompt_len, slots, sampler.gen_length
     self.g_all = self.g + tail_length(sampler)  # positions after the prompt
     self.k = steps_per_call
+    self.q = slots  # queue entries a call takes
     self.continuous = isinstance(sampler, Refillable)
     self.stop_ids = config.stop_token_ids if stop_at_eos else ()
     self.implementation = implementation
@@ -109,22 +129,22 @@ class ModelRunner:
   def _compile(self, record_top: bool):
     """The call's program, ahead of time; record_top: the variant that
     fills the top-logprobs buffer (top_logprobs.py)."""
+    q = self.q
     args = (self.params, self._state, np.zeros(self.b, bool),
-            np.zeros(self.b, bool), np.zeros((self.b, self.p), np.int32),
-            np.zeros((self.b, self.p), bool), np.zeros(self.b, np.uint32),
-            self._host_sampling([]))
+            np.zeros((q, self.p), np.int32), np.zeros((q, self.p), bool),
+            np.zeros(q, np.uint32), np.zeros((), np.int32),
+            np.zeros((), np.int32), self._host_sampling([]))
     shardings, mesh = {}, self._mesh
     if mesh is not None:
       state_s = jax.tree.map(lambda x: self._row_sharding(mesh, x),
                              self._state)
       rows = parallel.NamedSharding(mesh, parallel.P("data"))
+      rep = parallel.NamedSharding(mesh, parallel.P())
       shardings = dict(
           in_shardings=(parallel.param_shardings(mesh, self.config,
                                                  self.params), state_s,
-                        rows, rows, rows, rows, rows, rows),
-          out_shardings=(state_s, rows, rows,
-                         parallel.NamedSharding(mesh, parallel.P()))
-          + (rows, rows) * record_top)
+                        rows, rep, rep, rep, rep, rep, rep),
+          out_shardings=(state_s, rep, rows, rep, rep))
     jitted = jax.jit(functools.partial(self._cycle, record_top=record_top),
                      donate_argnums=(1,), compiler_options=compiler_options(),
                      **shardings)
@@ -153,11 +173,11 @@ class ModelRunner:
     return parallel.NamedSharding(mesh, spec)
 
   def _host_sampling(self, rows):
-    """RowSampling numpy arrays, GREEDY where `rows` (slot, Sampling) says
-    nothing; None for a sampler that takes no row data."""
+    """RowSampling numpy arrays of the queue, GREEDY where `rows` (entry,
+    Sampling) says nothing; None for a sampler that takes no row data."""
     if not self.row_data:
       return None
-    settings = [GREEDY] * self.b
+    settings = [GREEDY] * self.q
     for slot, sampling in rows:
       settings[slot] = sampling
     return RowSampling.host(settings, self.sampler)
@@ -179,124 +199,129 @@ class ModelRunner:
         else None, done=True,
         top_k=self.top_k)
 
-  def _cycle(self, params, state: SlotState, release_B, load_B, prompt_BxP,
-             valid_BxP, seed_B, sampling, record_top: bool):
-    """Releases, admits, then decodes until a busy row finishes or k steps
-    ran. Returns (state, gen_BxG, logprob_BxG, iters[, top lp_BxGxK,
-    id_BxGxK with record_top]); without it the top buffer passes through."""
+  def _cycle(self, params, state: SlotState, release_B, prompt_QxP,
+             valid_QxP, seed_Q, count, steps, sampling, record_top: bool):
+    """Releases release_B, then decodes at most `steps` steps with the
+    first `count` queue entries refilling free slots (module docstring; a
+    sampler that is not Refillable loads at the call's start only, and a
+    finished row ends the call). Returns (state, Jobs, job_B, taken,
+    iters); without record_top the top buffer passes through."""
     kept = state.decode.top
     if not record_top:
       state = state.replace(decode=state.decode.replace(top=None))
-    state = slots.admit(
-        slots.release(state, release_B), load_B, prompt_BxP, valid_BxP,
-        jax.vmap(jax.random.key)(seed_B), sampling, sampler=self.sampler,
-        mask_id=self.config.mask_token_id,
-        model_for=lambda v: self._model(params, v, self.stop_ids))
-    model = self._model(params, state.valid_BxN, self.stop_ids)
-    step_fn = make_step(self.sampler, model, self.p, self.stop_ids)
-    max_steps = self.sampler.num_steps
+    b, q = self.b, self.q
+    gen, max_steps = slice(self.p, self.p + self.g), self.sampler.num_steps
+    model_for = lambda v: self._model(params, v, self.stop_ids)
+    rng_Q = jax.vmap(jax.random.key)(seed_Q)
+    cap = slots.refill_cap(self.sampler, b, per_call=True)
+    refillable = isinstance(self.sampler, Refillable)
+
+    def refill(s, job_B, taken, jobs, free_B, step):
+      s, entry_B = slots.refill(
+          s, free_B, cap, taken, count, prompt_QxP, valid_QxP, rng_Q,
+          sampling, sampler=self.sampler, mask_id=self.config.mask_token_id,
+          model_for=model_for)
+      loaded_B = entry_B != EMPTY
+      job_B = jnp.where(loaded_B, b + entry_B,
+                        jnp.where(free_B, EMPTY, job_B))
+      return (s, job_B, taken + jnp.sum(loaded_B), jobs.loaded(entry_B, step),
+              loaded_B)
 
     def body(carry):
-      s, i = carry
-      d = step_fn(s.decode)
+      s, job_B, taken, jobs, i, _ = carry
+      d = make_step(self.sampler, model_for(s.valid_BxN), self.p,
+                    self.stop_ids)(s.decode)
       d = d.replace(done_B=d.done_B | (d.steps_B >= max_steps))
-      return s.replace(decode=d), i + 1
+      finished_B = d.done_B & ~s.decode.done_B
+      jobs = jobs.record(finished_B, job_B, d, gen)
+      s = s.replace(decode=d)
+      if not refillable:  # a new batch only once this one is done: the host
+        return s, job_B, taken, jobs, i + 1, jnp.any(finished_B)
+      s, job_B, taken, jobs, loaded_B = refill(s, job_B, taken, jobs,
+                                               d.done_B, i + 1)
+      # a finished row that nothing replaced: its answer (and the host's
+      # next requests) should not wait for the rest of the call
+      unfilled = jnp.any(finished_B & ~loaded_B) & (taken >= count)
+      return s, job_B, taken, jobs, i + 1, unfilled
 
     def running(carry):
-      s, i = carry
-      d = s.decode
-      finished = jnp.any(d.done_B & ~start_done_B)
-      return (i < self.k) & jnp.any(~d.done_B) & ~finished
+      s, _, _, _, i, unfilled = carry
+      return (i < steps) & jnp.any(~s.decode.done_B) & ~unfilled
 
-    start_done_B = state.decode.done_B
-    state, iters = jax.lax.while_loop(running, body,
-                                      (state, jnp.zeros((), jnp.int32)))
-    gen, d = slice(self.p, self.p + self.g), state.decode
-    out = d.tokens_BxN[:, gen], d.logprob_BxN[:, gen], iters
-    if record_top:
-      return (state, *out, d.top.lp_BxNxK[:, gen], d.top.id_BxNxK[:, gen])
-    return (state.replace(decode=d.replace(top=kept)), *out)
+    state = slots.release(state, release_B)
+    job_B = jnp.where(state.decode.done_B, EMPTY, jnp.arange(b))
+    jobs = Jobs.empty(b + q, q, self.g, self.config.mask_token_id,
+                      self.top_k if record_top else 0)
+    state, job_B, taken, jobs, _ = refill(
+        state, job_B, jnp.zeros((), jnp.int32), jobs, state.decode.done_B, 0)
+    state, job_B, taken, jobs, iters, _ = jax.lax.while_loop(
+        running, body, (state, job_B, taken, jobs, jnp.zeros((), jnp.int32),
+                        jnp.zeros((), bool)))
+    d = state.decode
+    jobs = jobs.record(~d.done_B, job_B, d, gen)  # the running rows so far
+    job_B = jnp.where(d.done_B, EMPTY, job_B)
+    if not record_top:
+      state = state.replace(decode=d.replace(top=kept))
+    return state, jobs, job_B, taken, iters
 
   # Host API -----------------------------------------------------------------
-  def free_slots(self, releasing=()) -> list[int]:
-    """Slots requests may load into at the next call, counting `releasing`
-    as free (the refill rule, slots.free_slots: in batch mode none until
-    every slot is free)."""
-    busy_B = self._busy_B.copy()
-    busy_B[list(releasing)] = False
-    return slots.free_slots(self.sampler, busy_B, per_call=True)
-
-  def cycle(self, release=(),
-            admit: dict | None = None) -> ModelRunnerOutput:
-    """release: slots to stop; admit: {slot: (prompt ids, seed[, Sampling])}
-    for free slots. One host round trip: `collect(dispatch(...))`."""
-    return self.collect(self.dispatch(release, admit))
+  def cycle(self, release=(), queue=(),
+            steps: int | None = None) -> ModelRunnerOutput:
+    """release: slots to stop; queue: [(prompt ids, seed[, Sampling])],
+    at most `q` waiting requests the call loads, in order, into slots as
+    they free up; steps: the call's step limit (default steps_per_call).
+    One host round trip: `collect(dispatch(...))`."""
+    return self.collect(self.dispatch(release, queue, steps=steps))
 
   def busy_slots(self) -> set[int]:
     """Slots whose row the device still decodes (as of the last collect)."""
     return {int(i) for i in np.flatnonzero(self._busy_B)}
 
-  def dispatch(self, release=(), admit: dict | None = None,
-               top: bool = False) -> "InFlight":
+  def dispatch(self, release=(), queue=(), top: bool = False,
+               steps: int | None = None) -> "InFlight":
     """Starts a call (see `cycle`) and returns at once: JAX runs it
     asynchronously, so the host can work on the last call's output
     meanwhile. `collect` its handle before the next dispatch (which donates
-    the state its done / steps / forwards arrays belong to). top: record
-    the top-logprobs of what this call commits (a row that wants them needs
-    every call from its admission on to record)."""
+    the state its arrays belong to). top: record the top-logprobs of what
+    this call commits (a row that wants them needs every call from its
+    admission on to record)."""
     if top and not self.top_k:
       raise ValueError(f"this runner records no top logprobs "
                        f"({type(self.sampler).__name__}, top_logprobs 0)")
     if self._uncollected:
       raise RuntimeError("the last dispatched call was not collected")
-    admit = admit or {}
+    steps = self.k if steps is None else steps
+    if not 1 <= steps <= self.k:
+      raise ValueError(f"steps {steps}: not in [1, {self.k}]")
     release_B = np.zeros(self.b, bool)
     release_B[list(release)] = True
-    load_B = np.zeros(self.b, bool)
-    prompt_BxP = np.full((self.b, self.p), self.config.pad_token_id, np.int32)
-    valid_BxP = np.zeros((self.b, self.p), bool)
-    seed_B = np.zeros(self.b, np.uint32)
-    rows = []
-    for slot, (ids, seed, *sampling) in admit.items():
-      if self._busy_B[slot] and not release_B[slot]:
-        raise RuntimeError(f"slot {slot} is busy")
-      if not 0 < len(ids) <= self.p:
-        raise ValueError(f"slot {slot}: a prompt of {len(ids)} tokens (the "
-                         f"slots take 1 to {self.p})")
-      load_B[slot] = True
-      prompt_BxP[slot, self.p - len(ids):] = ids
-      valid_BxP[slot, self.p - len(ids):] = True
-      seed_B[slot] = np.uint32(seed)
-      rows += [(slot, sampling[0])] if sampling else []
+    prompt_QxP, valid_QxP, seed_Q, rows = pack_queue(
+        queue, self.q, self.p, self.config.pad_token_id)
     if rows and not self.row_data and any(r != GREEDY for _, r in rows):
       raise ValueError(f"{type(self.sampler).__name__} takes no row data")
     program = self._compiled_top if top else self._compiled
-    self._state, gen, logp, iters, *top_out = program(
-        self.params, self._state, release_B, load_B, prompt_BxP, valid_BxP,
-        seed_B, self._host_sampling(rows))
-    d = self._state.decode
+    self._state, jobs, job_B, taken, iters = program(
+        self.params, self._state, release_B, prompt_QxP, valid_QxP, seed_Q,
+        np.int32(len(queue)), np.int32(steps), self._host_sampling(rows))
     self._uncollected = True
-    return InFlight(gen, d.done_B, d.steps_B, d.forwards_B, iters, logp,
-                    tuple(top_out) or None)
+    return InFlight(jobs, job_B, taken, iters)
 
   def collect(self, call: "InFlight") -> ModelRunnerOutput:
     """Waits for a dispatched call and reads its output."""
-    top = (None, None) if call.top is None else tuple(
-        np.asarray(x) for x in call.top)
-    out = ModelRunnerOutput(*(np.asarray(x) for x in call[:4]),
-                            int(call.iters), np.asarray(call.logprobs), *top)
-    self._busy_B, self._uncollected = ~out.done_B, False
+    j = jax.tree.map(np.asarray, call.jobs)
+    out = ModelRunnerOutput(
+        j.tokens_JxG, j.done_J, j.steps_J, j.forwards_J, int(call.iters),
+        j.logprob_JxG, j.top_lp_JxGxK, j.top_id_JxGxK,
+        np.asarray(call.job_B), int(call.taken), j.at_Q)
+    self._busy_B, self._uncollected = out.job_B != EMPTY, False
     return out
 
 
 class InFlight(NamedTuple):
-  """A dispatched call's device arrays (ModelRunnerOutput's fields, not yet
-  read)."""
+  """A dispatched call's device results (not yet read): its Jobs, job_B,
+  taken and iters."""
 
-  tokens: jax.Array
-  done: jax.Array
-  steps: jax.Array
-  forwards: jax.Array
+  jobs: Jobs
+  job_B: jax.Array
+  taken: jax.Array
   iters: jax.Array
-  logprobs: jax.Array
-  top: tuple | None = None  # (lp_BxGxK, id_BxGxK) of a recording call

@@ -35,6 +35,9 @@ class Settings:
   slots: int = 8
   max_prompt_tokens: int = 128
   steps_per_call: int = 8
+  # a call's step limit while the slots take new requests
+  # (engine_core.EngineCore._dispatch)
+  steps_while_admitting: int = 2
   max_queue: int = 256
   request_timeout: float = 600.0
   stop_at_eos: bool = True  # False: decode every position (benchmarks)
@@ -48,7 +51,8 @@ class Settings:
   max_logprobs: int = MAX_LOGPROBS
 
   def __post_init__(self):
-    for name in ("slots", "max_prompt_tokens", "steps_per_call", "max_queue"):
+    for name in ("slots", "max_prompt_tokens", "steps_per_call",
+                 "steps_while_admitting", "max_queue"):
       value = getattr(self, name)  # the compiled loop holds them as int32
       if not (isinstance(value, int) and 1 <= value < 2**31):
         raise ValueError(f"{name} must be an int in [1, 2**31), got {value}")
@@ -125,7 +129,7 @@ class Service(InputProcessor):
                time.perf_counter() - t0)
     self.mode = "continuous" if engines[0].continuous else "batch"
     self.engine_core = EngineCore(engines, self.metrics, settings.max_queue,
-                                  on_fatal)
+                                  on_fatal, settings.steps_while_admitting)
     self.decodings = [{"strategy": settings.strategy,
                        "gen_length": v.gen_length, "steps": v.num_steps,
                        "batching": self.mode, "variant": i,
