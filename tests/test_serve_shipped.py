@@ -18,7 +18,8 @@ from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.strategies import build_sampler
 from tests.serve_case import Server, offline
 
-pytestmark = pytest.mark.slow
+# The shipped model computes more than it compiles: XLA's default level.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("optimised")]
 
 OPTIONS = {"gen_length": 16, "steps": 8, "block_length": 8,
            "temperature": 0.5}
