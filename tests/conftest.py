@@ -7,11 +7,12 @@ import tempfile
 # dominates it, and every exactness claim compares programs compiled under
 # the same flags (tests/mesh_case.py's default-flags scripts keep level 2).
 # Not on a GPU machine, whose `gpu` tests time kernels.
-QUICK_LEVEL = "--xla_backend_optimization_level=0"
+from tests.compile_level import QUICK, full_optimisation  # no jax import
+
 if (shutil.which("nvidia-smi") is None
     and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " " + QUICK_LEVEL).strip()
+                             + " " + QUICK).strip()
 
 import jax  # noqa: E402 -- after XLA_FLAGS
 import pytest
@@ -58,22 +59,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def optimised():
-  """XLA's default backend optimisation level (2) for a module whose
-  programs compute more than they compile (the shipped models' decodes,
-  whose level-0 code took about 1.6 times the CPU time): the decode loops
-  this process compiles (compilation.CPU_COMPILER_OPTIONS) and every command
-  the module starts (XLA_FLAGS). Every comparison in such a module is
-  between programs compiled at that level. Only where the suite compiles
-  at level 0 (not on a GPU machine)."""
-  flags = os.environ.get("XLA_FLAGS", "")
-  if QUICK_LEVEL not in flags.split():
-    yield
-    return
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setitem(compilation.CPU_COMPILER_OPTIONS,
-               "xla_backend_optimization_level", 2)
-    mp.setenv("XLA_FLAGS", flags.replace(QUICK_LEVEL,
-                                         "--xla_backend_optimization_level=2"))
+  """XLA's default optimisation level for a module whose programs compute
+  more than they compile (tests/compile_level.py)."""
+  with full_optimisation():
     yield
 
 
