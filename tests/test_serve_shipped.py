@@ -122,7 +122,7 @@ def test_per_request_temperature_seed_and_logprobs_equal_offline(server,
     assert ids == answer_ids(out.tokens_BxG[i], config), i
     assert lps == [float(x) for x in out.logprobs_BxG[i][:len(ids)]], i
   greedy = generate(model, rows, sampler=sampler, seed=seeds,
-                    sampling=Sampling())
+                    sampling=Sampling(), logprobs=True)  # out's program
   assert any((g != w).any() for g, w in zip(greedy.tokens_BxG,
                                             out.tokens_BxG))
   for extra, param in [({"top_p": 0.9}, "top_p"),
