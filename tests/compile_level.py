@@ -1,7 +1,7 @@
 """The CPU suite's XLA backend optimisation level: 0 for the whole run
 (compiling dominates it; tests/conftest.py), XLA's default 2 where a test's
 programs compute more than they compile (the shipped model's decodes, whose
-level-0 code took about 1.6 times the CPU time)."""
+level-0 code took 1.4 to 1.6 times the CPU time)."""
 
 import contextlib
 import os
