@@ -59,8 +59,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="module")
 def optimised():
-  """XLA's default optimisation level for a module whose programs compute
-  more than they compile (tests/compile_level.py)."""
+  """XLA's default optimisation level for the decode loops of a module
+  whose programs compute more than they compile (tests/compile_level.py)."""
   with full_optimisation():
     yield
 

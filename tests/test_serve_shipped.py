@@ -16,9 +16,11 @@ from flash_dllm_jax.cli import DEFAULT_CHECKPOINT
 from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.strategies import build_sampler
+from tests.compile_level import full_optimisation_env
 from tests.serve_case import Server, offline
 
-# The shipped model computes more than it compiles: XLA's default level.
+# The shipped model's decodes compute more than they compile: XLA's default
+# level for the decode loops here and for the server.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("optimised")]
 
 OPTIONS = {"gen_length": 16, "steps": 8, "block_length": 8,
@@ -35,7 +37,8 @@ def model():
 def server(tmp_path_factory):
   srv = Server(DEFAULT_CHECKPOINT, "llada", OPTIONS, "--batch-size", "8",
                "--max-prompt-tokens", "128",
-               log_path=tmp_path_factory.mktemp("serve") / "server.log")
+               log_path=tmp_path_factory.mktemp("serve") / "server.log",
+               env=full_optimisation_env())
   try:
     health = srv.wait_ready()
     assert health["batching"] == "batch"
