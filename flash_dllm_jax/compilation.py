@@ -48,20 +48,23 @@ class _BatchInvariantJit:
   """`jax.jit(fn, static_argnames=...)`, compiled with CPU_COMPILER_OPTIONS on
   the CPU backend and GPU_COMPILER_OPTIONS on a GPU (others get XLA's
   defaults). Attributes such as `lower` are the jitted function's for the
-  current default backend."""
+  current default backend. One jitted function per backend and options, so
+  a change to those dicts (the CPU test suite raises the optimisation level
+  for its compute-heavy modules) takes effect at the next call."""
 
   def __init__(self, fn, static_argnames: tuple[str, ...]):
     self._fn, self._static = fn, static_argnames
-    self._by_backend: dict[str, Any] = {}
+    self._jitted_by: dict[tuple, Any] = {}
     self.__doc__, self.__wrapped__ = fn.__doc__, fn
 
   def _jitted(self):
     backend = jax.default_backend()  # chosen at call time, never at import
-    if backend not in self._by_backend:
-      self._by_backend[backend] = jax.jit(
-          self._fn, static_argnames=self._static,
-          compiler_options=compiler_options(backend))
-    return self._by_backend[backend]
+    options = compiler_options(backend)
+    key = (backend, tuple(sorted((options or {}).items())))
+    if key not in self._jitted_by:
+      self._jitted_by[key] = jax.jit(
+          self._fn, static_argnames=self._static, compiler_options=options)
+    return self._jitted_by[key]
 
   def __call__(self, *args, **kwargs):
     return self._jitted()(*args, **kwargs)

@@ -7,10 +7,12 @@ import tempfile
 # dominates it, and every exactness claim compares programs compiled under
 # the same flags (tests/mesh_case.py's default-flags scripts keep level 2).
 # Not on a GPU machine, whose `gpu` tests time kernels.
+from tests.compile_level import QUICK, full_optimisation  # no jax import
+
 if (shutil.which("nvidia-smi") is None
     and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_backend_optimization_level=0").strip()
+                             + " " + QUICK).strip()
 
 import jax  # noqa: E402 -- after XLA_FLAGS
 import pytest
@@ -53,6 +55,14 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def optimised():
+  """XLA's default optimisation level for the decode loops of a module
+  whose programs compute more than they compile (tests/compile_level.py)."""
+  with full_optimisation():
+    yield
 
 
 @pytest.fixture(scope="module", autouse=True)

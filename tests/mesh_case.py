@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.compile_level import QUICK
+
 ROOT = Path(__file__).resolve().parents[1]
 MESHES = ["data=1,model=4", "data=2,model=2", "data=4,model=1"]
 
@@ -30,7 +32,7 @@ STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
 # seconds at the default level, 4.3 at 0). Every comparison a script makes
 # is between programs compiled under the same flags; a claim about XLA's
 # default flags asks for them (quick=False).
-QUICK_COMPILE = "--xla_backend_optimization_level=0"
+QUICK_COMPILE = QUICK
 
 
 def script_env(devices: int = 4, xla_flags: str = "",

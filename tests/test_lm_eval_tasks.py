@@ -16,6 +16,8 @@ from flash_dllm_jax.lm_eval import TASKS_DIR, scoring, task_manager  # noqa: E40
 from tests.paths import ROOT  # noqa: E402
 
 LM_EVAL_GSM8K = Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+# The shipped model computes more than it compiles: XLA's default level.
+pytestmark = pytest.mark.usefixtures("optimised")
 
 
 def local_tasks(**kwargs):

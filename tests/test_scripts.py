@@ -134,10 +134,11 @@ def test_bench_strategies_gpu_option_reaches_the_decode_options():
 
 def test_bench_kernels_smoke_with_tuning(tmp_path):
   """Rows carry the roofline columns; --tune times 2 tilings per kernel
-  shape (interpret mode) and records default and best."""
+  shape (interpret mode) and records default and best. Matmuls at M=1
+  (each epilogue) and M=300 (left to XLA) only."""
   out = tmp_path / "kernels.json"
   script("bench_kernels").main([str(out), "--smoke", "--tune",
-                                "--tune-limit", "2"])
+                                "--tune-limit", "2", "--ms", "1,300"])
   data = json.loads(out.read_text())
   assert data["matmul_tflop_s"] > 0
   for r in data["rows"]:
@@ -145,7 +146,9 @@ def test_bench_kernels_smoke_with_tuning(tmp_path):
     assert (r["flops"] > 0) == (r["op"] != "rope_cache_write")
   assert set(data["tuning"]) == {"attention", "attention+mass", "matmul"}
   assert len(data["tuning"]["attention"]) == 2
-  assert len(data["tuning"]["matmul"]) == 6  # M=300 is left to XLA
+  assert len(data["tuning"]["matmul"]) == 3  # M=300 is left to XLA
+  assert {r["shape"].split(" M=")[1].split(" ")[0] for r in data["rows"]
+          if r["op"] == "matmul"} == {"1", "300"}
   for shapes in data["tuning"].values():
     for t in shapes.values():
       assert len(t["all"]) == 2 and t["best"]["us"] <= t["default"]["us"]
