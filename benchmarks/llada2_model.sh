@@ -76,14 +76,13 @@ case "${2:?second argument: train, continue, quality, speed, editing or editing-
   editing)
      # llada2 beside llada2.1 (the reference's defaults, editing off at the
      # speed mode's threshold, the card's quality and speed modes), every
-     # llada2.1 run stopping after the block with an EOS; llada2-flash
-     # without and with editing in its draft pass (editing thresholds 0.9,
-     # the reference's default, and 0.5, the quality mode's).
+     # llada2.1 run stopping after the block with an EOS; llada2-flash as
+     # the comparison row.
      ckpt=$SHIPPED; [ -d "$RUN/model" ] && ckpt=$RUN/model
      export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.2}
      E=eos_early_stop=true
      NOEDIT="llada2.1:threshold=0.5,editing_threshold=none,$E"
-     FLASH="llada2-flash llada2-flash:editing_threshold=0.9 llada2-flash:editing_threshold=0.5"
+     FLASH="llada2-flash"
      all="llada2 llada2.1:$E $NOEDIT llada2.1-quality:$E llada2.1-speed:$E $FLASH"
      i=0
      for group in "llada2 llada2.1:$E $NOEDIT" "llada2.1-quality:$E llada2.1-speed:$E" "$FLASH"; do

@@ -172,7 +172,7 @@ def takes(strategy: Strategy, option: str) -> bool:
     return False
   spec = declared[option][2]
   return all(strategy.fixed[k] in v for k, v in spec.needs.items()
-             if k in strategy.fixed and v != options.SET)
+             if k in strategy.fixed)
 
 
 def shared_first() -> list[Strategy]:

@@ -16,7 +16,6 @@ from flash_dllm_jax import cli
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.architectures.llada2.sampler21 import LLaDA21Sampler
-from flash_dllm_jax.sampling.block_flash import LLaDA2FlashSampler
 from flash_dllm_jax.architectures.llada2.sampler21 import MODES
 from tests import llada2_fixtures, llada2_reference
 from tests.paths import ROOT
@@ -115,26 +114,6 @@ def test_rows_do_not_depend_on_the_batch_and_cached_equals_uncached():
 
 def test_continuous_batching_equals_each_request_alone():
   check_continuous_equals_alone("llada2", SAMPLER, 1.2, [4, 19, 9, 6])
-
-
-FLASH_EDIT = LLaDA2FlashSampler(gen_length=16, block_length=4, threshold=0.7,
-                                gamma=0.5, editing_threshold=0.2,
-                                max_post_steps=2)
-
-
-def test_flash_verify_with_editing_cached_equals_uncached():
-  """llada2-flash with LLaDA2.1's editing in its draft pass: the cached
-  decode gives the whole-window decode's tokens, model calls and steps,
-  and the edits change the answers of editing off."""
-  config, params = tiny("llada2", eos_boost=1.2)
-  prompts = random_prompts(8, [5, 14, 9])
-  run = lambda **kw: generate(params, prompts, config=config,
-                              sampler=dataclasses.replace(FLASH_EDIT, **kw))
-  cached, window = run(), run(block_cache=False)
-  np.testing.assert_array_equal(cached.tokens_BxG, window.tokens_BxG)
-  np.testing.assert_array_equal(cached.forwards_B, window.forwards_B)
-  np.testing.assert_array_equal(cached.steps_B, window.steps_B)
-  assert (cached.tokens_BxG != run(editing_threshold=None).tokens_BxG).any()
 
 
 def test_modes_options_and_errors():

@@ -272,9 +272,11 @@ def test_the_old_stop_option_is_refused_with_its_new_name_everywhere():
     ("fast-dllm-dual", {"rule": "factor", "threshold": 0.5},
      "--threshold has no effect with strategy 'fast-dllm-dual': threshold "
      "applies only with rule 'threshold', not 'factor'"),
-    ("llada2-flash", {"max_post_steps": 4},
-     "--max-post-steps has no effect with strategy 'llada2-flash': "
-     "max_post_steps applies only with editing_threshold set, not None"),
+    ("llada2-flash", {"factor": 2.0},
+     "--factor has no effect with strategy 'llada2-flash': factor applies "
+     "only with rule 'factor', not 'threshold'"),
+    ("llada2-flash", {"editing_threshold": 0.9},
+     "--editing-threshold do not apply to strategy 'llada2-flash'"),
 ])
 def test_an_option_a_strategy_ignores_is_an_error(name, options, message):
   with pytest.raises(ValueError, match=re.escape(message)):

@@ -16,14 +16,6 @@ block ends when no mask is left in it; answers end as in LLaDA2Sampler
 (after a block holding EOS, or with eos_early_stop at a committed EOS with
 no mask before it). forwards_B counts both passes.
 
-With `editing_threshold` set, the draft pass also edits as LLaDA2.1's
-rule does (sampler21.py): every committed answer token of the block whose
-draft differs with confidence > editing_threshold is replaced (that pass is
-the full-block forward the rule reads; the verify pass only re-scores
-mask drafts), and a block with no mask left runs post-edit steps (a draft
-pass, no verify) until one edits nothing or `max_post_steps` have run.
-None (the default): no edit, a block ends with its last mask.
-
 A family whose logits row i predicts position i + 1 (config.logits_shift,
 Fast-dLLM v2) drafts block position j from row j - 1 of the block forward,
 the block's first position from the previous block's last row
@@ -70,8 +62,6 @@ class LLaDA2FlashSampler:
   A row's own temperature / top_p / top_k (its draft, Flash-dLLM's
   row sampling) and threshold, factor and gamma are row data
   (`DecodeState.sampling`; row_options.py).
-  editing_threshold / max_post_steps: LLaDA2.1's editing in the draft
-    pass and its post-edit steps (None: off).
   block_cache: False runs the whole window every step (the exactness
     reference: same tokens and model calls).
   max_refills: as LLaDA2Sampler's.
@@ -94,13 +84,6 @@ class LLaDA2FlashSampler:
   gamma: float = option(0.8, "Flash-Verify's acceptance level", gt=0, le=1)
   eos_early_stop: bool = option(False, "end the answer at a committed EOS "
                                 "with no mask before it")
-  editing_threshold: float | None = option(
-      None, "LLaDA2.1's editing in the draft pass: confidence above which a "
-      "committed token whose draft differs is replaced", ge=-1, le=1,
-      none="no edits")
-  max_post_steps: int = option(16, "post-edit steps a block may run once "
-                               "it has no mask", ge=0,
-                               needs={"editing_threshold": options.SET})
   block_cache: bool = option(True, "run the current block against the "
                              "cached finished blocks (off: the whole "
                              "window each step, the exactness reference)")
@@ -115,11 +98,9 @@ class LLaDA2FlashSampler:
 
   @property
   def num_steps(self) -> int:
-    """Every step with masks commits one at least: a block's masks at most,
-    plus its post-edit steps with editing."""
+    """Every step commits one mask at least: a block's masks at most."""
     blocks = math.ceil(self.gen_length / self.block_length) + 1
-    post = 0 if self.editing_threshold is None else self.max_post_steps
-    return blocks * (self.block_length + post)
+    return blocks * self.block_length
 
   @property
   def commit_rule(self) -> commit_rules.CommitRule:
@@ -159,9 +140,7 @@ class LLaDA2FlashSampler:
     masked_BxL = block_BxL == cfg.mask_token_id
     commit_BxL = commit_rules.row_rule(self.commit_rule, state).commit(
         conf_BxL, masked_BxL)
-    edit_BxL = blocks.edits(pos_BxL, block_BxL, x0_BxL, conf_BxL,
-                            masked_BxL, prompt_len, self.editing_threshold)
-    block_BxL = jnp.where(commit_BxL | edit_BxL, x0_BxL, block_BxL)
+    block_BxL = jnp.where(commit_BxL, x0_BxL, block_BxL)
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     v = self.verify_block(model, tokens_BxN, bc.cache, pos_BxL, start_B,
                           x0_BxL, conf_BxL,
@@ -173,16 +152,9 @@ class LLaDA2FlashSampler:
     tokens_BxN = tokens_BxN.at[rows_Bx1, pos_BxL].set(block_BxL)
     eos_B = jnp.any((commit_BxL | keep_BxL) & (x0_BxL == cfg.eos_token_id),
                     axis=1)
-    if self.editing_threshold is None:
-      rows = blocks.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
-                              start_B, prompt_B, prompt_len, self.gen_length,
-                              l, l, self.eos_early_stop)
-    else:
-      rows = blocks.next_edit_block(
-          model, aux, tokens_BxN, masked_BxL, block_BxL, edit_BxL, start_B,
-          prompt_B, prompt_len, self.gen_length, l, self.max_post_steps,
-          eos_block_stop=True,
-          early_eos_B=eos_B if self.eos_early_stop else None)
+    rows = blocks.next_rows(model, aux, tokens_BxN, block_BxL, eos_B,
+                            start_B, prompt_B, prompt_len, self.gen_length,
+                            l, l, self.eos_early_stop)
     logprob_BxN = jnp.zeros(tokens_BxN.shape, jnp.float32).at[
         rows_Bx1, pos_BxL].set(lp_BxL)
     return (tokens_BxN, rows.replace(cache=bc),

@@ -20,7 +20,6 @@ import typing
 from typing import Any, Mapping
 
 INT32_MAX = 2**31 - 1  # device arrays hold a sampler's ints as int32
-SET = "set"  # in `needs`: the other option is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +27,7 @@ class Spec:
   """meaning: what the option does; ge / gt / le / lt: bounds of a number
   (None: none); choices: the values of a string option; none: what None
   means (None: None is refused); needs: {other option: the values it must
-  hold (or SET)} for this one to have any effect."""
+  hold} for this one to have any effect."""
 
   meaning: str
   ge: float | None = None
@@ -112,7 +111,7 @@ class Spec:
       parts.append(f"None: {self.none}")
     if self.needs:
       parts.append("only with " + ", ".join(
-          f"{k} {'set' if v == SET else '/'.join(map(str, v))}"
+          f"{k} {'/'.join(map(str, v))}"
           for k, v in self.needs.items()))
     return "; ".join(p for p in parts if p) + f"; default {default!r}"
 
@@ -185,7 +184,7 @@ def ignored(obj, name: str) -> str | None:
   spec = spec_of(next(f for f in dataclasses.fields(obj) if f.name == name))
   for other, values in (spec.needs if spec else {}).items():
     value = getattr(obj, other)
-    if (value is None) if values == SET else value not in values:
-      want = "set" if values == SET else " or ".join(map(repr, values))
+    if value not in values:
+      want = " or ".join(map(repr, values))
       return f"{name} applies only with {other} {want}, not {value!r}"
   return None
