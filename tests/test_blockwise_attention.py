@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from flash_dllm_jax import ops
+from flash_dllm_jax.compilation import compiler_options
 from flash_dllm_jax.generate import generate
 from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
@@ -21,10 +22,13 @@ from flash_dllm_jax.strategies import build_sampler
 from tests.test_sampling import random_prompts, tiny
 
 L = 4  # decode block
-# Key tiles of 16 slots, one tile a split: several splits at tiny shapes,
-# merged by the combine kernel (group_target None) or in the kernel (1).
-SPLIT = ops.Tiling(block_k=16, split_tiles=1)
-KERNELS = ops.Kernels("pallas_interpret", attention=SPLIT)
+# Key tiles of 16 slots, one tile a split: several splits at tiny shapes.
+# group_target 24: a whole-window call (many programs) merges its splits in
+# the kernel, a cached block's call runs them in separate programs merged by
+# the combine kernel; both must give the same bits.
+SPLIT = ops.Tiling(block_k=16, split_tiles=1, group_target=24)
+# The experts' dense path (a row's bits at any row count) around it.
+KERNELS = ops.Kernels("pallas_interpret", attention=SPLIT, experts=None)
 
 
 def _mask(valid_BxS, l=L, rows=None):
@@ -41,17 +45,16 @@ def _qkv(b, s, seed=0, h=4, kh=2, d=16):
   return f(ks[0], h), f(ks[1], kh), f(ks[2], kh)
 
 
-@functools.partial(jax.jit, static_argnames=("impl",))
+@functools.partial(jax.jit, static_argnames=("impl",),
+                   compiler_options=compiler_options())
 def _attend(q, k, v, mask, impl):
   return ops.attention(q, k, v, mask, scale=0.25, implementation=impl)
 
 
-@pytest.mark.parametrize("tiling", [SPLIT, dataclasses.replace(
-    SPLIT, group_target=1)], ids=["combine", "merged"])
-def test_blockwise_matches_the_reference_and_a_cached_block(tiling):
+def test_blockwise_matches_the_reference_and_a_cached_block():
   """Values of the masked reference; a block's queries over a longer cache
   (the cached step) give the whole-window rows' bits; row 0 alone too."""
-  impl = ops.Kernels("pallas_interpret", attention=tiling)
+  impl = KERNELS
   valid = jnp.asarray(np.arange(43)[None, :] >= np.array([[0], [7], [20]]))
   q, k, v = _qkv(3, 43)
   mask, pos = _mask(valid)
@@ -78,25 +81,25 @@ def test_blockwise_matches_the_reference_and_a_cached_block(tiling):
   np.testing.assert_array_equal(np.asarray(alone), np.asarray(got[:1]))
 
 
-@jax.jit
-def _step(params, tokens_BxN, valid_BxN, bc, start_B):
-  config = _CONFIG[0]
+@functools.partial(jax.jit, static_argnums=(0,),
+                   compiler_options=compiler_options())  # as decodes are
+def _step(config, params, tokens_BxN, valid_BxN, bc, start_B):
+  """The cached and the uncached logits of the rows' blocks at start_B
+  (read one row earlier: the token shift)."""
   model = SequenceModel.for_batch(config, params, valid_BxN,
                                   implementation=KERNELS)
   active_B = jnp.ones(start_B.shape, bool)
-  cached, bc = block_logits(model, tokens_BxN, bc, start_B, active_B, L)
-  rows_BxL = start_B[:, None] + jnp.arange(L)
+  cached, bc = block_logits(model, tokens_BxN, bc, start_B, active_B, L,
+                            shift=1)
+  rows_BxL = start_B[:, None] - 1 + jnp.arange(L)
   return cached, model.logits(tokens_BxN, rows_BxL, block_length=L), bc
 
 
-_CONFIG = []
-
-
-def test_llada2_cached_block_logits_are_the_uncached_bits():
-  """Window, pair and block forwards on the kernel path give the uncached
+def test_shifted_cached_block_logits_are_the_uncached_bits():
+  """Fast-dLLM v2's window, pair and block forwards (one slot more: the
+  token shift, queries of two blocks) on the kernel path give the uncached
   forward's logits bit for bit."""
-  config, params = tiny("llada2")
-  _CONFIG[:] = [config]
+  config, params = tiny("fast_dllm_v2")
   ids, valid = left_pad(random_prompts(4, [5, 22]), config.pad_token_id)
   b, p = np.shape(ids)
   n = p + 3 * L
@@ -109,19 +112,18 @@ def test_llada2_cached_block_logits_are_the_uncached_bits():
   bc = BlockCache.empty(model)
   for step in range(3):  # window, then block, then pair (start moved)
     s = jnp.asarray(start + L * (step // 2))
-    cached, uncached, bc = _step(params, jnp.asarray(tokens),
+    cached, uncached, bc = _step(config, params, jnp.asarray(tokens),
                                  jnp.asarray(valid), bc, s)
-    np.testing.assert_array_equal(np.asarray(cached), np.asarray(uncached))
+    np.testing.assert_array_equal(np.asarray(cached), np.asarray(uncached),
+                                  err_msg=f"step {step}")
 
 
-@pytest.mark.parametrize("arch,strategy", [("llada2", "llada2"),
-                                           ("sdar", "sdar"),
-                                           ("fast_dllm_v2", "fast-dllm-v2")])
-def test_cached_decode_equals_the_uncached_on_the_kernel(arch, strategy):
-  """Token ids of the cached decode = those of the whole-window loop, both
-  on the block-by-block kernel path."""
-  config, params = tiny(arch, eos_boost=1.2)
-  sampler = build_sampler(strategy, arch, dict(gen_length=8, block_length=L))
+def test_llada2_cached_decode_equals_the_uncached_on_the_kernel():
+  """Token ids and model calls of llada2's cached decode = those of its
+  whole-window loop, both on the block-by-block kernel path."""
+  config, params = tiny("llada2", eos_boost=1.2)
+  sampler = build_sampler("llada2", "llada2",
+                          dict(gen_length=8, block_length=L))
   prompts = random_prompts(8, [5, 14])
   run = lambda s: generate(params, prompts, config=config, sampler=s,
                            kernels=KERNELS)
@@ -129,3 +131,49 @@ def test_cached_decode_equals_the_uncached_on_the_kernel(arch, strategy):
   window = run(dataclasses.replace(sampler, block_cache=False))
   np.testing.assert_array_equal(cached.tokens_BxG, window.tokens_BxG)
   np.testing.assert_array_equal(cached.forwards_B, window.forwards_B)
+
+
+@pytest.mark.gpu
+def test_llada2_cached_forwards_are_the_uncached_bits_on_the_gpu():
+  """On a GPU (the Triton kernel, the automatic split), bf16, LLaDA2.0-mini's
+  attention shapes (16 heads over 4 KV heads of 128), block 32, prompts of
+  8k and 5k slots: window, block and pair forwards give the uncached
+  forward's logits bit for bit, at batch 2 and for row 0 alone."""
+  from flash_dllm_jax.config import ModelConfig
+  from flash_dllm_jax.model import init_params
+  bl = 32
+  config = ModelConfig.tiny("llada2", dtype="bfloat16", n_heads=16,
+                            n_kv_heads=4, head_dim=128, max_seq_len=8448)
+  params = init_params(config, jax.random.key(2), head_init_scale=8.0)
+
+  @functools.partial(jax.jit, compiler_options=compiler_options())
+  def step(tokens_BxN, valid_BxN, bc, start_B):
+    model = SequenceModel.for_batch(config, params, valid_BxN)
+    active_B = jnp.ones(start_B.shape, bool)
+    cached, bc = block_logits(model, tokens_BxN, bc, start_B, active_B, bl)
+    rows_BxL = start_B[:, None] + jnp.arange(bl)
+    return cached, model.logits(tokens_BxN, rows_BxL, block_length=bl), bc
+
+  def run(prompts):
+    ids, valid = left_pad(prompts, config.pad_token_id)
+    b, p = np.shape(ids)
+    n = p + 3 * bl
+    prompt = np.sum(valid, 1)
+    start = (prompt // bl) * bl + p - prompt
+    tokens = np.concatenate([ids, np.full((b, n - p), 7)], 1)
+    valid = np.concatenate([valid, np.ones((b, n - p), bool)], 1)
+    bc = BlockCache.empty(SequenceModel.for_batch(config, params,
+                                                  jnp.asarray(valid)))
+    out = []
+    for k in range(3):  # window, block, pair
+      cached, uncached, bc = step(jnp.asarray(tokens), jnp.asarray(valid), bc,
+                                  jnp.asarray(start + bl * (k // 2)))
+      np.testing.assert_array_equal(np.asarray(cached), np.asarray(uncached),
+                                    err_msg=f"forward {k}")
+      out.append(np.asarray(cached))
+    return out
+
+  prompts = random_prompts(3, [8000, 5000])
+  both, alone = run(prompts), run(prompts[:1])
+  for k in range(3):
+    np.testing.assert_array_equal(alone[k][0], both[k][0])
