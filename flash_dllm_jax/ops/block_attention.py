@@ -53,7 +53,8 @@ def blockwise_attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   at the block's end with a size that follows (L, heads) alone: a query's
   sum over keys has the same order in a whole-window forward and in a
   cached forward of its block, whatever the batch, the cache length or
-  the other queries of the call, so the two give the same bits.
+  the other queries of the call, so the two give the same bits. A call's
+  queries hold consecutive positions (so at most C blocks a row).
   Returns o_BxQxHxD (zero for padding queries)."""
   b, q, h, d = q_BxQxHxD.shape
   l = mask.block_length
