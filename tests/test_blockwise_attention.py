@@ -19,7 +19,9 @@ from flash_dllm_jax.prompts import left_pad
 from flash_dllm_jax.sampling.block_cache import BlockCache, block_logits
 from flash_dllm_jax.sampling.sequence_model import SequenceModel
 from flash_dllm_jax.strategies import build_sampler
-from tests.test_sampling import random_prompts, tiny
+from flash_dllm_jax.config import ModelConfig
+from flash_dllm_jax.model import init_params
+from tests.test_sampling import random_prompts
 
 L = 4  # decode block
 # Key tiles of 16 slots, one tile a split: several splits at tiny shapes.
@@ -27,8 +29,20 @@ L = 4  # decode block
 # the kernel, a cached block's call runs them in separate programs merged by
 # the combine kernel; both must give the same bits.
 SPLIT = ops.Tiling(block_k=16, split_tiles=1, group_target=24)
-# The experts' dense path (a row's bits at any row count) around it.
-KERNELS = ops.Kernels("pallas_interpret", attention=SPLIT, experts=None)
+# The experts' dense path (a row's bits at any row count) around it; the
+# block-by-block path is opt-in (block_attention="split").
+KERNELS = ops.Kernels("pallas_interpret", attention=SPLIT, experts=None,
+                      block_attention="split")
+
+
+def _one_layer(arch):
+  """A tiny random model of one layer (a MoE one for llada2), sharp logits:
+  the attention under test at the least compile time."""
+  config = ModelConfig.tiny(arch).replace(n_layers=1)
+  if config.moe is not None:
+    config = config.replace(moe=dataclasses.replace(config.moe,
+                                                    first_dense_layers=0))
+  return config, init_params(config, jax.random.key(7), head_init_scale=8.0)
 
 
 def _mask(valid_BxS, l=L, rows=None):
@@ -53,10 +67,11 @@ def _attend(q, k, v, mask, impl):
 
 def test_blockwise_matches_the_reference_and_a_cached_block():
   """Values of the masked reference; a block's queries over a longer cache
-  (the cached step) give the whole-window rows' bits; row 0 alone too."""
+  (the cached step), in a smaller batch, give the whole-window rows'
+  bits."""
   impl = KERNELS
-  valid = jnp.asarray(np.arange(43)[None, :] >= np.array([[0], [7], [20]]))
-  q, k, v = _qkv(3, 43)
+  valid = jnp.asarray(np.arange(27)[None, :] >= np.array([[0], [5], [13]]))
+  q, k, v = _qkv(3, 27)
   mask, pos = _mask(valid)
   got = _attend(q, k, v, mask, impl)
   want = ops.attention(q, k, v, dataclasses.replace(mask, block_length=None),
@@ -66,19 +81,39 @@ def test_blockwise_matches_the_reference_and_a_cached_block():
                              np.where(ok, want, 0).astype(np.float32),
                              atol=2e-2, rtol=2e-2)
   assert not np.asarray(got)[~np.asarray(valid)].any()  # padding: zeros
-  # One block per row (slots 20..23 of row 0 = its block 5), cache of 70.
-  pad = lambda x: jnp.pad(x, ((0, 0), (0, 27), (0, 0), (0, 0)))
-  at = jnp.asarray([20, 28, 36])[:, None] + jnp.arange(L)
-  take = lambda x: jnp.take_along_axis(x, at[:, :, None, None], axis=1)
-  pos_q = jnp.take_along_axis(pos, at, axis=1)
-  kb = jnp.pad(pos // L, ((0, 0), (0, 27)), constant_values=10 ** 6)
-  block = ops.BlockCausal(jnp.pad(valid, ((0, 0), (0, 27))), kb, pos_q // L,
-                          pos_q % L, L)
+  # Rows 0 and 1 over a cache of 48: row 0's block 3 (slots 12..15), row
+  # 1's positions 9..12 (slots 14..17: the end of block 2, block 3's start).
+  two = lambda x: x[:2]
+  pad = lambda x: jnp.pad(two(x), ((0, 0), (0, 21)) + ((0, 0),) * (x.ndim - 2))
+  at = jnp.asarray([12, 14])[:, None] + jnp.arange(L)
+  take = lambda x: jnp.take_along_axis(two(x), at[:, :, None, None], axis=1)
+  pos_q = jnp.take_along_axis(two(pos), at, axis=1)
+  kb = jnp.pad(two(pos) // L, ((0, 0), (0, 21)), constant_values=10 ** 6)
+  block = ops.BlockCausal(pad(valid), kb, pos_q // L, pos_q % L, L)
   cached = _attend(take(q), pad(k), pad(v), block, impl)
   np.testing.assert_array_equal(np.asarray(cached), np.asarray(take(got)))
-  alone = _attend(q[:1], k[:1], v[:1], jax.tree.map(lambda x: x[:1], mask),
-                  impl)
-  np.testing.assert_array_equal(np.asarray(alone), np.asarray(got[:1]))
+
+
+def test_the_default_kernels_keep_the_fused_path():
+  """Kernels() (block_attention "fused") sends a BlockCausal with its block
+  length to JAX's fused attention on a GPU ('pallas') and to the
+  reference's masked path under 'pallas_interpret': no Pallas call; the
+  opt-in "split" to the kernel."""
+  valid = jnp.asarray(np.arange(12)[None, :] >= np.array([[0], [3]]))
+  q, k, v = _qkv(2, 12)
+  mask, _ = _mask(valid)
+  calls = lambda impl: str(jax.make_jaxpr(lambda *a: ops.attention(
+      *a, scale=0.25, implementation=impl))(q, k, v, mask)).count(
+          "pallas_call")
+  for name in ("pallas", "pallas_interpret"):
+    assert calls(ops.Kernels(name)) == 0, name
+    assert calls(ops.Kernels(name, block_attention="split")) > 0, name
+  got = _attend(q, k, v, mask, ops.Kernels("pallas_interpret"))
+  want = ops.attention(q, k, v, dataclasses.replace(mask, block_length=None),
+                       scale=0.25, implementation="reference")
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+  with pytest.raises(ValueError, match="block_attention"):
+    ops.Kernels(block_attention="blocks")
 
 
 @functools.partial(jax.jit, static_argnums=(0,),
@@ -99,7 +134,7 @@ def test_shifted_cached_block_logits_are_the_uncached_bits():
   """Fast-dLLM v2's window, pair and block forwards (one slot more: the
   token shift, queries of two blocks) on the kernel path give the uncached
   forward's logits bit for bit."""
-  config, params = tiny("fast_dllm_v2")
+  config, params = _one_layer("fast_dllm_v2")
   ids, valid = left_pad(random_prompts(4, [5, 22]), config.pad_token_id)
   b, p = np.shape(ids)
   n = p + 3 * L
@@ -121,7 +156,7 @@ def test_shifted_cached_block_logits_are_the_uncached_bits():
 def test_llada2_cached_decode_equals_the_uncached_on_the_kernel():
   """Token ids and model calls of llada2's cached decode = those of its
   whole-window loop, both on the block-by-block kernel path."""
-  config, params = tiny("llada2", eos_boost=1.2)
+  config, params = _one_layer("llada2")
   sampler = build_sampler("llada2", "llada2",
                           dict(gen_length=8, block_length=L))
   prompts = random_prompts(8, [5, 14])
@@ -148,7 +183,9 @@ def test_llada2_cached_forwards_are_the_uncached_bits_on_the_gpu():
 
   @functools.partial(jax.jit, compiler_options=compiler_options())
   def step(tokens_BxN, valid_BxN, bc, start_B):
-    model = SequenceModel.for_batch(config, params, valid_BxN)
+    model = SequenceModel.for_batch(
+        config, params, valid_BxN,
+        implementation=ops.Kernels(block_attention="split"))
     active_B = jnp.ones(start_B.shape, bool)
     cached, bc = block_logits(model, tokens_BxN, bc, start_B, active_B, bl)
     rows_BxL = start_B[:, None] + jnp.arange(bl)

@@ -12,6 +12,7 @@ from flash_dllm_jax.ops.block_attention import (BlockCausal,
                                                blockwise_attention)
 from flash_dllm_jax.ops.choice import (backend_name, kernel_name,
                                       tiling as tiling_of)
+from flash_dllm_jax.ops.choice import block_attention as block_attention_of
 from pallas_kernels.attention import api as attention_api
 from pallas_kernels.attention import kv_quant
 from pallas_kernels.cache_update import api as cache_api
@@ -44,11 +45,13 @@ def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   mesh does not change which attention a row gets. Elsewhere, and for
   'pallas_interpret', the plain-JAX reference.
 
-  A BlockCausal with block_length, on the kernel ('pallas' or
-  'pallas_interpret'), runs `blockwise_attention` instead: the split
-  kernel, decode block by decode block.
+  A BlockCausal with block_length, under Kernels(block_attention="split")
+  on the kernel ('pallas' or 'pallas_interpret'), runs
+  `blockwise_attention` instead (opt-in): the split kernel, decode block
+  by decode block.
   """
   if (isinstance(key_valid, BlockCausal) and key_valid.block_length
+      and block_attention_of(implementation) == "split"
       and kernel_name(implementation) in ("pallas", "pallas_interpret")):
     return blockwise_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid,
                                scale=scale, implementation=implementation)
