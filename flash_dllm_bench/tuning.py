@@ -44,12 +44,20 @@ def add_args(ap: argparse.ArgumentParser) -> None:
   add_block_attention_flag(ap)
 
 
-def add_block_attention_flag(ap: argparse.ArgumentParser) -> None:
-  """--block-attention fused|split (Kernels.block_attention)."""
+def add_block_attention_flag(ap: argparse.ArgumentParser,
+                             several: bool = False) -> None:
+  """--block-attention fused|split (Kernels.block_attention); several: a
+  list of them, each timed (default ["fused"])."""
+  from flash_dllm_jax import architectures
+  block = [n for n in architectures.names()
+           if architectures.get(n).attention.mask == "block_causal"]
   ap.add_argument("--block-attention", choices=choice.BLOCK_ATTENTIONS,
-                  default="fused", help="block-causal attention (llada2, "
-                  "sdar, fast_dllm_v2): fused (JAX's, the default) or split "
-                  "(the scheduled kernel block by block, opt-in)")
+                  nargs="+" if several else None,
+                  default=["fused"] if several else "fused",
+                  help=f"block-causal attention ({', '.join(block)})"
+                  + (", each timed" if several else "") + ": fused (JAX's, "
+                  "the default) or split (the scheduled kernel block by "
+                  "block, opt-in)")
 
 
 def add_variant_args(ap: argparse.ArgumentParser) -> None:

@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from flash_dllm_bench import grouped_bench, timing  # noqa: E402
+from flash_dllm_bench import grouped_bench, timing, tuning  # noqa: E402
 from flash_dllm_jax import ops, quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import moe  # noqa: E402
@@ -161,11 +161,7 @@ def main(argv=None):
   ap.add_argument("--experts-backend", choices=ops.choice.GPU_BACKENDS,
                   default="triton", help="the decode steps' grouped expert "
                   "kernel (default: %(default)s)")
-  ap.add_argument("--block-attention", nargs="+",
-                  choices=ops.choice.BLOCK_ATTENTIONS, default=["fused"],
-                  help="the decode steps' block-causal attention, each "
-                  "timed: fused (JAX's, the default) and/or split (the "
-                  "scheduled kernel block by block, opt-in)")
+  tuning.add_block_attention_flag(ap, several=True)  # the decode steps'
   ap.add_argument("--gemm", nargs="*", default=[],
                   choices=list(grouped_bench.FORMATS),
                   help="also the routed experts' grouped GEMMs alone in these "

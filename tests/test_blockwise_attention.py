@@ -170,12 +170,11 @@ def test_llada2_cached_decode_equals_the_uncached_on_the_kernel():
 
 @pytest.mark.gpu
 def test_llada2_cached_forwards_are_the_uncached_bits_on_the_gpu():
-  """On a GPU (the Triton kernel, the automatic split), bf16, LLaDA2.0-mini's
+  """On a GPU (Kernels(block_attention="split"): the Triton kernel, the
+  automatic split), bf16, LLaDA2.0-mini's
   attention shapes (16 heads over 4 KV heads of 128), block 32, prompts of
   8k and 5k slots: window, block and pair forwards give the uncached
   forward's logits bit for bit, at batch 2 and for row 0 alone."""
-  from flash_dllm_jax.config import ModelConfig
-  from flash_dllm_jax.model import init_params
   bl = 32
   config = ModelConfig.tiny("llada2", dtype="bfloat16", n_heads=16,
                             n_kv_heads=4, head_dim=128, max_seq_len=8448)

@@ -98,8 +98,8 @@ def test_long_prompt_decode_memory_grows_linearly():
 
 @pytest.mark.gpu
 def test_long_prompt_tokens_on_the_gpu():
-  """On a GPU, bf16, a small random LLaDA2 (head dim 64, the kernel's
-  block-by-block attention) with prompts of 1-2k slots: the block
+  """On a GPU, bf16, a small random LLaDA2 (head dim 64, cuDNN's attention)
+  with prompts past QUERY_CHUNK (their prefill in query chunks): the block
   cache's tokens are the whole-window decode's, and a row's tokens alone
   are its tokens among 3 rows of other lengths."""
   from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler

@@ -29,10 +29,10 @@ class Kernels:
   `attention_backend`, the cached attention's, and `experts_backend`, the
   grouped expert GEMM's (Mosaic GPU's picks its own row tiles; `experts`
   then tiles only what falls through to Triton). `block_attention`: how
-  a block-causal attention (llada2, sdar, fast_dllm_v2) runs on the kernel
-  names: "fused" (the default: JAX's fused attention on a GPU, the
-  reference elsewhere) or "split" (opt-in, not yet measured on a GPU: the
-  scheduled kernel decode block by decode block, ops/block_attention.py)."""
+  a block-causal family's attention runs under the kernel names: "fused"
+  (the default: JAX's fused attention on a GPU, the reference elsewhere)
+  or "split" (opt-in, not yet measured on a GPU: the scheduled kernel
+  decode block by decode block, ops/block_attention.py)."""
 
   name: str | None = None
   attention: attention_api.Tiling = dataclasses.field(
