@@ -116,7 +116,8 @@ class Transformer(nn.Module):
       if cache is not None and key_blocks_BxS is None:
         raise ValueError("a cached block-causal forward needs key_blocks_BxS")
       rows_BxQ = None
-      if block_length is not None:  # the kernel's block-by-block path
+      if (block_length is not None  # the kernel's block-by-block path
+          and ops.choice.block_attention(self.implementation) == "split"):
         if cache is None:
           valid_BxQ = key_valid_BxS
         else:
@@ -125,7 +126,8 @@ class Transformer(nn.Module):
         rows_BxQ = jnp.where(valid_BxQ, positions_BxQ % block_length, -1)
       key_valid = ops.BlockCausal(
           key_valid_BxS, blocks_BxQ if key_blocks_BxS is None
-          else key_blocks_BxS, blocks_BxQ, rows_BxQ, block_length)
+          else key_blocks_BxS, blocks_BxQ, rows_BxQ,
+          None if rows_BxQ is None else block_length)
     new_kv = []
     for layer in range(cfg.n_layers):
       kv = None if cache is None else cache.layer(layer)
