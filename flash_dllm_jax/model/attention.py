@@ -177,8 +177,8 @@ def _exact_cached(cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, rope,
                   key_valid, cache_kv, slots_BxQ, scale, impl):
   """Writes the queries' K/V at their slots, then attends over the cache
   with the uncached forward's own attention (`ops.attention`, same
-  scaling; on the kernel, block by block with splits counted from each
-  block's end, ops/block_attention.py): a query's scores, softmax and key
+  scaling; under Kernels(block_attention="split"), block by block with
+  splits counted from each block's end, ops/block_attention.py): a query's scores, softmax and key
   sums are the uncached ones whenever the cache holds the keys that
   forward would compute, which block-causal attention guarantees for
   finished blocks."""
