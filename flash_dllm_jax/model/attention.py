@@ -178,8 +178,8 @@ def _exact_cached(cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, rope,
   """Writes the queries' K/V at their slots, then attends over the cache
   with the uncached forward's own attention (`ops.attention`, same
   scaling; under Kernels(block_attention="split"), block by block with
-  splits counted from each block's end, ops/block_attention.py): a query's scores, softmax and key
-  sums are the uncached ones whenever the cache holds the keys that
+  splits counted from each block's end, ops/block_attention.py): a
+  query's scores, softmax and key sums are the uncached ones whenever the cache holds the keys that
   forward would compute, which block-causal attention guarantees for
   finished blocks."""
   b, q = q_BxQxHxD.shape[:2]
