@@ -41,6 +41,23 @@ def add_args(ap: argparse.ArgumentParser) -> None:
   ap.add_argument("--qmatmul-backend", choices=choice.GPU_BACKENDS,
                   default="triton", help="8-bit weights: the streaming "
                   "kernel's GPU backend (default: %(default)s)")
+  add_block_attention_flag(ap)
+
+
+def add_block_attention_flag(ap: argparse.ArgumentParser,
+                             several: bool = False) -> None:
+  """--block-attention fused|split (Kernels.block_attention); several: a
+  list of them, each timed (default ["fused"])."""
+  from flash_dllm_jax import architectures
+  block = [n for n in architectures.names()
+           if architectures.get(n).attention.mask == "block_causal"]
+  ap.add_argument("--block-attention", choices=choice.BLOCK_ATTENTIONS,
+                  nargs="+" if several else None,
+                  default=["fused"] if several else "fused",
+                  help=f"block-causal attention ({', '.join(block)})"
+                  + (", each timed" if several else "") + ": fused (JAX's, "
+                  "the default) or split (the scheduled kernel block by "
+                  "block, opt-in)")
 
 
 def add_variant_args(ap: argparse.ArgumentParser) -> None:
@@ -52,12 +69,12 @@ def add_variant_args(ap: argparse.ArgumentParser) -> None:
                   "split-tiles=N, qmatmul=, cache= (the RoPE + cache "
                   "write), attention= (the cached attention), experts= "
                   "(the grouped expert GEMM) each triton|mosaic, "
-                  "stream-max-q=N")
+                  "stream-max-q=N, block=fused|split (block-causal "
+                  "attention)")
 
 
 _VARIANT_KEYS = ("split", "split-tiles", "qmatmul", "cache", "attention",
-                 "experts",
-                 "stream-max-q")
+                 "experts", "stream-max-q", "block")
 
 
 def variants(ap: argparse.ArgumentParser, args: argparse.Namespace, base):
@@ -90,6 +107,8 @@ def variants(ap: argparse.ArgumentParser, args: argparse.Namespace, base):
           kernels = dataclasses.replace(kernels, attention_backend=value)
         elif key == "experts":
           kernels = dataclasses.replace(kernels, experts_backend=value)
+        elif key == "block":
+          kernels = dataclasses.replace(kernels, block_attention=value)
         else:
           kernels = dataclasses.replace(kernels, stream_max_q=int(value))
       except (ValueError, argparse.ArgumentTypeError) as e:
@@ -131,7 +150,8 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
   except ValueError as e:
     ap.error(str(e))
   return Kernels(attention=tiling, stream_max_q=args.stream_max_q,
-                 qmatmul=args.qmatmul_backend)
+                 qmatmul=args.qmatmul_backend,
+                 block_attention=args.block_attention)
 
 
 def fused_qkv(args: argparse.Namespace) -> bool:

@@ -34,6 +34,13 @@ touches, counted exactly).
       --layer-tokens window block             # Triton beside Mosaic GPU
   python scripts/bench_moe.py --layer-only --layer-paths --gemm bf16 int8
       # the grouped GEMMs alone, Triton beside Mosaic GPU
+  python scripts/bench_moe.py --layer-paths --batch 1 8 --prompt 4096 \
+      --block-attention fused split   # block-causal attention's two paths
+
+--block-attention fused split times each decode with JAX's fused
+block-causal attention and with the scheduled kernel block by block
+(Kernels.block_attention; interpreted off a GPU), the split step's ms over
+the fused step's of the same strategy and batch printed after the table.
 
 --steady (llada2, llada2.1) also times a second schedule of twice the
 tokens a step (half the steps, the same prefill): the steady step is the
@@ -59,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from flash_dllm_bench import grouped_bench, timing  # noqa: E402
+from flash_dllm_bench import grouped_bench, timing, tuning  # noqa: E402
 from flash_dllm_jax import ops, quantize  # noqa: E402
 from flash_dllm_jax.config import ModelConfig  # noqa: E402
 from flash_dllm_jax.model import moe  # noqa: E402
@@ -154,6 +161,7 @@ def main(argv=None):
   ap.add_argument("--experts-backend", choices=ops.choice.GPU_BACKENDS,
                   default="triton", help="the decode steps' grouped expert "
                   "kernel (default: %(default)s)")
+  tuning.add_block_attention_flag(ap, several=True)  # the decode steps'
   ap.add_argument("--gemm", nargs="*", default=[],
                   choices=list(grouped_bench.FORMATS),
                   help="also the routed experts' grouped GEMMs alone in these "
@@ -239,12 +247,16 @@ def main(argv=None):
     base_ms = triton_ms.get((r["batch"], r["tokens"]))
     if r["kind"] == "moe layer mosaic" and "ms" in r and base_ms:
       r["triton_over_mosaic"] = base_ms / r["ms"]
-  decodes = [(name, b) for name in args.strategies for b in args.batch]
-  for name, b in [] if args.layer_only else decodes:
+  decodes = [(name, b, how) for name in args.strategies for b in args.batch
+             for how in args.block_attention]
+  for name, b, how in [] if args.layer_only else decodes:
     sampler, passes = step_sampler(name, args)
-    try:
-      kernels = ops.Kernels(experts=args.tilings[0],
-                            experts_backend=args.experts_backend)
+    kind = f"{name} step" + ("" if how == "fused" else f" {how}")
+    try:  # off a GPU, split runs interpreted (else the reference's path)
+      kernels = ops.Kernels(KERNEL if how == "split" else None,
+                            experts=args.tilings[0],
+                            experts_backend=args.experts_backend,
+                            block_attention=how)
       s_step, compile_s, steps, forwards = timing.time_decode(
           cfg, params, sampler, b, args.prompt,
           args.reps if name != "llada2-flash" else 1,
@@ -266,14 +278,14 @@ def main(argv=None):
       touched = min(1.0, b * q * m.top_k / m.n_experts)
       floor = passes * max((wbytes - (1 - touched) * routed_bytes) / bw,
                            timing.forward_flops(cfg, b, q, n, args.block) / mm)
-      rows.append(dict(kind=f"{name} step", batch=b, steps=steps,
+      rows.append(dict(kind=kind, batch=b, steps=steps,
                        forwards=forwards, ms=s_step * 1e3,
                        floor_ms=floor * 1e3, compile_s=compile_s,
                        tok_s=b * args.gen / (s_step * steps),
                        peak_gb=(timing.peak_memory_bytes() or 0) / 1e9,
                        **steady))
     except Exception as e:  # noqa: BLE001
-      rows.append(dict(kind=f"{name} step", batch=b,
+      rows.append(dict(kind=kind, batch=b,
                        error=f"{type(e).__name__}: {str(e)[:300]}"))
     print(rows[-1], flush=True)
   if args.json:
@@ -322,6 +334,14 @@ def main(argv=None):
             f"{r['ms'] / base[r['batch']]:.3f} ({r['steps']} steps, "
             f"{r['forwards']} forwards a row at most; peak "
             f"{r['peak_gb']:.2f} GB)")
+  fused = {(r["kind"], r["batch"]): r["ms"] for r in rows
+           if r["kind"].endswith(" step") and "ms" in r}
+  for r in rows:
+    base_ms = fused.get((r["kind"].removesuffix(" split"), r["batch"]))
+    if r["kind"].endswith(" step split") and "ms" in r and base_ms:
+      print(f"{r['kind']} / fused ms per step, batch {r['batch']}, prompt "
+            f"{args.prompt}: {r['ms'] / base_ms:.3f} (floor / split "
+            f"{r['floor_ms'] / r['ms']:.0%}; peak {r['peak_gb']:.2f} GB)")
 
 
 if __name__ == "__main__":

@@ -288,3 +288,29 @@ def test_llada2_decode_loop_lowers_for_cuda_at_mini_size():
   # loop body holding one MoE layer: gate/up and down.
   names = re.findall(r'custom_call @\S+\(.*name = "(\w+)"', text)
   assert names.count("grouped_matmul") == 3 * 2, names
+
+
+@pytest.mark.parametrize("b", [1, 8])
+@pytest.mark.parametrize("q", [32, 4128])  # a block step; the whole window
+def test_block_attention_split_at_llada2_mini_shapes(b, q):
+  """Kernels(block_attention="split"): block-causal attention at LLaDA2.0-
+  mini's shapes (16 heads over 4 KV heads of 128, block 32, 4128 keys) is
+  the split kernel with kv_repeat (and its merge), Triton only, the cache
+  read in place (no copy of it per decode block)."""
+  from flash_dllm_jax import ops
+  s, h, kh, d, bl = 4128, 16, 4, 128, 32
+  kernels = ops.Kernels("pallas", block_attention="split")
+
+  def run(qq, kc, vc, valid, key_blocks, blocks, rows):
+    mask = ops.BlockCausal(valid, key_blocks, blocks, rows, bl)
+    return ops.attention(qq, kc, vc, mask, scale=d ** -0.5,
+                         implementation=kernels)
+
+  args = (S((b, q, h, d), BF16), S((b, s, kh, d), BF16),
+          S((b, s, kh, d), BF16), S((b, s), bool), S((b, s), I32),
+          S((b, q), I32), S((b, q), I32))
+  text = jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  _assert_triton_only(re.findall(r"custom_call @([\w$.]+)", text), 1)
+  c = (q + bl - 2) // bl + 1  # decode blocks a row's queries may span
+  assert f"grid_z = {b * c * kh} : i32" in text  # a program a block, KV head
+  assert f"tensor<{b * c}x{s}x{kh}x{d}xbf16>" not in text

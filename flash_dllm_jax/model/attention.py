@@ -175,11 +175,13 @@ def _attend_projected(block, cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD,
 
 def _exact_cached(cfg, q_BxQxHxD, k_BxQxKxD, v_BxQxKxD, rope,
                   key_valid, cache_kv, slots_BxQ, scale, impl):
-  """Writes the queries' K/V at their slots, then attends over the whole
-  cache with the uncached forward's own attention (same op, same S keys,
-  same scaling): a query's row of scores, softmax and sum over S are the
-  uncached ones whenever the cache holds the keys that forward would
-  compute, which block-causal attention guarantees for finished blocks."""
+  """Writes the queries' K/V at their slots, then attends over the cache
+  with the uncached forward's own attention (`ops.attention`, same
+  scaling; under Kernels(block_attention="split"), block by block with
+  splits counted from each block's end, ops/block_attention.py): a
+  query's scores, softmax and key sums are the uncached ones whenever the cache holds the keys that
+  forward would compute, which block-causal attention guarantees for
+  finished blocks."""
   b, q = q_BxQxHxD.shape[:2]
   keys_BxSxKxD = ops.write_cache(cache_kv[0], rope(k_BxQxKxD, None),
                                  slots_BxQ)

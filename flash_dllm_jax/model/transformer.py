@@ -94,7 +94,8 @@ class Transformer(nn.Module):
   @nn.compact
   def __call__(self, tokens_BxQ, positions_BxQ, key_valid_BxS, cache=None,
                slots_BxQ=None, logit_rows_BxR=None, extras=None,
-               mass_from_layer=0, blocks_BxQ=None, key_blocks_BxS=None):
+               mass_from_layer=0, blocks_BxQ=None, key_blocks_BxS=None,
+               block_length=None):
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     roles.declare(self, "embed", roles.Role("vocab_rows", "embedding"))
@@ -114,9 +115,19 @@ class Transformer(nn.Module):
     if blocks_BxQ is not None and cfg.spec.attention.mask == "block_causal":
       if cache is not None and key_blocks_BxS is None:
         raise ValueError("a cached block-causal forward needs key_blocks_BxS")
+      rows_BxQ = None
+      if (block_length is not None  # the kernel's block-by-block path
+          and ops.choice.block_attention(self.implementation) == "split"):
+        if cache is None:
+          valid_BxQ = key_valid_BxS
+        else:
+          valid_BxQ = (slots_BxQ >= 0) & jnp.take_along_axis(
+              key_valid_BxS, jnp.maximum(slots_BxQ, 0), axis=1)
+        rows_BxQ = jnp.where(valid_BxQ, positions_BxQ % block_length, -1)
       key_valid = ops.BlockCausal(
           key_valid_BxS, blocks_BxQ if key_blocks_BxS is None
-          else key_blocks_BxS, blocks_BxQ)
+          else key_blocks_BxS, blocks_BxQ, rows_BxQ,
+          None if rows_BxQ is None else block_length)
     new_kv = []
     for layer in range(cfg.n_layers):
       kv = None if cache is None else cache.layer(layer)

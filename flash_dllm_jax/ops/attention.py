@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 from jax.sharding import PartitionSpec as P
 
 from flash_dllm_jax import parallel
+from flash_dllm_jax.ops.block_attention import (BlockCausal,
+                                               blockwise_attention)
 from flash_dllm_jax.ops.choice import (backend_name, kernel_name,
                                       tiling as tiling_of)
+from flash_dllm_jax.ops.choice import block_attention as block_attention_of
 from pallas_kernels.attention import api as attention_api
 from pallas_kernels.attention import kv_quant
 from pallas_kernels.cache_update import api as cache_api
@@ -23,24 +25,6 @@ from pallas_kernels.cache_update import reference as cache_reference
 # of it) exists. A fixed count, never the batch's: a row's bits stay
 # batch-invariant.
 QUERY_CHUNK = 1024
-
-
-@struct.dataclass
-class BlockCausal:
-  """A block-causal mask, not materialised: key s is visible to query q when
-  valid and its decode block is not after q's (bidirectional inside a
-  block, causal across). key_valid_BxS, key_blocks_BxS [B, S];
-  blocks_BxQ [B, Q] the queries' blocks."""
-
-  key_valid_BxS: jax.Array
-  key_blocks_BxS: jax.Array
-  blocks_BxQ: jax.Array
-
-  def mask(self, blocks_BxC: jax.Array | None = None) -> jax.Array:
-    """[B, C, S] visibility for queries of blocks blocks_BxC (None: all)."""
-    blocks_BxC = self.blocks_BxQ if blocks_BxC is None else blocks_BxC
-    return self.key_valid_BxS[:, None, :] & (
-        self.key_blocks_BxS[:, None, :] <= blocks_BxC[:, :, None])
 
 
 def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
@@ -60,7 +44,17 @@ def attention(q_BxQxHxD: jax.Array, k_BxSxKxD: jax.Array,
   'data', heads on 'model'), the same computation as on one device, so the
   mesh does not change which attention a row gets. Elsewhere, and for
   'pallas_interpret', the plain-JAX reference.
+
+  A BlockCausal with block_length, under Kernels(block_attention="split")
+  on the kernel ('pallas' or 'pallas_interpret'), runs
+  `blockwise_attention` instead (opt-in): the split kernel, decode block
+  by decode block.
   """
+  if (isinstance(key_valid, BlockCausal) and key_valid.block_length
+      and block_attention_of(implementation) == "split"
+      and kernel_name(implementation) in ("pallas", "pallas_interpret")):
+    return blockwise_attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid,
+                               scale=scale, implementation=implementation)
   if not isinstance(key_valid, BlockCausal):
     return _attention(q_BxQxHxD, k_BxSxKxD, v_BxSxKxD, key_valid, scale,
                       implementation)

@@ -28,7 +28,11 @@ class Kernels:
   likewise `cache_update`, the backend of the fused RoPE + cache write,
   `attention_backend`, the cached attention's, and `experts_backend`, the
   grouped expert GEMM's (Mosaic GPU's picks its own row tiles; `experts`
-  then tiles only what falls through to Triton)."""
+  then tiles only what falls through to Triton). `block_attention`: how
+  a block-causal family's attention runs under the kernel names: "fused"
+  (the default: JAX's fused attention on a GPU, the reference elsewhere)
+  or "split" (opt-in, not yet measured on a GPU: the scheduled kernel
+  decode block by decode block, ops/block_attention.py)."""
 
   name: str | None = None
   attention: attention_api.Tiling = dataclasses.field(
@@ -39,6 +43,7 @@ class Kernels:
   cache_update: str = "triton"
   attention_backend: str = "triton"
   experts_backend: str = "triton"
+  block_attention: str = "fused"
 
   def __post_init__(self):
     if self.stream_max_q is not None and self.stream_max_q < 0:
@@ -48,9 +53,18 @@ class Kernels:
       if getattr(self, name) not in GPU_BACKENDS:
         raise ValueError(f"{name} must be one of {GPU_BACKENDS}, got "
                          f"{getattr(self, name)!r}")
+    if self.block_attention not in BLOCK_ATTENTIONS:
+      raise ValueError(f"block_attention must be one of {BLOCK_ATTENTIONS}, "
+                       f"got {self.block_attention!r}")
 
 
 GPU_BACKENDS = ("triton", "mosaic")  # Pallas lowerings on a GPU
+BLOCK_ATTENTIONS = ("fused", "split")  # Kernels.block_attention
+
+
+def block_attention(implementation) -> str:
+  """Kernels.block_attention of `implementation` ("fused" for a name)."""
+  return getattr(implementation, "block_attention", "fused")
 
 
 def kernel_name(implementation: "str | Kernels | None") -> str:

@@ -5,8 +5,8 @@ would compute, and a step needs to run only its current block.
 
 Each row's current block [start, start + L) gets its logits from exactly
 one of three forwards, all through SequenceModel.block_cached (the uncached
-forward's own attention over all N slots, so every query row reduces over
-the same keys in the same shapes as there):
+forward's own attention, so every query row reduces over the same keys in
+the same order as there):
   window  rows with nothing cached yet (their first step, a new request):
           every slot, which writes the prompt's and earlier blocks' K/V;
   pair    rows whose previous block finished last step: that block (its

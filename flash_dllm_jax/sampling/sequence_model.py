@@ -57,7 +57,8 @@ class SequenceModel:
                   else self.positions_BxN // block_length)
     logits, _ = self._module.apply(
         {"params": self.params}, tokens_BxN, self.positions_BxN,
-        self.valid_BxN, logit_rows_BxR=rows_BxR, blocks_BxQ=blocks_BxN)
+        self.valid_BxN, logit_rows_BxR=rows_BxR, blocks_BxQ=blocks_BxN,
+        block_length=block_length)
     return logits
 
   def empty_cache(self, dtype=None) -> KVCache:
@@ -86,7 +87,8 @@ class SequenceModel:
         {"params": self.params}, tokens_BxQ, positions_BxQ, self.valid_BxN,
         cache=cache, slots_BxQ=slots_BxQ, logit_rows_BxR=rows_BxR,
         blocks_BxQ=positions_BxQ // block_length,
-        key_blocks_BxS=self.positions_BxN // block_length)
+        key_blocks_BxS=self.positions_BxN // block_length,
+        block_length=block_length)
     return logits, new_cache
 
   def run(self, tokens_BxQ: jax.Array, slots_BxQ: jax.Array, cache: KVCache,

@@ -1,6 +1,7 @@
 """Public entry: scheduled attention, Pallas kernel or plain-JAX reference."""
 
 import jax
+import jax.numpy as jnp
 
 from pallas_kernels.attention import (fused, kernel, kv_quant, reference,
                                       tiling)
@@ -48,7 +49,7 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
                         score: str = "mass",
                         implementation: str | None = None,
                         k_scale_BxSxK=None, v_scale_BxSxK=None,
-                        **kernel_options):
+                        kv_repeat: int = 1, **kernel_options):
   """Ragged GQA attention over cache[:k_len] minus exclusions plus new keys.
 
   Returns (o_BxQxHxD, mass_BxS or None); see reference.scheduled_attention
@@ -71,6 +72,9 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   dequantize per tile, the reference dequantizes first. The Mosaic kernel
   takes no 8-bit cache ('pallas' runs it). Left padding of the keys by a
   multiple of PAD_ALIGN excluded slots leaves the kernel's results unchanged.
+  kv_repeat: the cache (K/V, scales, exclusions) has one row per kv_repeat
+  consecutive query sequences, which share it (the Triton kernel reads it
+  in place; the reference repeats it; the Mosaic kernel runs 'pallas').
   """
   impl = resolve_implementation(implementation, IMPLEMENTATIONS)
   if exclude_BxX is not None:
@@ -97,6 +101,10 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
   elif kv_quant.is_quantized(k_cache_BxSxKxD.dtype):
     raise ValueError(f"an 8-bit ({k_cache_BxSxKxD.dtype}) cache needs its "
                      "k_scale_BxSxK and v_scale_BxSxK")
+  if kv_repeat != 1:
+    if impl in ("mosaic", "mosaic_interpret"):
+      impl = "pallas" if impl == "mosaic" else "pallas_interpret"
+    kernel_options["kv_repeat"] = kv_repeat
   if impl in ("mosaic", "mosaic_interpret"):
     # Imported here: Mosaic GPU's Python modules cost ~0.3 s to import.
     from pallas_kernels.attention import mosaic
@@ -112,4 +120,11 @@ def scheduled_attention(q_BxQxHxD: jax.Array, k_cache_BxSxKxD: jax.Array,
           **kernel_options)
     except NotImplementedError:
       pass
+  if kv_repeat != 1:
+    rep = lambda x: jnp.repeat(x, kv_repeat, axis=0)
+    args = (q_BxQxHxD, rep(k_cache_BxSxKxD), rep(v_cache_BxSxKxD), k_len_B,
+            q_len_B)
+    for name in ("exclude_BxS", "k_scale_BxSxK", "v_scale_BxSxK"):
+      if kw.get(name) is not None:
+        kw[name] = rep(kw[name])
   return reference.scheduled_attention(*args, **kw)

@@ -44,16 +44,18 @@ def sum_mass_tiles(mass_BxKxTxS, has_score_BxT, k_len_B):
 
 
 def inputs(rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
-           info_BxQJ, exclude_BxS=None, new=None, scales=None):
+           info_BxQJ, exclude_BxS=None, new=None, scales=None, kv_repeat=1):
   """(in_specs, args) for programs of `rows` rows: k_len, the folded
   queries, the whole cache of one (sequence, kv head), the per-row info
   bytes, an 8-bit cache's `scales` = (k_scale_BxSxK, v_scale_BxSxK) if
   any, the int8 exclusions if any, and `new` = (k_new_BxIxKxD,
-  v_new_BxIxKxD, inq_BxQJxI) if any."""
+  v_new_BxIxKxD, inq_BxQJxI) if any. kv_repeat: consecutive query
+  sequences sharing one cache row (its K/V, scales and exclusions)."""
   s, _, d = k_cache_BxSxKxD.shape[1:]
   bk = lambda z: (z // kh, z % kh)
+  kv = lambda z: z // kh // kv_repeat
   cache_blk = pl.BlockSpec((None, s, None, d),
-                           lambda i, j, z: (z // kh, 0, z % kh, 0))
+                           lambda i, j, z: (kv(z), 0, z % kh, 0))
   in_specs = [pl.BlockSpec((None,), lambda i, j, z: (z // kh,)),
               pl.BlockSpec((None, None, rows, d),
                            lambda i, j, z: (*bk(z), i, 0)),
@@ -63,11 +65,11 @@ def inputs(rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
           v_cache_BxSxKxD, info_BxQJ]
   if scales is not None:
     scale_blk = pl.BlockSpec((None, s, None),
-                             lambda i, j, z: (z // kh, 0, z % kh))
+                             lambda i, j, z: (kv(z), 0, z % kh))
     in_specs += [scale_blk, scale_blk]
     args += list(scales)
   if exclude_BxS is not None:
-    in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (z // kh, 0)))
+    in_specs.append(pl.BlockSpec((None, s), lambda i, j, z: (kv(z), 0)))
     args.append(exclude_BxS.astype(jnp.int8))
   if new is not None:
     t_new = new[0].shape[1]

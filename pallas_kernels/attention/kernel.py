@@ -58,7 +58,7 @@ from pallas_kernels.attention.tiling import (
 @functools.partial(jax.jit, static_argnames=(
     "scale", "block_r", "block_k", "split_tiles", "num_splits", "num_warps",
     "num_stages", "interpret", "head_mass", "score_prefix", "score",
-    "tiling", "split_group"))
+    "tiling", "split_group", "kv_repeat"))
 def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         q_len_B, *, scale: float, k_new_BxIxKxD=None,
                         v_new_BxIxKxD=None, inq_mask_BxQxI=None,
@@ -72,7 +72,8 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
                         score_prefix: int | None = None, score: str = "mass",
                         tiling: Tiling = DEFAULT_TILING,
                         split_group: int | None = None,
-                        k_scale_BxSxK=None, v_scale_BxSxK=None):
+                        k_scale_BxSxK=None, v_scale_BxSxK=None,
+                        kv_repeat: int = 1):
   """Same contract as reference.scheduled_attention.
 
   block_r: rows (query x folded head) per program; block_k: keys per tile
@@ -97,6 +98,9 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   (the pre-softmax scaled q.k, no normalisation needed).
   k_scale_BxSxK, v_scale_BxSxK: an 8-bit cache's per-slot scales
   (kv_quant.py); the kernel reads the 8-bit K/V and dequantizes per tile.
+  kv_repeat: each cache row (K/V, scales, exclude_BxS: [B / kv_repeat,
+  ...]) serves kv_repeat consecutive query sequences, read in place (the
+  decode blocks of one sequence, each with its own k_len).
   Raises NotImplementedError for shapes the Triton lowering can't tile,
   ValueError for a block_k not dividing tiling.PAD_ALIGN or bad splits.
   """
@@ -107,6 +111,9 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   has_new, has_excl = k_new_BxIxKxD is not None, exclude_BxS is not None
   t_new = k_new_BxIxKxD.shape[1] if has_new else 0
   check_block_k(block_k)
+  if k_cache_BxSxKxD.shape[0] * kv_repeat != b:
+    raise ValueError(f"{b} query sequences for {k_cache_BxSxKxD.shape[0]} "
+                     f"cache rows x kv_repeat {kv_repeat}")
   if d < 16 or d & (d - 1) or h % kh:
     raise NotImplementedError(f"unsupported head_dim {d} / heads {h}, {kh}")
   if t_new > 64:
@@ -135,7 +142,7 @@ def scheduled_attention(q_BxQxHxD, k_cache_BxSxKxD, v_cache_BxSxKxD, k_len_B,
   specs = lambda rows: blocks.inputs(
       rows, kh, k_len_B, q_BxKxQJxD, k_cache_BxSxKxD, v_cache_BxSxKxD,
       info_BxQJ, exclude_BxS, new,
-      (k_scale_BxSxK, v_scale_BxSxK) if has_scale else None)
+      (k_scale_BxSxK, v_scale_BxSxK) if has_scale else None, kv_repeat)
   in_specs, args = specs(block_r)
   # A mass of the score prefix alone: one tile of mass_r rows per sequence.
   mass_r = block_r if score_prefix is None else max(
