@@ -1,10 +1,10 @@
 """LLaDA2.0-flash (100B MoE) decode steps on one host's GPUs, per mesh.
 
 Random weights at the flash's shapes (the `llada2-flash` preset, from
-tests/reference/llada2-flash/config.json), built directly on their mesh
-shards (bf16: 201 GB; fp8: every projection, the experts included, in 8
-bits), strategy `llada2` (block cache, the pure schedule of --per-step
-tokens a step) and `llada2-flash` (a draft and a verify pass a step). Per
+tests/reference/llada2-flash/config.json: 102.9B parameters), built
+directly on their mesh shards (bf16: 206 GB; fp8: every projection, the
+experts included, in 8 bits), strategy `llada2` (block cache, the pure
+schedule of --per-step tokens a step) and `llada2-flash` (a draft and a verify pass a step). Per
 mesh, format, strategy and batch: ms per step beside the per-GPU floor
 measured in the same run (the larger of: the weights one GPU holds read
 once at the copy rate measured here, the routed experts a step can touch
