@@ -3,17 +3,17 @@
 Random weights at the flash's shapes (the `llada2-flash` preset, from
 tests/reference/llada2-flash/config.json: 102.9B parameters), built
 directly on their mesh shards (bf16: 206 GB; fp8: every projection, the
-experts included, in 8 bits), strategy `llada2` (block cache, the pure
-schedule of --per-step tokens a step) and `llada2-flash` (a draft and a verify pass a step). Per
-mesh, format, strategy and batch: ms per step beside the per-GPU floor
-measured in the same run (the larger of: the weights one GPU holds read
-once at the copy rate measured here, the routed experts a step can touch
-counted as in bench_moe.py; the step's FLOPs over all GPUs at the measured
-bf16 matmul rate), tokens/s per GPU, every device's peak memory
-(memory_stats, the process's peak so far), and a digest of the token ids
-(equal digests: the same tokens; the first mesh's are compared with each
-other mesh's of the run). --profile traces one decode a (mesh, strategy)
-and gives the collective kernels' (all-to-all, all-reduce/psum,
+experts included, in 8 bits). Strategies `llada2` (block cache, the pure
+schedule of --per-step tokens a step) and `llada2-flash` (a draft and a
+verify pass a step). Per mesh, format, strategy and batch: ms per step
+beside the per-GPU floor measured in the same run (the larger of: the
+weights one GPU holds read once at the copy rate measured here, the routed
+experts a step can touch counted as in bench_moe.py; the step's FLOPs over
+all GPUs at the measured bf16 matmul rate), tokens/s per GPU, every
+device's peak memory (memory_stats: the process's peak so far), and a
+digest of the token ids (the first mesh's compared with each other
+mesh's of the run). --profile traces one decode a (mesh, strategy) at the
+largest batch: the collective kernels' (all-to-all, all-reduce / psum,
 all-gather) share of the device time.
 
 A mesh is 'none' (one device, no mesh) or a --mesh spec; one that needs

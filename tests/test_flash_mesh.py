@@ -6,7 +6,6 @@ and the benchmark runs end to end on a CPU mesh."""
 import json
 
 import jax
-import pytest
 
 from flash_dllm_jax.architectures.llada2 import read_hf_config
 from flash_dllm_jax.config import ModelConfig
