@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import functools
-import math
 import statistics
 import time
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding
 
 from flash_dllm_jax.eval.records import peak_memory_bytes  # noqa: F401 (re-exported)
 
 
 def bench_params(config, seed: int = 0, pool: int = 1 << 22,
                  quantize: str | None = None, quantize_head: bool = False,
-                 quantize_embedding: bool = False):
+                 quantize_embedding: bool = False, mesh=None):
   """Parameters shaped and scaled like `init_params` (N(0, 1/fan_in)
   kernels, unit-variance embeddings, unit norm scales), built fast for
   benchmarks: one `pool`-sized normal draw, and each weight tiles that draw
@@ -28,41 +28,75 @@ def bench_params(config, seed: int = 0, pool: int = 1 << 22,
   quantize (a format of flash_dllm_jax/quantize.py; quantize_head,
   quantize_embedding: the LM head, the embedding too): each weight is
   quantized on device as soon as it is built, so memory peaks near the
-  8-bit weights plus one bf16 leaf."""
+  8-bit weights plus one bf16 leaf.
+  mesh (a parallel.parse_mesh mesh or spec): each leaf is computed on its
+  shards where `parallel.param_spec` places it (every device computes only
+  its own part: no device ever holds a whole expert stack), the values
+  those of the unsharded build; 8-bit leaves stay on their shards."""
   from flax import traverse_util
 
   from flash_dllm_jax import quantize as quantized
   from flash_dllm_jax.model import init_params
+  from flash_dllm_jax import parallel
+  if pool & (pool - 1):
+    raise ValueError(f"pool must be a power of two, got {pool}")
+  mesh = parallel.parse_mesh(mesh)
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
   qconfig = config.replace(quantize=quantize, quantize_head=quantize_head,
                            quantize_embedding=quantize_embedding)
   paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   pool_P = jax.random.normal(jax.random.key(seed), (pool,), jnp.float32)
+  if mesh is not None:
+    parallel.check_config(config, mesh)
+    pool_P = parallel.replicate(mesh, pool_P)
   leaves, flat = [], {}
   for i, (path, leaf) in enumerate(paths):
+    name = "/".join(str(k.key) for k in path)
+    sharding = None if mesh is None else NamedSharding(
+        mesh, parallel.param_spec(config, name, tuple(leaf.shape), mesh))
     if leaf.ndim == 1:  # norm scales
-      leaves.append(jnp.ones(leaf.shape, leaf.dtype))
+      leaves.append(_ones_leaf(tuple(leaf.shape), jnp.dtype(leaf.dtype),
+                               sharding)())
     else:
-      scale = 1.0 if "embed" in jax.tree_util.keystr(path) else (
-          leaf.shape[-2] ** -0.5)
+      scale = 1.0 if "embed" in name else leaf.shape[-2] ** -0.5
       offset = (i * 104_729) % pool  # a prime stride: leaves differ
-      leaves.append(_tiled_leaf(pool_P, jnp.int32(offset),
-                                jnp.float32(scale), tuple(leaf.shape),
-                                jnp.dtype(leaf.dtype)))
+      leaves.append(_tiled_leaf(tuple(leaf.shape), jnp.dtype(leaf.dtype),
+                                sharding)(pool_P, jnp.uint32(offset),
+                                          jnp.float32(scale)))
     if quantize is not None:
-      name = "/".join(str(k.key) for k in path)
       flat.update(quantized.quantize_leaf(qconfig, name, leaves.pop()))
   if quantize is not None:
-    return traverse_util.unflatten_dict(flat, sep="/")
+    params = traverse_util.unflatten_dict(flat, sep="/")
+    return params if mesh is None else parallel.shard_params(
+        mesh, qconfig, params)
   return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-@functools.partial(jax.jit, static_argnums=(3, 4))
-def _tiled_leaf(pool_P, offset, scale, shape, dtype):
-  size = math.prod(shape)
-  rolled_P = jnp.roll(pool_P, offset)
-  tiled = jnp.tile(rolled_P, -(-size // pool_P.size))[:size]
-  return (tiled * scale).astype(dtype).reshape(shape)
+@functools.lru_cache(maxsize=None)
+def _ones_leaf(shape, dtype, sharding):
+  return jax.jit(lambda: jnp.ones(shape, dtype), out_shardings=sharding)
+
+
+@functools.lru_cache(maxsize=None)
+def _tiled_leaf(shape, dtype, sharding):
+  """A function compiled once per (shape, dtype, sharding): (pool_P,
+  offset, scale) -> the array whose flat element i is
+  pool_P[(i - offset) mod P] * scale (the pool tiled from its own offset).
+  Each element is a gather at its own index, so under `sharding` every
+  device computes only its shard. Flat indices are taken modulo 2**32 and
+  the pool's size P is a power of two, so the wrap-around is exact."""
+
+  def build(pool_P, offset, scale):
+    flat = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+      flat = flat + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * (
+          jnp.uint32(stride % 2**32))
+      stride *= shape[axis]
+    index = (flat - offset) & jnp.uint32(pool_P.size - 1)
+    return (pool_P[index.astype(jnp.int32)] * scale).astype(dtype)
+
+  return jax.jit(build, out_shardings=sharding)
 
 
 def time_fn(fn: Callable[[], object], reps: int = 10, warmup: int = 2) -> float:

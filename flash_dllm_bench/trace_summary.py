@@ -21,6 +21,8 @@ from typing import NamedTuple
 # First match wins; names as cuBLAS, cuDNN, XLA and this project's Pallas
 # kernels (pallas_kernels/*/kernel.py `name=`) give them.
 CATEGORIES = (
+    ("collective", re.compile(r"nccl|all-?reduce|all-?gather|all-?to-?all|"
+                              r"reduce-?scatter|collective|psum", re.I)),
     ("copy", re.compile(r"memcpy|memset|copy", re.I)),
     ("attention", re.compile(r"scheduled_attention|flash|fmha|cudnn", re.I)),
     ("rope+cache write", re.compile(r"rope_cache_write")),

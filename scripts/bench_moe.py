@@ -152,6 +152,14 @@ def main(argv=None):
                   "schedule of twice the tokens a step) and the prefill's "
                   "share of the decode")
   ap.add_argument("--json", type=Path, default=None)
+  ap.add_argument("--preset", default="llada2-mini",
+                  choices=["llada2-mini", "llada2.1-mini", "llada2-flash"],
+                  help="the shapes (default: %(default)s)")
+  ap.add_argument("--mesh", default=None,
+                  help="decode on this mesh ('model=4'), the random weights "
+                  "built on their shards; the MoE layer alone is not timed "
+                  "and the floors stay the whole model's (per GPU: "
+                  "bench_flash_mesh.py)")
   ap.add_argument("--layer-only", action="store_true",
                   help="only the MoE layer, no decode")
   ap.add_argument("--layer-paths", nargs="*", default=["grouped", "dense"],
@@ -187,12 +195,14 @@ def main(argv=None):
     args.block, args.per_step = 8, 4
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
-    cfg = ModelConfig.preset("llada2-mini")
+    cfg = ModelConfig.preset(args.preset)
     # long prompts past the preset's context: random weights, any RoPE length
     cfg = cfg.replace(max_seq_len=max(cfg.max_seq_len,
                                       args.prompt + args.gen + args.block))
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
-  params = timing.bench_params(cfg)
+  if args.mesh:
+    args.layer_paths, args.gemm = [], []
+  params = timing.bench_params(cfg, mesh=args.mesh)
   wbytes = quantize.weight_bytes(params)
   expert_bytes = wbytes - quantize.weight_bytes(
       {k: v for k, v in params.items() if not k.startswith("layers_")})
@@ -260,14 +270,14 @@ def main(argv=None):
       s_step, compile_s, steps, forwards = timing.time_decode(
           cfg, params, sampler, b, args.prompt,
           args.reps if name != "llada2-flash" else 1,
-          implementation=kernels)
+          implementation=kernels, mesh=args.mesh)
       steady = {}
       if args.steady and name != "llada2-flash":
         twice = argparse.Namespace(**{**vars(args),
                                       "per_step": 2 * args.per_step})
         s2, _, steps2, _ = timing.time_decode(
             cfg, params, step_sampler(name, twice)[0], b, args.prompt,
-            args.reps, implementation=kernels)
+            args.reps, implementation=kernels, mesh=args.mesh)
         st = (s_step * steps - s2 * steps2) / (steps - steps2)
         steady = dict(steady_ms=st * 1e3,
                       prefill_ms=(s_step - st) * steps * 1e3)

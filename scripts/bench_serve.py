@@ -17,6 +17,13 @@ offered load vs tokens/s and latency plot beside it (.png).
   python scripts/bench_serve.py --smoke --out /tmp/serve_smoke.json
   python scripts/bench_serve.py --model llada-8b --slots 32 --gen-length 256 \\
       --requests 64 --rates 0.25,1,2,4,inf --cold-start --out serve_8b.json
+  python scripts/bench_serve.py --model llada2-flash --mesh model=4 \\
+      --strategy llada2 --slots 32 --gen-length 256 --rates inf \\
+      --out serve_flash.json   # 4 GPUs: random weights on their shards
+
+--mesh serves and decodes offline on one mesh (`serve --mesh`'s): the
+weights are placed on it (llada2-flash's are built there), the slots split
+over its data axis.
 """
 
 from __future__ import annotations
@@ -51,19 +58,24 @@ from flash_dllm_jax.serve.service import Service, Settings  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 
 
-def model_and_prompts(args):
-  """((params, config, tokenizer), prompts as token-id lists)."""
+def model_and_prompts(args, mesh=None):
+  """((params, config, tokenizer), prompts as token-id lists); the weights
+  on `mesh`'s shards."""
   rng = np.random.default_rng(0)
-  if args.model == "llada-8b":
+  if args.model in ("llada-8b", "llada2-flash"):
     from flash_dllm_bench import timing
     from flash_dllm_jax.config import ModelConfig
-    config = ModelConfig.preset("llada-8b")
-    params = timing.bench_params(config)
+    config = ModelConfig.preset(args.model)
+    params = timing.bench_params(config, mesh=mesh)
     prompts = [[int(t) for t in rng.integers(0, config.mask_token_id - 1,
                                              args.prompt_len)]
                for _ in range(args.requests)]
     return (params, config, None), prompts
   model = flash_dllm_jax.load(args.checkpoint)
+  if mesh is not None:
+    from flash_dllm_jax import parallel
+    parallel.check_config(model[1], mesh)
+    model = (parallel.shard_params(mesh, model[1], model[0]), *model[1:])
   tok = model[2]
   rows = [json.loads(line) for line in (
       ROOT / "data" / "synthetic_gsm" / "test.jsonl").read_text().splitlines()]
@@ -73,14 +85,17 @@ def model_and_prompts(args):
   return model, [prompts[i % len(prompts)] for i in range(args.requests)]
 
 
-def offline_tokens_per_s(model, sampler, prompts, slots, stop_at_eos):
-  """Static batches of `slots` prompts through `generate`; second run."""
+def offline_tokens_per_s(model, sampler, prompts, slots, stop_at_eos,
+                         mesh=None):
+  """Static batches of `slots` prompts through `generate` (on `mesh`);
+  second run."""
   config = model[1]
   for _ in range(2):
     tokens, t0 = 0, time.perf_counter()
     for i in range(0, len(prompts), slots):
       out = flash_dllm_jax.generate(model, prompts[i:i + slots],
-                                    sampler=sampler, stop_at_eos=stop_at_eos)
+                                    sampler=sampler, stop_at_eos=stop_at_eos,
+                                    mesh=mesh)
       tokens += sum(len(answer_ids(g, config)) for g in out.tokens_BxG)
     seconds = time.perf_counter() - t0
   return tokens / seconds, tokens, seconds
@@ -247,10 +262,12 @@ def compile_only(args) -> dict:
   from flash_dllm_jax.compilation import enable_persistent_cache
   t0 = time.perf_counter()
   enable_persistent_cache(args.cache_dir)
-  model, prompts = model_and_prompts(args)
+  from flash_dllm_jax import parallel
+  mesh = parallel.parse_mesh(args.mesh)
+  model, prompts = model_and_prompts(args, mesh)
   sampler, settings, _ = server_settings(args, model, prompts)
   t1 = time.perf_counter()
-  service = Service(*model, sampler, settings)
+  service = Service(*model, sampler, settings, mesh=mesh)
   t2 = time.perf_counter()
   service.engine_core.stop()
   return {"model_s": t1 - t0, "compile_s": t2 - t1, "total_s": t2 - t0}
@@ -306,6 +323,10 @@ def server_settings(args, model, prompts):
   if args.model == "llada-8b":  # the fixed rule: steps independent of weights
     options.update(rule="fixed", steps=args.gen_length // 2)
     stop_at_eos = False
+  if args.model == "llada2-flash":  # random weights: every position decoded
+    stop_at_eos = False
+    if args.strategy == "llada2":  # the pure schedule, 16 tokens a step
+      options.update(threshold=None, steps=2)
   sampler = build_sampler(args.strategy, model[1].arch, options)
   settings = Settings(model_name=args.model, strategy=args.strategy,
                       slots=args.slots,
@@ -320,8 +341,12 @@ def server_settings(args, model, prompts):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--model", choices=["shipped", "llada-8b"],
-                  default="shipped")
+  ap.add_argument("--model", choices=["shipped", "llada-8b", "llada2-flash"],
+                  default="shipped", help="the shipped checkpoint or random "
+                  "weights at a preset's shapes")
+  ap.add_argument("--mesh", default=None,
+                  help="serve and decode offline on this mesh, e.g. "
+                  "'model=4' or 'data=2,model=4'")
   ap.add_argument("--checkpoint", type=Path, default=DEFAULT_CHECKPOINT)
   ap.add_argument("--strategy", default="flash-dllm")
   ap.add_argument("--slots", type=int, default=8)
@@ -367,14 +392,16 @@ def main(argv=None):
           f"{starts['cold']['compile_s']:.1f} s); warm cache "
           f"{starts['warm']['total_s']:.1f} s (compile "
           f"{starts['warm']['compile_s']:.1f} s)")
-  model, prompts = model_and_prompts(args)
+  from flash_dllm_jax import parallel
+  mesh = parallel.parse_mesh(args.mesh)
+  model, prompts = model_and_prompts(args, mesh)
   params, config, tok = model
   sampler, settings, stop_at_eos = server_settings(args, model, prompts)
   offline = offline_tokens_per_s(model, sampler, prompts, args.slots,
-                                 stop_at_eos)
+                                 stop_at_eos, mesh)
   print(f"offline static batches of {args.slots}: {offline[0]:.1f} tokens/s")
   t0 = time.perf_counter()
-  service = Service(params, config, tok, sampler, settings)
+  service = Service(params, config, tok, sampler, settings, mesh=mesh)
   compile_s = time.perf_counter() - t0
   server, thread, url = start_server(service, args.model)
   import concurrent.futures
@@ -406,6 +433,7 @@ def main(argv=None):
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
       "command": " ".join(sys.argv), "device": jax.devices()[0].device_kind,
       "jax": jax.__version__, "model": args.model, "strategy": args.strategy,
+      "mesh": args.mesh,
       "sampler": repr(sampler), "slots": args.slots,
       "prompt_len": settings.prompt_len,
       "steps_per_call": args.steps_per_call,

@@ -92,6 +92,15 @@ _MINI = dict(
                   first_dense_layers=1, n_groups=8, topk_groups=4,
                   routed_scaling=2.5))
 
+# LLaDA2.0-flash (tests/reference/llada2-flash/config.json): 100.6B
+# parameters, the mini's vocabulary, routing and RoPE at twice the width.
+_FLASH = {**_MINI, "d_model": 4096, "n_layers": 32, "n_heads": 32,
+          "mlp_hidden": 9216,
+          "moe": MoEConfig(n_experts=256, top_k=8, hidden=1024, n_shared=1,
+                           first_dense_layers=1, n_groups=8, topk_groups=4,
+                           routed_scaling=2.5)}
+
+
 def _strategies():
   from flash_dllm_jax.architectures.llada2.strategies import STRATEGIES
   return STRATEGIES
@@ -108,7 +117,8 @@ SPEC = Architecture(
     strategies=_strategies,
     chat_template=CHAT_TEMPLATE, likelihood_masks="count",
     presets={"llada2-mini": _MINI,
-             "llada2.1-mini": {**_MINI, "max_seq_len": 32768}},
+             "llada2.1-mini": {**_MINI, "max_seq_len": 32768},
+             "llada2-flash": _FLASH},
     tiny_changes=dict(rms_norm_eps=1e-6, rope_theta=600000.0,
                       rope_fraction=0.5, moe=MoEConfig(
                           n_experts=8, top_k=2, hidden=32, n_shared=1,
