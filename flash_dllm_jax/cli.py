@@ -59,6 +59,8 @@ ENTRY_POINTS = (
     ("scripts/bench_mesh.py", "data- and tensor-parallel scaling"),
     ("scripts/bench_mesh_diffusion_gemma.py",
      "DiffusionGemma's pass on meshes against one device"),
+    ("scripts/bench_flash_mesh.py",
+     "LLaDA2-flash steps on meshes against the per-GPU floor"),
     ("scripts/bench_block_attention.py",
      "block-causal attention: split kernel against fused"),
     ("scripts/decode_buffers.py", "a compiled decode's largest buffers"),

@@ -304,7 +304,7 @@ def main(argv=None):
                                          weight_bytes=wbytes,
                                          expert_bytes=expert_bytes,
                                          rows=rows), indent=1))
-  print(f"\n| what | batch | prompt | ms | floor ms | floor / measured | "
+  print("\n| what | batch | prompt | ms | floor ms | floor / measured | "
         "tokens/s | peak GB |")
   print("|---|---|---|---|---|---|---|---|")
   for r in rows:
