@@ -29,14 +29,16 @@ from jax.sharding import NamedSharding
 
 from flash_dllm_jax import parallel
 from flash_dllm_jax import quantize as qlib
+from flash_dllm_jax.architectures.diffusion_gemma import checkpoint_save
 from flash_dllm_jax.architectures.diffusion_gemma import hf as hf_format
-from flash_dllm_jax.architectures.diffusion_gemma.checkpoint_save import (
-    convert, save)  # noqa: F401  (the family's loader module names them)
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
     GEMMA4_SPECIAL, PRESETS, GemmaConfig, preset)
 from flash_dllm_jax.architectures.diffusion_gemma.quant import quantize_tree
 from flash_dllm_jax.architectures.diffusion_gemma.tokenizer import (
     load_tokenizer)
+
+# Writing, in checkpoint_save.py; the family's loader module names both.
+save, convert = checkpoint_save.save, checkpoint_save.convert
 
 _ORBAX_MARKERS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
 _MM_TOP = ("vision_encoder", "audio_encoder")
