@@ -146,12 +146,16 @@ class ModelRunner:
                                                  self.params), state_s,
                         rows, rep, rep, rep, rep, rep, rep),
           out_shardings=(state_s, rep, rows, rep, rep))
-    jitted = jax.jit(functools.partial(self._program.cycle,
-                                       record_top=record_top),
+    jitted = jax.jit(functools.partial(self._cycle, record_top=record_top),
                      donate_argnums=(1,), compiler_options=compiler_options(),
                      **shardings)
     with parallel.use(mesh):
       return jitted.lower(*args).compile()
+
+  def _cycle(self, *args, record_top: bool):
+    """RunnerProgram.cycle under the name that keys its compiled program
+    (jit__cycle, the --compile-cache entries)."""
+    return self._program.cycle(*args, record_top=record_top)
 
   def reset(self) -> None:
     """Fresh slot state (every slot free), as at start; the compiled
