@@ -175,8 +175,9 @@ def bucket_groups(rows: Sequence[Sequence[int]], bucket: int = PROMPT_BUCKET,
   Each group decodes as its own batch, so a row's padding depends on the
   row alone. The project's attention (plain JAX and the Pallas kernel) gives
   the same bits under any whole-bucket padding, but the uncached forward's
-  fused attention on GPUs (cuDNN) makes no such promise, and shorter rows
-  cost less compute in their own group.
+  attention on GPUs, `jax.nn.dot_product_attention` (cuDNN for 16-bit
+  inputs where JAX takes the shapes, else XLA's composition), makes no such
+  promise, and shorter rows cost less compute in their own group.
   """
   padded = np.array([padded_length(len(r), bucket, room) for r in rows])
   return [np.flatnonzero(padded == p) for p in sorted(set(padded),

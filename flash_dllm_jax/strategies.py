@@ -7,12 +7,12 @@ decode several families), e.g.
 
 or, for a family's own sampler, one line in its folder's strategies.py
 (architectures/<family>/, named by its SPEC's `strategies`): STRATEGIES
-holds every registered family's, then the shared ones. Every dataclass field of a sampler that
-some strategy leaves free becomes a CLI flag (`--gen-length`,
-`--threshold`, ...) with the type its annotation gives and the help its
-declaration gives (sampling/options.py); a field every strategy of its
-sampler fixes (`cache`, `verify`) is no flag. The sampler checks values
-against the same declaration.
+(strategy_registry.py) holds every registered family's, then the shared
+ones. Every dataclass field of a sampler that some strategy leaves free
+becomes a CLI flag (`--gen-length`, `--threshold`, ...) with the type its
+annotation gives and the help its declaration gives (sampling/options.py);
+a field every strategy of its sampler fixes (`cache`, `verify`) is no
+flag. The sampler checks values against the same declaration.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from flash_dllm_jax.sampling.block_flash import LLaDA2FlashSampler
 from flash_dllm_jax.sampling.flash_dllm_onepass import FlashDLLMOnePassSampler
 from flash_dllm_jax.sampling.row_sampling import Sampling, row_fields
 from flash_dllm_jax.sampling.strategy import Strategy
+from flash_dllm_jax.strategy_registry import StrategyRegistry
 
 SHARED: tuple[Strategy, ...] = (
     Strategy("threshold", FastDLLMSampler, fixed={"cache": "none"},
@@ -65,65 +66,7 @@ SHARED: tuple[Strategy, ...] = (
 )
 
 
-class _Registry(dict):
-  """Each registered family's own strategies (its folder's), then SHARED,
-  in sync with the architecture registry: a family registered later
-  (architectures.load_folder) adds its strategies at the next lookup."""
-
-  def __init__(self, shared):
-    super().__init__()
-    self._shared, self._families, self._own = tuple(shared), None, ()
-
-  def _sync(self) -> None:
-    families = tuple(architectures.ARCHITECTURES.values())
-    if families == self._families:
-      return
-    kept = {n: s for n, s in dict.items(self) if n not in self._own}
-    own = [s for spec in families if spec.strategies is not None
-           for s in spec.strategies()]
-    dict.clear(self)
-    for strategy in (*own, *self._shared):
-      if dict.__contains__(self, strategy.name):
-        raise ValueError(f"strategy {strategy.name!r} is registered twice")
-      dict.__setitem__(self, strategy.name, strategy)
-    for name, strategy in kept.items():  # entries added by hand
-      dict.__setitem__(self, name, strategy)
-    self._families, self._own = families, tuple(s.name for s in own)
-
-  def __getitem__(self, name):
-    self._sync()
-    return dict.__getitem__(self, name)
-
-  def __contains__(self, name):
-    self._sync()
-    return dict.__contains__(self, name)
-
-  def __iter__(self):
-    self._sync()
-    return dict.__iter__(self)
-
-  def __len__(self):
-    self._sync()
-    return dict.__len__(self)
-
-  def get(self, name, default=None):
-    self._sync()
-    return dict.get(self, name, default)
-
-  def keys(self):
-    self._sync()
-    return dict.keys(self)
-
-  def values(self):
-    self._sync()
-    return dict.values(self)
-
-  def items(self):
-    self._sync()
-    return dict.items(self)
-
-
-STRATEGIES: dict[str, Strategy] = _Registry(SHARED)
+STRATEGIES: dict[str, Strategy] = StrategyRegistry(SHARED)
 
 # Old option names, refused with their new name: `stop` means stop strings
 # to OpenAI users; Flash-dLLM's rule for the answer's end is end_rule.

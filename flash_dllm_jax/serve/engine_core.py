@@ -39,27 +39,14 @@ import time
 from typing import NamedTuple
 
 from flash_dllm_jax.serve import scheduler
-from flash_dllm_jax.serve.model_runner import ModelRunner
 from flash_dllm_jax.serve.events import Event, Request  # noqa: F401
+from flash_dllm_jax.serve.model_runner import ModelRunner
 from flash_dllm_jax.serve.metrics import Metrics
+from flash_dllm_jax.serve.supervision import (  # noqa: F401
+    MAX_RESTARTS, RESTART_WINDOW_S, Draining, EngineFailed, QueueFull,
+    recent_restarts)
 
 log = logging.getLogger("flash_dllm_jax.serve")
-
-
-class QueueFull(Exception):
-  """The waiting queue is at its limit (HTTP 429)."""
-
-
-class Draining(Exception):
-  """The server is shutting down and admits nothing new (HTTP 503)."""
-
-
-class EngineFailed(Exception):
-  """The engine failed for good and admits nothing new (HTTP 503)."""
-
-
-MAX_RESTARTS = 3  # engine restarts allowed within RESTART_WINDOW_S
-RESTART_WINDOW_S = 60.0
 
 
 class EngineCore:
@@ -180,8 +167,7 @@ class EngineCore:
     False (and everything failed, on_fatal called) when that is not to be
     tried again or does not work."""
     now = time.monotonic()
-    self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S]
-    fatal = len(self.restarts) >= MAX_RESTARTS
+    self.restarts, fatal = recent_restarts(self.restarts, now)
     self.state = "failed" if fatal else "restarting"  # before any answer
     try:
       if fatal:

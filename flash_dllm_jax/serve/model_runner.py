@@ -15,9 +15,9 @@ call). Each request of the call is a job: j < B the
 row in slot j at the call's start, B + q queue entry q; the call returns
 each job's tokens (as it finished, or as it stands), which slot holds
 which job, and how many queue entries it took (a prefix of the queue).
-Shapes never change, the state is donated, and the executable is compiled
-once, ahead of time, at start. Under a mesh the slots are split over its
-`data` axis.
+Shapes never change, the state is donated, and the executable
+(serve/runner_program.py) is compiled once, ahead of time, at start.
+Under a mesh the slots are split over its `data` axis.
 
 Each row is left-padded to P, a multiple of prompts.PROMPT_BUCKET, so it
 holds its offline layout (padded to its own bucket) plus whole key tiles of
@@ -40,21 +40,19 @@ import functools
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from flash_dllm_jax import parallel
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.generate import compiler_options
 from flash_dllm_jax.prompts import PROMPT_BUCKET
-from flash_dllm_jax.sampling import Refillable, make_step
-from flash_dllm_jax.sampling import row_options, slots
+from flash_dllm_jax.sampling import Refillable, row_options
 from flash_dllm_jax.sampling.loop import records_top, tail_length
 from flash_dllm_jax.sampling.row_sampling import GREEDY, RowSampling
-from flash_dllm_jax.sampling.sequence_model import SequenceModel
-from flash_dllm_jax.sampling.slots import EMPTY, SlotState
+from flash_dllm_jax.sampling.slots import EMPTY
 from flash_dllm_jax.serve.jobs import Jobs, pack_queue
 from flash_dllm_jax.serve.protocol import MAX_LOGPROBS
+from flash_dllm_jax.serve.runner_program import RunnerProgram
 
 
 class ModelRunnerOutput(NamedTuple):
@@ -120,7 +118,10 @@ class ModelRunner:
     self.row_data = row_options.takes_rows(sampler)  # RowSampling
     self.top_k = top_logprobs if records_top(sampler) else 0  # buffer width
     self._mesh = mesh
-    self._state = self._place(self._initial_state())
+    self._program = RunnerProgram(
+        config, sampler, implementation, self.stop_ids, self.p, self.b,
+        self.q, self.g, self.g_all, self.top_k, self.row_data)
+    self._state = self._place(self._program.initial_state(params))
     self._busy_B = np.zeros(self.b, bool)  # rows whose loop has not stopped
     self._uncollected = False
     self._compiled = self._compile(record_top=False)
@@ -151,11 +152,16 @@ class ModelRunner:
     with parallel.use(mesh):
       return jitted.lower(*args).compile()
 
+  def _cycle(self, *args, record_top: bool):
+    """RunnerProgram.cycle under the name that keys its compiled program
+    (jit__cycle, the --compile-cache entries)."""
+    return self._program.cycle(*args, record_top=record_top)
+
   def reset(self) -> None:
     """Fresh slot state (every slot free), as at start; the compiled
     program is kept. What the server does after a failed call, whose
     donated state may be gone."""
-    self._state = self._place(self._initial_state())
+    self._state = self._place(self._program.initial_state(self.params))
     self._busy_B = np.zeros(self.b, bool)
     self._uncollected = False
 
@@ -181,88 +187,6 @@ class ModelRunner:
     for slot, sampling in rows:
       settings[slot] = sampling
     return RowSampling.host(settings, self.sampler)
-
-  # Device functions -------------------------------------------------------
-  def _model(self, params, valid_BxN, stop_ids=()):
-    return SequenceModel.for_batch(self.config, params, valid_BxN,
-                                   self.implementation, stop_ids)
-
-  def _initial_state(self) -> SlotState:
-    """Every slot empty (slots.start, done)."""
-    b = self.b
-    return slots.start(
-        self.sampler, lambda v: self._model(self.params, v, self.stop_ids),
-        jnp.full((b, self.p), self.config.pad_token_id, jnp.int32),
-        jnp.ones((b, self.p), bool), self.g_all, self.config.mask_token_id,
-        jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32)),
-        RowSampling.of([GREEDY] * b, self.sampler) if self.row_data
-        else None, done=True,
-        top_k=self.top_k)
-
-  def _cycle(self, params, state: SlotState, release_B, prompt_QxP,
-             valid_QxP, seed_Q, count, steps, sampling, record_top: bool):
-    """Releases release_B, then decodes at most `steps` steps with the
-    first `count` queue entries refilling free slots (module docstring; a
-    sampler that is not Refillable loads at the call's start only, and a
-    finished row ends the call). Returns (state, Jobs, job_B, taken,
-    iters); without record_top the top buffer passes through."""
-    kept = state.decode.top
-    if not record_top:
-      state = state.replace(decode=state.decode.replace(top=None))
-    b, q = self.b, self.q
-    gen, max_steps = slice(self.p, self.p + self.g), self.sampler.num_steps
-    model_for = lambda v: self._model(params, v, self.stop_ids)
-    rng_Q = jax.vmap(jax.random.key)(seed_Q)
-    cap = slots.refill_cap(self.sampler, b, per_call=True)
-    refillable = isinstance(self.sampler, Refillable)
-
-    def refill(s, job_B, taken, jobs, free_B, step):
-      s, entry_B = slots.refill(
-          s, free_B, cap, taken, count, prompt_QxP, valid_QxP, rng_Q,
-          sampling, sampler=self.sampler, mask_id=self.config.mask_token_id,
-          model_for=model_for)
-      loaded_B = entry_B != EMPTY
-      job_B = jnp.where(loaded_B, b + entry_B,
-                        jnp.where(free_B, EMPTY, job_B))
-      return (s, job_B, taken + jnp.sum(loaded_B), jobs.loaded(entry_B, step),
-              loaded_B)
-
-    def body(carry):
-      s, job_B, taken, jobs, i, _ = carry
-      d = make_step(self.sampler, model_for(s.valid_BxN), self.p,
-                    self.stop_ids)(s.decode)
-      d = d.replace(done_B=d.done_B | (d.steps_B >= max_steps))
-      finished_B = d.done_B & ~s.decode.done_B
-      jobs = jobs.record(finished_B, job_B, d, gen)
-      s = s.replace(decode=d)
-      if not refillable:  # a new batch only once this one is done: the host
-        return s, job_B, taken, jobs, i + 1, jnp.any(finished_B)
-      s, job_B, taken, jobs, loaded_B = refill(s, job_B, taken, jobs,
-                                               d.done_B, i + 1)
-      # a finished row that nothing replaced: its answer (and the host's
-      # next requests) should not wait for the rest of the call
-      unfilled = jnp.any(finished_B & ~loaded_B) & (taken >= count)
-      return s, job_B, taken, jobs, i + 1, unfilled
-
-    def running(carry):
-      s, _, _, _, i, unfilled = carry
-      return (i < steps) & jnp.any(~s.decode.done_B) & ~unfilled
-
-    state = slots.release(state, release_B)
-    job_B = jnp.where(state.decode.done_B, EMPTY, jnp.arange(b))
-    jobs = Jobs.empty(b + q, q, self.g, self.config.mask_token_id,
-                      self.top_k if record_top else 0)
-    state, job_B, taken, jobs, _ = refill(
-        state, job_B, jnp.zeros((), jnp.int32), jobs, state.decode.done_B, 0)
-    state, job_B, taken, jobs, iters, _ = jax.lax.while_loop(
-        running, body, (state, job_B, taken, jobs, jnp.zeros((), jnp.int32),
-                        jnp.zeros((), bool)))
-    d = state.decode
-    jobs = jobs.record(~d.done_B, job_B, d, gen)  # the running rows so far
-    job_B = jnp.where(d.done_B, EMPTY, job_B)
-    if not record_top:
-      state = state.replace(decode=d.replace(top=kept))
-    return state, jobs, job_B, taken, iters
 
   # Host API -----------------------------------------------------------------
   def cycle(self, release=(), queue=(),

@@ -10,7 +10,8 @@ file, from the built-in preset whose shapes the stored tree has.
 Text only: the vision and audio parameters a checkpoint may hold are
 dropped. `load` checks every text parameter against the config's shapes.
 A Hugging Face DiffusionGemma directory loads too (hf.py), and converts
-to this format (`convert`, what scripts/convert_hf.py runs).
+to this format (`convert`, what scripts/convert_hf.py runs; `save` writes
+it: checkpoint_save.py).
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ from jax.sharding import NamedSharding
 
 from flash_dllm_jax import parallel
 from flash_dllm_jax import quantize as qlib
-from flash_dllm_jax.checkpoint_files import staging_dir
+from flash_dllm_jax.architectures.diffusion_gemma import checkpoint_save
 from flash_dllm_jax.architectures.diffusion_gemma import hf as hf_format
 from flash_dllm_jax.architectures.diffusion_gemma.config import (
     GEMMA4_SPECIAL, PRESETS, GemmaConfig, preset)
 from flash_dllm_jax.architectures.diffusion_gemma.quant import quantize_tree
 from flash_dllm_jax.architectures.diffusion_gemma.tokenizer import (
     load_tokenizer)
+
+# Writing, in checkpoint_save.py; the family's loader module names both.
+save, convert = checkpoint_save.save, checkpoint_save.convert
 
 _ORBAX_MARKERS = ("_CHECKPOINT_METADATA", "_METADATA", "manifest.ocdbt")
 _MM_TOP = ("vision_encoder", "audio_encoder")
@@ -252,40 +256,6 @@ def _placed(config, path: str, array, mesh):
     return jnp.asarray(array)
   spec = parallel.param_spec(config, path, array.shape, mesh)
   return jax.device_put(array, NamedSharding(mesh, spec))
-
-
-def save(dst, params, config: GemmaConfig, tokenizer=None,
-         force: bool = False) -> None:
-  """Writes `params` (the official tree) in Google's format at `dst`: the
-  orbax tree, config.json ("transformer_config", "special_tokens",
-  "max_seq_len", the compute "dtype", "text_vocab_size" when the config
-  sets one) and the tokenizer's files; all or nothing."""
-  with staging_dir(dst, force=force) as tmp:
-    tmp.rmdir()  # orbax writes the directory itself
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(tmp.absolute(), params)
-    checkpointer.wait_until_finished()
-    special = dict(GEMMA4_SPECIAL, eos=config.eos_token_id,
-                   bos=config.bos_token_id, end_of_turn=config.end_of_turn_id,
-                   begin_of_tool_response=config.tool_response_id)
-    meta = {"transformer_config": hf_format.to_official(config),
-            "special_tokens": special, "max_seq_len": config.max_seq_len,
-            "dtype": config.dtype}
-    if config.text_vocab_size is not None:
-      meta["text_vocab_size"] = config.text_vocab_size
-    (tmp / "config.json").write_text(json.dumps(meta, indent=1) + "\n")
-    if tokenizer is not None:
-      tokenizer.save(tmp)
-
-
-def convert(src, dst, dtype: str = "bfloat16", force: bool = False) -> None:
-  """A Hugging Face DiffusionGemma directory written in Google's format."""
-  if not hf_format.is_hf_dir(Path(src)):
-    raise ValueError(f"{src} is not a Hugging Face DiffusionGemma directory "
-                     "(config.json of model_type 'diffusion_gemma' with "
-                     "safetensors)")
-  params, config = hf_format.load(Path(src), dtype)
-  save(dst, params, config, force=force)
 
 
 def init_params(config: GemmaConfig, rng: jax.Array, dtype=None):

@@ -10,10 +10,11 @@ the early-stop rule fires, the canvas cut after its first end token (PAD
 after it), then appended causally to the cache; the answer ends at a
 canvas holding an end token or after `max_out_length` tokens. Under
 continuous batching a finished row's slot takes the next request between
-canvases (reset_rows: it prefills at its next step). One loop
-step is one denoising step of every running row; the prefill and the
-appends run inside the steps that need them. The cache of the prompt and
-the finished canvases is written once and read by every later step.
+canvases (reset_rows: it prefills at its next step). One loop step is
+one denoising step of every running row; the prefill and the appends
+(canvas_rows.py) run inside the steps that need them. The cache of the
+prompt and the finished canvases is written once and read by every later
+step.
 
 Each row keeps the official key chain of a batch of one (the loop's key
 split per canvas, the denoising key split per step), so a prompt alone
@@ -41,37 +42,19 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-from flax import struct
 
 from flash_dllm_jax.architectures.diffusion_gemma import canvas_options as co
+from flash_dllm_jax.architectures.diffusion_gemma import canvas_rows
 from flash_dllm_jax.architectures.diffusion_gemma import model as dg
 from flash_dllm_jax.architectures.diffusion_gemma import sampler_steps as st
 from flash_dllm_jax.architectures.diffusion_gemma.canvas_options import (
     TokenIds)
+from flash_dllm_jax.architectures.diffusion_gemma.canvas_rows import (
+    CanvasRows)
 from flash_dllm_jax.architectures.diffusion_gemma.fast import FORWARDS
 from flash_dllm_jax.sampling import checks, options
 from flash_dllm_jax.sampling.options import max_refills, option
 from flash_dllm_jax.sampling.state import DecodeState, where_keys
-
-
-@struct.dataclass
-class CanvasRows:
-  """Per row: fresh_B (not prefilled yet), start_B (the current canvas's
-  first slot = RoPE position), written_B (answer tokens already final),
-  the canvas and its bfloat16 self-conditioning signal (as the official
-  carry keeps it), its denoising step, the canvas-loop key and the
-  denoising key, whether the answer ended; the K/V cache."""
-
-  cache: tuple
-  fresh_B: jax.Array
-  start_B: jax.Array
-  written_B: jax.Array
-  canvas_BxC: jax.Array
-  sc_BxCxD: jax.Array
-  step_B: jax.Array
-  outer_B: jax.Array
-  inner_B: jax.Array
-  stop_B: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,19 +145,8 @@ class DiffusionGemmaSampler:
                       max_seq_len)
 
   def init_aux(self, model, tokens_BxN: jax.Array) -> CanvasRows:
-    cfg = model.config
-    b, n = tokens_BxN.shape
-    c = self.canvas_length
-    # distinct buffers for every leaf: the server donates this state
-    zeros = lambda: jnp.zeros((b,), jnp.int32)
-    keys = lambda: jax.vmap(jax.random.key)(jnp.zeros((b,), jnp.uint32))
-    return CanvasRows(
-        cache=dg.empty_cache(cfg, b, n), fresh_B=jnp.ones((b,), bool),
-        start_B=zeros(), written_B=zeros(),
-        canvas_BxC=jnp.zeros((b, c), jnp.int32),
-        sc_BxCxD=jnp.zeros((b, c, cfg.d_model), jnp.bfloat16),
-        step_B=zeros(), outer_B=keys(), inner_B=keys(),
-        stop_B=jnp.zeros((b,), bool))
+    return canvas_rows.empty(model.config, *tokens_BxN.shape,
+                             self.canvas_length)
 
   def finished(self, model, tokens_BxN, aux: CanvasRows, prompt_len: int):
     return aux.stop_B
@@ -201,40 +173,6 @@ class DiffusionGemmaSampler:
       return state.sampling.extra
     rows = [None] * state.tokens_BxN.shape[0]
     return jax.tree.map(jnp.asarray, co.host_arrays(self, rows))
-
-  def _start_canvas(self, model, aux: CanvasRows, rows_B) -> CanvasRows:
-    """A fresh canvas for rows_B: the canvas loop's key split once, its
-    second half split into the initial canvas's key and the steps' key."""
-    outer_next, sample = st.split2(aux.outer_B)
-    init, steps = st.split2(sample)
-    canvas = st.random_tokens(init, self.canvas_length,
-                              model.config.n_text_ids)
-    return aux.replace(
-        outer_B=where_keys(rows_B, outer_next, aux.outer_B),
-        inner_B=where_keys(rows_B, steps, aux.inner_B),
-        canvas_BxC=jnp.where(rows_B[:, None], canvas, aux.canvas_BxC),
-        sc_BxCxD=jnp.where(rows_B[:, None, None], 0, aux.sc_BxCxD
-                           ).astype(aux.sc_BxCxD.dtype),
-        step_B=jnp.where(rows_B, 0, aux.step_B))
-
-  def _prefill(self, model, state: DecodeState, aux: CanvasRows, rows_B,
-               prompt_len: int) -> CanvasRows:
-    """Causal prefill of rows_B's prompts (left-padded in the batch) at
-    slots 0.. and their first canvas; their key chain starts at the row's
-    seed key (state.rng_B before the loop touches it)."""
-    p = prompt_len
-    length_B = jnp.sum(model.valid_BxN[:, :p], axis=1, dtype=jnp.int32)
-    slots = jnp.arange(p)[None, :] - (p - length_B)[:, None]
-    slots = jnp.where(rows_B[:, None] & (slots >= 0), slots, -1)
-    _, cache = FORWARDS[self.forward](
-        model, model.params, model.config, state.tokens_BxN[:, :p], slots,
-        aux.cache, dg.causal(slots), logits=False)
-    aux = aux.replace(
-        cache=cache, fresh_B=aux.fresh_B & ~rows_B,
-        start_B=jnp.where(rows_B, length_B, aux.start_B),
-        written_B=jnp.where(rows_B, 0, aux.written_B),
-        outer_B=where_keys(rows_B, state.rng_B, aux.outer_B))
-    return self._start_canvas(model, aux, rows_B)
 
   def _accept(self, shaped, keys_B, opts, state: DecodeState, n_ids: int):
     """The next canvas from a step's shaped logits (st.accept)."""
@@ -268,7 +206,8 @@ class DiffusionGemmaSampler:
     fresh_B = active_B & aux.fresh_B
     aux = jax.lax.cond(
         jnp.any(fresh_B),
-        lambda a: self._prefill(model, state, a, fresh_B, prompt_len),
+        lambda a: canvas_rows.prefill(self.forward, model, state, a, fresh_B,
+                                      prompt_len, c),
         lambda a: a, aux)
     opts = self._options(state)
     canvas, shaped, cache, inner_next, lp_BxC = self._denoise(
@@ -301,22 +240,8 @@ class DiffusionGemmaSampler:
     next_B = done_B & more_B
     aux = aux.replace(stop_B=aux.stop_B | (done_B & ~more_B))
     aux = jax.lax.cond(jnp.any(next_B),
-                       lambda a: self._append(model, a, final, next_B),
+                       lambda a: canvas_rows.append(self.forward, model, a,
+                                                    final, next_B),
                        lambda a: a, aux)
     forwards_B = (active_B.astype(jnp.int32) + fresh_B + next_B)
     return tokens_BxN, aux, forwards_B, logprob_BxN
-
-  def _append(self, model, aux: CanvasRows, final_BxC, rows_B) -> CanvasRows:
-    """The finished canvases of rows_B written causally into the cache
-    (their final K/V over the scratch ones), then the next canvas."""
-    slots = jnp.where(rows_B[:, None],
-                      aux.start_B[:, None] + jnp.arange(self.canvas_length),
-                      -1)
-    _, cache = FORWARDS[self.forward](
-        model, model.params, model.config, final_BxC, slots, aux.cache,
-        dg.causal(slots), logits=False)
-    c = self.canvas_length
-    aux = aux.replace(cache=cache,
-                      start_B=aux.start_B + c * rows_B,
-                      written_B=aux.written_B + c * rows_B)
-    return self._start_canvas(model, aux, rows_B)
