@@ -86,7 +86,8 @@ def token_logprob(logits_BxCxV, tokens_BxC):
 def accept(shaped_BxCxV, keys_B, entropy_bound_B, n_ids: int):
   """SampleFromPredictions: a draw from the shaped logits at every
   position; the lowest-entropy positions are kept while the entropy summed
-  before them is <= the row's entropy_bound_B (so at least one), the rest
+  before them is <= the row's entropy_bound_B (so at least one for a
+  bound >= 0, none for a negative one), the rest
   renoised with uniform ids in [0, n_ids)."""
   denoised_BxC, keep_BxC, noise_BxC = draws(shaped_BxCxV, keys_B,
                                             entropy_bound_B, n_ids)
