@@ -67,7 +67,7 @@ ENTRY_POINTS = (
     ("scripts/bench_load.py", "checkpoint load time and host memory"),
     ("scripts/profile_step.py", "a decode step's time per kernel"),
     ("scripts/quant_error.py", "8-bit weights' error against bf16"),
-    ("scripts/train_tiny.py", "train the shipped models (LLaDA, LLaDA2, DiffusionGemma formats)"),
+    ("scripts/train_tiny.py", "train the shipped models"),
     ("scripts/make_synthetic_gsm.py", "write the synthetic GSM corpus"),
     ("scripts/make_tiny_checkpoint.py", "write the tiny random model"),
 )

@@ -90,9 +90,9 @@ def layer_params(config: GemmaConfig, prefix: str, pool, fmt, index):
     fan_in = shape[-1] if "gating" in path or "q_einsum" in path else (
         shape[-2])
     offset = ((index * 97 + i) * 104_729) % pool.size
-    flat[path] = timing._tiled_leaf(pool, jnp.int32(offset),
-                                    jnp.float32(fan_in ** -0.5),
-                                    tuple(shape), jnp.dtype(jnp.bfloat16))
+    flat[path] = timing._tiled_leaf(tuple(shape), jnp.dtype(jnp.bfloat16),
+                                    None)(pool, jnp.uint32(offset),
+                                          jnp.float32(fan_in ** -0.5))
   tree = traverse_util.unflatten_dict(flat, sep="/")[prefix]
   if fmt is None or prefix == "embedder":
     return tree
