@@ -38,7 +38,11 @@ SLOW_MODULES = (
     "test_serve_shipped.py", "test_serve_variants.py",
     "test_serve_bench.py", "test_eval_quality.py",
     "test_elastic_cache_drift.py", "test_lm_eval_tasks.py",
-    "test_mesh_diffusion_gemma.py", "test_kernel_attention_kv8.py")
+    "test_mesh_diffusion_gemma.py", "test_kernel_attention_kv8.py",
+    "test_serve_engine.py", "test_serve.py", "test_block_flash_shift.py",
+    "test_diffusion_gemma_row_options.py", "test_diffusion_gemma_sampler.py",
+    "test_diffusion_gemma_flash.py", "test_canvas_objective.py",
+    "test_blockwise_attention.py", "test_flash_mesh.py")
 
 
 def pytest_configure(config):
