@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# docs/memory.md "Block-causal attention on the kernel (opt-in)": the split
-# path (Kernels(block_attention="split")) beside the fused default, both
+# docs/memory.md "Block-causal attention on the kernel": the split path
+# (Kernels(block_attention="split"), the GPU default) beside the fused one, both
 # measured in one run, at LLaDA2.0-mini's shapes. Each part is bounded so
 # that all three fit 9 minutes:
 #   bash benchmarks/block_attention.sh OUT_DIR tests  # its GPU exactness tests

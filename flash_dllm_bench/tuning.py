@@ -46,18 +46,25 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 def add_block_attention_flag(ap: argparse.ArgumentParser,
                              several: bool = False) -> None:
-  """--block-attention fused|split (Kernels.block_attention); several: a
-  list of them, each timed (default ["fused"])."""
+  """--block-attention default|fused|split (Kernels.block_attention;
+  default: the Kernels default, split on a GPU); several: a list of them,
+  each timed (default ["default"])."""
   from flash_dllm_jax import architectures
   block = [n for n in architectures.names()
            if architectures.get(n).attention.mask == "block_causal"]
-  ap.add_argument("--block-attention", choices=choice.BLOCK_ATTENTIONS,
+  ap.add_argument("--block-attention", choices=("default",
+                                                *choice.BLOCK_ATTENTIONS),
                   nargs="+" if several else None,
-                  default=["fused"] if several else "fused",
+                  default=["default"] if several else "default",
                   help=f"block-causal attention ({', '.join(block)})"
-                  + (", each timed" if several else "") + ": fused (JAX's, "
-                  "the default) or split (the scheduled kernel block by "
-                  "block, opt-in)")
+                  + (", each timed" if several else "") + ": default (split "
+                  "on a GPU, fused elsewhere), fused (JAX's fused attention) "
+                  "or split (the scheduled kernel block by block)")
+
+
+def block_attention(value: str) -> str | None:
+  """Kernels.block_attention for a --block-attention value."""
+  return None if value == "default" else value
 
 
 def add_variant_args(ap: argparse.ArgumentParser) -> None:
@@ -151,7 +158,7 @@ def apply(ap: argparse.ArgumentParser, args: argparse.Namespace):
     ap.error(str(e))
   return Kernels(attention=tiling, stream_max_q=args.stream_max_q,
                  qmatmul=args.qmatmul_backend,
-                 block_attention=args.block_attention)
+                 block_attention=block_attention(args.block_attention))
 
 
 def fused_qkv(args: argparse.Namespace) -> bool:

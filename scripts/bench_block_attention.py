@@ -1,6 +1,6 @@
 """Block-causal attention of one layer at LLaDA2.0-mini's shapes (16 heads
 over 4 KV heads of 128), the kernel's block-by-block path
-(ops.blockwise_attention, opt-in: Kernels(block_attention="split")) beside the fused path it replaces (JAX's fused
+(ops.blockwise_attention, Kernels(block_attention="split"), the default on a GPU) beside the fused path (JAX's fused
 attention, cuDNN on a GPU, over every slot with the block-causal mask;
 the plain-JAX reference elsewhere), both timed in this run:
 
@@ -138,7 +138,7 @@ def main(argv=None):
     bw, mm = timing.copy_bandwidth(0.01, 3), timing.matmul_rate(256, 3)
   else:
     bw, mm = timing.copy_bandwidth(), timing.matmul_rate()
-  # The opt-in path (Kernels.block_attention "split"); on a GPU the Triton
+  # The split path (Kernels.block_attention "split"); on a GPU the Triton
   # kernel with the automatic split, elsewhere interpreted (at --smoke in
   # splits of one 16-key tile).
   kernel = ops.Kernels(block_attention="split")
@@ -147,7 +147,8 @@ def main(argv=None):
     if args.smoke:
       kernel = dataclasses.replace(kernel, attention=ops.Tiling(
           block_k=16, split_tiles=1))
-  impls = [("fused", None if on_gpu() else "reference"), ("kernel", kernel)]
+  impls = [("fused", ops.Kernels(block_attention="fused") if on_gpu()
+            else "reference"), ("kernel", kernel)]
   print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}; "
         f"copy {bw / 1e12:.2f} TB/s, bf16 matmul {mm / 1e12:.0f} TFLOP/s",
         flush=True)

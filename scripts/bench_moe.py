@@ -39,7 +39,8 @@ touches, counted exactly).
 
 --block-attention fused split times each decode with JAX's fused
 block-causal attention and with the scheduled kernel block by block
-(Kernels.block_attention; interpreted off a GPU), the split step's ms over
+(Kernels.block_attention, whose default is split on a GPU; interpreted off a
+GPU), the split step's ms over
 the fused step's of the same strategy and batch printed after the table.
 
 --steady (llada2, llada2.1) also times a second schedule of twice the
@@ -261,12 +262,12 @@ def main(argv=None):
              for how in args.block_attention]
   for name, b, how in [] if args.layer_only else decodes:
     sampler, passes = step_sampler(name, args)
-    kind = f"{name} step" + ("" if how == "fused" else f" {how}")
+    kind = f"{name} step" + ("" if how == "default" else f" {how}")
     try:  # off a GPU, split runs interpreted (else the reference's path)
       kernels = ops.Kernels(KERNEL if how == "split" else None,
                             experts=args.tilings[0],
                             experts_backend=args.experts_backend,
-                            block_attention=how)
+                            block_attention=tuning.block_attention(how))
       s_step, compile_s, steps, forwards = timing.time_decode(
           cfg, params, sampler, b, args.prompt,
           args.reps if name != "llada2-flash" else 1,
@@ -345,9 +346,9 @@ def main(argv=None):
             f"{r['forwards']} forwards a row at most; peak "
             f"{r['peak_gb']:.2f} GB)")
   fused = {(r["kind"], r["batch"]): r["ms"] for r in rows
-           if r["kind"].endswith(" step") and "ms" in r}
+           if r["kind"].endswith(" step fused") and "ms" in r}
   for r in rows:
-    base_ms = fused.get((r["kind"].removesuffix(" split"), r["batch"]))
+    base_ms = fused.get((r["kind"].replace(" split", " fused"), r["batch"]))
     if r["kind"].endswith(" step split") and "ms" in r and base_ms:
       print(f"{r['kind']} / fused ms per step, batch {r['batch']}, prompt "
             f"{args.prompt}: {r['ms'] / base_ms:.3f} (floor / split "

@@ -95,19 +95,22 @@ def test_blockwise_matches_the_reference_and_a_cached_block():
   np.testing.assert_array_equal(np.asarray(cached), np.asarray(take(got)))
 
 
-def test_the_default_kernels_keep_the_fused_path():
-  """Kernels() (block_attention "fused") sends a BlockCausal with its block
-  length to JAX's fused attention on a GPU ('pallas') and to the
-  reference's masked path under 'pallas_interpret': no Pallas call; the
-  opt-in "split" to the kernel. A bad choice is refused."""
+def test_the_default_kernels_split_on_a_gpu_only():
+  """Kernels() (block_attention unset) sends a BlockCausal with its block
+  length to the split kernel on a GPU ('pallas') and to the reference's
+  masked path under 'pallas_interpret' (no Pallas call); "fused" to JAX's
+  fused attention on a GPU, "split" to the kernel on both. A bad choice
+  is refused."""
   valid = jnp.asarray(np.arange(12)[None, :] >= np.array([[0], [3]]))
   q, k, v = _qkv(2, 12)
   mask, _ = _mask(valid)
   calls = lambda impl: str(jax.make_jaxpr(lambda *a: ops.attention(
       *a, scale=0.25, implementation=impl))(q, k, v, mask)).count(
           "pallas_call")
+  assert calls(ops.Kernels("pallas")) > 0
+  assert calls(ops.Kernels("pallas_interpret")) == 0
   for name in ("pallas", "pallas_interpret"):
-    assert calls(ops.Kernels(name)) == 0, name
+    assert calls(ops.Kernels(name, block_attention="fused")) == 0, name
     assert calls(ops.Kernels(name, block_attention="split")) > 0, name
   # The model: Kernels() traces the program a kernel name alone does.
   config, params = _one_layer("llada2")
@@ -119,9 +122,10 @@ def test_the_default_kernels_keep_the_fused_path():
     return str(jax.make_jaxpr(lambda t: model.logits(
         t, jnp.arange(4)[None].repeat(2, 0), block_length=L))(
             jnp.ones((2, 12), jnp.int32)))
-  fused = jaxpr(ops.Kernels("pallas"))
-  assert fused == jaxpr("pallas")
-  split = jaxpr(ops.Kernels("pallas", block_attention="split"))
+  split = jaxpr(ops.Kernels("pallas"))
+  assert split == jaxpr("pallas")
+  assert split == jaxpr(ops.Kernels("pallas", block_attention="split"))
+  fused = jaxpr(ops.Kernels("pallas", block_attention="fused"))
   assert split.count("pallas_call") > fused.count("pallas_call")
   with pytest.raises(ValueError, match="block_attention"):
     ops.Kernels(block_attention="blocks")
@@ -181,7 +185,7 @@ def test_llada2_cached_decode_equals_the_uncached_on_the_kernel():
 
 @pytest.mark.gpu
 def test_llada2_cached_forwards_are_the_uncached_bits_on_the_gpu():
-  """On a GPU (Kernels(block_attention="split"): the Triton kernel, the
+  """On a GPU (Kernels(), block attention split: the Triton kernel, the
   automatic split), bf16, LLaDA2.0-mini's
   attention shapes (16 heads over 4 KV heads of 128), block 32, prompts of
   8k and 5k slots: window, block and pair forwards give the uncached
@@ -195,7 +199,7 @@ def test_llada2_cached_forwards_are_the_uncached_bits_on_the_gpu():
   def step(tokens_BxN, valid_BxN, bc, start_B):
     model = SequenceModel.for_batch(
         config, params, valid_BxN,
-        implementation=ops.Kernels(block_attention="split"))
+        implementation=ops.Kernels())
     active_B = jnp.ones(start_B.shape, bool)
     cached, bc = block_logits(model, tokens_BxN, bc, start_B, active_B, bl)
     rows_BxL = start_B[:, None] + jnp.arange(bl)

@@ -29,10 +29,11 @@ class Kernels:
   `attention_backend`, the cached attention's, and `experts_backend`, the
   grouped expert GEMM's (Mosaic GPU's picks its own row tiles; `experts`
   then tiles only what falls through to Triton). `block_attention`: how
-  a block-causal family's attention runs under the kernel names: "fused"
-  (the default: JAX's fused attention on a GPU, the reference elsewhere)
-  or "split" (opt-in, not yet measured on a GPU: the scheduled kernel
-  decode block by decode block, ops/block_attention.py)."""
+  a block-causal family's attention runs under the kernel names: "split"
+  (the scheduled kernel decode block by decode block, ops/block_attention.py)
+  or "fused" (JAX's fused attention on a GPU, the reference elsewhere);
+  None (the default): "split" on a GPU ('pallas', where it measures
+  faster), "fused" under 'pallas_interpret'."""
 
   name: str | None = None
   attention: attention_api.Tiling = dataclasses.field(
@@ -43,7 +44,7 @@ class Kernels:
   cache_update: str = "triton"
   attention_backend: str = "triton"
   experts_backend: str = "triton"
-  block_attention: str = "fused"
+  block_attention: str | None = None
 
   def __post_init__(self):
     if self.stream_max_q is not None and self.stream_max_q < 0:
@@ -53,7 +54,7 @@ class Kernels:
       if getattr(self, name) not in GPU_BACKENDS:
         raise ValueError(f"{name} must be one of {GPU_BACKENDS}, got "
                          f"{getattr(self, name)!r}")
-    if self.block_attention not in BLOCK_ATTENTIONS:
+    if self.block_attention not in (None, *BLOCK_ATTENTIONS):
       raise ValueError(f"block_attention must be one of {BLOCK_ATTENTIONS}, "
                        f"got {self.block_attention!r}")
 
@@ -63,8 +64,12 @@ BLOCK_ATTENTIONS = ("fused", "split")  # Kernels.block_attention
 
 
 def block_attention(implementation) -> str:
-  """Kernels.block_attention of `implementation` ("fused" for a name)."""
-  return getattr(implementation, "block_attention", "fused")
+  """Kernels.block_attention of `implementation`; unset (or a name alone):
+  "split" on a GPU ('pallas'), "fused" elsewhere."""
+  choice = getattr(implementation, "block_attention", None)
+  if choice is None:
+    return "split" if kernel_name(implementation) == "pallas" else "fused"
+  return choice
 
 
 def kernel_name(implementation: "str | Kernels | None") -> str:
