@@ -82,6 +82,10 @@ def model_and_prompts(args, mesh=None):
   prompts = [tok.encode(tok.apply_chat_template(
       [{"role": "user", "content": r["question"]}])) for r in rows]
   prompts = [p for p in prompts if len(p) <= args.max_prompt_tokens]
+  if not prompts:
+    raise SystemExit(f"no held-out problem's prompt fits --max-prompt-tokens "
+                     f"{args.max_prompt_tokens} with {args.checkpoint}'s "
+                     "tokenizer")
   return model, [prompts[i % len(prompts)] for i in range(args.requests)]
 
 
