@@ -2,8 +2,6 @@
 (tiny checkpoint), its Monte-Carlo likelihood against NumPy, and its
 model_args errors."""
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -201,20 +199,21 @@ def test_simple_evaluate_reports_bad_model_args():
 
 
 @pytest.mark.slow
-def test_cli_writes_throughput_beside_the_results(tmp_path, capsys,
-                                                  monkeypatch):
-  """`python -m flash_dllm_jax.lm_eval`'s main, in this process (no fresh
-  Python importing JAX and lm-eval): lm-eval's results and the adapter's
-  throughput beside them."""
+def test_cli_writes_throughput_beside_the_results(tmp_path):
   import json
-  from flash_dllm_jax.lm_eval.__main__ import main
-  monkeypatch.setattr("sys.argv", list(sys.argv))  # main sets lm-eval's
+  import subprocess
+  import sys
+  from tests.paths import ROOT
   # lm-eval's own --batch_size (a string to the model); checkpoint= goes to
   # lm-eval as pretrained=, which it names the output folder after.
-  main(["--model", "flash_dllm_jax", "--batch_size", "2", "--model_args",
-        f"checkpoint={TINY},strategy=threshold,gen_length=32",
-        "--tasks", "synthetic_gsm", "--limit", "2", "--output_path",
-        str(tmp_path)])
+  cmd = [sys.executable, "-m", "flash_dllm_jax.lm_eval", "--model",
+         "flash_dllm_jax", "--batch_size", "2", "--model_args",
+         f"checkpoint={TINY},strategy=threshold,gen_length=32",
+         "--tasks", "synthetic_gsm", "--limit", "2", "--output_path",
+         str(tmp_path)]
+  done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-3000:]
   results, = tmp_path.rglob("results_*.json")
   throughput, = tmp_path.rglob("throughput_*.json")
   assert throughput.parent == results.parent == tmp_path / TINY.replace(
@@ -225,7 +224,7 @@ def test_cli_writes_throughput_beside_the_results(tmp_path, capsys,
   assert info == json.loads(results.read_text())["config"]["flash_dllm_jax"]
   assert info["throughput"]["generate_until"]["requests"] == 2
   assert info["adapter"]["batch_size"] == 2
-  assert "synthetic_gsm" in capsys.readouterr().out
+  assert "synthetic_gsm" in done.stdout
 
 
 def test_cli_names_a_compile_cache_it_cannot_create(tmp_path, monkeypatch):
