@@ -136,30 +136,32 @@ def test_init_params_of_a_quantized_config_quantizes_the_bf16_init():
 
 
 @pytest.mark.slow
-def test_bench_strategies_and_quant_error_take_quantize(tmp_path):
+def test_bench_strategies_and_quant_error_take_quantize(tmp_path, capsys):
   """bench_strategies quantizes its random weights and records their bytes;
-  quant_error prints its tables for the shipped model."""
+  quant_error prints its tables for the shipped model. Both mains run in
+  this process (no fresh Python and JAX import each)."""
+  import importlib
   import json
-  import subprocess
   import sys
   from tests.paths import ROOT
+  if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
   out = tmp_path / "bench.json"
-  run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True,
-                                  text=True, timeout=600, cwd=ROOT)
-  bench = run("scripts/bench_strategies.py", "--smoke", "--quantize", "fp8",
-              "--only", "flash-dllm", "--json", str(out))
-  assert bench.returncode == 0, bench.stderr[-2000:]
+  importlib.import_module("bench_strategies").main([
+      "--smoke", "--quantize", "fp8", "--only", "flash-dllm", "--json",
+      str(out)])
+  printed = capsys.readouterr().out
   doc = json.loads(out.read_text())
   assert doc["quantize"] == "fp8" and 0 < doc["weight_bytes"]
-  assert "weights in memory" in bench.stdout and len(doc["rows"]) == 1
+  assert "weights in memory" in printed and len(doc["rows"]) == 1
   # W8A8 projections are fp8 x fp8 GEMMs: fp8's rate is the compute ceiling
   assert doc["matmul_kind"] == "fp8" and doc["matmul_flops"] > 0
-  assert "fp8 matmul" in bench.stdout
-  err = run("scripts/quant_error.py", "--smoke", "--batch", "1", "--formats",
-            "int8", "fp8")
-  assert err.returncode == 0, err.stderr[-2000:]
-  assert "| fp8 |" in err.stdout and "| int8 |" in err.stdout
-  assert "| 9 |" in err.stdout  # a row per layer of the 10-layer model
+  assert "fp8 matmul" in printed
+  assert importlib.import_module("quant_error").main([
+      "--smoke", "--batch", "1", "--formats", "int8", "fp8"]) == 0
+  printed = capsys.readouterr().out
+  assert "| fp8 |" in printed and "| int8 |" in printed
+  assert "| 9 |" in printed  # a row per layer of the 10-layer model
 
 
 def test_dispatch_picks_the_kernel_by_rows_per_sequence_never_the_batch(

@@ -91,7 +91,9 @@ def test_resume_is_bitwise(setup, tmp_path, source):
   def data():
     if source == "rows":
       return rows
-    return StreamBatches(tok, 256, 4, seed=0, data_seed=2)
+    # the stored rows' width: both sources run one compiled train step
+    return StreamBatches(tok, rows.tokens_MxN.shape[1], 4, seed=0,
+                         data_seed=2)
 
   straight, step = train(config, tok, data(), tmp_path / "a", tc,
                          log=lambda s: None)
