@@ -6,8 +6,8 @@ the training commands and its accuracy (95.7% / 96.0% on all 1000 held-out
 problems at gen 192 / 256 on an H200, LLaDA sampler). The problems below are
 held-out test problems 1 and 4 (data/synthetic_gsm/test.jsonl; none of
 its questions occurs in the training stream), the two with five-step
-solutions among the first five: the LLaDA sampler's uncached decode
-computes more than it compiles, each problem's whole sequence every step. Decoding is greedy with the
+solutions among the first five (the LLaDA sampler's uncached decode costs
+each problem's whole sequence every step). Decoding is greedy with the
 command line's defaults, so the answers are deterministic; every
 `<<a op b=c>>` step of each worked solution must be right, not only the
 final number.
