@@ -110,9 +110,9 @@ def test_whole_sequence_query_without_restarts_equals_full_recomputation():
 
 def test_never_restarting_terminates_and_rows_do_not_depend_on_the_batch():
   """gamma -1 never restarts. Every answer is complete and each row
-  equals decoding it alone, and in another order between other prompts
-  (with more left padding). Rows restarting at different layers in one step
-  are covered by the continuous-batching test (Dream)."""
+  equals decoding it alone, and in another order between other prompts of
+  its bucket (the batch's program). Rows restarting at different layers in
+  one step are covered by the continuous-batching test (Dream)."""
   config, params = tiny("llada", eos_boost=1.2)
   sampler = ElasticCacheSampler(**SMALL, gamma=-1.0)
   prompts = random_prompts(23, [4, 13, 30])
@@ -120,9 +120,13 @@ def test_never_restarting_terminates_and_rows_do_not_depend_on_the_batch():
   done = answer_complete(jnp.asarray(batch.tokens_BxG), config.mask_token_id,
                          config.stop_token_ids)
   assert bool(done.all()) and batch.steps <= sampler.num_steps
-  mixed = generate(params, random_prompts(24, [40]) + prompts[::-1],
+  others = random_prompts(24, [31, 2, 17])
+  mixed = generate(params, [prompts[2], others[0], prompts[0]],
                    config=config, sampler=sampler)
-  np.testing.assert_array_equal(mixed.tokens_BxG[1:][::-1], batch.tokens_BxG)
+  np.testing.assert_array_equal(mixed.tokens_BxG[[2, 0]], batch.tokens_BxG[::2])
+  mixed = generate(params, [others[1], prompts[1], others[2]],
+                   config=config, sampler=sampler)
+  np.testing.assert_array_equal(mixed.tokens_BxG[1], batch.tokens_BxG[1])
   for i, p in enumerate(prompts):
     alone = generate(params, [p], config=config, sampler=sampler)
     np.testing.assert_array_equal(alone.tokens_BxG[0], batch.tokens_BxG[i])

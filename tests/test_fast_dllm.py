@@ -28,8 +28,10 @@ def _gen(arch, sampler, prompts, stop_at_eos=False, **kw):
 @pytest.mark.parametrize("arch,rule", [("llada", "threshold"),
                                        ("dream", "factor")])
 def test_refresh_every_step_equals_no_cache(arch, rule):
+  """(The uncached samplers are RESTATED's: their programs run there.)"""
   prompts = random_prompts(1, [7, 12])
-  opts = dict(gen_length=32, block_length=8, rule=rule, threshold=0.7)
+  opts = dict(gen_length=32, block_length=8, rule=rule, threshold=0.7,
+              **({"factor": 0.5} if rule == "factor" else {}))
   none = _gen(arch, FastDLLMSampler(cache="none", **opts), prompts)
   for cache in ("prefix", "dual"):
     out = _gen(arch, FastDLLMSampler(cache=cache, refresh_every=1, **opts),
@@ -79,13 +81,15 @@ def _callbacks(arch, n):
   return host(full), host(cached)
 
 
+# The uncached ones are test_refresh_every_step_equals_no_cache's samplers
+# (one program each; the factor rule ignores the threshold).
 RESTATED = [("llada", "dual", dict(threshold=0.9)),
             ("llada", "prefix", dict(threshold=0.7)),
-            ("llada", "none", dict(threshold=0.8)),
+            ("llada", "none", dict(threshold=0.7)),
             ("llada", "dual", dict(factor=1.0)),
             ("dream", "dual", dict(threshold=0.7)),
             ("dream", "prefix", dict(threshold=0.9)),
-            ("dream", "none", dict(factor=0.5))]
+            ("dream", "none", dict(factor=0.5, threshold=0.7))]
 
 
 @pytest.mark.parametrize("arch,cache,rule", RESTATED)
@@ -184,11 +188,13 @@ def test_compiled_loop_equals_python_loop():
       refresh_every=2), 1.5, 3, [5, 11, 8])
 
 
-@pytest.mark.parametrize("arch", ["llada", "dream"])
-def test_rows_end_without_masks_and_stop_early(arch):
+@pytest.mark.parametrize("arch,opts", [INVARIANCE[0], INVARIANCE[2]])
+def test_rows_end_without_masks_and_stop_early(arch, opts):
+  """The stopping decode is test_rows_do_not_depend_on_the_batch's batch
+  (its program runs); decoding on past EOS changes no answer."""
   config, _ = tiny(arch)
-  sampler = FastDLLMSampler(gen_length=32, block_length=8, threshold=0.8)
-  prompts = random_prompts(11, [3, 9, 17, 6])
+  sampler = FastDLLMSampler(gen_length=32, block_length=8, **opts)
+  prompts = random_prompts(5, [4, 13, 9, 30])
   full = _gen(arch, sampler, prompts, stop_at_eos=False)
   early = _gen(arch, sampler, prompts, stop_at_eos=True)
   assert not (full.tokens_BxG == config.mask_token_id).any()

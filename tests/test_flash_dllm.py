@@ -14,7 +14,7 @@ from flash_dllm_jax.sampling.flash_dllm import FlashDLLMSampler
 from tests.test_sampling import (check_compiled_equals_python,
                                  check_continuous_equals_alone,
                                  check_rows_do_not_depend_on_the_batch,
-                                 random_prompts, tiny)
+                                 generate_args, random_prompts, tiny)
 
 UNLIMITED = dict(gen_length=24, block_m=4, track_num=40, mask_num=7,
                  threshold=0.6)
@@ -143,27 +143,32 @@ def test_continuous_batching_equals_each_request_alone(sampler):
   check_continuous_equals_alone("llada", sampler, 1.2, [4, 19, 9, 30, 6])
 
 
-@pytest.mark.parametrize("verify", [False, True])
-def test_capped_refills_prefill_only_the_new_rows_and_change_no_answer(verify):
+@pytest.mark.parametrize("sampler", [SMALL, SMALL_VERIFY],
+                         ids=["draft", "verify"])
+def test_capped_refills_prefill_only_the_new_rows_and_change_no_answer(
+    sampler):
   """max_refills=1: at most one slot takes a new request per loop step and
   that step prefills the new row alone; every answer still equals decoding
-  the request alone (and the uncapped queue's)."""
+  the request alone and the uncapped queue's (the sampler's default
+  max_refills, 4, caps nothing with two slots). The uncapped queue and the
+  decodes alone are the programs of test_continuous_batching_equals_each_
+  request_alone: only the capped queue compiles here."""
   config, params = tiny("llada", eos_boost=1.2)
-  base = dataclasses.replace(SMALL_VERIFY if verify else SMALL,
-                             max_refills=None)
-  capped = dataclasses.replace(base, max_refills=1)
-  prompts = random_prompts(46, [4, 19, 9, 30, 6, 12, 7])
+  assert sampler.max_refills >= 2
+  capped = dataclasses.replace(sampler, max_refills=1)
+  prompts = random_prompts(46, [4, 19, 9, 30, 6])  # that test's shapes
   queued = generate(params, prompts, config=config, sampler=capped,
-                    batch_size=3)
-  free = generate(params, prompts, config=config, sampler=base, batch_size=3)
+                    batch_size=2)
+  free = generate(params, prompts, config=config, sampler=sampler,
+                  batch_size=2)
   np.testing.assert_array_equal(queued.tokens_BxG, free.tokens_BxG)
   np.testing.assert_array_equal(queued.forwards_B, free.forwards_B)
   for i, p in enumerate(prompts):
-    alone = generate(params, [p], config=config, sampler=capped)
+    alone = generate(params, [p], config=config, sampler=sampler)
     np.testing.assert_array_equal(queued.tokens_BxG[i], alone.tokens_BxG[0])
   assert queued.steps >= free.steps
   with pytest.raises(ValueError, match="max_refills"):
-    dataclasses.replace(base, max_refills=0)
+    dataclasses.replace(sampler, max_refills=0)
 
 
 def test_continuous_batching_needs_a_refillable_sampler():
@@ -203,16 +208,19 @@ def test_fixed_rule_commits_a_fixed_number_per_step(verify):
 def test_fixed_rule_keeps_the_verify_pass_in_the_compiled_loop():
   """The benchmark schedule keeps no verified draft; the pass must still be
   compiled in (a pass whose output is unused is dead code to XLA, and the
-  benchmark would time the draft pass alone). (The programs of the test
-  above: they come from the run's compilation cache.)"""
+  benchmark would time the draft pass alone). Lowered with the arguments
+  generate passes: the programs of the test above, loaded from the run's
+  compilation cache."""
   config, params = tiny("llada")
   ids, valid = left_pad(FIXED_PROMPTS, config.pad_token_id)
   rng = jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32))
 
   def dots(verify):
     hlo = decode_jit.lower(params, jnp.asarray(ids), jnp.asarray(valid), rng,
+                           *generate_args(_fixed(verify), 2),
                            config=config, sampler=_fixed(verify),
-                           stop_at_eos=False).compile().as_text()
+                           stop_at_eos=False, implementation=None,
+                           logprobs=False).compile().as_text()
     return hlo.count(" dot(")
 
   without, with_verify = dots(False), dots(True)

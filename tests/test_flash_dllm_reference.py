@@ -19,14 +19,15 @@ OPTS = dict(gen_length=24, block_m=4, track_num=2, mask_num=2,
 
 
 # Left-padded: each row against its oracle run alone (row 0 is the prompt a
-# batch of [9] would hold, so a batch case covers that one-prompt run).
+# batch of [9] would hold, so a batch case covers that one-prompt run). The
+# sampler is static (one program each); EOS off reuses EOS on's sampler.
 BATCH = [9, 14, 11]
 
 
 @pytest.mark.parametrize("arch,verify,threshold,gamma,eos_boost,tail,lengths", [
     ("llada", False, 0.6, 0.8, 1.2, False, BATCH),
     ("llada", True, 0.9, 0.4, 1.2, False, BATCH),
-    ("llada", True, 0.8, 0.3, 0.0, False, BATCH),
+    ("llada", True, 0.9, 0.4, 0.0, False, BATCH),  # the program above
     ("dream", False, 0.6, 0.8, 1.2, False, BATCH),
     ("dream", True, 0.8, 0.3, 1.2, False, BATCH),
     ("llada", False, 0.6, 0.8, 0.0, True, [9]),

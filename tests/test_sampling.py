@@ -61,6 +61,15 @@ def random_prompts(seed, lengths, vocab=300):
   return [rng.integers(0, vocab, n).tolist() for n in lengths]
 
 
+def generate_args(sampler, n_rows: int) -> tuple:
+  """decode_jit's positional arguments after the random keys as generate
+  passes them for `n_rows` rows of the sampler's own options: lowering with
+  these (and generate's keywords) gives generate's program, which then
+  loads from the run's compilation cache instead of compiling again."""
+  rows = row_settings(sampler, None, n_rows)
+  return (None if rows is None else RowSampling.of(rows, sampler),)
+
+
 def check_compiled_equals_python(arch, sampler, eos_boost, seed, lengths):
   """`decode_jit` and the Python loop give the same arrays, bit for bit, on
   prompts `random_prompts(seed, lengths)` of the tiny `arch` model. Called
