@@ -69,20 +69,27 @@ def _is_static(value) -> bool:
 
 
 @functools.cache
-def _jitted(fn, static):
-  return jax.jit(functools.partial(fn, **dict(static)))
+def _jitted(fn, static_args, static_kw):
+  def call(*args, **kw):
+    args = list(args)
+    for i, value in static_args:  # ascending positions
+      args.insert(i, value)
+    return fn(*args, **dict(static_kw), **kw)
+  return jax.jit(call)
 
 
 def compiled(fn):
   """`fn` (a plain-JAX reference) as one compiled program per shape and
   option: run op by op, each of its dozens of ops compiles (and goes to
   the run's persistent cache) at every new shape, about 2 s of CPU a call
-  against 0.3 s. Positional arguments are arrays; keyword arguments that
-  hold no array are static."""
+  against 0.3 s. Arguments that hold no array (options, None) are
+  static."""
   @functools.wraps(fn)
   def run(*args, **kw):
-    static = tuple(sorted((k, v) for k, v in kw.items() if _is_static(v)))
-    names = {k for k, _ in static}
-    return _jitted(fn, static)(
-        *args, **{k: v for k, v in kw.items() if k not in names})
+    static_args = tuple((i, a) for i, a in enumerate(args) if _is_static(a))
+    static_kw = tuple(sorted((k, v) for k, v in kw.items() if _is_static(v)))
+    names = {k for k, _ in static_kw}
+    return _jitted(fn, static_args, static_kw)(
+        *(a for a in args if not _is_static(a)),
+        **{k: v for k, v in kw.items() if k not in names})
   return run
