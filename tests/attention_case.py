@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.attention import reference
-from tests.kernel_case import assert_close, normal, on_device
+from tests.kernel_case import assert_close, compiled, normal, on_device
 
 # The mass against the reference's: a sum of probabilities over heads.
 MASS_TOL = {jnp.float32: dict(rtol=1e-4, atol=1e-4),
@@ -45,8 +45,12 @@ def inputs(rng, b, q, h, kh, d, s, t, k_lens, q_lens, dtype, excl=True,
   return args, kw
 
 
+# The reference as one program a shape (kernel_case.compiled).
+reference_attention = compiled(reference.scheduled_attention)
+
+
 def check(args, kw, got, dtype):
-  want_o, want_m = reference.scheduled_attention(*args, **kw)
+  want_o, want_m = reference_attention(*args, **kw)
   o = np.asarray(got[0], np.float32)
   assert np.isfinite(o).all(), "NaN/inf in attention output"
   assert_close(o, want_o, dtype)

@@ -5,6 +5,7 @@ CPU (the GPU variant, `pallas`, is marked `gpu` and skipped off a GPU) and
 compare it with its plain-JAX reference at a per-dtype tolerance. A new
 kernel's tests are one file that imports this module."""
 
+import functools
 import zlib
 
 import jax
@@ -59,3 +60,36 @@ def f32(x):
 def assert_close(got, want, dtype=None, tol=None, table=TOL):
   """`got` equals `want` to `tol`, or to `table[dtype]`."""
   np.testing.assert_allclose(f32(got), f32(want), **(tol or table[dtype]))
+
+
+def _is_static(value) -> bool:
+  """An argument that holds no array (an option, None): a static one."""
+  return not any(isinstance(x, (jax.Array, np.ndarray))
+                 for x in jax.tree.leaves(value))
+
+
+@functools.cache
+def _jitted(fn, static_args, static_kw):
+  def call(*args, **kw):
+    args = list(args)
+    for i, value in static_args:  # ascending positions
+      args.insert(i, value)
+    return fn(*args, **dict(static_kw), **kw)
+  return jax.jit(call)
+
+
+def compiled(fn):
+  """`fn` (a plain-JAX reference) as one compiled program per shape and
+  option: run op by op, each of its dozens of ops compiles (and goes to
+  the run's persistent cache) at every new shape, about 2 s of CPU a call
+  against 0.3 s. Arguments that hold no array (options, None) are
+  static."""
+  @functools.wraps(fn)
+  def run(*args, **kw):
+    static_args = tuple((i, a) for i, a in enumerate(args) if _is_static(a))
+    static_kw = tuple(sorted((k, v) for k, v in kw.items() if _is_static(v)))
+    names = {k for k, _ in static_kw}
+    return _jitted(fn, static_args, static_kw)(
+        *(a for a in args if not _is_static(a)),
+        **{k: v for k, v in kw.items() if k not in names})
+  return run

@@ -19,8 +19,8 @@ from flash_dllm_jax.model import init_params, moe
 from flash_dllm_jax.ops import experts
 from pallas_kernels.grouped_matmul import api, kernel, layout, reference
 from pallas_kernels.qmatmul.reference import FP8, quantize
-from tests.kernel_case import (IMPLS, assert_close, f32, gpu_only, normal,
-                               rng)
+from tests.kernel_case import (IMPLS, assert_close, compiled, f32, gpu_only,
+                               normal, rng)
 from tests.mesh_case import STRICT_CPU, run_script
 
 TILE = 16
@@ -65,7 +65,7 @@ def test_matches_reference(request, fmt, dtype, swiglu, impl):
   up = _weight(r, n_experts, i, o, dtype, FORMATS[fmt]) if swiglu else None
   got = api.grouped_matmul(x, te, w, up=up, tile_m=TILE, implementation=impl,
                            block_n=16, block_k=32)
-  want = reference.grouped_matmul(x, te, w, up=up, tile_m=TILE)
+  want = compiled(reference.grouped_matmul)(x, te, w, up=up, tile_m=TILE)
   assert got.dtype == dtype and got.shape == (n_tiles * TILE, o)
   got = f32(got)
   assert np.isfinite(got).all()

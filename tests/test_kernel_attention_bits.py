@@ -11,8 +11,10 @@ import pytest
 
 from pallas_kernels.attention import api, kernel, reference
 from pallas_kernels.attention.tiling import default_split_tiles, split_count
-from tests.attention_case import MASS_TOL, check as _check, inputs as _inputs
-from tests.kernel_case import assert_close, gpu, gpu_only, rng as _rng
+from tests.attention_case import (MASS_TOL, check as _check, inputs as _inputs,
+                                  reference_attention)
+from tests.kernel_case import (assert_close, compiled, gpu, gpu_only,
+                               rng as _rng)
 
 
 # (B, Q, H, K, D, S, T, k_lens, q_lens, split_tiles, prefix): block_r covers
@@ -44,9 +46,9 @@ def test_score_prefix_scores_the_first_queries_alone(request, name, dtype):
                                 block_k=16, split_tiles=split_tiles)
   _check(args, dict(kw, score_prefix=prefix), got, dtype)
   first = kw["score_rows_BxQ"] & (jnp.arange(q) < prefix)[None]
-  want = reference.scheduled_attention(*args, **dict(kw, score_rows_BxQ=first))
+  want = reference_attention(*args, **dict(kw, score_rows_BxQ=first))
   assert_close(got[1], want[1], dtype, table=MASS_TOL)
-  everything = reference.scheduled_attention(*args, **kw)[1]
+  everything = reference_attention(*args, **kw)[1]
   assert not np.allclose(np.asarray(everything), np.asarray(want[1]))
 
 
@@ -127,7 +129,9 @@ def test_a_head_shard_gives_its_heads_bits(request, impl, dtype):
   split_tiles = api.split_tiles_for(args[0].shape, args[1].shape,
                                     tiling=tiling)
   assert split_tiles == s // 64  # one split
-  run = lambda a, **k: api.scheduled_attention(
+  # One program a shape, as a device runs it (the reference op by op would
+  # compile each op).
+  run = lambda a, **k: compiled(api.scheduled_attention)(
       *a, **{**kw, **k}, implementation=impl, split_tiles=split_tiles)
   o, mass_BxKxS = run(args, head_mass=True)
   np.testing.assert_array_equal(np.asarray(api.sum_heads(mass_BxKxS)),

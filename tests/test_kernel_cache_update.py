@@ -14,8 +14,8 @@ import pytest
 
 from pallas_kernels.cache_update import api, kernel, reference
 from tests import kernel_case
-from tests.kernel_case import (assert_close, gpu_only, normal, on_device,
-                               rng as _rng)
+from tests.kernel_case import (assert_close, compiled, gpu_only, normal,
+                               on_device, rng as _rng)
 
 # This kernel's bfloat16 rtol is a little looser than the base table's.
 TOL = {**kernel_case.TOL, jnp.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
@@ -45,7 +45,7 @@ def _bits(x):
 
 
 def _check(args, outs, dtype, scale):
-  ref = reference.rope_write(*args, theta=THETA, scale=scale)
+  ref = compiled(reference.rope_write)(*args, theta=THETA, scale=scale)
   slots = np.asarray(args[4])
   written = np.zeros(np.asarray(args[5]).shape[:2], bool)
   for bi, row in enumerate(slots):

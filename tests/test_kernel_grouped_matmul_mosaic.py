@@ -18,7 +18,8 @@ import pytest
 from flash_dllm_jax import ops
 from pallas_kernels.grouped_matmul import api, layout, mosaic, reference
 from pallas_kernels.qmatmul.reference import FP8, quantize
-from tests.kernel_case import assert_close, f32, gpu_only, normal, rng
+from tests.kernel_case import (assert_close, compiled, f32, gpu_only, normal,
+                               rng)
 
 BF16 = jnp.bfloat16
 
@@ -61,7 +62,7 @@ def test_matches_reference(request, groups, swiglu):
   x = normal(r, (te.shape[0] * tm, i), BF16)
   w, up = _stack(r, 3, i, o), (_stack(r, 3, i, o) if swiglu else None)
   got = mosaic.grouped_matmul(x, te, w, up=up, tile_m=tm, interpret=True)
-  want = reference.grouped_matmul(x, te, w, up=up, tile_m=tm)
+  want = compiled(reference.grouped_matmul)(x, te, w, up=up, tile_m=tm)
   assert got.dtype == BF16 and got.shape == want.shape
   empty = np.repeat(np.asarray(te) < 0, tm)
   assert (f32(got)[empty] == 0).all() and np.isfinite(f32(got)).all()
@@ -79,8 +80,8 @@ def test_8bit_stacks_match_reference(request, fmt, swiglu):
   up = _stack(r, 3, 128, 64, fmt) if swiglu else None
   got = mosaic.grouped_matmul(x, te, w, up=up, tile_m=64, interpret=True)
   assert (f32(got)[64:128] == 0).all()
-  assert_close(got, reference.grouped_matmul(x, te, w, up=up, tile_m=64),
-               BF16)
+  assert_close(got, compiled(reference.grouped_matmul)(x, te, w, up=up,
+                                                      tile_m=64), BF16)
 
 
 def test_128_row_tiles_and_wide_blocks(request):
@@ -92,7 +93,8 @@ def test_128_row_tiles_and_wide_blocks(request):
   w = _stack(r, 2, 192, 128)
   got = api.grouped_matmul(x, te, w, tile_m=128,
                            implementation="mosaic_interpret")
-  assert_close(got, reference.grouped_matmul(x, te, w, tile_m=128), BF16)
+  assert_close(got, compiled(reference.grouped_matmul)(x, te, w, tile_m=128),
+               BF16)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])

@@ -14,7 +14,8 @@ import pytest
 
 from pallas_kernels.qmatmul import api, kernel, reference
 from pallas_kernels.qmatmul.reference import FP8
-from tests.kernel_case import assert_close, f32, gpu, gpu_only, normal, rng
+from tests.kernel_case import (assert_close, compiled, f32, gpu, gpu_only,
+                               normal, rng)
 
 # name: (weight dtype, group, activations)
 FORMATS = {
@@ -35,8 +36,8 @@ def _inputs(request, m, e, o, fmt, epilogue, dtype=jnp.bfloat16):
   swiglu, residual = EPILOGUES[epilogue]
   r = rng(request)
   x = normal(r, (m, e), dtype)
-  weight = lambda: reference.quantize(normal(r, (o, e), scale=e ** -0.5),
-                                      w_dtype, group)
+  weight = lambda: compiled(reference.quantize)(
+      normal(r, (o, e), scale=e ** -0.5), w_dtype, group)
   w, s = weight()
   kw = {}
   if swiglu:
@@ -47,7 +48,8 @@ def _inputs(request, m, e, o, fmt, epilogue, dtype=jnp.bfloat16):
 
 
 def _check(fmt, x, w, s, kw, got, tol=None):
-  want = reference.matmul(x, w, s, activations=FORMATS[fmt][2], **kw)
+  want = compiled(reference.matmul)(x, w, s, activations=FORMATS[fmt][2],
+                                    **kw)
   assert got.shape == want.shape and got.dtype == x.dtype
   assert np.isfinite(f32(got)).all()
   assert_close(got, want, x.dtype.type, tol)

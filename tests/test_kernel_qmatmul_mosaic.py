@@ -15,7 +15,8 @@ import pytest
 
 from pallas_kernels.qmatmul import api, mosaic, reference
 from pallas_kernels.qmatmul.reference import FP8
-from tests.kernel_case import assert_close, f32, gpu_only, normal, rng
+from tests.kernel_case import (assert_close, compiled, f32, gpu_only, normal,
+                               rng)
 
 WEIGHTS = {"int8": jnp.int8, "fp8": FP8}
 
@@ -32,7 +33,7 @@ def _inputs(request, m, e, o, weight, *, group=None, swiglu=False,
   """x, w, scale and the epilogue keywords, all from the test's key."""
   r = rng(request)
   x = normal(r, (m, e), jnp.bfloat16)
-  quantized = lambda: reference.quantize(
+  quantized = lambda: compiled(reference.quantize)(
       normal(r, (o, e), scale=e ** -0.5), WEIGHTS[weight], group)
   w, s = quantized()
   kw = {}
@@ -44,7 +45,7 @@ def _inputs(request, m, e, o, weight, *, group=None, swiglu=False,
 
 
 def _check(x, w, s, kw, got, activations="bf16"):
-  want = reference.matmul(x, w, s, activations=activations, **kw)
+  want = compiled(reference.matmul)(x, w, s, activations=activations, **kw)
   assert got.shape == want.shape and got.dtype == x.dtype
   assert np.isfinite(f32(got)).all()
   assert_close(got, want, jnp.bfloat16)

@@ -28,9 +28,22 @@ BF16, F32, I32 = jnp.bfloat16, jnp.float32, jnp.int32
 FP8, I8 = jnp.float8_e4m3fn, jnp.int8
 
 
+def _lowered(fn, *args):
+  """fn's program lowered for CUDA (lowering costs more than reading it:
+  a test that reads it twice lowers once)."""
+  return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+def _cuda_text(fn, *args):
+  return _lowered(fn, *args).as_text()
+
+
+def _calls(lowered):
+  return re.findall(r"custom_call @([\w$.]+)", lowered.as_text())
+
+
 def _custom_calls(fn, *args):
-  text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  return re.findall(r"custom_call @([\w$.]+)", text)
+  return _calls(_lowered(fn, *args))
 
 
 def _assert_triton_only(calls, at_least):
@@ -61,10 +74,11 @@ def test_scheduled_attention_with_mass_and_split_merge(b, q, h, kh, s,
 
   st = split_tiles or split_tiles_for(args[0].shape, args[1].shape)
   assert split_count(s, 64, st) == splits
+  text = _cuda_text(run, *args)
   # attention (+ mass), then the merge and a mass-only pass with splits
-  _assert_triton_only(_custom_calls(run, *args), 3 if splits > 1 else 1)
+  _assert_triton_only(re.findall(r"custom_call @([\w$.]+)", text),
+                      3 if splits > 1 else 1)
   # the key split axis of the grid: a program a split group
-  text = jax.jit(run).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert f"grid_y = {-(-splits // group)} : i32, grid_z = {b * kh}" in text
 
 
@@ -103,13 +117,13 @@ def test_stream_matmul():
   _assert_triton_only(calls, 1)
 
 
-def _triton_dots(fn, *args):
-  """The operand types of every tt.dot in the Triton modules fn lowers to
-  (each module's IR is MLIR bytecode inside the custom call's config)."""
+def _triton_dots(lowered):
+  """The operand types of every tt.dot in the Triton modules of a program
+  lowered for CUDA (each module's IR is MLIR bytecode inside the custom
+  call's config)."""
   from jax._src.lib.mlir import ir
   from jaxlib.triton import dialect
-  module = jax.jit(fn).trace(*args).lower(
-      lowering_platforms=("cuda",)).compiler_ir()
+  module = lowered.compiler_ir()
   dots = []
 
   def walk(op):
@@ -147,10 +161,11 @@ def test_stream_qmatmul(w_dtype, activations, m, e, o, z, swiglu, split):
         split_e=split)
   args = (S((m, e), BF16), S((o, e), w_dtype), S((o, z), F32),
           S((o, e), w_dtype), S((o, z), F32), S((m, o), BF16))
-  _assert_triton_only(_custom_calls(run, *args), 1)
+  lowered = _lowered(run, *args)
+  _assert_triton_only(_calls(lowered), 1)
   fp8 = activations == "fp8" and w_dtype == FP8
   operand = "f8E4M3FN" if fp8 else "bf16"
-  dots = _triton_dots(run, *args)
+  dots = _triton_dots(lowered)
   assert len(dots) == 1 + swiglu, dots
   for a, b in dots:
     assert a == f"tensor<16x128x{operand}>", dots
@@ -176,9 +191,10 @@ def test_grouped_matmul_at_llada2_mini_expert_shapes(fmt):
 
   args = (S((p, i), BF16), S((p // 64,), I32), stack(i, m), stack(i, m),
           stack(m, i))
-  _assert_triton_only(_custom_calls(run, *args), 2)
+  lowered = _lowered(run, *args)
+  _assert_triton_only(_calls(lowered), 2)
   k = 128 if fmt == "int8_g128" else 64
-  assert sorted(_triton_dots(run, *args)) == sorted(
+  assert sorted(_triton_dots(lowered)) == sorted(
       [(f"tensor<64x{k}xbf16>", f"tensor<{k}x128xbf16>")] * 3), fmt
 
 

@@ -8,7 +8,7 @@ import pytest
 from flash_dllm_jax import ops
 from pallas_kernels.attention import fused
 from pallas_kernels.attention.reference import masked_attention
-from tests.kernel_case import normal
+from tests.kernel_case import compiled, normal
 
 
 def _inputs(seed, b, q, s, h, k, d, dtype):
@@ -28,8 +28,9 @@ def _inputs(seed, b, q, s, h, k, d, dtype):
 def test_fused_attention_matches_the_reference(h, k, d, dtype, tol):
   q_, k_, v_, valid = _inputs(h * 10 + d, 4, 24, 24, h, k, d, dtype)
   scale = d ** -0.5
-  want = masked_attention(q_, k_, v_, valid, scale=scale)
-  got = fused.fused_attention(q_, k_, v_, valid, scale=scale, xla_impl="xla")
+  want = compiled(masked_attention)(q_, k_, v_, valid, scale=scale)
+  got = compiled(fused.fused_attention)(q_, k_, v_, valid, scale=scale,
+                                        xla_impl="xla")
   assert got.dtype == want.dtype and got.shape == want.shape
   np.testing.assert_allclose(np.asarray(got, np.float32),
                              np.asarray(want, np.float32), atol=tol, rtol=tol)
