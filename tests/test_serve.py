@@ -192,8 +192,11 @@ def test_per_request_sampling_and_n_equal_offline_generate(server, model):
 def test_per_request_gamma_equals_offline_generate(server, model):
   """decoding.gamma is row data: two requests with different Flash-Verify
   levels, sent at once to the one running server, each equal offline
-  generate with that gamma; the response reports the row's gamma."""
+  generate with that gamma as its row's (the logprobs test's program;
+  tests/test_row_sampling.py: a row's gamma decodes what a sampler built
+  with it decodes); the response reports the row's gamma."""
   _, config, _ = model
+  sampler = build_sampler("flash-dllm", config.arch, TINY_OPTIONS)
   ids = [int(t) for t in np.random.default_rng(3).integers(0, 300, 12)]
   gammas = (0.5, 0.05)
 
@@ -207,12 +210,11 @@ def test_per_request_gamma_equals_offline_generate(server, model):
 
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     got = list(pool.map(run, gammas))
-  for (ids_got, steps), gamma in zip(got, gammas):
-    sampler = build_sampler("flash-dllm", config.arch,
-                            {**TINY_OPTIONS, "gamma": gamma})
-    out = generate(model, [ids], sampler=sampler, seed=4)
-    assert ids_got == answer_ids(out.tokens_BxG[0], config), gamma
-    assert steps == out.steps_B[0], gamma
+  out = generate(model, [ids, ids], sampler=sampler, seed=4, logprobs=True,
+                 sampling=[Sampling(gamma=g) for g in gammas])
+  for i, ((ids_got, steps), gamma) in enumerate(zip(got, gammas)):
+    assert ids_got == answer_ids(out.tokens_BxG[i], config), gamma
+    assert steps == out.steps_B[i], gamma
   assert got[0][1] != got[1][1]  # gamma made a difference
 
 
