@@ -93,11 +93,12 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
     return ids
 
   jobs, rows = [], []
-  for i in range(64):
-    ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
-                                        int(rng.integers(1, 128)))]
-    while len(row_of(ids, i % 4)) > 128:
-      ids = ids[:len(ids) // 2]
+  for i in range(64):  # 24 (every kind) pad to 64 offline, 40 to 128
+    short = i % 16 in (0, 1, 2, 3, 9, 14)
+    n = int(rng.integers(1, 56)) if short else int(rng.integers(72, 128))
+    ids = [int(t) for t in rng.integers(0, config.vocab_size - 8, n)]
+    while len(row_of(ids, i % 4)) > (64 if short else 128):
+      ids = ids[:-8]
     rows.append(row_of(ids, i % 4))
     jobs.append({"ids": ids, "max_tokens": int(rng.integers(1, 17)),
                  "seed": int(rng.integers(0, 1000)), "kind": i % 4})
@@ -129,14 +130,17 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
   for i, ((ids, text), ref) in enumerate(zip(got, want)):
     assert ids == ref, f"request {i} ({jobs[i]})"
     assert text == tok.decode(ref), f"request {i} ({jobs[i]})"
-  # One slot pool of 128 prompt positions; offline pads to 64 or 128.
+  # One slot pool of 128 prompt positions; offline pads to 64 or 128 (24
+  # rows of 64: the next test's offline program).
+  assert [-(-len(r) // 64) for r in rows].count(1) == 24
   assert {-(-len(r) // 64) for r in rows} == {1, 2}
 
 
 def test_per_request_sampling_and_n_equal_offline_generate(server, model):
   """Greedy and sampled requests (temperature, top_p, top_k, seed, n)
   decode together in the one compiled program; each choice equals offline
-  generate with the same settings and seed (choice i: seed + i)."""
+  generate with the same settings and seed (choice i: seed + i), 24 rows
+  (the previous test's short rows' program)."""
   _, config, _ = model
   sampler = build_sampler("flash-dllm", config.arch, TINY_OPTIONS)
   rng = np.random.default_rng(1)
@@ -182,7 +186,7 @@ def test_per_request_sampling_and_n_equal_offline_generate(server, model):
   out = generate(model, rows, sampler=sampler, seed=seeds, sampling=sampling)
   want = [answer_ids(g, config) for g in out.tokens_BxG]
   flat = [ids for choices in got for ids in choices]
-  assert flat == want
+  assert flat == want and len(rows) == 24
   # sampling changed some answers (else the test would show nothing)
   greedy = generate(model, rows, sampler=sampler, seed=seeds)
   assert any(answer_ids(g, config) != w for g, w in zip(greedy.tokens_BxG,
