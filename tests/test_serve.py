@@ -368,31 +368,6 @@ def test_metrics_parse(server):
   assert m["dllm_request_latency_seconds_count"] > 0
 
 
-def test_serve_flags_sample_requests_that_set_no_temperature(server,
-                                                             tmp_path):
-  """serve --temperature/--top-k on a strategy that samples per row
-  (flash-dllm) are the defaults of requests that set none: such a request
-  decodes as one sending them to a greedy server (same programs, so the
-  compilation cache serves this second server)."""
-  sampled = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
-                   "--batch-size", "4", "--max-prompt-tokens", "128",
-                   "--steps-per-call", "2", "--max-queue", "64",
-                   "--temperature", "0.9", "--top-k", "20",
-                   log_path=tmp_path / "sampled.log")
-  try:
-    sampled.wait_ready()
-    ask = lambda srv, **kw: srv.client().completions.create(
-        model="tiny-random-llada", prompt=[5, 6, 7], max_tokens=8, seed=11,
-        **kw).choices[0].token_ids
-    by_default = ask(sampled)
-    assert by_default == ask(server, temperature=0.9,
-                             extra_body={"top_k": 20})
-    assert by_default != ask(server)  # greedy
-    assert ask(sampled, temperature=0.0) == ask(server)  # a request's own
-  finally:
-    sampled.close()
-
-
 def test_sigterm_finishes_in_flight_then_exits(server):
   """Last: stops the module's server. Requests queued or decoding when
   SIGTERM arrives are answered; then the process exits 0."""
