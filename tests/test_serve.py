@@ -93,11 +93,12 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
     return ids
 
   jobs, rows = [], []
-  for i in range(64):
-    ids = [int(t) for t in rng.integers(0, config.vocab_size - 8,
-                                        int(rng.integers(1, 128)))]
-    while len(row_of(ids, i % 4)) > 128:
-      ids = ids[:len(ids) // 2]
+  for i in range(64):  # 24 (every kind) pad to 64 offline, 40 to 128
+    short = i % 16 in (0, 1, 2, 3, 9, 14)
+    n = int(rng.integers(1, 56)) if short else int(rng.integers(72, 128))
+    ids = [int(t) for t in rng.integers(0, config.vocab_size - 8, n)]
+    while len(row_of(ids, i % 4)) > (64 if short else 128):
+      ids = ids[:-8]
     rows.append(row_of(ids, i % 4))
     jobs.append({"ids": ids, "max_tokens": int(rng.integers(1, 17)),
                  "seed": int(rng.integers(0, 1000)), "kind": i % 4})
@@ -129,14 +130,17 @@ def test_64_concurrent_requests_equal_offline_generate(server, model):
   for i, ((ids, text), ref) in enumerate(zip(got, want)):
     assert ids == ref, f"request {i} ({jobs[i]})"
     assert text == tok.decode(ref), f"request {i} ({jobs[i]})"
-  # One slot pool of 128 prompt positions; offline pads to 64 or 128.
+  # One slot pool of 128 prompt positions; offline pads to 64 or 128 (24
+  # rows of 64: the next test's offline program).
+  assert [-(-len(r) // 64) for r in rows].count(1) == 24
   assert {-(-len(r) // 64) for r in rows} == {1, 2}
 
 
 def test_per_request_sampling_and_n_equal_offline_generate(server, model):
   """Greedy and sampled requests (temperature, top_p, top_k, seed, n)
   decode together in the one compiled program; each choice equals offline
-  generate with the same settings and seed (choice i: seed + i)."""
+  generate with the same settings and seed (choice i: seed + i), 24 rows
+  (the previous test's short rows' program)."""
   _, config, _ = model
   sampler = build_sampler("flash-dllm", config.arch, TINY_OPTIONS)
   rng = np.random.default_rng(1)
@@ -182,7 +186,7 @@ def test_per_request_sampling_and_n_equal_offline_generate(server, model):
   out = generate(model, rows, sampler=sampler, seed=seeds, sampling=sampling)
   want = [answer_ids(g, config) for g in out.tokens_BxG]
   flat = [ids for choices in got for ids in choices]
-  assert flat == want
+  assert flat == want and len(rows) == 24
   # sampling changed some answers (else the test would show nothing)
   greedy = generate(model, rows, sampler=sampler, seed=seeds)
   assert any(answer_ids(g, config) != w for g, w in zip(greedy.tokens_BxG,
@@ -192,8 +196,11 @@ def test_per_request_sampling_and_n_equal_offline_generate(server, model):
 def test_per_request_gamma_equals_offline_generate(server, model):
   """decoding.gamma is row data: two requests with different Flash-Verify
   levels, sent at once to the one running server, each equal offline
-  generate with that gamma; the response reports the row's gamma."""
+  generate with that gamma as its row's (the logprobs test's program;
+  tests/test_row_sampling.py: a row's gamma decodes what a sampler built
+  with it decodes); the response reports the row's gamma."""
   _, config, _ = model
+  sampler = build_sampler("flash-dllm", config.arch, TINY_OPTIONS)
   ids = [int(t) for t in np.random.default_rng(3).integers(0, 300, 12)]
   gammas = (0.5, 0.05)
 
@@ -207,12 +214,11 @@ def test_per_request_gamma_equals_offline_generate(server, model):
 
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     got = list(pool.map(run, gammas))
-  for (ids_got, steps), gamma in zip(got, gammas):
-    sampler = build_sampler("flash-dllm", config.arch,
-                            {**TINY_OPTIONS, "gamma": gamma})
-    out = generate(model, [ids], sampler=sampler, seed=4)
-    assert ids_got == answer_ids(out.tokens_BxG[0], config), gamma
-    assert steps == out.steps_B[0], gamma
+  out = generate(model, [ids, ids], sampler=sampler, seed=4, logprobs=True,
+                 sampling=[Sampling(gamma=g) for g in gammas])
+  for i, ((ids_got, steps), gamma) in enumerate(zip(got, gammas)):
+    assert ids_got == answer_ids(out.tokens_BxG[i], config), gamma
+    assert steps == out.steps_B[i], gamma
   assert got[0][1] != got[1][1]  # gamma made a difference
 
 
@@ -360,31 +366,6 @@ def test_metrics_parse(server):
   assert m["dllm_time_to_first_token_seconds_count"] > 0
   assert m["dllm_admission_latency_seconds_count"] > 0
   assert m["dllm_request_latency_seconds_count"] > 0
-
-
-def test_serve_flags_sample_requests_that_set_no_temperature(server,
-                                                             tmp_path):
-  """serve --temperature/--top-k on a strategy that samples per row
-  (flash-dllm) are the defaults of requests that set none: such a request
-  decodes as one sending them to a greedy server (same programs, so the
-  compilation cache serves this second server)."""
-  sampled = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
-                   "--batch-size", "4", "--max-prompt-tokens", "128",
-                   "--steps-per-call", "2", "--max-queue", "64",
-                   "--temperature", "0.9", "--top-k", "20",
-                   log_path=tmp_path / "sampled.log")
-  try:
-    sampled.wait_ready()
-    ask = lambda srv, **kw: srv.client().completions.create(
-        model="tiny-random-llada", prompt=[5, 6, 7], max_tokens=8, seed=11,
-        **kw).choices[0].token_ids
-    by_default = ask(sampled)
-    assert by_default == ask(server, temperature=0.9,
-                             extra_body={"top_k": 20})
-    assert by_default != ask(server)  # greedy
-    assert ask(sampled, temperature=0.0) == ask(server)  # a request's own
-  finally:
-    sampled.close()
 
 
 def test_sigterm_finishes_in_flight_then_exits(server):

@@ -1,6 +1,7 @@
 """`serve` with a DiffusionGemma checkpoint (the tiny official one with a
-tokenizer, tests/diffusion_gemma_case.py): a real server process on
-localhost and the official `openai` client. Answers, their logprobs and
+tokenizer, tests/diffusion_gemma_case.py) and no --strategy (the family's
+own, as generate picks it): a real server process on localhost and the
+official `openai` client. Answers, their logprobs and
 their streamed chunks (one per finished canvas or more canvases) equal
 offline generate with the request's seed; requests with different
 temperatures and canvas options share the slots and each equals offline
@@ -38,7 +39,7 @@ def model(ckpt):
 @pytest.fixture(scope="module")
 def server(ckpt, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("serve")
-  srv = Server(ckpt, "diffusion-gemma", {}, *FLAGS, "--dtype", "float32",
+  srv = Server(ckpt, None, {}, *FLAGS, "--dtype", "float32",
                "--batch-size", "2", "--max-prompt-tokens", "64",
                "--steps-per-call", "2", "--served-model-name", "m",
                "--variant", ",".join(f"{k}={v}" for k, v in VARIANT.items()),
@@ -46,7 +47,9 @@ def server(ckpt, tmp_path_factory):
                log_path=tmp / "server.log")
   try:
     health = srv.wait_ready()
-    assert health["batching"] == "continuous"
+    # no --strategy: serve picks the family's own, as generate does
+    assert health["strategy"] == "diffusion-gemma" and health["batching"] \
+        == "continuous"
     yield srv
   finally:
     srv.close()
@@ -74,6 +77,7 @@ def test_answers_and_logprobs_equal_offline_generate(server, model):
     answers = list(pool.map(complete, range(3)))
   tok = model[2]
   for i, r in enumerate(answers):
+    assert r.model_extra["decoding"]["strategy"] == "diffusion-gemma"
     ids, lps = offline(model, PROMPTS[i], SEEDS[i])
     choice = r.choices[0]
     assert choice.model_extra["token_ids"] == ids

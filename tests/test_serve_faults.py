@@ -196,6 +196,9 @@ def test_tokenizing_leaves_the_event_loop_free(server):
 
 
 def test_bad_flags_exit_with_one_error():
+  """Bad serve flags, --variant and --mesh included, each exit 1 with one
+  error before anything compiles (all in one Python)."""
+  variant = ["--strategy", "flash-dllm"]
   cases = [(["--api-key", " "], "the API key (--api-key or "
             "$FLASH_DLLM_JAX_API_KEY) is empty"),
            (["--header-timeout", "0"], "--header-timeout must be a finite "
@@ -204,7 +207,18 @@ def test_bad_flags_exit_with_one_error():
             "finite number > 0, got nan"),
            (["--max-prompt-tokens", "100000"], "exceeds max_seq_len"),
            (["--strategy", "flash-cache", "--gamma", "0.5"], "option(s) "
-            "--gamma do not apply to strategy 'flash-cache'")]
+            "--gamma do not apply to strategy 'flash-cache'"),
+           ([*variant, "--variant", "threshold=0.9"], "same options"),
+           ([*variant, "--variant", "threshold=0.7,gamma=0.5"],
+            "gamma, threshold is a per-request setting (decoding.gamma, "
+            "decoding.threshold)"),
+           ([*variant, "--variant", "nope=1"],
+            "unknown sampler option 'nope'"),
+           ([*variant, "--mesh", "data=3"], "asks for 3 devices"),
+           ([*variant, "--attention-split-target", "0"],
+            "--attention-split-target: split_target must be an int >= 1"),
+           ([*variant, "--strategy", "llada", "--variant", "temperature=0.7"],
+            "temperature is a per-request")]
   got = refusals([["serve", "--checkpoint", str(TINY_CHECKPOINT), *flags]
                   for flags, _ in cases])
   for (flags, needle), (code, err) in zip(cases, got):

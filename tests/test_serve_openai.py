@@ -14,7 +14,7 @@ import pydantic
 import pytest
 
 from flash_dllm_jax import likelihood, load
-from tests.paths import ROOT, TINY_CHECKPOINT
+from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server
 
 pytestmark = pytest.mark.slow  # one server start (compilation) per module
@@ -294,20 +294,3 @@ def test_structured_output_is_always_valid_json(server):
               "a": {"$ref": "#/nowhere"}}}}}})
   assert r.status_code == 400 and r.json()["error"]["param"] == \
       "response_format", r.text
-
-
-def test_the_llada2_checkpoint_is_served_without_a_strategy(tmp_path):
-  """serve picks the family's own strategy, as generate does."""
-  srv = Server(ROOT / "checkpoints" / "synthetic-gsm-llada2-moe", None,
-               {"gen_length": 32, "block_length": 32, "steps": 8},
-               "--batch-size", "1", "--max-prompt-tokens", "64",
-               log_path=tmp_path / "server.log")
-  try:
-    health = srv.wait_ready()
-    assert health["strategy"] == "llada2"
-    c = srv.client().completions.create(model="synthetic-gsm-llada2-moe",
-                                        prompt="1 + 1 =", max_tokens=8)
-    assert c.decoding["strategy"] == "llada2"
-    assert c.usage.completion_tokens == len(c.choices[0].token_ids) <= 8
-  finally:
-    srv.close()

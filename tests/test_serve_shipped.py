@@ -17,7 +17,7 @@ from flash_dllm_jax.generate import answer_ids, generate
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.strategies import build_sampler
 from tests.compile_level import full_optimisation_env
-from tests.serve_case import Server, offline
+from tests.serve_case import Server
 
 # The shipped model's decodes compute more than they compile: XLA's default
 # level for the decode loops here and for the server.
@@ -86,8 +86,12 @@ def test_16_concurrent_requests_equal_offline_generate(server, model):
           else tok.encode(j["text"]) for j in jobs]
   # Offline pads these prompts to 64; the slots pad them to 128.
   assert max(len(r) for r in rows) <= 64
-  want = offline(model, sampler, rows, [j["seed"] for j in jobs],
-                 [j["max_tokens"] for j in jobs])
+  # offline in two batches of 8 with their logprobs: the next test's
+  # program
+  out = generate(model, rows, sampler=sampler, seed=[j["seed"] for j in jobs],
+                 batch_size=8, sampling=[None] * len(rows), logprobs=True)
+  want = [answer_ids(g, config)[:j["max_tokens"]]
+          for g, j in zip(out.tokens_BxG, jobs)]
   for i, ((ids, text), ref) in enumerate(zip(got, want)):
     assert ids == ref, f"request {i} ({jobs[i]})"
     assert text == tok.decode(ref), f"request {i}"
@@ -103,7 +107,7 @@ def test_per_request_temperature_seed_and_logprobs_equal_offline(server,
   logprobs included; LLaDA takes no top_p and no decoding.temperature."""
   _, config, tok = model
   sampler = build_sampler("llada", config.arch, OPTIONS)
-  temps = [None, 0.0, 0.9, 1.4, 0.5, 1.1]
+  temps = [None, 0.0, 0.9, 1.4, 0.5, 1.1, 0.7, None]  # the 8 slots
   prompts = [f"{3 + i} + {7 * i} =" for i in range(len(temps))]
 
   def run(i):

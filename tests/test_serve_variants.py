@@ -1,7 +1,8 @@
 """Sampler variants declared at start and `--mesh`: a real server process
-over two (forced) CPU devices, `--mesh data=2`, three Flash-dLLM variants;
-concurrent requests pick variants by their stated options and each answer
-equals offline generate with the settings the response reports."""
+over two (forced) CPU devices, `--mesh data=2`, three Flash-dLLM variants,
+`--temperature` / `--top-k` as the requests' defaults; concurrent requests
+pick variants by their stated options and each answer equals offline
+generate with the settings the response reports."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.sampling.row_sampling import Sampling
 from flash_dllm_jax.serve.cli_variants import parse_variant
 from flash_dllm_jax.strategies import build_sampler
-from tests.entry_case import refusals
 from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server, stream_raw
 
 VARIANTS = {1: {"block_m": 4}, 2: {"gen_length": 8}}
+# serve --temperature / --top-k: flash-dllm samples per row, so they are
+# the defaults of requests that set no temperature / top_k
+DRAWS = {**TINY_OPTIONS, "temperature": 0.9, "top_k": 20}
 
 
 def test_parse_variant_types_and_errors():
@@ -36,24 +39,6 @@ def test_parse_variant_types_and_errors():
       parse_variant(spec, 2)
 
 
-@pytest.mark.slow
-def test_bad_variants_and_mesh_exit_with_one_error():
-  cases = [(["--variant", "threshold=0.9"], "same options"),
-           (["--variant", "threshold=0.7,gamma=0.5"],
-            "gamma, threshold is a per-request setting (decoding.gamma, "
-            "decoding.threshold)"),
-           (["--variant", "nope=1"], "unknown sampler option 'nope'"),
-           (["--mesh", "data=3"], "asks for 3 devices"),
-           (["--attention-split-target", "0"],
-            "--attention-split-target: split_target must be an int >= 1"),
-           (["--strategy", "llada", "--variant", "temperature=0.7"],
-            "temperature is a per-request")]
-  got = refusals([["serve", "--checkpoint", str(TINY_CHECKPOINT),
-                   "--strategy", "flash-dllm", *flags] for flags, _ in cases])
-  for (flags, needle), (code, err) in zip(cases, got):
-    assert code == 1 and needle in err, (flags, err[-2000:])
-
-
 @pytest.fixture(scope="module")
 def model():
   return load(TINY_CHECKPOINT)
@@ -62,7 +47,7 @@ def model():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("serve")
-  srv = Server(TINY_CHECKPOINT, "flash-dllm", TINY_OPTIONS,
+  srv = Server(TINY_CHECKPOINT, "flash-dllm", DRAWS,
                "--batch-size", "4", "--max-prompt-tokens", "32",
                "--steps-per-call", "2", "--mesh", "data=2",
                "--variant", "block_m=4", "--variant", "gen_length=8",
@@ -88,6 +73,10 @@ def server(tmp_path_factory):
 
 @pytest.mark.slow
 def test_concurrent_variants_equal_offline_generate(server, model):
+  """Every answer equals offline generate with its variant's sampler and
+  its row's settings: its own threshold / gamma, and the server's
+  temperature 0.9 and top_k 20 unless it states temperature 0 (greedy);
+  the draws changed some answers."""
   _, config, _ = model
   rng = np.random.default_rng(1)
   jobs = []
@@ -103,42 +92,58 @@ def test_concurrent_variants_equal_offline_generate(server, model):
                 2: {"gen_length": 8, "gamma": 0.1}}[v] if i % 2 else \
         ({} if v == 0 else VARIANTS[v])
     jobs.append({"ids": ids, "seed": int(rng.integers(0, 1000)),
-                 "variant": v, "decoding": decoding, "stream": i % 5 == 0})
+                 "variant": v, "decoding": decoding, "stream": i % 5 == 0,
+                 "greedy": i % 4 == 1})
 
   def run(job):
+    own = {"temperature": 0.0} if job["greedy"] else {}
     if job["stream"]:  # through httpx
       ids = []
       stream_raw(server.url, {"model": "tiny-random-llada", "stream": True,
                                "prompt": job["ids"], "seed": job["seed"],
-                               "decoding": job["decoding"]}, ids)
+                               "decoding": job["decoding"], **own}, ids)
       return ids, None
     client = server.client()
     c = client.completions.create(
         model="tiny-random-llada", prompt=job["ids"], seed=job["seed"],
-        extra_body={"decoding": job["decoding"]} if job["decoding"] else None)
+        extra_body={"decoding": job["decoding"]} if job["decoding"] else None,
+        **own)
     return c.choices[0].token_ids, c.decoding
 
   with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
     got = list(pool.map(run, jobs))
+  drawn = 0
   for v in range(3):
     mine = [i for i, j in enumerate(jobs) if j["variant"] == v]
     options = {**TINY_OPTIONS, **VARIANTS.get(v, {})}
     sampler = build_sampler("flash-dllm", config.arch, options)
-    out = generate(model, [jobs[i]["ids"] for i in mine], sampler=sampler,
-                   seed=[jobs[i]["seed"] for i in mine],
-                   sampling=[Sampling(**{k: jobs[i]["decoding"].get(k)
-                                         for k in ("threshold", "gamma")})
-                             for i in mine])
-    for i, gen in zip(mine, out.tokens_BxG):
+    rows = [{k: jobs[i]["decoding"].get(k) for k in ("threshold", "gamma")}
+            for i in mine]
+    draws = [{"temperature": 0.0} if jobs[i]["greedy"] else
+             {"temperature": 0.9, "top_k": 20} for i in mine]
+    kw = dict(sampler=sampler, seed=[jobs[i]["seed"] for i in mine])
+    out = generate(model, [jobs[i]["ids"] for i in mine], **kw,
+                   sampling=[Sampling(**r, **d) for r, d in zip(rows, draws)])
+    greedy = generate(model, [jobs[i]["ids"] for i in mine], **kw,
+                      sampling=[Sampling(**r) for r in rows])  # out's program
+    for i, gen, plain in zip(mine, out.tokens_BxG, greedy.tokens_BxG):
       ids, decoding = got[i]
       assert ids == answer_ids(gen, config), f"request {i} ({jobs[i]})"
+      if jobs[i]["greedy"]:
+        assert ids == answer_ids(plain, config), f"request {i}"
+      else:
+        drawn += ids != answer_ids(plain, config)
       if decoding is not None:
         assert decoding["variant"] == v and decoding["seed"] == \
             jobs[i]["seed"] and decoding["options"] == dataclasses.asdict(
                 sampler)
         assert decoding["sampling"]["gamma"] == jobs[i]["decoding"].get(
             "gamma")
+        assert decoding["sampling"]["temperature"] == (
+            0.0 if jobs[i]["greedy"] else 0.9)
+  assert drawn > 0  # the server's draws changed some answers
   assert sum(d is None for _, d in got) == 6  # streamed
+  assert sum(j["greedy"] for j in jobs) >= 6
 
 
 @pytest.mark.slow
