@@ -100,7 +100,10 @@ def test_converted_and_8bit_checkpoints(hf, tmp_path):
   assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.05
 
 
-OPTIONS = [dict(threshold=None), dict(threshold=0.6),
+# The threshold case with one mask a step (steps = block_length) is
+# test_llada21.py's editing-off claim: llada2.1 without edits gives this
+# loop's answers on these prompts.
+OPTIONS = [dict(threshold=None), dict(threshold=0.6, steps=BL),
            dict(threshold=0.6, eos_early_stop=True)]
 
 
@@ -112,7 +115,7 @@ def test_generate_equals_the_reference_loop(model, options):
   config = model[1]
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 290, n).tolist() for n in (5, 11, 8, 16)]
-  opts = dict(gen_length=24, block_length=BL, steps=4, **options)
+  opts = {"gen_length": 24, "block_length": BL, "steps": 4, **options}
   out = fdj.generate(model, prompts, strategy="llada2", chat=False, **opts)
   logits_fn = lambda x: np.asarray(
       fdj.logits(model, x, block_length=BL).logits_BxNxV)
