@@ -14,9 +14,10 @@ import flash_dllm_jax as fdj
 from flash_dllm_jax import architectures
 from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.convert import convert_checkpoint, tables
-from flash_dllm_jax.generate import decode_tokens
+from flash_dllm_jax.generate import decode_jit, decode_tokens
 from flash_dllm_jax.model import init_params
 from flash_dllm_jax.prompts import left_pad
+from flash_dllm_jax.sampling.loop import tail_length
 from flash_dllm_jax.architectures.llada2.sampler import LLaDA2Sampler
 from flash_dllm_jax.sampling.row_sampling import GREEDY, Sampling
 from tests import llada2_fixtures, llada2_numpy, llada2_reference
@@ -100,7 +101,10 @@ def test_converted_and_8bit_checkpoints(hf, tmp_path):
   assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.05
 
 
-OPTIONS = [dict(threshold=None), dict(threshold=0.6),
+# The threshold case with one mask a step (steps = block_length) is
+# test_llada21.py's editing-off claim: llada2.1 without edits gives this
+# loop's answers on these prompts.
+OPTIONS = [dict(threshold=None), dict(threshold=0.6, steps=BL),
            dict(threshold=0.6, eos_early_stop=True)]
 
 
@@ -112,7 +116,7 @@ def test_generate_equals_the_reference_loop(model, options):
   config = model[1]
   rng = np.random.default_rng(0)
   prompts = [rng.integers(0, 290, n).tolist() for n in (5, 11, 8, 16)]
-  opts = dict(gen_length=24, block_length=BL, steps=4, **options)
+  opts = {"gen_length": 24, "block_length": BL, "steps": 4, **options}
   out = fdj.generate(model, prompts, strategy="llada2", chat=False, **opts)
   logits_fn = lambda x: np.asarray(
       fdj.logits(model, x, block_length=BL).logits_BxNxV)
@@ -164,16 +168,23 @@ def test_row_settings_decode_as_the_samplers_own_options(model):
 
 
 def test_compiled_loop_equals_the_python_loop(model):
+  """`decode_jit` and the Python loop give the same arrays, bit for bit,
+  called as generate calls it for the threshold case's batch above (four
+  prompts, one mask a step): the compiled side runs that test's program."""
   params, config, _ = model
-  sampler = LLaDA2Sampler(gen_length=16, block_length=BL, steps=4,
+  sampler = LLaDA2Sampler(gen_length=24, block_length=BL, steps=BL,
                           threshold=0.6)
-  ids, valid = left_pad([[3, 4, 5], [9, 8, 7, 6, 5, 4, 3, 2, 1, 2, 3]],
-                        config.pad_token_id)
-  rng_B = jax.vmap(jax.random.key)(jnp.arange(2, dtype=jnp.uint32))
-  run = lambda compiled: decode_tokens(
-      params, jnp.asarray(ids), jnp.asarray(valid), rng_B, config=config,
-      sampler=sampler, compiled=compiled)
-  for a, b in zip(run(True), run(False), strict=True):
+  rng = np.random.default_rng(0)
+  prompts = [rng.integers(0, 290, n).tolist() for n in (5, 11, 8, 16)]
+  ids, valid = left_pad(prompts, config.pad_token_id, room=(
+      config.max_seq_len - sampler.gen_length - tail_length(sampler)))
+  rng_B = jax.vmap(jax.random.key)(jnp.zeros(len(prompts), jnp.uint32))
+  args = (params, jnp.asarray(ids), jnp.asarray(valid), rng_B, None)
+  kw = dict(config=config, sampler=sampler, stop_at_eos=True,
+            implementation=None, logprobs=False)
+  compiled = decode_jit(*args, **kw)
+  python = decode_tokens(*args, compiled=False, **kw)
+  for a, b in zip(compiled, python, strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 

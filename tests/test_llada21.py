@@ -76,15 +76,25 @@ def test_generate_equals_the_genuine_loop(model, options):
 
 def test_editing_off_gives_llada2s_tokens(model):
   """No edits, one mask a step, no post-edit forward and a stop after the
-  block with an EOS: llada2 with one mask a step (steps = block_length),
-  token for token and call for call."""
-  common = dict(gen_length=24, block_length=BL, threshold=0.6, chat=False)
-  old = fdj.generate(model, PROMPTS, strategy="llada2", steps=BL, **common)
-  new = fdj.generate(model, PROMPTS, strategy="llada2.1",
+  block with an EOS: the genuine LLaDA2.0 loop with one mask a step
+  (steps = block_length), token for token and call for call. Strategy
+  llada2 gives that loop's answers and calls on these prompts with these
+  options (test_llada2.py, the threshold case), so llada2.1 here gives
+  llada2's; the reference runs the logits programs compiled above."""
+  config = model[1]
+  common = dict(gen_length=24, block_length=BL, threshold=0.6)
+  new = fdj.generate(model, PROMPTS, strategy="llada2.1", chat=False,
                      editing_threshold=None, max_post_steps=0,
                      eos_early_stop=True, **common)
-  np.testing.assert_array_equal(old.tokens_BxG, new.tokens_BxG)
-  np.testing.assert_array_equal(old.forwards_B, new.forwards_B)
+  logits_fn = lambda x: np.asarray(
+      fdj.logits(model, x, block_length=BL).logits_BxNxV)
+  for i, prompt in enumerate(PROMPTS):
+    ref = llada2_reference.generate_v20(
+        logits_fn, prompt, steps=BL, mask_id=config.mask_token_id,
+        eos_id=config.eos_token_id, **common)
+    assert _answer(new.tokens_BxG[i], config.eos_token_id) == (
+        ref.tokens.tolist()), i
+    assert new.forwards_B[i] == ref.calls, i
 
 
 SAMPLER = LLaDA21Sampler(gen_length=16, block_length=4, threshold=0.6,
@@ -113,7 +123,9 @@ def test_rows_do_not_depend_on_the_batch_and_cached_equals_uncached():
 
 
 def test_continuous_batching_equals_each_request_alone():
-  check_continuous_equals_alone("llada2", SAMPLER, 1.2, [4, 19, 9, 6])
+  """Sampled rows with the early stop: the requests alone run the program
+  the batch-invariance test above compiled (one row, one bucket)."""
+  check_continuous_equals_alone("llada2", SAMPLED, 1.2, [4, 19, 9, 6])
 
 
 def test_modes_options_and_errors():

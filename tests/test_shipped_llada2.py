@@ -60,12 +60,16 @@ def flash_alone(model):
 
 
 def test_solves_with_llada2_flash_and_the_cache_is_exact(model, flash_alone):
+  """llada2-flash solves the three problems; llada2 with the block cache
+  decodes the README problem as re-running the whole window each step
+  does, token for token and call for call (one row: rows in a batch with
+  the cache are tests/test_llada2_cache.py's claim), and solves it."""
   problems, targets, outs = flash_alone
   texts = [out.texts[0] for out in outs]
   assert [extract_answer(t) for t in texts] == targets, texts
   for text in texts:
     assert check_solution(text) and text.count("<<") >= 2, text
-  outs = [flash_dllm_jax.generate(model, problems[:2], chat=True, sampler=(
+  outs = [flash_dllm_jax.generate(model, problems[:1], chat=True, sampler=(
       build_sampler("llada2", "llada2", {"gen_length": 192,
                                          "block_cache": cached})))
           for cached in (True, False)]
