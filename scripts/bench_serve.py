@@ -379,6 +379,8 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.out is None and not args.compile_only:
     ap.error("--out is required")
+  if args.out is not None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
   if args.smoke:
     args.model, args.slots, args.gen_length, args.requests = ("shipped", 4,
                                                              16, 8)
