@@ -14,11 +14,11 @@ import httpx
 import numpy as np
 import pytest
 
-from flash_dllm_jax import generate, load
+from flash_dllm_jax import architectures, generate, load
 from flash_dllm_jax.generate import answer_ids
 from flash_dllm_jax.sampling.row_sampling import Sampling
-from flash_dllm_jax.serve.cli_variants import parse_variant
-from flash_dllm_jax.strategies import build_sampler
+from flash_dllm_jax.serve.cli_variants import default_strategy, parse_variant
+from flash_dllm_jax.strategies import STRATEGIES, build, build_sampler, decodes
 from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server, stream_raw
 
@@ -37,6 +37,20 @@ def test_parse_variant_types_and_errors():
                        ("eos_tail=maybe", "eos_tail takes a bool")]:
     with pytest.raises(ValueError, match=needle):
       parse_variant(spec, 2)
+
+
+def test_serve_without_a_strategy_decodes_every_family():
+  """serve's strategy when none is given: flash-dllm where it decodes the
+  family, else the family's own (what generate picks; the LLaDA2
+  checkpoint gets llada2), buildable with no options. A server started so
+  answers in tests/test_serve_diffusion_gemma.py."""
+  for arch in architectures.names():
+    name = default_strategy(arch)
+    assert decodes(STRATEGIES[name], arch), (arch, name)
+    assert name in ("flash-dllm", architectures.get(arch).default_strategy)
+    build(name, arch, {})
+  assert default_strategy("llada2") == "llada2"
+  assert default_strategy("llada") == "flash-dllm"
 
 
 @pytest.fixture(scope="module")
