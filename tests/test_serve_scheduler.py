@@ -7,8 +7,8 @@ from flash_dllm_jax.config import ModelConfig
 from flash_dllm_jax.serve.model_runner import ModelRunnerOutput
 from flash_dllm_jax.serve.events import Request
 from flash_dllm_jax.generate import answer_ids
-from flash_dllm_jax.serve.scheduler import (apply, placed, schedule,
-                                            update_from_output)
+from flash_dllm_jax.serve.scheduler import (apply, call_steps, placed,
+                                            schedule, update_from_output)
 from flash_dllm_jax.serve.text import AnswerText
 from flash_dllm_jax.tokenizer import Tokenizer
 from tests.paths import TINY_CHECKPOINT
@@ -57,6 +57,24 @@ def test_schedule_fails_stale_requests_and_queues_the_waiting():
   where = placed(plan, out)
   assert where.running == {0: a, 1: b, 3: e}
   assert [r for r, _ in where.loaded] == [a, b] and where.requeue == (c,)
+
+
+def test_calls_are_short_while_slots_are_free_or_a_row_has_sent_nothing():
+  """A burst that fills the slots runs short calls until every row has
+  streamed its first tokens; a queue beyond the call's, or no short limit,
+  gives whole calls."""
+  a, b, c = (_request(x) for x in "abc")
+  full = schedule([], {0: a, 1: b}, 4, now=0.0)
+  assert call_steps(full, 2, 8, 2) == 2  # neither row has sent anything
+  a.first_token_at = 1.0
+  assert call_steps(full, 2, 8, 2) == 2  # b has not
+  b.first_token_at = 1.0
+  assert call_steps(full, 2, 8, 2) == 8  # every row streams
+  assert call_steps(schedule([], {0: a}, 4, now=0.0), 2, 8, 2) == 2  # free
+  assert call_steps(schedule([c], {0: a}, 4, now=0.0), 2, 8, 3) == 3
+  assert call_steps(schedule([c], {0: a, 1: b}, 0, now=0.0), 2, 8, 2) == 8
+  assert call_steps(schedule([], {0: a}, 4, now=0.0), 2, 8, None) == 8
+  assert call_steps(schedule([], {0: a}, 4, now=0.0), 2, 1, 2) == 1
 
 
 def test_update_streams_final_prefixes_and_finishes_answers():

@@ -76,12 +76,12 @@ def add_parser(sub) -> None:
                        "returns early when a finished row has nothing to "
                        "refill it (default: %(default)s)")
   ap.add_argument("--steps-while-admitting", type=int, default=2,
-                  help="the step limit of a call while the slots take new "
-                       "requests (a slot is free at its start and none "
-                       "waits beyond its queue): an arrival waits at "
-                       "most this many steps for a free slot, and a new "
-                       "request streams its first tokens that soon; capped "
-                       "by the steps per call (default: %(default)s)")
+                  help="the step limit of a call while none waits beyond "
+                       "its queue and a slot is free at its start or a "
+                       "decoding request has sent nothing yet: an arrival "
+                       "waits at most this many steps for a free slot, and "
+                       "a new request streams its first tokens that soon; "
+                       "capped by the steps per call (default: %(default)s)")
   ap.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
                   help="most alternatives per token a request may ask for "
                        "(top_logprobs; completions' logprobs); a strategy "

@@ -125,6 +125,11 @@ class EngineCore:
   def draining(self) -> bool:
     return self._draining
 
+  @property
+  def thread(self) -> threading.Thread:
+    """The engine thread (a benchmark reads its CPU time)."""
+    return self._thread
+
   # The engine thread --------------------------------------------------------
   def _finish(self, request: Request, event: Event, outcome: str) -> None:
     if request.finished:
@@ -246,19 +251,16 @@ class EngineCore:
         self._answer(last.plan, out, seconds)
 
   def _dispatch(self, key, plan: scheduler.SchedulerOutput) -> None:
-    """Starts runner `key`'s next call. Its step limit: steps_while_admitting
-    while the pool takes new requests (a slot is free at the call's start)
-    and none waits beyond the call's queue, so an arrival soon gets a slot
-    and a new request soon streams its first tokens; else steps_per_call
-    (no arrival could take a slot sooner)."""
+    """Starts runner `key`'s next call, of `scheduler.call_steps` steps (a
+    continuous runner's short calls while its pool admits or a row has
+    sent nothing yet; else steps_per_call)."""
     runner = self.runners[key]
     # the top-logprobs variant while a request that wants them decodes
     top = runner.top_k > 0 and any(
         r.top_logprobs for r in (*plan.running.values(), *plan.queued))
-    steps = runner.k
-    if runner.continuous and self.steps_while_admitting and \
-        len(plan.running) < runner.b and not plan.waiting:
-      steps = min(self.steps_while_admitting, runner.k)
+    steps = scheduler.call_steps(
+        plan, runner.b, runner.k,
+        self.steps_while_admitting if runner.continuous else None)
     self._in_flight[key] = _Call(plan, time.monotonic(), None)
     self._in_flight[key] = _Call(plan, time.monotonic(), runner.dispatch(
         release=plan.release, queue=[

@@ -15,6 +15,8 @@ and which it did not (they wait again, first in line).
 `EngineCoreOutputs` the call's output (`model_runner.ModelRunnerOutput`)
 makes of it: each request's event (new final text, or its answer) and its
 new state (`RequestUpdate`: answer text, first-token time).
+`call_steps(scheduler_output, slots, steps_per_call, short)` -> the next
+call's step limit.
 
 None of them touches a thread, a lock, a metric, the device or a request:
 the engine core (engine_core.EngineCore) owns those, applies the updates
@@ -110,6 +112,21 @@ def schedule(waiting: Sequence[Request], running: Mapping[int, Request],
   return SchedulerOutput(tuple(failed), tuple(sorted(release)),
                          tuple(keep_waiting[:capacity]),
                          tuple(keep_waiting[capacity:]), still)
+
+
+def call_steps(scheduled: SchedulerOutput, slots: int, steps_per_call: int,
+               short: int | None) -> int:
+  """The step limit of a continuous call: `short` (the server's
+  steps_while_admitting; None: never) while nothing waits beyond the call's
+  queue and either a slot is free at its start (an arrival soon gets one)
+  or a running request has sent nothing yet (its first tokens go out that
+  soon); else steps_per_call (no arrival could take a slot sooner, and every
+  row already streams)."""
+  if short and not scheduled.waiting and (
+      len(scheduled.running) < slots
+      or any(r.first_token_at is None for r in scheduled.running.values())):
+    return min(short, steps_per_call)
+  return steps_per_call
 
 
 def jobs(scheduled: SchedulerOutput, slots: int) -> dict[int, Request]:
