@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import aiohttp  # noqa: E402
 import httpx  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -130,44 +131,61 @@ def scrape(url) -> dict:
           for s in f.samples if not s.labels}
 
 
-async def one(client, url, name, prompt, start_at, t0):
+async def one(client, url, name, prompt, start_at, t0, first_only=False):
+  """(sent, TTFT, latency, completion tokens, done) of one streamed
+  completion; first_only: leaves at the first token (the server aborts the
+  rest), latency is then TTFT."""
   await asyncio.sleep(max(0.0, start_at - (time.perf_counter() - t0)))
   sent, first, tokens = time.perf_counter(), None, 0
   body = {"model": name, "prompt": prompt, "stream": True}
-  async with client.stream("POST", url + "/v1/completions", json=body) as r:
+  async with client.post(url + "/v1/completions", json=body) as r:
     r.raise_for_status()
-    async for line in r.aiter_lines():
-      if not line.startswith("data: {"):
+    async for raw in r.content:  # one SSE line at a time
+      if not raw.startswith(b"data: {"):
         continue
-      obj = json.loads(line[6:])
+      obj = json.loads(raw[6:])
       if obj.get("usage"):
         tokens = obj["usage"]["completion_tokens"]
       elif (obj["choices"] and obj["choices"][0].get("token_ids")
             and first is None):
         first = time.perf_counter()
+        if first_only:
+          break
   done = time.perf_counter()
   return sent, (first or done) - sent, done - sent, tokens, done
 
 
-def load_in_child(pool, url, name, prompts, rate, seed):
+def load_in_child(pool, url, name, prompts, rate, seed, first_only=False):
   """load_run in the client process `pool` (as vLLM's benchmark_serving
   runs apart from the server, so the clients' Python does not share the
   server's interpreter lock)."""
-  return pool.submit(_load, url, name, prompts, rate, seed).result()
+  return pool.submit(_load, url, name, prompts, rate, seed,
+                     first_only).result()
 
 
-def _load(url, name, prompts, rate, seed):
-  return asyncio.run(load_run(url, name, prompts, rate, seed))
+def _load(url, name, prompts, rate, seed, first_only=False):
+  return asyncio.run(load_run(url, name, prompts, rate, seed, first_only))
 
 
-async def load_run(url, name, prompts, rate, seed):
+def ttft_alone(pool, url, name, prompts) -> list[float]:
+  """Each prompt's TTFT alone on the idle server (a burst's own baseline:
+  where the first token comes depends on the prompt)."""
+  return [load_in_child(pool, url, name, [p], float("inf"), 0, True)[0][1]
+          for p in prompts]
+
+
+async def load_run(url, name, prompts, rate, seed, first_only=False):
   gaps = (np.zeros(len(prompts)) if rate == float("inf") else
           np.random.default_rng(seed).exponential(1 / rate, len(prompts)))
   starts = np.cumsum(gaps) - gaps[0]
-  limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-  async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+  # aiohttp, as vLLM's benchmark client: httpx's async client spends ~6 ms
+  # of CPU a streamed request, a ceiling near 100 requests/s
+  async with aiohttp.ClientSession(
+      timeout=aiohttp.ClientTimeout(total=None),
+      connector=aiohttp.TCPConnector(limit=0)) as client:
     t0 = time.perf_counter()
-    return await asyncio.gather(*(one(client, url, name, p, s, t0)
+    return await asyncio.gather(*(one(client, url, name, p, s, t0,
+                                      first_only)
                                   for p, s in zip(prompts, starts)))
 
 
@@ -175,16 +193,27 @@ def pct(xs, q):
   return float(np.percentile(xs, q))
 
 
+def cpu_seconds(threads: dict) -> dict:
+  """CPU seconds so far of this process and of each named thread."""
+  out = {"process": time.process_time()}
+  for name, t in threads.items():
+    out[name] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+  return out
+
+
 def measure(pool, url, name, prompts, rate, offline_tps, alone_s,
-            alone_ttft_s) -> dict:
+            alone_ttft_s, alone_ttfts=None, threads=None) -> dict:
   """One load: throughput, TTFT and latency against a request alone, and
   the server's own counts over it (/metrics): device calls (host round
   trips) per generated token, requests loaded per call, the host's gap
   between calls, admission latency (the wait for a slot: queueing) and
-  TTFT less it."""
-  before = scrape(url)
+  TTFT less it. alone_ttfts: each prompt's TTFT alone (ttft_alone), for
+  TTFT against the same prompts alone; threads: {name: thread} whose CPU
+  milliseconds per request (and the server process's) the row reports."""
+  threads = threads or {}
+  before, cpu0 = scrape(url), cpu_seconds(threads)
   res = load_in_child(pool, url, name, prompts, rate, 0)
-  after = scrape(url)
+  cpu1, after = cpu_seconds(threads), scrape(url)
   d = {k: after[k] - before.get(k, 0) for k in after}
   per = lambda a, b: d[a] / max(d[b], 1)
   span = max(r[4] for r in res) - min(r[0] for r in res)
@@ -208,11 +237,19 @@ def measure(pool, url, name, prompts, rate, offline_tps, alone_s,
                                       "dllm_admission_latency_seconds_count"),
       "cycle_mean_s": per("dllm_cycle_seconds_sum",
                           "dllm_cycle_seconds_count"),
-      "fraction_of_offline": tokens / span / offline_tps}
+      "fraction_of_offline": tokens / span / offline_tps,
+      "server_cpu_ms_per_request": {
+          k: 1e3 * (cpu1[k] - cpu0[k]) / len(res) for k in cpu0}}
   row["ttft_p50_vs_alone"] = row["ttft_p50_s"] / alone_ttft_s
   row["ttft_p50_less_queueing_vs_alone"] = max(
       row["ttft_p50_s"] - row["admission_latency_mean_s"], 0) / alone_ttft_s
   row["latency_p50_vs_alone"] = row["latency_p50_s"] / alone_s
+  if alone_ttfts is not None:
+    row["ttft_alone_same_prompts_p50_s"] = pct(alone_ttfts, 50)
+    row["ttft_p50_vs_same_prompts_alone"] = (
+        row["ttft_p50_s"] / row["ttft_alone_same_prompts_p50_s"])
+    row["ttft_vs_alone_per_request_p50"] = pct(
+        [r[1] / a for r, a in zip(res, alone_ttfts)], 50)
   return row
 
 
@@ -418,11 +455,15 @@ def main(argv=None):
                               float("inf"), 0)[0] for _ in range(3)]
   alone = float(np.median([r[2] for r in alone_runs]))
   alone_ttft = float(np.median([r[1] for r in alone_runs]))
+  threads = {"http": thread, "engine": service.engine_core.thread}
   rows = [measure(pool, url, args.model, prompts, rate, offline[0], alone,
-                  alone_ttft) for rate in rates]
-  # a burst that fits the slots: TTFT with no queueing beyond them
-  fits = measure(pool, url, args.model, prompts[:args.slots], float("inf"),
-                 offline[0], alone, alone_ttft)
+                  alone_ttft, threads=threads) for rate in rates]
+  # a burst that fits the slots: TTFT with no queueing beyond them, against
+  # the same prompts alone
+  burst = prompts[:args.slots]
+  fits = measure(pool, url, args.model, burst, float("inf"), offline[0],
+                 alone, alone_ttft, ttft_alone(pool, url, args.model, burst),
+                 threads)
   pool.shutdown()
   schema_row = None
   if args.json_schema and importlib.util.find_spec("llguidance") is None:
@@ -457,7 +498,7 @@ def main(argv=None):
         f"(TTFT {alone_ttft:.3f} s)")
   head = ("load rps", "tok/s", "x offline", "TTFT p50", "xTTFT 1",
           "xTTFT-q", "TTFT p99", "lat p50", "xlat 1", "lat p99", "trips/tok",
-          "load/trip", "gap ms", "admit ms")
+          "load/trip", "gap ms", "admit ms", "cpu ms/rq", "http ms", "eng ms")
   print(" | ".join(f"{h:>9}" for h in head))
   for r in rows + [fits]:
     print(" | ".join(f"{v:>9}" for v in (
@@ -471,14 +512,19 @@ def main(argv=None):
         f"{r['latency_p99_s']:.3f}", f"{r['round_trips_per_token']:.4f}",
         f"{r['loaded_per_round_trip']:.2f}",
         f"{1e3 * r['host_gap_mean_s']:.2f}",
-        f"{1e3 * r['admission_latency_mean_s']:.1f}")))
+        f"{1e3 * r['admission_latency_mean_s']:.1f}",
+        *(f"{r['server_cpu_ms_per_request'][k]:.2f}"
+          for k in ("process", "http", "engine")))))
   sat = [r for r in rows if r["offered_rps"] == float("inf")]
   low = [r for r in rows if r["offered_rps"] != float("inf")]
   print("targets: saturation " + (f"{sat[-1]['fraction_of_offline']:.3f}"
         if sat else "-") + " of offline; latency p50 at the lowest load "
         + (f"{low[0]['latency_p50_vs_alone']:.3f}" if low else "-")
         + "x alone; TTFT p50 of a burst of " + f"{fits['requests']} "
-        f"(fits the slots) {fits['ttft_p50_vs_alone']:.2f}x alone" + (
+        f"(fits the slots) {fits['ttft_p50_vs_same_prompts_alone']:.2f}x "
+        f"the same prompts alone (p50 {fits['ttft_alone_same_prompts_p50_s']:.3f}"
+        f" s; per request {fits['ttft_vs_alone_per_request_p50']:.2f}x; "
+        f"{fits['ttft_p50_vs_alone']:.2f}x the first prompt alone)" + (
             f", at saturation {sat[-1]['ttft_p50_vs_alone']:.2f}x (queueing "
             f"{sat[-1]['admission_latency_mean_s']:.3f} s mean; without it "
             f"{sat[-1]['ttft_p50_less_queueing_vs_alone']:.2f}x)"

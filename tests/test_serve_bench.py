@@ -23,6 +23,9 @@ def test_bench_serve_smoke(tmp_path):
   assert [r["offered_rps"] for r in result["loads"]] == [8, float("inf")]
   fits = result["burst_fitting_slots"]  # as many requests as slots at once
   assert fits["requests"] == result["slots"] == 4
+  assert fits["ttft_alone_same_prompts_p50_s"] > 0  # the burst's own baseline
+  assert fits["ttft_p50_vs_same_prompts_alone"] > 0
+  assert fits["ttft_vs_alone_per_request_p50"] > 0
   for row in result["loads"] + [fits]:
     assert row["requests"] in (4, 8) and row["tokens_per_s"] > 0
     assert 0 < row["ttft_p50_s"] <= row["latency_p99_s"]
@@ -31,6 +34,9 @@ def test_bench_serve_smoke(tmp_path):
     assert row["ttft_p50_vs_alone"] > 0 and row["latency_p50_vs_alone"] > 0
     assert 0 <= row["ttft_p50_less_queueing_vs_alone"] <= row[
         "ttft_p50_vs_alone"]
+    cpu = row["server_cpu_ms_per_request"]  # the host's cost, by thread
+    assert set(cpu) == {"process", "http", "engine"} and cpu["http"] > 0
+    assert cpu["engine"] > 0 and cpu["process"] >= cpu["http"]
   assert "targets: saturation" in run.stdout
   for start in ("cold", "warm"):
     assert 0 < result["cold_start"][start]["compile_s"] <= result[
