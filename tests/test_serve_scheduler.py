@@ -61,11 +61,13 @@ def test_schedule_fails_stale_requests_and_queues_the_waiting():
 
 def test_calls_are_short_while_slots_are_free_or_a_row_has_sent_nothing():
   """A burst that fills the slots runs short calls until every row has
-  streamed its first tokens; a queue beyond the call's, or no short limit,
-  gives whole calls."""
+  streamed its first tokens; requests queued behind full slots, or no
+  short limit, give whole calls."""
   a, b, c = (_request(x) for x in "abc")
   full = schedule([], {0: a, 1: b}, 4, now=0.0)
   assert call_steps(full, 2, 8, 2) == 2  # neither row has sent anything
+  # saturation: a request queued on the device behind full slots
+  assert call_steps(schedule([c], {0: a, 1: b}, 4, now=0.0), 2, 8, 2) == 8
   a.first_token_at = 1.0
   assert call_steps(full, 2, 8, 2) == 2  # b has not
   b.first_token_at = 1.0

@@ -77,8 +77,9 @@ def add_parser(sub) -> None:
                        "refill it (default: %(default)s)")
   ap.add_argument("--steps-while-admitting", type=int, default=2,
                   help="the step limit of a call while none waits beyond "
-                       "its queue and a slot is free at its start or a "
-                       "decoding request has sent nothing yet: an arrival "
+                       "its queue and a slot is free at its start, or none "
+                       "is queued and a decoding request has sent nothing "
+                       "yet: an arrival "
                        "waits at most this many steps for a free slot, and "
                        "a new request streams its first tokens that soon; "
                        "capped by the steps per call (default: %(default)s)")

@@ -119,12 +119,14 @@ def call_steps(scheduled: SchedulerOutput, slots: int, steps_per_call: int,
   """The step limit of a continuous call: `short` (the server's
   steps_while_admitting; None: never) while nothing waits beyond the call's
   queue and either a slot is free at its start (an arrival soon gets one)
-  or a running request has sent nothing yet (its first tokens go out that
-  soon); else steps_per_call (no arrival could take a slot sooner, and every
-  row already streams)."""
+  or, with nothing queued, a running request has sent nothing yet (its
+  first tokens go out that soon: a burst that fills the slots); else
+  steps_per_call (no arrival could take a slot sooner; while requests
+  queue, whole calls keep the device busy)."""
   if short and not scheduled.waiting and (
       len(scheduled.running) < slots
-      or any(r.first_token_at is None for r in scheduled.running.values())):
+      or (not scheduled.queued and any(
+          r.first_token_at is None for r in scheduled.running.values()))):
     return min(short, steps_per_call)
   return steps_per_call
 
