@@ -90,11 +90,11 @@ def model_and_prompts(args, mesh=None):
 
 
 def offline_tokens_per_s(model, sampler, prompts, slots, stop_at_eos,
-                         mesh=None):
+                         mesh=None, runs=2):
   """Static batches of `slots` prompts through `generate` (on `mesh`);
-  second run."""
+  the last of `runs` runs (the second: compiled)."""
   config = model[1]
-  for _ in range(2):
+  for _ in range(runs):
     tokens, t0 = 0, time.perf_counter()
     for i in range(0, len(prompts), slots):
       out = flash_dllm_jax.generate(model, prompts[i:i + slots],
@@ -374,9 +374,10 @@ def main(argv=None):
   ap.add_argument("--rates", default="1,4,inf",
                   help="offered loads, requests/s, comma-separated")
   ap.add_argument("--smoke", action="store_true",
-                  help="shipped model, tiny sizes, one request alone, the "
-                  "clients in a thread (with --cold-start the server's "
-                  "programs load from its cache): checks the script runs")
+                  help="checks the script runs: the shipped model at tiny "
+                  "sizes, one offline run (it compiles), one request alone, "
+                  "the clients in a thread of this process, and with "
+                  "--cold-start the server's programs loaded from its cache")
   ap.add_argument("--cold-start", action="store_true",
                   help="also time the server's start, compiling and with a "
                        "warm persistent compilation cache (two processes)")
@@ -426,7 +427,7 @@ def run(args, argv, cache: str) -> None:
   params, config, tok = model
   sampler, settings, stop_at_eos = server_settings(args, model, prompts)
   offline = offline_tokens_per_s(model, sampler, prompts, args.slots,
-                                 stop_at_eos, mesh)
+                                 stop_at_eos, mesh, 1 if args.smoke else 2)
   print(f"offline static batches of {args.slots}: {offline[0]:.1f} tokens/s")
   t0 = time.perf_counter()
   service = Service(params, config, tok, sampler, settings, mesh=mesh)
