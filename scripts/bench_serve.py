@@ -402,10 +402,10 @@ def main(argv=None):
     print(json.dumps(compile_only(args)))
     return
   with tempfile.TemporaryDirectory(prefix="serve-cache-") as cache:
-    run(args, argv, cache)
+    bench(args, argv, cache)
 
 
-def run(args, argv, cache: str) -> None:
+def bench(args, argv, cache: str) -> None:
   """The benchmark; `cache`: an empty directory for --cold-start's
   processes."""
   rates = [float(r) for r in args.rates.split(",")]
