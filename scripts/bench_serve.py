@@ -91,11 +91,11 @@ def model_and_prompts(args, mesh=None):
 
 
 def offline_tokens_per_s(model, sampler, prompts, slots, stop_at_eos,
-                         mesh=None):
+                         mesh=None, runs=2):
   """Static batches of `slots` prompts through `generate` (on `mesh`);
-  second run."""
+  the last of `runs` runs (the second: compiled)."""
   config = model[1]
-  for _ in range(2):
+  for _ in range(runs):
     tokens, t0 = 0, time.perf_counter()
     for i in range(0, len(prompts), slots):
       out = flash_dllm_jax.generate(model, prompts[i:i + slots],
@@ -155,10 +155,21 @@ async def one(client, url, name, prompt, start_at, t0, first_only=False):
   return sent, (first or done) - sent, done - sent, tokens, done
 
 
-def load_in_child(pool, url, name, prompts, rate, seed, first_only=False):
-  """load_run in the client process `pool` (as vLLM's benchmark_serving
+def client_pool(smoke: bool):
+  """The clients' executor: a spawned process (as vLLM's benchmark_serving
   runs apart from the server, so the clients' Python does not share the
-  server's interpreter lock)."""
+  server's interpreter lock); with --smoke a thread of this process, which
+  spares the smoke a second interpreter importing this script."""
+  import concurrent.futures
+  if smoke:
+    return concurrent.futures.ThreadPoolExecutor(1)
+  import multiprocessing
+  return concurrent.futures.ProcessPoolExecutor(
+      1, mp_context=multiprocessing.get_context("spawn"))
+
+
+def load_in_child(pool, url, name, prompts, rate, seed, first_only=False):
+  """load_run in the clients' executor `pool` (client_pool)."""
   return pool.submit(_load, url, name, prompts, rate, seed,
                      first_only).result()
 
@@ -314,20 +325,19 @@ def compile_only(args) -> dict:
   return {"model_s": t1 - t0, "compile_s": t2 - t1, "total_s": t2 - t0}
 
 
-def cold_start(argv) -> dict:
-  """compile_only in two fresh processes sharing an empty cache directory:
-  'cold' compiles, 'warm' loads the first's executables."""
+def cold_start(argv, cache: str) -> dict:
+  """compile_only in two fresh processes sharing the empty cache directory
+  `cache`: 'cold' compiles, 'warm' loads the first's executables."""
   out = {}
-  with tempfile.TemporaryDirectory(prefix="serve-cache-") as cache:
-    for name in ("cold", "warm"):
-      t0 = time.perf_counter()
-      run = subprocess.run([sys.executable, __file__, *argv, "--compile-only",
-                            "--cache-dir", cache], capture_output=True,
-                           text=True, check=False)
-      if run.returncode:
-        raise RuntimeError(f"--compile-only failed:\n{run.stderr[-3000:]}")
-      out[name] = {**json.loads(run.stdout.strip().splitlines()[-1]),
-                   "process_s": time.perf_counter() - t0}
+  for name in ("cold", "warm"):
+    t0 = time.perf_counter()
+    run = subprocess.run([sys.executable, __file__, *argv, "--compile-only",
+                          "--cache-dir", cache], capture_output=True,
+                         text=True, check=False)
+    if run.returncode:
+      raise RuntimeError(f"--compile-only failed:\n{run.stderr[-3000:]}")
+    out[name] = {**json.loads(run.stdout.strip().splitlines()[-1]),
+                 "process_s": time.perf_counter() - t0}
   return out
 
 
@@ -401,7 +411,10 @@ def main(argv=None):
   ap.add_argument("--rates", default="1,4,inf",
                   help="offered loads, requests/s, comma-separated")
   ap.add_argument("--smoke", action="store_true",
-                  help="shipped model, tiny sizes: checks the script runs")
+                  help="checks the script runs: the shipped model at tiny "
+                  "sizes, one offline run (it compiles), one request alone, "
+                  "the clients in a thread of this process, and with "
+                  "--cold-start the server's programs loaded from its cache")
   ap.add_argument("--cold-start", action="store_true",
                   help="also time the server's start, compiling and with a "
                        "warm persistent compilation cache (two processes)")
@@ -425,34 +438,42 @@ def main(argv=None):
   if args.compile_only:
     print(json.dumps(compile_only(args)))
     return
+  with tempfile.TemporaryDirectory(prefix="serve-cache-") as cache:
+    bench(args, argv, cache)
+
+
+def bench(args, argv, cache: str) -> None:
+  """The benchmark; `cache`: an empty directory for --cold-start's
+  processes."""
   rates = [float(r) for r in args.rates.split(",")]
   starts = None
   if args.cold_start:  # first: the processes have the device to themselves
     argv_out = [a for a in (sys.argv[1:] if argv is None else argv)
                 if a != "--cold-start"]
-    starts = cold_start(argv_out)
+    starts = cold_start(argv_out, cache)
     print(f"cold start {starts['cold']['total_s']:.1f} s (compile "
           f"{starts['cold']['compile_s']:.1f} s); warm cache "
           f"{starts['warm']['total_s']:.1f} s (compile "
           f"{starts['warm']['compile_s']:.1f} s)")
+    if args.smoke:  # the server's programs load from the cold start's cache
+      from flash_dllm_jax.compilation import enable_persistent_cache
+      enable_persistent_cache(cache)
   from flash_dllm_jax import parallel
   mesh = parallel.parse_mesh(args.mesh)
   model, prompts = model_and_prompts(args, mesh)
   params, config, tok = model
   sampler, settings, stop_at_eos = server_settings(args, model, prompts)
   offline = offline_tokens_per_s(model, sampler, prompts, args.slots,
-                                 stop_at_eos, mesh)
+                                 stop_at_eos, mesh, 1 if args.smoke else 2)
   print(f"offline static batches of {args.slots}: {offline[0]:.1f} tokens/s")
   t0 = time.perf_counter()
   service = Service(params, config, tok, sampler, settings, mesh=mesh)
   compile_s = time.perf_counter() - t0
   server, thread, url = start_server(service, args.model)
-  import concurrent.futures
-  import multiprocessing
-  pool = concurrent.futures.ProcessPoolExecutor(
-      1, mp_context=multiprocessing.get_context("spawn"))
+  pool = client_pool(args.smoke)
   alone_runs = [load_in_child(pool, url, args.model, prompts[:1],
-                              float("inf"), 0)[0] for _ in range(3)]
+                              float("inf"), 0)[0]
+                for _ in range(1 if args.smoke else 3)]
   alone = float(np.median([r[2] for r in alone_runs]))
   alone_ttft = float(np.median([r[1] for r in alone_runs]))
   threads = {"http": thread, "engine": service.engine_core.thread}

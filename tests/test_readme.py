@@ -4,12 +4,15 @@ registry, links that resolve, and its quickstart blocks (each after a
 
 The quickstart blocks run with the test's interpreter first on PATH (so
 `python` and `flash-dllm-jax` are this environment's) and this tree first
-on PYTHONPATH. Two changes only: the server's port 8000 becomes a free one
-(tests run in parallel), and the evaluation's --out-dir a temporary folder.
+on PYTHONPATH. Two changes only: the server's port 8000 becomes a free
+one (tests run in parallel), and the evaluation's --out-dir a temporary
+folder. The server block runs in bash; the Python blocks, and the main
+command's generate, the command-line block and the evaluation (each one
+`flash-dllm-jax` / `python -m` command line) run their main in this
+process, without a fresh Python and JAX import each.
 The main command, the Python block and the command-line block decode one
 program (Flash-dLLM at gen 192, one short prompt): compiled once, then
-reused in this process and loaded from the tests' persistent compilation
-cache by the command-line block's process.
+reused in this process.
 """
 
 import json
@@ -138,10 +141,12 @@ def test_quickstart_python_and_command_line_give_the_worked_solution(capsys):
   out = run_python(quickstart("python"), capsys)
   solution = answer_of(out)
   assert check_solution(solution) and solution.endswith("#### 104"), out
-  cli = subprocess.run(["bash", "-c", quickstart("cli")], cwd=ROOT, env=env(),
-                       capture_output=True, text=True, timeout=300)
-  assert cli.returncode == 0, cli.stderr
-  assert answer_of(cli.stdout) == solution  # one program, one answer
+  # `flash-dllm-jax` is cli.main (pyproject's script; the server block
+  # runs it as pasted): its generate in this process, as the main command's
+  argv = shlex.split(quickstart("cli"))
+  assert argv[0] == "flash-dllm-jax", argv
+  assert cli.main(argv[1:]) == 0
+  assert answer_of(capsys.readouterr().out) == solution  # one program
 
 
 @pytest.mark.slow
@@ -181,13 +186,21 @@ def _stop_group(pgid: int) -> None:
 
 
 @pytest.mark.slow
-def test_quickstart_evaluation_writes_its_run(tmp_path):
+def test_quickstart_evaluation_writes_its_run(tmp_path, capsys):
+  """The block's one `python -m flash_dllm_jax.eval` command, its main in
+  this process (as the main command's: no fresh Python and JAX import)."""
+  from flash_dllm_jax.eval import cli as eval_cli
   code = quickstart("eval")
   assert "--out-dir runs/eval/quickstart" in code
-  run = subprocess.run(
-      ["bash", "-c", code.replace("runs/eval/quickstart", str(tmp_path))],
-      cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-  assert run.returncode == 0, run.stderr[-3000:]
+  argv = shlex.split(code.replace("runs/eval/quickstart", str(tmp_path)))
+  assert argv[:3] == ["python", "-m", "flash_dllm_jax.eval"], code
+  cwd = os.getcwd()
+  os.chdir(ROOT)  # the block's paths are the repository's
+  try:
+    assert eval_cli.main(argv[3:]) == 0, capsys.readouterr().err[-3000:]
+  finally:
+    os.chdir(cwd)
+  run = capsys.readouterr()
   (summary_path,) = tmp_path.glob("*/summary.json")
   summary = json.loads(summary_path.read_text())
   records = [json.loads(r) for r in (summary_path.parent / "records.jsonl"
@@ -195,5 +208,5 @@ def test_quickstart_evaluation_writes_its_run(tmp_path):
   assert len(records) == summary["problems"] == 4
   solved = sum(r["correct"] for r in records)
   assert solved == summary["correct"]
-  assert f"accuracy {solved}/4;" in run.stderr, run.stderr[-2000:]
+  assert f"accuracy {solved}/4;" in run.err, run.err[-2000:]
   assert "| flash-dllm |" in (tmp_path / "results.md").read_text()
