@@ -29,10 +29,13 @@ STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
 # Added to every script's XLA flags unless it asks for XLA's defaults: the
 # scripts' tiny programs run for milliseconds, and LLVM's optimisation passes
 # took about half of a decode's compile (a Flash-dLLM verify decode: 8.1 CPU
-# seconds at the default level, 4.3 at 0). Every comparison a script makes
-# is between programs compiled under the same flags; a claim about XLA's
-# default flags asks for them (quick=False).
-QUICK_COMPILE = QUICK
+# seconds at the default level, 4.3 at 0); XLA:CPU's MLIR fusion emitters
+# took about half of what was left (two decodes, one device and
+# data=2,model=2 each: 18.1 CPU seconds with them, 9.3 with the elemental
+# emitters). Every comparison a script makes is between programs compiled
+# under the same flags; a claim about XLA's default flags asks for them
+# (quick=False).
+QUICK_COMPILE = f"{QUICK} --xla_cpu_use_fusion_emitters=false"
 
 
 def script_env(devices: int = 4, xla_flags: str = "",
