@@ -29,10 +29,13 @@ STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
 # Added to every script's XLA flags unless it asks for XLA's defaults: the
 # scripts' tiny programs run for milliseconds, and LLVM's optimisation passes
 # took about half of a decode's compile (a Flash-dLLM verify decode: 8.1 CPU
-# seconds at the default level, 4.3 at 0). Every comparison a script makes
-# is between programs compiled under the same flags; a claim about XLA's
-# default flags asks for them (quick=False).
-QUICK_COMPILE = QUICK
+# seconds at the default level, 4.3 at 0); XLA:CPU's MLIR fusion emitters
+# took about half of what was left (two decodes, one device and
+# data=2,model=2 each: 18.1 CPU seconds with them, 9.3 with the elemental
+# emitters). Every comparison a script makes is between programs compiled
+# under the same flags; a claim about XLA's default flags asks for them
+# (quick=False).
+QUICK_COMPILE = f"{QUICK} --xla_cpu_use_fusion_emitters=false"
 
 
 def script_env(devices: int = 4, xla_flags: str = "",
@@ -86,15 +89,23 @@ def cached_inputs(config, rng, B, S, Q, dtype):
                       jnp.int32)
   return cache, tokens, slots, jnp.asarray(rng.random((B, S)) > 0.2)
 
+def set_up(fn, *args):
+  """fn(*args) compiled at level 0 with the elemental emitters, whatever
+  the script's flags: a tiny model's set-up, which no claim is about."""
+  return jax.jit(fn).lower(*args).compile(
+      {"xla_backend_optimization_level": 0,
+       "xla_cpu_use_fusion_emitters": False})(*args)
+
 def tiny4(arch, eos_boost=1.2, **changes):
   config = ModelConfig.tiny(arch, **{**dict(n_heads=8, n_kv_heads=4,
                                             head_dim=8), **changes})
-  params = init_params(config, jax.random.key(7), head_init_scale=8.0)
+  params = set_up(lambda key: init_params(config, key, head_init_scale=8.0),
+                  jax.random.key(7))
   x = np.asarray(random_prompts(0, [24] * 4), np.int32)
   x[:, 8:] = config.mask_token_id
   pos = jnp.broadcast_to(jnp.arange(24), x.shape)
-  logits, _ = jax.jit(Transformer(config).apply)(
-      {"params": params}, jnp.asarray(x), pos, jnp.ones(x.shape, bool))
+  logits, _ = set_up(lambda p, *a: Transformer(config).apply({"params": p}, *a),
+                     params, jnp.asarray(x), pos, jnp.ones(x.shape, bool))
   common = np.bincount(np.asarray(logits.argmax(-1)).ravel()).argmax()
   head = params["lm_head"]
   params["lm_head"] = head.at[:, config.eos_token_id].set(

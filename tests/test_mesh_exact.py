@@ -18,10 +18,11 @@ BITWISE = r'''
 from pallas_kernels.attention.api import Tiling
 from flash_dllm_jax.model import CachedExtras
 from flash_dllm_jax.ops import Kernels
-arch, impls, dtype, meshes, fused = ARGS
+arch, impls, dtype, meshes, fused, turn = ARGS
 
-def check(model, impl):
-  """Cached, verify and uncached forwards of `model` on every mesh."""
+def check(model, impl, turn):
+  """Cached, verify and uncached forwards of `model`, each on one mesh of
+  `meshes` in turn, starting at meshes[turn]."""
   rng = np.random.default_rng(0)
   B, S, Q = 4, 512, 8
   cache, tokens, slots, valid = cached_inputs(config, rng, B, S, Q, dtype)
@@ -47,24 +48,24 @@ def check(model, impl):
                                CachedExtras(mass_rows_BxQ=rows))),
            "verify": (cached, (tokens, slots, valid, cache, verify)),
            "uncached": (uncached, (full, left_pad))}
-  for name, (fn, args) in cases.items():
+  for i, (name, (fn, args)) in enumerate(cases.items()):
     one = jax.jit(fn)(params, *args)
     leaves = jax.tree.leaves(one)
     assert name == "uncached" or len(jax.tree.leaves(one[2])) == 2, one[2]
-    for spec in meshes.split(";"):
-      mesh = parallel.parse_mesh(spec)
-      with parallel.use(mesh):
-        got = jax.jit(fn)(parallel.shard_params(mesh, config, params), *args)
-      for a, b in zip(jax.tree.leaves(got), leaves, strict=True):
-        np.testing.assert_array_equal(a, b, f"{arch} {impl} {name} {spec}")
-    print(impl, name, "equal on", meshes, flush=True)
+    spec = meshes[(turn + i) % len(meshes)]
+    mesh = parallel.parse_mesh(spec)
+    with parallel.use(mesh):
+      got = jax.jit(fn)(parallel.shard_params(mesh, config, params), *args)
+    for a, b in zip(jax.tree.leaves(got), leaves, strict=True):
+      np.testing.assert_array_equal(a, b, f"{arch} {impl} {name} {spec}")
+    print("EQUAL", impl, name, spec, flush=True)
 
 # Few programs per sequence: one device picks 1 key split for its 4 KV
 # heads, a shard of 2 or 1 heads would pick 2 if it chose from its own.
 config, params = tiny4(arch, head_dim=16, dtype=dtype, fused_qkv=fused)
-for impl in impls:
+for i, impl in enumerate(impls):
   check(Transformer(config, implementation=Kernels(
-      impl, attention=Tiling(split_target=4))), impl)
+      impl, attention=Tiling(split_target=4))), impl, turn + i)
 print("BITWISE-OK")
 '''
 
@@ -74,8 +75,16 @@ print("BITWISE-OK")
 # reorderings of a float32 sum.
 DTYPE_FLAGS = {"bfloat16": "", "float32": STRICT_CPU}
 # data=2,model=2 runs model=2's shards on half the rows each (no model code
-# looks at the data axis), so model=2 alone adds nothing.
-MESHES = "model=4;data=2,model=2"
+# looks at the data axis), so model=2 alone adds nothing. Each forward runs
+# on one of them, in turn (a mesh is a program to compile): a part's
+# cached, verify and uncached forwards on MESHES[t], MESHES[t + 1],
+# MESHES[t] (t its turn, then t + 1 for its second implementation), so
+# every (arch, dtype, implementation) runs on both meshes, each forward of a
+# kernel case meets both (one through each implementation), and the turns
+# below give every (forward, mesh) pair to the reference in each dtype and
+# to the kernels in float32.
+MESHES = ["model=4", "data=2,model=2"]
+FORWARDS = ("cached", "verify", "uncached")
 # The kernels' sharding does not depend on the architecture: they run on one
 # (arch, dtype) pair per dtype (and Dream's joined q/k/v below), the
 # reference on all four.
@@ -91,20 +100,46 @@ def test_tensor_parallel_forward_is_bitwise_the_one_device_forward(
   """Logits, caches and attention mass of cached, verify (no cache write,
   in-query keys, exclusions) and uncached forwards, through the reference
   and (KERNEL_CASES) the Pallas kernels interpreted, equal one device's bit
-  for bit under model=4 and data=2,model=2 (pure data parallelism:
+  for bit under model=4 and data=2,model=2 (each forward on one of them in
+  turn, every implementation on both; pure data parallelism:
   tests/test_mesh.py): each output element is one full-length
   dot product, the kernel picks one device's key splits, and the mass is
   summed per head, gathered and summed over heads in one fixed order."""
   out = (strict if DTYPE_FLAGS[dtype] else plain)[f"bitwise {arch} {dtype}"]
-  assert out.endswith("PASSED") and "BITWISE-OK" in out, out
+  _check_bitwise(out, 2 if (arch, dtype) in KERNEL_CASES else 1)
 
 
 def test_tensor_parallel_joined_qkv_is_bitwise_the_one_device_forward(
     strict):
   """The joined q/k/v projection (model/fuse.py) is column-sharded into
-  whole heads: Dream's GQA forwards on every mesh equal one device's."""
-  out = strict["bitwise joined qkv"]
+  whole heads: Dream's GQA forwards on both meshes equal one device's."""
+  _check_bitwise(strict["bitwise joined qkv"], 1)
+
+
+def test_every_forward_meets_every_mesh(plain, strict):
+  """The turns cover each (forward, mesh) pair through the reference in
+  both dtypes and through the kernels in float32."""
+  for runs, impls in ((plain, ["reference"]),
+                      (strict, ["reference", "pallas_interpret"])):
+    equal = [line.split()[1:] for name, out in runs.items()
+             if name.startswith("bitwise ") for line in out.splitlines()
+             if line.startswith("EQUAL ")]
+    for impl in impls:
+      assert {(name, spec) for i, name, spec in equal if i == impl} == {
+          (name, spec) for name in FORWARDS for spec in MESHES}, equal
+
+
+def _check_bitwise(out: str, impls: int):
+  """A BITWISE part passed, each implementation's three forwards compared
+  on the meshes in turn (so on both)."""
   assert out.endswith("PASSED") and "BITWISE-OK" in out, out
+  equal = [line.split()[1:] for line in out.splitlines()
+           if line.startswith("EQUAL ")]
+  assert len(equal) == 3 * impls, out
+  for impl in {impl for impl, _, _ in equal}:
+    done = [(name, spec) for i, name, spec in equal if i == impl]
+    assert [name for name, _ in done] == list(FORWARDS), out
+    assert {spec for _, spec in done} == set(MESHES), out
 
 
 COLLECTIVES = r'''
@@ -176,12 +211,13 @@ def test_tensor_parallel_gathers_activations_and_reduces_no_sum(impl, plain):
   assert len(gathers) == 5 * layers, found
 
 
-def _bitwise(arch, dtype, fused=False):
+def _bitwise(arch, dtype, turn, fused=False):
+  """The BITWISE part of (arch, dtype), its first forward on MESHES[turn]."""
   impls = ("pallas_interpret" if fused else
            "pallas_interpret,reference" if (arch, dtype) in KERNEL_CASES
            else "reference")
-  return f"ARGS = {(arch, impls.split(','), dtype, MESHES, fused)!r}\n" + (
-      BITWISE)
+  return (f"ARGS = {(arch, impls.split(','), dtype, MESHES, fused, turn)!r}"
+          "\n" + BITWISE)
 
 
 # Two interpreters for the module's scripts (a Python with JAX imported costs
@@ -191,18 +227,19 @@ def _bitwise(arch, dtype, fused=False):
 @pytest.fixture(scope="module")
 def plain():
   return run_parts({
-      "bitwise llada bfloat16": _bitwise("llada", "bfloat16"),
-      "bitwise dream bfloat16": _bitwise("dream", "bfloat16"),
+      "bitwise llada bfloat16": _bitwise("llada", "bfloat16", 0),
+      "bitwise dream bfloat16": _bitwise("dream", "bfloat16", 0),
       **{f"collectives {impl}": f"ARGS = {impl!r}\n" + COLLECTIVES
          for impl in ("pallas_interpret", "reference")}}, quick=False)
 
 
 @pytest.fixture(scope="module")
 def strict():
-  return run_parts({"bitwise llada float32": _bitwise("llada", "float32"),
-                    "bitwise dream float32": _bitwise("dream", "float32"),
-                    "bitwise sdar float32": _bitwise("sdar", "float32"),
+  return run_parts({"bitwise llada float32": _bitwise("llada", "float32", 0),
+                    "bitwise dream float32": _bitwise("dream", "float32", 0),
+                    "bitwise sdar float32": _bitwise("sdar", "float32", 1),
                     "bitwise fast_dllm_v2 float32": _bitwise("fast_dllm_v2",
-                                                             "float32"),
-                    "bitwise joined qkv": _bitwise("dream", "float32", True)},
+                                                             "float32", 0),
+                    "bitwise joined qkv": _bitwise("dream", "float32", 1,
+                                                   True)},
                    xla_flags=STRICT_CPU)
