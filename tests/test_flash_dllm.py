@@ -245,6 +245,17 @@ def test_compiled_decode_is_one_loop_with_the_layers_unrolled(sampler):
                          config=config, sampler=sampler).compile().as_text()
   assert len(re.findall(r"\bwhile\(", hlo)) == 3
   assert "layers_1/" in hlo and "layers_2/" not in hlo  # tiny: 2 layers
+  # generate's sampled program (row settings): the same three loops, plus
+  # only the rounds of JAX's threefry hash behind its random draws
+  from flash_dllm_jax.sampling.row_sampling import GREEDY, RowSampling
+  text = decode_jit.lower(
+      params, jnp.asarray(ids), jnp.asarray(valid), rng,
+      RowSampling.of([GREEDY] * 3, sampler), config=config, sampler=sampler,
+      stop_at_eos=True, implementation=None, logprobs=False).as_text()
+  funcs = re.split(r"\n\s*func\.func ", text)
+  loops = [f.split("(", 1)[0] for f in funcs
+           for _ in re.findall(r"stablehlo\.while", f)]
+  assert len([f for f in loops if "threefry" not in f]) == 3, loops
 
 
 def test_without_stop_at_eos_every_position_is_decoded():
