@@ -207,9 +207,10 @@ long-context)
 long-context-llada2)
   # a process per prompt length (default 4096 8192 16384 32768; one call
   # of 10 minutes takes two or three of them); BA="fused split": both
-  # block-attention paths in each process (default: the default path)
+  # block-attention paths in each process (default: the default path);
+  # PROMPT_TIMEOUT: seconds a prompt length may take (32k needs about 300)
   for p in ${3:-4096 8192 16384 32768}; do
-    timeout 240 python scripts/bench_moe.py ${SMOKE:+--smoke} --layer-paths \
+    timeout ${PROMPT_TIMEOUT:-240} python scripts/bench_moe.py ${SMOKE:+--smoke} --layer-paths \
         --strategies llada2 --batch 1 8 --steady --prompt $p --gen 512 \
         --reps 1 ${BA:+--block-attention $BA} \
         --json "$OUT/long-llada2-p$p.json" | grep -E "step|/ fused"
