@@ -47,3 +47,21 @@ def test_bench_serve_smoke(tmp_path):
   assert schema["host_ms_per_step"] > 0 and "JSON schema" in run.stdout
   assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
   assert "tok/s" in run.stdout and "wrote" in run.stdout
+
+
+def test_the_spawned_client_reports_a_failed_load():
+  """The GPU benchmark's clients run in a spawned process (client_pool(False),
+  importing no JAX): a load that cannot connect comes back as one readable
+  error (aiohttp's own exceptions do not pickle back)."""
+  import socket
+  from flash_dllm_bench.serve_load import client_pool, load_in_child
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]  # closed once the block ends
+  pool = client_pool(False)
+  try:
+    with pytest.raises(RuntimeError, match="the load failed"):
+      load_in_child(pool, f"http://127.0.0.1:{port}", "m", [[1, 2]],
+                    float("inf"), 0)
+  finally:
+    pool.shutdown()
