@@ -89,12 +89,14 @@ def cached_inputs(config, rng, B, S, Q, dtype):
                       jnp.int32)
   return cache, tokens, slots, jnp.asarray(rng.random((B, S)) > 0.2)
 
+
 def set_up(fn, *args):
   """fn(*args) compiled at level 0 with the elemental emitters, whatever
   the script's flags: a tiny model's set-up, which no claim is about."""
   return jax.jit(fn).lower(*args).compile(
       {"xla_backend_optimization_level": 0,
        "xla_cpu_use_fusion_emitters": False})(*args)
+
 
 def tiny4(arch, eos_boost=1.2, **changes):
   config = ModelConfig.tiny(arch, **{**dict(n_heads=8, n_kv_heads=4,

@@ -79,10 +79,10 @@ def add_parser(sub) -> None:
                   help="the step limit of a call while none waits beyond "
                        "its queue and a slot is free at its start, or none "
                        "is queued and a decoding request has sent nothing "
-                       "yet: an arrival "
-                       "waits at most this many steps for a free slot, and "
-                       "a new request streams its first tokens that soon; "
-                       "capped by the steps per call (default: %(default)s)")
+                       "yet: an arrival waits at most this many steps for a "
+                       "free slot, and a new request streams its first "
+                       "tokens that soon; capped by the steps per call "
+                       "(default: %(default)s)")
   ap.add_argument("--max-logprobs", type=int, default=MAX_LOGPROBS,
                   help="most alternatives per token a request may ask for "
                        "(top_logprobs; completions' logprobs); a strategy "

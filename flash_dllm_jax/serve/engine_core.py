@@ -252,8 +252,8 @@ class EngineCore:
 
   def _dispatch(self, key, plan: scheduler.SchedulerOutput) -> None:
     """Starts runner `key`'s next call, of `scheduler.call_steps` steps (a
-    continuous runner's short calls while its pool admits or a row has
-    sent nothing yet; else steps_per_call)."""
+    continuous runner's short calls while its pool admits, or while a row
+    has sent nothing yet and none is queued; else steps_per_call)."""
     runner = self.runners[key]
     # the top-logprobs variant while a request that wants them decodes
     top = runner.top_k > 0 and any(
