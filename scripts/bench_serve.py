@@ -54,6 +54,7 @@ from flash_dllm_jax.generate import answer_ids  # noqa: E402
 from flash_dllm_jax.serve.app import build_app  # noqa: E402
 from flash_dllm_jax.serve.service import Service, Settings  # noqa: E402
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
+from flash_dllm_bench import timing  # noqa: E402
 from flash_dllm_bench.serve_load import (client_pool, load_in_child,  # noqa
                                          measure, pct, ttft_alone)
 
@@ -63,7 +64,6 @@ def model_and_prompts(args, mesh=None):
   on `mesh`'s shards."""
   rng = np.random.default_rng(0)
   if args.model in ("llada-8b", "llada2-flash"):
-    from flash_dllm_bench import timing
     from flash_dllm_jax.config import ModelConfig
     config = ModelConfig.preset(args.model)
     params = timing.bench_params(config, mesh=mesh)
@@ -368,6 +368,8 @@ def bench(args, argv, cache: str) -> None:
       "offline_tokens_per_s": offline[0], "offline_tokens": offline[1],
       "alone_latency_s": alone, "alone_ttft_s": alone_ttft,
       "compile_s": compile_s, "cold_start": starts, "loads": rows,
+      "peak_gb": None if (peak := timing.peak_memory_bytes()) is None
+      else peak / 1e9,  # the device's, over the whole run (None: no stats)
       "burst_fitting_slots": fits,
       "steps_while_admitting": args.steps_while_admitting,
       "json_schema": schema_row}
@@ -376,7 +378,8 @@ def bench(args, argv, cache: str) -> None:
   print(f"device {result['device']}, {args.model}, {args.strategy}, "
         f"{args.slots} slots, gen {args.gen_length}; offline "
         f"{offline[0]:.1f} tok/s; alone {result['alone_latency_s']:.3f} s "
-        f"(TTFT {alone_ttft:.3f} s)")
+        f"(TTFT {alone_ttft:.3f} s); peak "
+        + ("-" if result["peak_gb"] is None else f"{result['peak_gb']:.2f} GB"))
   head = ("load rps", "tok/s", "x offline", "TTFT p50", "xTTFT 1",
           "xTTFT-q", "TTFT p99", "lat p50", "xlat 1", "lat p99", "trips/tok",
           "load/trip", "gap ms", "admit ms", "cpu ms/rq", "http ms", "eng ms")

@@ -42,6 +42,7 @@ def test_bench_serve_smoke(tmp_path):
     assert 0 < result["cold_start"][start]["compile_s"] <= result[
         "cold_start"][start]["process_s"]
   assert result["compile_s"] > 0
+  assert "peak_gb" in result  # the device's peak (None: the CPU keeps none)
   schema = result["json_schema"]
   assert schema["requests"] == 1 and schema["json_tokens_per_step"] > 0
   assert schema["host_ms_per_step"] > 0 and "JSON schema" in run.stdout
