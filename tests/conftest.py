@@ -3,16 +3,19 @@ import os
 import shutil
 import tempfile
 
-# The CPU suite compiles at XLA's backend optimisation level 0: compiling
-# dominates it, and every exactness claim compares programs compiled under
-# the same flags (tests/mesh_case.py's default-flags scripts keep level 2).
+# The CPU suite compiles at XLA's backend optimisation level 0 with XLA:CPU's
+# elemental emitters (tests/compile_level.py): compiling dominates it, and
+# every exactness claim compares programs compiled under the same flags
+# (tests/mesh_case.py's default-flags scripts keep XLA's defaults; claims
+# that two programs round alike use XLA's emitters: default_emitters).
 # Not on a GPU machine, whose `gpu` tests time kernels.
-from tests.compile_level import QUICK, full_optimisation  # no jax import
+from tests.compile_level import (QUICK_FLAGS, full_optimisation,  # no jax
+                                 fusion_emitters)
 
 if (shutil.which("nvidia-smi") is None
     and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", "")):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " " + QUICK).strip()
+                             + " " + QUICK_FLAGS).strip()
 
 import jax  # noqa: E402 -- after XLA_FLAGS
 import pytest
@@ -66,6 +69,14 @@ def optimised():
   """XLA's default optimisation level for the decode loops of a module
   whose programs compute more than they compile (tests/compile_level.py)."""
   with full_optimisation():
+    yield
+
+
+@pytest.fixture(scope="module")
+def default_emitters():
+  """XLA:CPU's fusion emitters for a module's decode loops whose claims
+  compare two programs' bits (tests/compile_level.py)."""
+  with fusion_emitters():
     yield
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.compile_level import QUICK
+from tests.compile_level import QUICK_FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 MESHES = ["data=1,model=4", "data=2,model=2", "data=4,model=1"]
@@ -35,7 +35,7 @@ STRICT_CPU = "--xla_cpu_experimental_ynn_fusion_type=" + (
 # emitters). Every comparison a script makes is between programs compiled
 # under the same flags; a claim about XLA's default flags asks for them
 # (quick=False).
-QUICK_COMPILE = f"{QUICK} --xla_cpu_use_fusion_emitters=false"
+QUICK_COMPILE = QUICK_FLAGS
 
 
 def script_env(devices: int = 4, xla_flags: str = "",

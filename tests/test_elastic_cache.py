@@ -28,8 +28,12 @@ def test_layerwise_pieces_compose_to_the_transformer():
   tokens = jnp.asarray(random_prompts(3, [10, 10]))
   pos = jnp.broadcast_to(jnp.arange(10), (2, 10))
   valid = jnp.ones((2, 10), bool).at[0, :3].set(False)
-  want, _ = jax.jit(Transformer(config).apply)({"params": params}, tokens,
-                                                pos, valid)
+  # XLA's default emitters (the suite's elemental ones round the two
+  # programs apart in the last bit: tests/compile_level.py)
+  emitters = {"xla_cpu_use_fusion_emitters": True}
+  apply = jax.jit(Transformer(config).apply)
+  args = ({"params": params}, tokens, pos, valid)
+  want, _ = apply.lower(*args).compile(emitters)(*args)
 
   @jax.jit
   def composed(params):
@@ -40,7 +44,8 @@ def test_layerwise_pieces_compose_to_the_transformer():
                                 (cache.k[l], cache.v[l]), pos)
     return layerwise.head(config, params, x)
 
-  np.testing.assert_array_equal(composed(params), want)
+  got = composed.lower(params).compile(emitters)(params)
+  np.testing.assert_array_equal(got, want)
 
 
 def _reference_decode(config, params, prompt, gen, window, threshold):

@@ -235,14 +235,16 @@ def test_compiled_decode_is_one_loop_with_the_layers_unrolled(sampler):
   inner loop over layer-stacked weights (which ran slower on the H200).
   The only inner loops prefill new rows, whole groups then single rows
   (flash_forward.prefill_rows).
-  (The program of test_compiled_loop_equals_python_loop: it comes from the
-  run's compilation cache.)"""
+  (The program of test_compiled_loop_equals_python_loop.)"""
   import re
   config, params = tiny("llada", eos_boost=1.2)
   ids, valid = left_pad(random_prompts(22, [5, 12, 8]), config.pad_token_id)
   rng = jax.vmap(jax.random.key)(jnp.arange(3, dtype=jnp.uint32))
+  # XLA's default emitters: the suite's elemental ones (tests/compile_level
+  # .py) write loops of their own into the compiled text
   hlo = decode_jit.lower(params, jnp.asarray(ids), jnp.asarray(valid), rng,
-                         config=config, sampler=sampler).compile().as_text()
+                         config=config, sampler=sampler).compile(
+                             {"xla_cpu_use_fusion_emitters": True}).as_text()
   assert len(re.findall(r"\bwhile\(", hlo)) == 3
   assert "layers_1/" in hlo and "layers_2/" not in hlo  # tiny: 2 layers
   # generate's sampled program (row settings): the same three loops, plus

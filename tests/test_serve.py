@@ -25,6 +25,13 @@ from tests.serve_case import TINY_OPTIONS, Server, burst, offline, stream_raw
 pytestmark = pytest.mark.slow  # one server start (compilation) per module
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _emitters(default_emitters):
+  """Log-probabilities equal generate's bit for bit under XLA's default
+  emitters (tests/compile_level.py, fusion_emitters)."""
+  yield
+
+
 @pytest.fixture(scope="module")
 def model():
   return load(TINY_CHECKPOINT)

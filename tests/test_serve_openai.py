@@ -18,6 +18,13 @@ from tests.paths import TINY_CHECKPOINT
 from tests.serve_case import TINY_OPTIONS, Server
 
 pytestmark = pytest.mark.slow  # one server start (compilation) per module
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _emitters(default_emitters):
+  """Log-probabilities equal generate's bit for bit under XLA's default
+  emitters (tests/compile_level.py, fusion_emitters)."""
+  yield
 MODEL = "tiny-random-llada"
 
 
