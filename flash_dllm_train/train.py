@@ -12,6 +12,7 @@ OUT/model is the final model in bfloat16.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -72,11 +73,14 @@ def _compiled_steps(config: ModelConfig, tc: TrainConfig):
 
 
 def fitted_steps(tc: TrainConfig, step: int, elapsed_s: float,
-                 step_s: float) -> int:
+                 step_s: float, compile_s: float = 0.0) -> int:
   """Total steps that end the run within max_minutes at step_s per step
   (never more than tc.steps, never before the warmup ends); 5% of the time
-  is left for logging, evaluation and the checkpoint."""
-  left = int((0.95 * 60 * tc.max_minutes - elapsed_s) / step_s)
+  is left for logging, evaluation and the checkpoint, and the part of the
+  fitted program's compile (compile_s) that the warmup's remaining steps do
+  not cover."""
+  wait_s = max(0.0, compile_s - max(0, tc.warmup_steps - step) * step_s)
+  left = int((0.95 * 60 * tc.max_minutes - elapsed_s - wait_s) / step_s)
   return max(min(tc.steps, step + left), tc.warmup_steps + 1)
 
 
@@ -222,9 +226,13 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
 
   start, pending, t_log, step_log = time.time(), [], time.time(), step
   first_step = step
-  last_saved, probe_from = step, None
+  last_saved, probe_from, ahead = step, None, None
+  compiler = concurrent.futures.ThreadPoolExecutor(1)
   while step < tc.steps:
-    state, metrics = train_step(state, place_batch(batches(step)), key)
+    if ahead is not None and (ahead.done() or step + 1 >= tc.warmup_steps):
+      train_step, ahead = ahead.result(), None  # the fitted schedule's
+    batch = place_batch(batches(step))
+    state, metrics = train_step(state, batch, key)
     pending.append(metrics)
     step += 1
     if tc.fit_to_time and step < tc.warmup_steps:
@@ -234,13 +242,20 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
       elif step - probe_from[0] == tc.probe_steps:
         jax.block_until_ready(state.step)
         step_s = (time.time() - probe_from[1]) / tc.probe_steps
-        fitted = fitted_steps(tc, step, time.time() - start, step_s)
+        fitted = fitted_steps(tc, step, time.time() - start, step_s,
+                              compile_s=probe_from[1] - start)
         log(f"{1000 * step_s:.1f} ms/step: schedule fitted to {fitted} "
             f"steps (asked {tc.steps}) for --max-minutes {tc.max_minutes}")
         record({"kind": "fit", "step": step, "steps": fitted,
-                "ms_per_step": 1000 * step_s})
+                "ms_per_step": 1000 * step_s,
+                "compile_s": probe_from[1] - start})
         tc = dataclasses.replace(tc, steps=fitted, fit_to_time=False)
-        train_step, eval_step = _compiled_steps(config, tc)
+        # The fitted schedule's program compiles beside the warmup's
+        # steps, which the first program takes exactly as it would (the
+        # warmup does not depend on the schedule's length); fitted_steps
+        # leaves the part of that compile the warmup does not cover.
+        fitted_step, eval_step = _compiled_steps(config, tc)
+        ahead = compiler.submit(fitted_step.lower(state, batch, key).compile)
     if step % tc.log_every == 0 or step == tc.steps:
       got = jax.device_get(pending)
       mean = {k: float(np.mean([m[k] for m in got])) for k in got[0]}
@@ -277,6 +292,7 @@ def train(config: ModelConfig, tokenizer: Tokenizer | None,
           f"{tc.stop_after_minutes}, --stop-after-steps "
           f"{tc.stop_after_steps}): rerun with the same OUT to continue")
       break
+  compiler.shutdown(wait=True)
   if last_saved != step:
     save(step)
   log_file.close()

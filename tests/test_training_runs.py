@@ -59,6 +59,9 @@ def test_fit_to_time_shortens_the_schedule_after_warmup_probe(setup, tmp_path):
   assert fitted_steps(tc, 20, 5.0, 0.1) == 20 + 520
   assert fitted_steps(tc, 20, 5.0, 1e-4) == 1000  # never more than asked
   assert fitted_steps(tc, 5, 59.0, 1.0) == 11  # never inside the warmup
+  # A 10 s compile of the fitted program beside the last 5 warmup steps
+  # (0.5 s) leaves 9.5 s of waiting.
+  assert fitted_steps(tc, 5, 5.0, 0.1, compile_s=10.0) == 5 + 425
   with pytest.raises(ValueError, match="fit_to_time"):
     TrainConfig(steps=100, warmup_steps=3, probe_steps=5, fit_to_time=True,
                 max_minutes=1.0)
@@ -83,7 +86,8 @@ def test_a_fitted_schedule_continues_across_invocations(setup, tmp_path,
   from flash_dllm_train import train as train_module
   from flash_dllm_train.run_log import scheduled_steps
   fits = iter([9, 12])  # a second fit (a refit on resume) would say 12
-  monkeypatch.setattr(train_module, "fitted_steps", lambda *a: next(fits))
+  monkeypatch.setattr(train_module, "fitted_steps",
+                      lambda *a, **k: next(fits))
   tok, config, rows, _ = setup
   first = TrainConfig(steps=10_000, batch_size=4, warmup_steps=8,
                       probe_steps=3, log_every=5, eval_every=5,
@@ -101,6 +105,25 @@ def test_a_fitted_schedule_continues_across_invocations(setup, tmp_path,
   assert step == 9 and "already at step 9 >= 9" in capsys.readouterr().out
   with pytest.raises(ValueError, match="stop_after_minutes"):
     TrainConfig(stop_after_minutes=-1.0)
+
+
+def test_a_fitted_run_is_the_run_of_its_fitted_length(setup, tmp_path,
+                                                      monkeypatch):
+  """The fitted schedule's program compiles beside the warmup (whose steps
+  the first program takes as the fitted one would): the run equals one
+  asked for the fitted length from the start, bit for bit."""
+  from flash_dllm_train import train as train_module
+  monkeypatch.setattr(train_module, "fitted_steps", lambda *a, **k: 12)
+  tok, config, rows, _ = setup
+  fit = TrainConfig(steps=10_000, batch_size=4, warmup_steps=8,
+                    probe_steps=3, log_every=4, eval_every=50,
+                    ckpt_every=50, max_minutes=10.0, fit_to_time=True)
+  fitted, step = train(config, tok, rows, tmp_path / "fit", fit)
+  assert step == 12
+  straight, _ = train(config, tok, rows, tmp_path / "straight",
+                      dataclasses.replace(fit, steps=12, fit_to_time=False))
+  for a, b in zip(jax.tree.leaves(fitted), jax.tree.leaves(straight)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 DATA_PARALLEL = r'''
