@@ -216,9 +216,9 @@ def _chunks(groups: list[np.ndarray], sampler: Sampler,
 
 def answer_ids(gen_G: np.ndarray, config: ModelConfig) -> list[int]:
   """The generated ids up to (not including) the first stop token."""
-  out = []
-  for t in gen_G.tolist():
-    if t in config.stop_token_ids:
-      break
-    out.append(t)
-  return out
+  gen_G = np.asarray(gen_G)
+  stop_G = np.zeros(gen_G.shape, bool)
+  for t in config.stop_token_ids:
+    stop_G |= gen_G == t
+  stops = np.flatnonzero(stop_G)
+  return gen_G[:stops[0] if stops.size else len(gen_G)].tolist()
