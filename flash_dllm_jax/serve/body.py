@@ -51,23 +51,28 @@ def _check(obj: dict, bad_utf8: bool) -> None:
   todo = [((), obj)]
   while todo:
     path, value = todo.pop()
-    param = param_of(path)
     if isinstance(value, _NonFinite):
+      param = param_of(path)
       raise BadRequest(f"{param}: {value} is not a number (numbers must be "
                        "finite)", param)
     if isinstance(value, str):
-      if why := _string_error(value, param, bad_utf8):
-        raise BadRequest(why, param)
+      if not value.isascii() and (
+          why := _string_error(value, param_of(path), bad_utf8)):
+        raise BadRequest(why, param_of(path))
     elif isinstance(value, float) and not math.isfinite(value):
+      param = param_of(path)
       raise BadRequest(f"{param}: the number overflows a float (numbers must "
                        "be finite)", param)
     elif isinstance(value, dict):
       for key, item in value.items():
-        if why := _string_error(key, param_of(path + (key,)), bad_utf8):
+        if not key.isascii() and (
+            why := _string_error(key, param_of(path + (key,)), bad_utf8)):
           raise BadRequest(why + " (in a key)", param_of(path + (key,)))
         todo.append((path + (key,), item))
     elif isinstance(value, list):
-      todo.extend((path + (i,), item) for i, item in enumerate(value))
+      # a prompt's token ids: ints need no check
+      todo.extend((path + (i,), item) for i, item in enumerate(value)
+                  if type(item) is not int)
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> BaseModel:
