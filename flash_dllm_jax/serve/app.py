@@ -20,6 +20,7 @@ from flash_dllm_jax.serve.body import parse_body
 from flash_dllm_jax.serve.errors import BadRequest, error_response as _error
 from flash_dllm_jax.serve.engine_core import (Draining, EngineFailed, Event,
                                               QueueFull)
+from flash_dllm_jax.serve.events import post
 from flash_dllm_jax.serve.security import ApiKey, BodyLimit, ShutdownAnswers
 from flash_dllm_jax.serve.service import Service
 
@@ -124,7 +125,7 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
       return err
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-    emit = lambda i, ev: loop.call_soon_threadsafe(events.put_nowait, (i, ev))
+    emit = lambda i, ev: post(loop, events.put_nowait, (i, ev))
     try:
       req = parse_body(await http.body(), model)
       # tokenizing and templating take seconds for a long prompt: off the

@@ -39,7 +39,8 @@ import time
 from typing import NamedTuple
 
 from flash_dllm_jax.serve import scheduler
-from flash_dllm_jax.serve.events import Event, Request  # noqa: F401
+from flash_dllm_jax.serve.events import (  # noqa: F401
+    Event, Request, batched_posts)
 from flash_dllm_jax.serve.model_runner import ModelRunner
 from flash_dllm_jax.serve.metrics import Metrics
 from flash_dllm_jax.serve.supervision import (  # noqa: F401
@@ -165,7 +166,8 @@ class EngineCore:
         if self._stopping:
           return
       for key in self.runners:
-        self.step(key)
+        with batched_posts():  # a step's events: one wake-up per loop
+          self.step(key)
 
   def _restart(self) -> bool:
     """After a failure: fails what the runners held and rebuilds them;

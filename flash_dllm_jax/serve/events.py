@@ -1,10 +1,13 @@
 """What flows between the routes and the engine loop: a `Request` (one
-choice of an HTTP request) and the `Event`s that answer it."""
+choice of an HTTP request), the `Event`s that answer it, and `post`, which
+hands them to a route's event loop."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+import threading
 import time
 from typing import Callable, NamedTuple
 
@@ -68,3 +71,36 @@ class Request:
   prompt_logprobs: tuple | None = None
   top_logprobs: int = 0  # alternatives asked per position
   grammar: str | None = None  # response_format's (serve/structured.py)
+
+
+_held = threading.local()
+
+
+def post(loop, callback, arg) -> None:
+  """loop.call_soon_threadsafe(callback, arg), or, inside `batched_posts()`
+  on this thread, held until it ends."""
+  held = getattr(_held, "calls", None)
+  if held is None:
+    loop.call_soon_threadsafe(callback, arg)
+  else:
+    held.setdefault(loop, []).append((callback, arg))
+
+
+@contextlib.contextmanager
+def batched_posts():
+  """Hands each event loop the `post`s made on this thread inside, in
+  order, with one call_soon_threadsafe at the end. Each such call writes
+  the loop's wake-up socket, where the engine thread may lose the GIL to
+  the HTTP thread for a switch interval: once per step, not per event."""
+  _held.calls = held = {}
+  try:
+    yield
+  finally:
+    _held.calls = None
+    for loop, calls in held.items():
+      loop.call_soon_threadsafe(_run_all, calls)
+
+
+def _run_all(calls) -> None:
+  for callback, arg in calls:
+    callback(arg)
