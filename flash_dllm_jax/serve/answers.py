@@ -33,10 +33,16 @@ async def _next_event(events: asyncio.Queue, deadline: float | None,
       deadline + DEADLINE_GRACE_S - time.monotonic()
   if poll is not None:
     wait = poll if wait is None else min(wait, poll)
+  if wait is None:
+    return await events.get()
   try:
-    return await asyncio.wait_for(events.get(), max(wait, 0.0)) \
-        if wait is not None else await events.get()
-  except asyncio.TimeoutError:
+    if wait <= 0:
+      raise TimeoutError
+    if not events.empty():
+      return events.get_nowait()
+    async with asyncio.timeout(wait):  # a timer: no task, as wait_for makes
+      return await events.get()
+  except TimeoutError:
     if deadline is not None and time.monotonic() >= \
         deadline + DEADLINE_GRACE_S:
       return -1, Event("", True, "deadline")
@@ -163,18 +169,22 @@ async def stream(service, request, events, rid, model, chat, decoding,
   offsets = [0] * len(request)  # text_offset of each choice's next token
   last: dict[int, Event] = {}
   failed = None
+  out = []  # SSE text not yet sent: one body chunk while events keep coming
   try:
     if chat:
       for i in range(len(request)):
-        yield _sse(P.chat_chunk(rid, model, {"role": "assistant",
-                                             "content": ""}, index=i))
+        out.append(_sse(P.chat_chunk(rid, model, {"role": "assistant",
+                                                  "content": ""}, index=i)))
     for i, r in enumerate(request):
       if r.echo is not None:  # the prompt first, as vLLM streams it
         lp = _echo_logprobs(service, r)
         if lp is not None:
           offsets[i] = len("".join(lp["tokens"]))
-        yield _sse(chunk(r.echo, None, (), i, lp))
+        out.append(_sse(chunk(r.echo, None, (), i, lp)))
     while len(last) < len(request):
+      if out and events.empty():
+        yield "".join(out)
+        out = []
       i, ev = await _next_event(events, request[0].deadline)
       if ev.reason in _FAILED:
         failed = ev
@@ -185,20 +195,21 @@ async def stream(service, request, events, rid, model, chat, decoding,
                        ev.new_logprobs, offsets[i], ev.new_top)
         if lp is not None and not chat:
           offsets[i] += sum(len(t) for t in lp["tokens"])
-        yield _sse(chunk(ev.delta, None, ev.new_ids, i, lp))
+        out.append(_sse(chunk(ev.delta, None, ev.new_ids, i, lp)))
       if ev.done:
         last[i] = ev
-        yield _sse(chunk("", ev.reason, (), i))
+        out.append(_sse(chunk("", ev.reason, (), i)))
     if failed is not None:
       service.engine_core.abort_requests(request)  # the other choices
       status, message, code = _FAILED[failed.reason]
-      yield sse_error(message, code)
+      out.append(sse_error(message, code))
     elif include_usage:
       obj = "chat.completion.chunk" if chat else "text_completion"
-      yield _sse(P.usage_chunk(rid, model, obj,
-                               _usage([last[i] for i in range(len(request))],
-                                      request), decoding))
-    yield "data: [DONE]\n\n"
+      out.append(_sse(P.usage_chunk(
+          rid, model, obj, _usage([last[i] for i in range(len(request))],
+                                  request), decoding)))
+    out.append("data: [DONE]\n\n")
+    yield "".join(out)
   finally:
     if len(last) < len(request) and failed is None:
       service.engine_core.abort_requests(request)  # the client went away
