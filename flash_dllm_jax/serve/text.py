@@ -59,6 +59,12 @@ class AnswerText:
   def __post_init__(self):
     object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
 
+  def _with(self, **changes) -> "AnswerText":
+    """dataclasses.replace without __init__ (a copy per update per row)."""
+    new = object.__new__(type(self))
+    new.__dict__.update(self.__dict__, **changes)
+    return new
+
   def _decode(self, ids) -> str:
     return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
@@ -130,8 +136,8 @@ class AnswerText:
       done, reason = True, "stop"
     if done:
       extends = text.startswith(self.sent)
-      after = dataclasses.replace(
-          self, ids_sent=max(self.ids_sent, len(ids)),
+      after = self._with(
+          ids_sent=max(self.ids_sent, len(ids)),
           revised=self.revised or not extends,
           sent=text if extends else self.sent)
       return Progress(text[len(self.sent):] if extends else "", True, reason,
@@ -144,7 +150,7 @@ class AnswerText:
     else:
       sent = self.sent
     final = self._covered(ids, sent)
-    after = dataclasses.replace(self, ids_sent=max(self.ids_sent, final),
+    after = self._with(ids_sent=max(self.ids_sent, final),
                                 sent=sent)
     return Progress(sent[len(self.sent):], False, None, None,
                     ids[self.ids_sent:final]), after
