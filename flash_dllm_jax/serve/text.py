@@ -55,6 +55,7 @@ class AnswerText:
   sent: str = ""  # the text sent
   ids_sent: int = 0  # the answer ids sent
   revised: bool = False  # final text did not extend what was sent
+  settled: int = -1  # generated tokens final at the last update
 
   def __post_init__(self):
     object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
@@ -124,7 +125,10 @@ class AnswerText:
     mask_id = self.config.mask_token_id
     if row_done:  # fill_after_stop's rule, on the host: no device op here
       gen_G = np.where(gen_G == mask_id, self.config.pad_token_id, gen_G)
-    final_G = gen_G[:self._settled(gen_G, row_done)]
+    settled = self._settled(gen_G, row_done)
+    if settled == self.settled and not row_done:  # the same final tokens
+      return Progress("", False, None, None, []), self
+    final_G = gen_G[:settled]
     ids = answer_ids(final_G, self.config)
     stop_token = len(ids) < len(final_G)  # a final stop token ends the answer
     done, reason = row_done or stop_token, "stop" if stop_token else "length"
@@ -150,7 +154,7 @@ class AnswerText:
     else:
       sent = self.sent
     final = self._covered(ids, sent)
-    after = self._with(ids_sent=max(self.ids_sent, final),
-                                sent=sent)
+    after = self._with(ids_sent=max(self.ids_sent, final), sent=sent,
+                       settled=settled)
     return Progress(sent[len(self.sent):], False, None, None,
                     ids[self.ids_sent:final]), after
