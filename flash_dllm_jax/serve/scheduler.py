@@ -174,7 +174,7 @@ def update_from_output(scheduled: SchedulerOutput, out,
     progress, answer = r.answer.update(out.tokens_JxG[job], row_done)
     lp_G = None if out.logprobs_JxG is None else out.logprobs_JxG[job]
     new_lp = () if lp_G is None else tuple(
-        float(x) for x in lp_G[start:start + len(progress.new_ids)])
+        lp_G[start:start + len(progress.new_ids)].tolist())
     top = _alternatives(out, job, r.top_logprobs)
     new_top = None if top is None else \
         top[start:start + len(progress.new_ids)]
@@ -193,7 +193,7 @@ def update_from_output(scheduled: SchedulerOutput, out,
              "total_tokens": len(r.ids) + n,
              "decode_steps": int(out.steps_J[job]),
              "forward_passes": int(out.forwards_J[job])}
-    final_lp = None if lp_G is None else [float(x) for x in lp_G[:n]]
+    final_lp = None if lp_G is None else lp_G[:n].tolist()
     events.append((r, Event(progress.delta, True, progress.reason,
                             progress.token_ids, usage,
                             tuple(progress.new_ids), final_lp, new_lp,
