@@ -176,3 +176,44 @@ def test_an_editing_sampler_streams_only_the_blocks_it_cannot_edit():
   for k, gen in enumerate(steps):
     _, naive = naive.update(gen.astype(np.int32), k == len(steps) - 1)
   assert naive.revised
+
+
+def test_an_update_whose_final_tokens_did_not_change_equals_a_full_one():
+  """A row whose final prefix did not grow is answered from the state
+  (nothing to send) without decoding again: the same progress and state as
+  an update that decodes, with and without a stop string, through
+  out-of-order commits and stop tokens."""
+  tok = Tokenizer.from_dir(TINY_CHECKPOINT)
+  ids = tok.encode("the answer is Liam and then some more words follow")
+  rng = np.random.default_rng(0)
+  for stop in ((), ("Liam",), ("more w",)):
+    for trial in range(4):
+      gen = np.array(ids + [EOS] * 3, np.int32)
+      order = rng.permutation(len(gen))  # commit order: not left to right
+      fast = slow = AnswerText(tok, CONFIG, 64 if trial else 9, stop)
+      for k in range(len(gen) + 1):
+        partial = np.where(np.isin(np.arange(len(gen)), order[:k]), gen,
+                           MASK).astype(np.int32)
+        done = k == len(gen)
+        p, fast = fast.update(partial, done)
+        q, slow = slow._with(settled=-1).update(partial, done)
+        assert p == q
+        assert (fast.sent, fast.ids_sent, fast.revised) == \
+            (slow.sent, slow.ids_sent, slow.revised)
+        if p.done:
+          break
+
+
+def test_answer_ids_end_before_the_first_stop_token():
+  rng = np.random.default_rng(0)
+  stops = set(CONFIG.stop_token_ids)
+  for _ in range(200):
+    gen = rng.choice([*stops, 5, 6, MASK], size=rng.integers(0, 20)).astype(
+        np.int32)
+    want = []
+    for t in gen.tolist():
+      if t in stops:
+        break
+      want.append(t)
+    got = answer_ids(gen, CONFIG)
+    assert got == want and all(type(t) is int for t in got)
