@@ -27,7 +27,9 @@ device decodes the next call, and a slot whose row stopped is refilled on
 the device at once; a slot whose answer completed before its row stopped
 (a stop string, max_tokens) is released a call later. The metrics observe
 each placement and scheduler output (`Metrics.observe_*`). Every request
-is answered exactly once, through its `emit` callback, from this thread.
+is answered exactly once, through its `emit` callback, from this thread;
+a step's events reach each HTTP event loop together, in order, at the
+step's end (`events.batched_posts`).
 """
 
 from __future__ import annotations
