@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import threading
 from typing import Callable
@@ -152,7 +153,7 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
     first = request[0]
     decoding = {**first.decoding, "seed": first.seed}
     if first.sampling is not None:
-      decoding["sampling"] = dataclasses.asdict(first.sampling)
+      decoding["sampling"] = _sampling_fields(first.sampling)
     rid = P.new_id("chatcmpl" if chat else "cmpl")
     if req.stream:
       include_usage = (req.stream_options is None
@@ -174,6 +175,20 @@ def build_app(get_service: Callable[[], Service | None], model_name: str,
     return await handle(P.ChatRequest, http, chat=True)
 
   return app
+
+
+def _sampling_fields(sampling) -> dict:
+  """dataclasses.asdict(sampling), which walks and copies every field,
+  once per value of a hashable Sampling."""
+  try:
+    return dict(_fields_of(sampling))
+  except TypeError:  # unhashable: a list in a field
+    return dataclasses.asdict(sampling)
+
+
+@functools.lru_cache(maxsize=256)
+def _fields_of(sampling) -> dict:
+  return dataclasses.asdict(sampling)
 
 
 def _structured(service, request) -> None:
