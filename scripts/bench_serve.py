@@ -52,7 +52,8 @@ import flash_dllm_jax  # noqa: E402
 from flash_dllm_jax.cli import DEFAULT_CHECKPOINT  # noqa: E402
 from flash_dllm_jax.generate import answer_ids  # noqa: E402
 from flash_dllm_jax.serve.app import build_app  # noqa: E402
-from flash_dllm_jax.serve.service import Service, Settings  # noqa: E402
+from flash_dllm_jax.serve.service import (Service, Settings,  # noqa: E402
+                                          freeze_heap)
 from flash_dllm_jax.strategies import build_sampler  # noqa: E402
 from flash_dllm_bench import timing  # noqa: E402
 from flash_dllm_bench.serve_load import (client_pool, load_in_child,  # noqa
@@ -329,6 +330,7 @@ def bench(args, argv, cache: str) -> None:
   t0 = time.perf_counter()
   service = Service(params, config, tok, sampler, settings, mesh=mesh)
   compile_s = time.perf_counter() - t0
+  freeze_heap()  # as `serve` does once compiled
   server, thread, url = start_server(service, args.model)
   pool = client_pool(args.smoke)
   alone_runs = [load_in_child(pool, url, args.model, prompts[:1],

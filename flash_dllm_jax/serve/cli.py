@@ -134,7 +134,8 @@ def main(args: argparse.Namespace) -> int:
   from flash_dllm_jax.serve.security import (API_KEY_ENV,
                                              header_timeout_protocol,
                                              is_loopback)
-  from flash_dllm_jax.serve.service import Service, Settings, check_pool
+  from flash_dllm_jax.serve.service import (Service, Settings, check_pool,
+                                            freeze_heap)
 
   handler = logging.StreamHandler()
   handler.setFormatter(logging.Formatter(
@@ -229,8 +230,10 @@ def main(args: argparse.Namespace) -> int:
 
   def compile_engines():
     try:
-      holder["service"] = Service(params, config, tokenizer, sampler,
-                                  settings, variants, mesh, engine_lost)
+      service = Service(params, config, tokenizer, sampler, settings,
+                        variants, mesh, engine_lost)
+      freeze_heap()
+      holder["service"] = service
       log.info("ready: %s batching, %d slots of %d prompt positions (%s)",
                holder["service"].mode, settings.slots, settings.prompt_len,
                settings.slot_plan["reason"])
