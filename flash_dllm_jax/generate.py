@@ -217,8 +217,5 @@ def _chunks(groups: list[np.ndarray], sampler: Sampler,
 def answer_ids(gen_G: np.ndarray, config: ModelConfig) -> list[int]:
   """The generated ids up to (not including) the first stop token."""
   gen_G = np.asarray(gen_G)
-  stop_G = np.zeros(gen_G.shape, bool)
-  for t in config.stop_token_ids:
-    stop_G |= gen_G == t
-  stops = np.flatnonzero(stop_G)
+  stops = np.flatnonzero(np.isin(gen_G, config.stop_token_ids))
   return gen_G[:stops[0] if stops.size else len(gen_G)].tolist()

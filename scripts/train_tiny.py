@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 from flash_dllm_jax.checkpoint import load  # noqa: E402
+from flash_dllm_jax.eval.records import peak_memory_bytes  # noqa: E402
 from flash_dllm_data import synthetic_gsm  # noqa: E402
 from flash_dllm_data.tokenizer_builder import (  # noqa: E402
     build_tokenizer, corpus_texts, special_ids)
@@ -270,7 +271,9 @@ def main(argv=None):
   finally:
     if args.stream:
       rows.close()
-  print(f"trained to step {step} in {(time.time() - t1) / 60:.1f} min")
+  peak = peak_memory_bytes()  # None on the CPU
+  print(f"trained to step {step} in {(time.time() - t1) / 60:.1f} min"
+        + ("" if peak is None else f" (device peak {peak / 1e9:.2f} GB)"))
   if args.stream:
     print(f"stream: {rows.replaced_held_out} held-out and "
           f"{rows.replaced_long} too-long draws replaced in this invocation")
